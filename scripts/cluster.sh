@@ -1,0 +1,47 @@
+# Throwaway PostgreSQL 15 clusters for the demo, the end-to-end tests and the benchmark.
+# Sourced, not run. PostgreSQL refuses to run as root, so the server runs as the postgres
+# OS user; this script only needs to be run as root or as postgres.
+
+PG_BIN=/usr/lib/postgresql/15/bin
+
+# as_postgres CMD...: runs a command as the postgres OS user.
+as_postgres() {
+    if [ "$(id -un)" = postgres ]; then "$@"; else sudo -u postgres -- "$@"; fi
+}
+
+# cluster_start DIR PORT [EXTRA_CONF]: a fresh cluster in DIR on PORT, logical decoding on.
+cluster_start() {
+    local dir=$1 port=$2 extra=${3:-}
+    cluster_stop "$dir"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    chown postgres: "$dir" 2>/dev/null || true
+    as_postgres "$PG_BIN/initdb" -D "$dir/data" -U postgres --auth=trust --no-sync >"$dir/initdb.log" 2>&1 ||
+        { cat "$dir/initdb.log"; return 1; }
+    cat >>"$dir/data/postgresql.conf" <<CONF
+port = $port
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$dir'
+wal_level = logical
+max_worker_processes = 24
+max_replication_slots = 16
+max_wal_senders = 16
+fsync = off
+full_page_writes = off
+shared_buffers = 256MB
+max_wal_size = 4GB
+log_line_prefix = '%m [%p] %b '
+output_plugin_libraries = 'pgoutput, test_decoding, wal2json'
+$extra
+CONF
+    as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null ||
+        { tail -20 "$dir/server.log"; return 1; }
+}
+
+# cluster_stop DIR: stops the cluster in DIR if one runs there.
+cluster_stop() {
+    local dir=$1
+    if [ -f "$dir/data/postmaster.pid" ]; then
+        as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1 || true
+    fi
+}

@@ -1,0 +1,55 @@
+-- The public SQL surface: regclass arguments and named defaults, so that calls read well in
+-- psql and in migration scripts. Each calls its entry point in schema backfill.
+
+CREATE FUNCTION backfill_estimate(tables regclass[], batch_size integer DEFAULT 1000)
+RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
+               rows_estimated bigint, bytes_estimated bigint, pages bigint)
+LANGUAGE sql VOLATILE
+AS $$ SELECT e.table_name::regclass, e.eligible, e.reason, e.key_columns::name[],
+             e.rows_estimated, e.bytes_estimated, e.pages
+        FROM backfill.estimate(tables::oid[], batch_size) e $$;
+COMMENT ON FUNCTION backfill_estimate(regclass[], integer) IS
+'For each table: whether it can be backfilled (and why not), its key, and the rows, message bytes and pages a backfill would deliver. Uses statistics and a small sample, never a full scan.';
+
+CREATE FUNCTION backfill_estimate(table_name regclass, batch_size integer DEFAULT 1000)
+RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
+               rows_estimated bigint, bytes_estimated bigint, pages bigint)
+LANGUAGE sql VOLATILE
+AS $$ SELECT * FROM backfill_estimate(ARRAY[table_name], batch_size) $$;
+COMMENT ON FUNCTION backfill_estimate(regclass, integer) IS 'backfill_estimate() of one table';
+
+-- A quoted table name is of unknown type, which regclass and regclass[] would both accept:
+-- this form takes it, so that backfill_estimate('public.orders') just works.
+CREATE FUNCTION backfill_estimate(table_name text, batch_size integer DEFAULT 1000)
+RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
+               rows_estimated bigint, bytes_estimated bigint, pages bigint)
+LANGUAGE sql VOLATILE
+AS $$ SELECT * FROM backfill_estimate(ARRAY[table_name::regclass], batch_size) $$;
+COMMENT ON FUNCTION backfill_estimate(text, integer) IS 'backfill_estimate() of one table, by name';
+
+CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.start(tables::oid[], confirm, batch_size) $$;
+COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer) IS
+'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate.';
+
+CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.start(ARRAY[table_name]::oid[], confirm, batch_size) $$;
+COMMENT ON FUNCTION backfill_start(regclass, boolean, integer) IS 'backfill_start() of one table';
+
+-- See backfill_estimate(text): makes backfill_start('public.orders', confirm => true) resolve.
+CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size) $$;
+COMMENT ON FUNCTION backfill_start(text, boolean, integer) IS 'backfill_start() of one table, by name';
+
+CREATE FUNCTION backfill_cancel(id bigint)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.cancel(id) $$;
+COMMENT ON FUNCTION backfill_cancel(bigint) IS
+'Stops a running backfill at its next page; what it delivered stays delivered, its state becomes cancelled.';

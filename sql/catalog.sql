@@ -1,0 +1,125 @@
+-- pg_backfill state. The internal tables live in schema "backfill" and are written only by the
+-- extension's functions and workers; users read the views backfill_status and backfill_tables.
+
+CREATE SCHEMA backfill;
+COMMENT ON SCHEMA backfill IS 'pg_backfill internal state; read it through the backfill_status and backfill_tables views';
+
+CREATE TABLE backfill.job (
+    id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    state               text NOT NULL DEFAULT 'running'
+                        CHECK (state IN ('running', 'done', 'cancelled', 'failed')),
+    started_by          name NOT NULL,
+    batch_size          integer NOT NULL CHECK (batch_size > 0),
+    message_prefix      text NOT NULL,
+    worker_pid          integer,
+    started_at          timestamptz NOT NULL DEFAULT clock_timestamp(),
+    finished_at         timestamptz,
+    last_error_sqlstate text,
+    last_error          text
+);
+COMMENT ON TABLE backfill.job IS 'One row per backfill started with backfill_start()';
+COMMENT ON COLUMN backfill.job.id IS 'Backfill id, returned by backfill_start() and carried in every message';
+COMMENT ON COLUMN backfill.job.state IS 'running, done, cancelled or failed';
+COMMENT ON COLUMN backfill.job.started_by IS 'Role that called backfill_start(); it or a member of it may cancel';
+COMMENT ON COLUMN backfill.job.batch_size IS 'Rows per page (one page is one transaction)';
+COMMENT ON COLUMN backfill.job.message_prefix IS 'Prefix of the logical decoding messages of this backfill';
+COMMENT ON COLUMN backfill.job.worker_pid IS 'Process id of the background worker while one runs';
+COMMENT ON COLUMN backfill.job.started_at IS 'When backfill_start() was called';
+COMMENT ON COLUMN backfill.job.finished_at IS 'When the backfill reached done, cancelled or failed';
+COMMENT ON COLUMN backfill.job.last_error_sqlstate IS 'SQLSTATE of the error that failed the backfill';
+COMMENT ON COLUMN backfill.job.last_error IS 'Message, detail and place of the error that failed the backfill';
+
+CREATE TABLE backfill.job_table (
+    job_id          bigint NOT NULL REFERENCES backfill.job (id) ON DELETE CASCADE,
+    position        integer NOT NULL,
+    relid           regclass NOT NULL,
+    key_columns     name[] NOT NULL,
+    state           text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'running', 'done')),
+    upper_bound     text[],
+    cursor          text[],
+    rows_estimated  bigint NOT NULL,
+    rows_done       bigint NOT NULL DEFAULT 0,
+    bytes_done      bigint NOT NULL DEFAULT 0,
+    started_at      timestamptz,
+    finished_at     timestamptz,
+    PRIMARY KEY (job_id, position)
+);
+CREATE INDEX ON backfill.job_table (relid);
+COMMENT ON TABLE backfill.job_table IS 'One row per table of each backfill: its scan state and cursor';
+COMMENT ON COLUMN backfill.job_table.position IS 'Order in which the backfill scans its tables';
+COMMENT ON COLUMN backfill.job_table.relid IS 'The table';
+COMMENT ON COLUMN backfill.job_table.key_columns IS 'Columns of the primary key or replica identity index the scan is ordered by';
+COMMENT ON COLUMN backfill.job_table.state IS 'pending (not started), running (scan under way) or done (end marker sent)';
+COMMENT ON COLUMN backfill.job_table.upper_bound IS 'Greatest key when the scan started (text form); rows inserted above it arrive through the stream';
+COMMENT ON COLUMN backfill.job_table.cursor IS 'Last key delivered (text form), committed with the messages of its page';
+COMMENT ON COLUMN backfill.job_table.rows_estimated IS 'Planner estimate of the rows when the backfill started';
+COMMENT ON COLUMN backfill.job_table.rows_done IS 'Read messages delivered';
+COMMENT ON COLUMN backfill.job_table.bytes_done IS 'Bytes of read message payload delivered';
+COMMENT ON COLUMN backfill.job_table.started_at IS 'When the scan started (upper bound fixed, start marker sent)';
+COMMENT ON COLUMN backfill.job_table.finished_at IS 'When the scan ended (end marker sent)';
+
+-- Keep the state in pg_dump output, like pg_cron does for its jobs.
+SELECT pg_catalog.pg_extension_config_dump('backfill.job', '');
+SELECT pg_catalog.pg_extension_config_dump('backfill.job_table', '');
+
+CREATE VIEW backfill_status AS
+SELECT j.id,
+       j.state,
+       t.tables,
+       t.current_table,
+       t.rows_done,
+       t.rows_estimated,
+       CASE WHEN j.state = 'done' THEN 100.0
+            ELSE round(100.0 * least(t.rows_done, t.rows_estimated) / nullif(t.rows_estimated, 0), 1)
+       END AS percent_done,
+       j.started_by,
+       j.started_at,
+       j.finished_at,
+       j.batch_size,
+       j.message_prefix,
+       a.pid AS worker_pid,
+       j.last_error_sqlstate,
+       j.last_error
+  FROM backfill.job j
+ CROSS JOIN LATERAL (
+        SELECT array_agg(jt.relid ORDER BY jt.position) AS tables,
+               (array_agg(jt.relid ORDER BY jt.position) FILTER (WHERE jt.state = 'running'))[1] AS current_table,
+               sum(jt.rows_done)::bigint AS rows_done,
+               sum(jt.rows_estimated)::bigint AS rows_estimated
+          FROM backfill.job_table jt
+         WHERE jt.job_id = j.id) t
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = j.worker_pid AND j.state = 'running';
+COMMENT ON VIEW backfill_status IS 'One row per backfill: state, progress, who started it and why it failed';
+COMMENT ON COLUMN backfill_status.state IS 'running, done, cancelled or failed';
+COMMENT ON COLUMN backfill_status.tables IS 'Tables of the backfill, in scan order';
+COMMENT ON COLUMN backfill_status.current_table IS 'Table being scanned now';
+COMMENT ON COLUMN backfill_status.rows_done IS 'Read messages delivered so far';
+COMMENT ON COLUMN backfill_status.rows_estimated IS 'Planner estimate of the rows when the backfill started';
+COMMENT ON COLUMN backfill_status.percent_done IS 'rows_done against rows_estimated; 100 once done';
+COMMENT ON COLUMN backfill_status.worker_pid IS 'Process id of the running background worker, if any';
+COMMENT ON COLUMN backfill_status.last_error_sqlstate IS 'SQLSTATE of the error that failed the backfill';
+COMMENT ON COLUMN backfill_status.last_error IS 'Message of the error that failed the backfill, with the table and key';
+
+CREATE VIEW backfill_tables AS
+SELECT jt.job_id AS backfill_id,
+       jt.position,
+       jt.relid AS table_name,
+       CASE WHEN j.state IN ('cancelled', 'failed') AND jt.state <> 'done' THEN j.state
+            ELSE jt.state END AS state,
+       jt.key_columns,
+       jt.cursor,
+       jt.upper_bound,
+       jt.rows_done,
+       jt.rows_estimated,
+       jt.bytes_done,
+       jt.started_at,
+       jt.finished_at
+  FROM backfill.job_table jt
+  JOIN backfill.job j ON j.id = jt.job_id;
+COMMENT ON VIEW backfill_tables IS 'One row per table of each backfill: scan state, cursor and counters';
+COMMENT ON COLUMN backfill_tables.state IS 'pending, running, done; or the backfill''s cancelled/failed for a table it did not finish';
+COMMENT ON COLUMN backfill_tables.cursor IS 'Last key delivered; the scan resumes after it';
+COMMENT ON COLUMN backfill_tables.upper_bound IS 'Greatest key when the scan started; rows inserted later arrive through the stream';
+COMMENT ON COLUMN backfill_tables.bytes_done IS 'Bytes of message payload delivered';
+
+GRANT SELECT ON backfill_status, backfill_tables TO PUBLIC;

@@ -1,0 +1,167 @@
+//! The state tables `backfill.job` and `backfill.job_table`: every read and write of them.
+//! The worker and the SQL API share these; nothing else writes them.
+
+use pgrx::prelude::*;
+use pgrx::spi::SpiResult;
+
+pub const RUNNING: &str = "running";
+pub const DONE: &str = "done";
+pub const CANCELLED: &str = "cancelled";
+pub const FAILED: &str = "failed";
+
+/// A backfill as the worker needs it.
+pub struct Job {
+    pub state: String,
+    pub batch_size: i32,
+    pub message_prefix: String,
+    pub started_by: String,
+}
+
+/// One table of a backfill: where its scan stands.
+pub struct JobTable {
+    pub position: i32,
+    pub relid: pg_sys::Oid,
+    pub state: String,
+    pub cursor: Option<Vec<String>>,
+    pub upper_bound: Option<Vec<String>>,
+    pub rows_done: i64,
+    pub rows_estimated: i64,
+}
+
+pub fn job(id: i64) -> SpiResult<Option<Job>> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT state, batch_size, message_prefix, started_by::text FROM backfill.job WHERE id = $1",
+            None,
+            &[id.into()],
+        )?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let row = rows.first();
+        Ok(Some(Job {
+            state: row.get(1)?.unwrap_or_default(),
+            batch_size: row.get(2)?.unwrap_or(1000),
+            message_prefix: row.get(3)?.unwrap_or_default(),
+            started_by: row.get(4)?.unwrap_or_default(),
+        }))
+    })
+}
+
+pub fn job_state(id: i64) -> SpiResult<Option<String>> {
+    Spi::get_one_with_args("SELECT state FROM backfill.job WHERE id = $1", &[id.into()])
+}
+
+const JOB_TABLE_COLUMNS: &str = "position, relid::oid, state, cursor, upper_bound, rows_done, rows_estimated";
+
+fn job_tables_where(condition: &str, args: &[pgrx::datum::DatumWithOid]) -> SpiResult<Vec<JobTable>> {
+    Spi::connect(|client| {
+        let sql = format!("SELECT {JOB_TABLE_COLUMNS} FROM backfill.job_table WHERE {condition} ORDER BY position");
+        client
+            .select(&sql, None, args)?
+            .map(|row| {
+                Ok(JobTable {
+                    position: row.get(1)?.unwrap_or_default(),
+                    relid: row.get(2)?.unwrap_or(pg_sys::InvalidOid),
+                    state: row.get(3)?.unwrap_or_default(),
+                    cursor: row.get(4)?,
+                    upper_bound: row.get(5)?,
+                    rows_done: row.get(6)?.unwrap_or(0),
+                    rows_estimated: row.get(7)?.unwrap_or(0),
+                })
+            })
+            .collect()
+    })
+}
+
+/// The tables of a backfill, in scan order.
+pub fn job_tables(job_id: i64) -> SpiResult<Vec<JobTable>> {
+    job_tables_where("job_id = $1", &[job_id.into()])
+}
+
+pub fn job_table(job_id: i64, position: i32) -> SpiResult<Option<JobTable>> {
+    Ok(job_tables_where("job_id = $1 AND position = $2", &[job_id.into(), position.into()])?.pop())
+}
+
+pub fn set_worker_pid(job_id: i64, pid: Option<i32>) -> SpiResult<()> {
+    Spi::run_with_args("UPDATE backfill.job SET worker_pid = $2 WHERE id = $1", &[job_id.into(), pid.into()])
+}
+
+/// The scan of a table starts: its upper bound is fixed.
+pub fn start_table(job_id: i64, position: i32, upper_bound: Option<Vec<String>>) -> SpiResult<()> {
+    Spi::run_with_args(
+        "UPDATE backfill.job_table SET state = 'running', upper_bound = $3, started_at = clock_timestamp()
+          WHERE job_id = $1 AND position = $2",
+        &[job_id.into(), position.into(), upper_bound.into()],
+    )
+}
+
+/// A page was delivered: the cursor moves to its last key, in the page's own transaction.
+pub fn advance_cursor(job_id: i64, position: i32, cursor: Vec<String>, rows: i64, bytes: i64) -> SpiResult<()> {
+    Spi::run_with_args(
+        "UPDATE backfill.job_table SET cursor = $3, rows_done = rows_done + $4, bytes_done = bytes_done + $5
+          WHERE job_id = $1 AND position = $2",
+        &[job_id.into(), position.into(), cursor.into(), rows.into(), bytes.into()],
+    )
+}
+
+pub fn finish_table(job_id: i64, position: i32) -> SpiResult<()> {
+    Spi::run_with_args(
+        "UPDATE backfill.job_table SET state = 'done', finished_at = clock_timestamp()
+          WHERE job_id = $1 AND position = $2",
+        &[job_id.into(), position.into()],
+    )
+}
+
+/// Moves a running backfill to a final state. Returns false when it was no longer running
+/// (cancelled meanwhile): a final state is never overwritten.
+pub fn finish_job(job_id: i64, state: &str, error: Option<(&str, &str)>) -> SpiResult<bool> {
+    let (sqlstate, message) = error.unzip();
+    Spi::get_one_with_args::<i64>(
+        "UPDATE backfill.job
+            SET state = $2, finished_at = clock_timestamp(), worker_pid = NULL,
+                last_error_sqlstate = $3, last_error = $4
+          WHERE id = $1 AND state = 'running'
+         RETURNING id",
+        &[job_id.into(), state.into(), sqlstate.into(), message.into()],
+    )
+    .map(|id| id.is_some())
+}
+
+/// Records a new backfill and its tables; returns its id.
+pub fn insert_job(started_by: &str, batch_size: i32, message_prefix: &str) -> SpiResult<i64> {
+    Spi::get_one_with_args::<i64>(
+        "INSERT INTO backfill.job (started_by, batch_size, message_prefix) VALUES ($1, $2, $3) RETURNING id",
+        &[started_by.into(), batch_size.into(), message_prefix.into()],
+    )
+    .map(|id| id.unwrap_or_default())
+}
+
+pub fn insert_job_table(
+    job_id: i64,
+    position: i32,
+    relid: pg_sys::Oid,
+    key_columns: Vec<String>,
+    rows_estimated: i64,
+) -> SpiResult<()> {
+    Spi::run_with_args(
+        "INSERT INTO backfill.job_table (job_id, position, relid, key_columns, rows_estimated)
+         VALUES ($1, $2, $3::oid::regclass, $4::name[], $5)",
+        &[job_id.into(), position.into(), relid.into(), key_columns.into(), rows_estimated.into()],
+    )
+}
+
+/// The running backfill that already covers one of these tables, if any.
+pub fn running_backfill_of(relid: pg_sys::Oid) -> SpiResult<Option<i64>> {
+    Spi::get_one_with_args(
+        "SELECT j.id FROM backfill.job j JOIN backfill.job_table t ON t.job_id = j.id
+          WHERE j.state = 'running' AND t.relid = $1::oid::regclass
+          LIMIT 1",
+        &[relid.into()],
+    )
+}
+
+/// Cancels a running backfill; false when it was not running.
+pub fn cancel(job_id: i64) -> SpiResult<bool> {
+    finish_job(job_id, CANCELLED, None)
+}

@@ -1,0 +1,238 @@
+//! Which tables can be backfilled, the key their scan is ordered by, and the estimate of what
+//! a backfill of them delivers. Shared by backfill_estimate(), backfill_start() and the worker.
+
+use crate::errors::raise;
+use crate::message::ReadMessage;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::{self, *};
+
+/// One column of the key a table is scanned by (primary key, else replica identity index).
+#[derive(Debug, Clone)]
+pub struct KeyColumn {
+    pub name: String,
+    /// `format_type()` of the column: the type the cursor's text form is cast back to.
+    pub type_name: String,
+    /// The index's collation, qualified and quoted, so that the scan sorts as the index does.
+    pub collation: Option<String>,
+}
+
+/// A table that can be backfilled.
+#[derive(Debug, Clone)]
+pub struct Table {
+    pub relid: pg_sys::Oid,
+    pub schema: String,
+    pub name: String,
+    pub partitioned: bool,
+    pub key: Vec<KeyColumn>,
+}
+
+/// Why a table cannot be backfilled, in the words an error or the estimate shows.
+#[derive(Debug, Clone)]
+pub struct Ineligible {
+    pub code: PgSqlErrorCode,
+    pub reason: String,
+    pub hint: Option<String>,
+}
+
+impl Table {
+    /// `schema.table`, quoted where needed.
+    pub fn qualified_name(&self) -> String {
+        spi::quote_qualified_identifier(&self.schema, &self.name)
+    }
+
+    pub fn key_names(&self) -> Vec<String> {
+        self.key.iter().map(|k| k.name.clone()).collect()
+    }
+}
+
+const INSPECT_SQL: &str = "
+SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text,
+       has_table_privilege(c.oid, 'SELECT'),
+       n.nspname IN ('pg_catalog', 'information_schema', 'pg_toast', 'backfill'),
+       k.names, k.types, k.collations, k.all_default_opclasses
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+  LEFT JOIN LATERAL (
+        SELECT array_agg(a.attname::text ORDER BY k.ord) AS names,
+               array_agg(pg_catalog.format_type(a.atttypid, a.atttypmod) ORDER BY k.ord) AS types,
+               array_agg(CASE WHEN coll.oid IS NOT NULL
+                              THEN pg_catalog.quote_ident(cn.nspname) || '.' || pg_catalog.quote_ident(coll.collname)
+                         END ORDER BY k.ord) AS collations,
+               bool_and(opc.opcdefault) AS all_default_opclasses
+          FROM (SELECT i.indrelid, i.indkey, i.indcollation, i.indclass, i.indnkeyatts
+                  FROM pg_catalog.pg_index i
+                 WHERE i.indrelid = c.oid AND (i.indisprimary OR i.indisreplident) AND i.indisvalid
+                 ORDER BY i.indisprimary DESC
+                 LIMIT 1) i
+         CROSS JOIN LATERAL unnest(i.indkey::int2[], i.indcollation::oid[], i.indclass::oid[])
+               WITH ORDINALITY AS k(attnum, collid, opclass, ord)
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+          JOIN pg_catalog.pg_opclass opc ON opc.oid = k.opclass
+          LEFT JOIN pg_catalog.pg_collation coll ON coll.oid = k.collid
+          LEFT JOIN pg_catalog.pg_namespace cn ON cn.oid = coll.collnamespace
+         WHERE k.ord <= i.indnkeyatts) k ON true
+ WHERE c.oid = $1";
+
+fn relkind_name(relkind: &str) -> &'static str {
+    match relkind {
+        "v" => "a view",
+        "m" => "a materialized view",
+        "f" => "a foreign table",
+        "S" => "a sequence",
+        "i" | "I" => "an index",
+        "c" => "a composite type",
+        "t" => "a TOAST table",
+        _ => "not a table",
+    }
+}
+
+/// Looks a table up and decides whether it can be backfilled by the current user.
+pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
+    let row = Spi::connect(|client| {
+        let rows = client.select(INSPECT_SQL, None, &[relid.into()])?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let row = rows.first();
+        Ok::<_, spi::Error>(Some((
+            row.get::<String>(1)?.unwrap_or_default(),
+            row.get::<String>(2)?.unwrap_or_default(),
+            row.get::<String>(3)?.unwrap_or_default(),
+            row.get::<String>(4)?.unwrap_or_default(),
+            row.get::<bool>(5)?.unwrap_or(false),
+            row.get::<bool>(6)?.unwrap_or(false),
+            row.get::<Vec<String>>(7)?,
+            row.get::<Vec<String>>(8)?,
+            row.get::<Vec<Option<String>>>(9)?,
+            row.get::<bool>(10)?,
+        )))
+    })
+    .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not inspect table", e.to_string(), None));
+
+    let Some((schema, name, relkind, persistence, can_select, system, names, types, collations, default_opclasses)) = row
+    else {
+        return Err(Ineligible {
+            code: ERRCODE_UNDEFINED_TABLE,
+            reason: format!("no relation has OID {relid:?}; it was dropped"),
+            hint: None,
+        });
+    };
+    let qualified = spi::quote_qualified_identifier(&schema, &name);
+    let ineligible = |code, reason: String, hint: Option<String>| Err(Ineligible { code, reason, hint });
+
+    if relkind != "r" && relkind != "p" {
+        return ineligible(
+            ERRCODE_WRONG_OBJECT_TYPE,
+            format!("it is {}, not an ordinary or partitioned table", relkind_name(&relkind)),
+            Some("Backfill the table the relation reads from.".into()),
+        );
+    }
+    if system {
+        return ineligible(
+            ERRCODE_WRONG_OBJECT_TYPE,
+            "it is a system or pg_backfill table, whose changes are not decoded as table changes".into(),
+            None,
+        );
+    }
+    if persistence == "t" {
+        return ineligible(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "it is a temporary table: its changes are never written to WAL, so no consumer could follow them".into(),
+            None,
+        );
+    }
+    if persistence == "u" {
+        return ineligible(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "it is unlogged: its changes are never written to WAL, so no consumer could follow them".into(),
+            Some(format!("Make it logged first: ALTER TABLE {qualified} SET LOGGED;")),
+        );
+    }
+    if !can_select {
+        return ineligible(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            "the current role has no SELECT privilege on it".into(),
+            Some(format!("A role that may read the table must start its backfill: GRANT SELECT ON {qualified} TO ...;")),
+        );
+    }
+    let (Some(names), Some(types)) = (names, types) else {
+        return ineligible(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "it has no primary key and no replica identity index, so there is no key to scan it in order by".into(),
+            Some(format!(
+                "Add a primary key, or make a unique index on NOT NULL columns its replica identity: \
+                 ALTER TABLE {qualified} REPLICA IDENTITY USING INDEX ...;"
+            )),
+        );
+    };
+    if default_opclasses != Some(true) {
+        return ineligible(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            "its key index uses a non-default operator class, whose order the scan cannot follow".into(),
+            Some("Use a primary key or replica identity index with the default operator classes.".into()),
+        );
+    }
+    let collations = collations.unwrap_or_default();
+    let key = names
+        .into_iter()
+        .zip(types)
+        .enumerate()
+        .map(|(i, (name, type_name))| KeyColumn { name, type_name, collation: collations.get(i).cloned().flatten() })
+        .collect();
+    Ok(Table { relid, schema, name, partitioned: relkind == "p", key })
+}
+
+/// Like [`inspect`], but an ineligible table is an error that names it.
+pub fn require(relid: pg_sys::Oid) -> Table {
+    inspect(relid).unwrap_or_else(|why| {
+        let name = relation_name(relid);
+        raise(why.code, format!("table {name} cannot be backfilled"), format!("Table {name}: {}.", why.reason), why.hint)
+    })
+}
+
+/// The relation's name as regclass prints it (qualified when not on the search path).
+pub fn relation_name(relid: pg_sys::Oid) -> String {
+    Spi::get_one_with_args::<String>("SELECT $1::regclass::text", &[relid.into()])
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| format!("{relid:?}"))
+}
+
+/// What a backfill of a table would deliver.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Estimate {
+    pub rows: i64,
+    pub bytes: i64,
+}
+
+/// Rows sampled to estimate the average message size.
+const SAMPLE_ROWS: f64 = 2000.0;
+
+/// Estimates rows from the planner (catalog statistics, or the relation size for a table never
+/// analyzed) and the average message size from a block sample: never a full scan.
+pub fn estimate(table: &Table, backfill_id: i64, prefix_len: usize) -> Estimate {
+    let relation = table.qualified_name();
+    let plan = Spi::explain(&format!("SELECT * FROM {relation}"))
+        .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not estimate the table's rows", e.to_string(), None));
+    let rows = plan.0[0]["Plan"]["Plan Rows"].as_f64().unwrap_or(0.0).max(0.0);
+
+    let percent = (100.0 * SAMPLE_ROWS / rows.max(1.0)).clamp(0.0001, 100.0);
+    let sample_sql = |from: String| {
+        format!(
+            "SELECT avg(octet_length(row_to_json(t)::text) + octet_length({key}::text))::float8 FROM {from}",
+            key = crate::scan::key_json_expression(table)
+        )
+    };
+    let sampled = Spi::get_one::<f64>(&sample_sql(format!("{relation} t TABLESAMPLE SYSTEM ({percent})")));
+    // A small or sparse table can yield an empty block sample; its first rows are as good.
+    let avg_row_json = match sampled {
+        Ok(Some(avg)) => avg,
+        _ => Spi::get_one::<f64>(&sample_sql(format!("(SELECT * FROM {relation} LIMIT {SAMPLE_ROWS}) t")))
+            .ok()
+            .flatten()
+            .unwrap_or(0.0),
+    };
+    let envelope = ReadMessage::new(backfill_id, table).envelope_len() + prefix_len;
+    let rows = rows.round() as i64;
+    Estimate { rows, bytes: (rows as f64 * (avg_row_json + envelope as f64)).round() as i64 }
+}

@@ -1,0 +1,47 @@
+//! pg_backfill: delivers the rows a table already holds through the logical decoding stream,
+//! in key order, as transactional "read" messages, exactly once.
+//!
+//! Where to look:
+//! - `api.rs`: the SQL functions a DBA calls (estimate, start, cancel).
+//! - `eligibility.rs`: which tables can be backfilled, their keys, and the estimate.
+//! - `scan.rs`: the key-ordered page queries (keyset pagination, row locks).
+//! - `worker.rs`: the background worker; one page is one transaction; the cursor is advanced there.
+//! - `catalog.rs`: the state tables the worker and the API share.
+//! - `message.rs`: the JSON messages consumers receive.
+//! - `settings.rs`: the `backfill.*` GUCs.
+//! - `errors.rs`: how user errors are raised (SQLSTATE, detail, hint).
+
+use pgrx::prelude::*;
+
+mod api;
+mod catalog;
+mod eligibility;
+mod errors;
+mod message;
+mod scan;
+mod settings;
+mod worker;
+
+::pgrx::pg_module_magic!(name, version);
+
+extension_sql_file!("../sql/catalog.sql", name = "catalog", bootstrap);
+extension_sql_file!("../sql/api.sql", name = "api", finalize);
+
+/// Schema of the internal state and entry points (created by `sql/catalog.sql`).
+#[pg_schema]
+mod backfill {}
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    settings::define();
+}
+
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec!["wal_level = 'logical'", "max_worker_processes = 16"]
+    }
+}

@@ -1,0 +1,99 @@
+//! The messages consumers receive, and the one place they are written to WAL.
+//!
+//! Every message is a transactional logical decoding message whose content is UTF-8 JSON:
+//! - `read`: one per row: `{"op":"read","backfill_id":1,"schema":"public","table":"orders",
+//!   "key":{"id":7},"data":{...whole row...},"commit_lsn":"0/0"}` (plus `"partition"` for a
+//!   partitioned table). `commit_lsn` is always `0/0`: the LSN is only known at commit, and
+//!   every decoder reports the real one with the transaction.
+//! - `table_start` when a table's scan starts and `table_end` (with the row count) when it ends.
+
+use crate::eligibility::Table;
+use pgrx::prelude::*;
+use serde_json::json;
+use std::ffi::{c_char, CString};
+
+// Not in pgrx's bindings. PG15: XLogRecPtr LogLogicalMessage(const char *prefix,
+// const char *message, size_t size, bool transactional).
+unsafe extern "C-unwind" {
+    fn LogLogicalMessage(prefix: *const c_char, message: *const c_char, size: usize, transactional: bool) -> u64;
+}
+
+/// Writes one transactional message: it is decoded at its transaction's commit, in commit order.
+pub fn emit(prefix: &CString, content: &str) {
+    // SAFETY: both pointers are valid for the call; an ERROR raised inside becomes a Rust panic
+    // at the guarded boundary instead of a longjmp across Rust frames.
+    unsafe {
+        pg_sys::ffi::pg_guard_ffi_boundary(|| {
+            LogLogicalMessage(prefix.as_ptr(), content.as_ptr().cast(), content.len(), true)
+        });
+    }
+}
+
+/// Builds the `read` messages of one table into one reused buffer: the envelope is rendered
+/// once, and each row costs two string copies.
+pub struct ReadMessage {
+    head: String,
+    buf: String,
+}
+
+const DATA_FIELD: &str = ",\"data\":";
+const PARTITION_FIELD: &str = ",\"partition\":";
+const TAIL: &str = ",\"commit_lsn\":\"0/0\"}";
+
+impl ReadMessage {
+    pub fn new(backfill_id: i64, table: &Table) -> Self {
+        let head = format!(
+            "{{\"op\":\"read\",\"backfill_id\":{backfill_id},\"schema\":{},\"table\":{},\"key\":",
+            json!(table.schema),
+            json!(table.name)
+        );
+        ReadMessage { head, buf: String::with_capacity(8192) }
+    }
+
+    /// Bytes of a message beyond its key and data.
+    pub fn envelope_len(&self) -> usize {
+        self.head.len() + DATA_FIELD.len() + TAIL.len()
+    }
+
+    /// The message of one row; `key` and `data` are JSON objects as PostgreSQL renders them.
+    pub fn build(&mut self, key: &str, data: &str, partition: Option<&str>) -> &str {
+        self.buf.clear();
+        self.buf.push_str(&self.head);
+        self.buf.push_str(key);
+        self.buf.push_str(DATA_FIELD);
+        self.buf.push_str(data);
+        if let Some(partition) = partition {
+            self.buf.push_str(PARTITION_FIELD);
+            self.buf.push_str(&json!(partition).to_string());
+        }
+        self.buf.push_str(TAIL);
+        &self.buf
+    }
+}
+
+/// `table_start`: the scan of a table begins; reads up to `upper_bound` follow.
+pub fn table_start(backfill_id: i64, table: &Table, upper_bound: Option<&str>, rows_estimated: i64) -> String {
+    let upper_bound: serde_json::Value = upper_bound.and_then(|u| serde_json::from_str(u).ok()).unwrap_or_default();
+    json!({
+        "op": "table_start",
+        "backfill_id": backfill_id,
+        "schema": table.schema,
+        "table": table.name,
+        "key_columns": table.key_names(),
+        "upper_bound": upper_bound,
+        "rows_estimated": rows_estimated,
+    })
+    .to_string()
+}
+
+/// `table_end`: every row of the table up to its upper bound has been read.
+pub fn table_end(backfill_id: i64, table: &Table, rows: i64) -> String {
+    json!({
+        "op": "table_end",
+        "backfill_id": backfill_id,
+        "schema": table.schema,
+        "table": table.name,
+        "rows": rows,
+    })
+    .to_string()
+}

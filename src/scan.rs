@@ -1,0 +1,154 @@
+//! The queries of a table's scan: keyset pagination on its key, in the key index's order.
+//!
+//! A page is read in two steps. First the page's last key is found from the key alone (an
+//! index scan with a LIMIT). Then every row between the cursor and that key is locked and read,
+//! without a LIMIT. The cursor then moves to that key, whatever the second step returned: if a
+//! writer changed a row's key between the two steps, the row's new version is either inside the
+//! page (and read, locked, at its new key) or outside it (and its change reaches the stream
+//! anyway), but no key that belongs to the page is ever skipped. A LIMIT on the locking query
+//! would not give this: rows re-checked after a concurrent update drop out of a LIMIT's count
+//! or come back out of order.
+
+use crate::eligibility::Table;
+use pgrx::spi::{quote_identifier, quote_literal};
+
+/// How a page's rows are locked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Locking {
+    /// Lock every row or fail at once: a page holding some row locks never waits for another.
+    NoWait,
+    /// Wait (up to `lock_timeout`) for the one row of a one-row page, which holds nothing else.
+    Wait,
+    /// No row locks: only for the test that shows the locks are needed.
+    None,
+}
+
+/// The SQL of one table's scan. Keys travel as text (their output form) and are cast back to
+/// the key's types in the query, so any btree-orderable key type works the same way.
+pub struct ScanQueries {
+    key_types: Vec<String>,
+    partitioned: bool,
+    from: String,
+    key_json: String,
+    key_columns: String,
+    key_text: String,
+    order_asc: String,
+    order_desc: String,
+    key_row: String,
+}
+
+/// `json_build_object('a', t."a", ...)`: the key as the message's `key` object.
+pub fn key_json_expression(table: &Table) -> String {
+    let pairs: Vec<String> = table
+        .key
+        .iter()
+        .map(|k| format!("{}, t.{}", quote_literal(&k.name), quote_identifier(&k.name)))
+        .collect();
+    format!("pg_catalog.json_build_object({})", pairs.join(", "))
+}
+
+impl ScanQueries {
+    pub fn new(table: &Table) -> Self {
+        let column = |alias: &str, k: &crate::eligibility::KeyColumn| {
+            let collate = k.collation.as_ref().map(|c| format!(" COLLATE {c}")).unwrap_or_default();
+            format!("{alias}.{}{collate}", quote_identifier(&k.name))
+        };
+        let list = |alias: &str, suffix: &str| {
+            table.key.iter().map(|k| format!("{}{suffix}", column(alias, k))).collect::<Vec<_>>().join(", ")
+        };
+        // A partitioned table is read through its root, which covers its partitions. An ordinary
+        // table is read ONLY: inheritance children have keys of their own.
+        let only = if table.partitioned { "" } else { "ONLY " };
+        ScanQueries {
+            key_types: table.key.iter().map(|k| k.type_name.clone()).collect(),
+            partitioned: table.partitioned,
+            from: format!("{only}{} t", table.qualified_name()),
+            key_json: key_json_expression(table),
+            key_text: table
+                .key
+                .iter()
+                .map(|k| format!("t.{}::text", quote_identifier(&k.name)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            key_columns: table
+                .key
+                .iter()
+                .map(|k| format!("t.{}", quote_identifier(&k.name)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            order_asc: list("t", ""),
+            order_desc: list("t", " DESC"),
+            key_row: format!("ROW({})", list("t", "")),
+        }
+    }
+
+    pub fn key_len(&self) -> usize {
+        self.key_types.len()
+    }
+
+    /// `ROW($first::type, ...)`: a key bound as text parameters.
+    fn params(&self, first: usize) -> String {
+        let casts: Vec<String> = self.key_types.iter().enumerate().map(|(i, ty)| format!("${}::{ty}", first + i)).collect();
+        format!("ROW({})", casts.join(", "))
+    }
+
+    /// Greatest key now, as JSON and as text values: the scan's fixed upper bound.
+    pub fn upper_bound(&self) -> String {
+        format!(
+            "SELECT {}::text, {} FROM {} ORDER BY {} LIMIT 1",
+            self.key_json, self.key_text, self.from, self.order_desc
+        )
+    }
+
+    /// The page's key range and how many parameters it binds.
+    fn range(&self, after_cursor: bool) -> (String, usize) {
+        let k = self.key_types.len();
+        if after_cursor {
+            (
+                format!(
+                    "{row} > {lower} AND {row} <= {upper}",
+                    row = self.key_row,
+                    lower = self.params(1),
+                    upper = self.params(k + 1)
+                ),
+                2 * k,
+            )
+        } else {
+            (format!("{} <= {}", self.key_row, self.params(1)), k)
+        }
+    }
+
+    /// The last key of the next page of at most `$limit` rows, as text values.
+    /// Parameters: [cursor,] upper bound, limit.
+    pub fn page_end(&self, after_cursor: bool) -> String {
+        let (range, used) = self.range(after_cursor);
+        format!(
+            "SELECT {text} FROM (SELECT {columns} FROM {from} WHERE {range} ORDER BY {asc} LIMIT ${limit}) t \
+             ORDER BY {desc} LIMIT 1",
+            text = self.key_text,
+            columns = self.key_columns,
+            from = self.from,
+            asc = self.order_asc,
+            desc = self.order_desc,
+            limit = used + 1,
+        )
+    }
+
+    /// Every row of the page: its key and its data as JSON (and its partition).
+    /// Parameters: [cursor,] page end.
+    pub fn page_rows(&self, after_cursor: bool, locking: Locking) -> String {
+        let (range, _) = self.range(after_cursor);
+        let partition = if self.partitioned { ", t.tableoid::regclass::text" } else { "" };
+        let lock = match locking {
+            Locking::NoWait => " FOR SHARE OF t NOWAIT",
+            Locking::Wait => " FOR SHARE OF t",
+            Locking::None => "",
+        };
+        format!(
+            "SELECT {key}::text, pg_catalog.row_to_json(t.*)::text{partition} FROM {from} WHERE {range} ORDER BY {asc}{lock}",
+            key = self.key_json,
+            from = self.from,
+            asc = self.order_asc,
+        )
+    }
+}

@@ -1,0 +1,66 @@
+//! The `backfill.*` settings. Each is an ordinary GUC with a unit and a documented default.
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use std::ffi::CString;
+
+/// Prefix of every logical decoding message; recorded per backfill when it starts.
+pub static MESSAGE_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"backfill"));
+
+/// How long a one-row page waits for a row lock held by a writer before it gives up and retries.
+pub static LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
+
+/// How many times in a row a page may fail for a transient reason before the backfill fails.
+pub static MAX_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(100);
+
+/// Test-only: read pages without row locks, to show that the ordering tests catch the race.
+pub static TEST_SKIP_ROW_LOCKS: GucSetting<bool> = GucSetting::<bool>::new(false);
+
+pub fn define() {
+    GucRegistry::define_string_guc(
+        c"backfill.message_prefix",
+        c"Prefix of the logical decoding messages a new backfill emits.",
+        c"Consumers filter messages by prefix. Recorded per backfill when it starts.",
+        &MESSAGE_PREFIX,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.lock_timeout",
+        c"How long a one-row page waits for a row lock held by a writer.",
+        c"Pages of several rows never wait for a row lock: they shrink instead. A one-row page \
+          waits this long, then backs off and retries, so a backfill never holds up a writer \
+          nor closes a deadlock cycle with it.",
+        &LOCK_TIMEOUT_MS,
+        1,
+        60_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.max_retries",
+        c"How many consecutive transient failures of a page a backfill tolerates before it fails.",
+        c"Transient failures are lock timeouts, deadlocks, serialization failures and \
+          statement timeouts; each retry backs off exponentially up to 5 seconds.",
+        &MAX_RETRIES,
+        0,
+        1_000_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"backfill.test_skip_row_locks",
+        c"For tests only: read pages without row locks (breaks the ordering guarantee).",
+        c"Exists so that the test suite can show that its ordering test fails without locks.",
+        &TEST_SKIP_ROW_LOCKS,
+        GucContext::Suset,
+        GucFlags::NO_SHOW_ALL,
+    );
+}
+
+/// The message prefix in force, as a Rust string.
+pub fn message_prefix() -> String {
+    MESSAGE_PREFIX
+        .get()
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "backfill".to_string())
+}

@@ -1,0 +1,485 @@
+//! The background worker: one per backfill. It scans the backfill's tables in order, one page
+//! per transaction, and emits one transactional "read" message per row.
+//!
+//! Why the order is right: a page locks its rows (FOR SHARE) when it reads them and holds the
+//! locks until it commits, and its messages are transactional, so they are decoded at the
+//! page's commit. A change to a row that committed before the page read it is already in the
+//! row the page reads (read committed re-reads a row updated while it waited); a change after
+//! must wait for the page's commit, so it is decoded after the read. A consumer that applies
+//! reads as upserts therefore never sees an old version overwrite a newer one, nor a deleted
+//! row come back.
+//!
+//! Why a restart neither loses nor repeats a row: the cursor is updated in the same transaction
+//! as the page's messages, so both are committed, or neither.
+//!
+//! Why the backfill never makes a writer fail: a page of several rows locks them NOWAIT. If one
+//! is taken, the page rolls back (releasing every lock) and shrinks, so a page that holds row
+//! locks never waits for another. Only a one-row page, which holds nothing else, waits, and only
+//! for `backfill.lock_timeout`. A page therefore never closes a deadlock cycle with a writer.
+
+use crate::catalog::{self, JobTable, DONE, FAILED, RUNNING};
+use crate::eligibility::{self, Table};
+use crate::message::{self, ReadMessage};
+use crate::scan::{Locking, ScanQueries};
+use crate::settings;
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::pg_sys::panic::{CaughtError, ErrorReportWithLevel};
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::{self, *};
+use std::ffi::CString;
+use std::panic::{AssertUnwindSafe, UnwindSafe};
+use std::time::Duration;
+
+/// Registers the worker of a backfill. It connects to this database and, before doing
+/// anything, waits for the transaction that recorded the backfill (which may not have
+/// committed yet; registration is not transactional) and gives up if that one rolled back.
+pub fn launch(job_id: i64, starter_xid: u64) -> bool {
+    let database = unsafe { pg_sys::MyDatabaseId };
+    BackgroundWorkerBuilder::new(&format!("pg_backfill {job_id}"))
+        .set_type("pg_backfill")
+        .set_library("pg_backfill")
+        .set_function("backfill_worker_main")
+        .set_argument(job_id.into_datum())
+        .set_extra(&format!("{} {starter_xid}", database.to_u32()))
+        .enable_spi_access()
+        // A worker that is terminated or crashes exits with code 1 and is started again after
+        // this pause; one that finishes, fails or is cancelled exits with 0 and is not.
+        .set_restart_time(Some(Duration::from_secs(1)))
+        .load_dynamic()
+        .is_ok()
+}
+
+unsafe extern "C-unwind" {
+    /// PostgreSQL's own SIGTERM handler for backends (pgrx only wraps it as a Rust fn).
+    #[link_name = "die"]
+    fn postgres_die(signal: std::ffi::c_int);
+}
+
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
+    let job_id = unsafe { i64::from_datum(arg, false) }.unwrap_or_default();
+    // SIGTERM (pg_terminate_backend, shutdown) ends the worker at once, as for any backend:
+    // the open page rolls back, the process exits with code 1, and the postmaster restarts it.
+    unsafe {
+        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(postgres_die));
+    }
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
+
+    let mut extra = BackgroundWorker::get_extra().split(' ');
+    let database = extra.next().and_then(|d| d.parse::<u32>().ok()).unwrap_or_default();
+    let starter_xid = extra.next().and_then(|x| x.parse::<u64>().ok()).unwrap_or_default();
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
+
+    if !wait_for_starter(job_id, starter_xid) {
+        return;
+    }
+    let started = in_transaction(|| {
+        configure_session(job_id);
+        catalog::set_worker_pid(job_id, Some(unsafe { pg_sys::MyProcPid })).unwrap_or_else(|e| error!("{e}"));
+    });
+    match started {
+        Ok(()) => run(job_id),
+        Err(e) => record_failure(job_id, None, &PageError::from_report(&e)),
+    }
+}
+
+/// Session settings of the worker: visible in pg_stat_activity, no fsync wait per page, and
+/// output forms that do not depend on anyone's configuration.
+fn configure_session(job_id: i64) {
+    let settings = [
+        ("application_name", format!("pg_backfill {job_id}")),
+        // Safe: a page's cursor and its messages are in the same commit record, so after a crash
+        // both are there or neither is; only the latest pages can be lost, and they are redone.
+        ("synchronous_commit", "off".into()),
+        ("search_path", "pg_catalog".into()),
+        ("DateStyle", "ISO".into()),
+        ("TimeZone", "UTC".into()),
+        ("IntervalStyle", "postgres".into()),
+        ("extra_float_digits", "1".into()),
+        // The worker runs as a superuser so that row-level security never hides a row from the
+        // stream (logical decoding does not filter by it either); make that explicit.
+        ("row_security", "off".into()),
+        ("statement_timeout", "0".into()),
+        ("idle_in_transaction_session_timeout", "0".into()),
+    ];
+    for (name, value) in settings {
+        Spi::run_with_args("SELECT pg_catalog.set_config($1, $2, false)", &[name.into(), value.into()])
+            .unwrap_or_else(|e| error!("could not set {name}: {e}"));
+    }
+}
+
+/// Waits until the transaction that called backfill_start() ends. Returns false when it rolled
+/// back, so there is nothing to do.
+fn wait_for_starter(job_id: i64, starter_xid: u64) -> bool {
+    loop {
+        let seen = in_transaction(|| catalog::job(job_id).ok().flatten().map(|j| j.state));
+        match seen {
+            Ok(Some(state)) => return state == RUNNING,
+            Ok(None) if starter_xid == 0 => return false,
+            Ok(None) => {}
+            Err(_) => return false,
+        }
+        let status = in_transaction(|| {
+            Spi::get_one_with_args::<String>(
+                "SELECT pg_catalog.pg_xact_status($1::text::xid8)",
+                &[starter_xid.to_string().into()],
+            )
+            .ok()
+            .flatten()
+        });
+        match status.ok().flatten().as_deref() {
+            Some("in progress") => {
+                BackgroundWorker::wait_latch(Some(Duration::from_millis(50)));
+            }
+            Some("committed") => continue,
+            _ => return false,
+        }
+    }
+}
+
+/// What a page did.
+enum Page {
+    /// Delivered rows; the table has more.
+    More,
+    /// The table's scan ended (its end marker is sent).
+    TableDone,
+    /// The backfill is no longer running (cancelled): stop without doing anything.
+    Stopped,
+}
+
+/// Why a page failed, kept apart from pgrx's error type so that it can be logged and stored.
+#[derive(Debug, Clone)]
+struct PageError {
+    code: PgSqlErrorCode,
+    sqlstate: String,
+    message: String,
+}
+
+impl PageError {
+    fn from_report(report: &ErrorReportWithLevel) -> Self {
+        let code = report.sql_error_code();
+        let mut message = report.message().to_string();
+        if let Some(detail) = report.detail() {
+            message.push_str(&format!(" ({detail})"));
+        }
+        PageError { code, sqlstate: sqlstate_of(code), message }
+    }
+
+    /// Failures that a later attempt of the same page can get past.
+    fn is_transient(&self) -> bool {
+        matches!(
+            self.code,
+            ERRCODE_LOCK_NOT_AVAILABLE
+                | ERRCODE_T_R_DEADLOCK_DETECTED
+                | ERRCODE_T_R_SERIALIZATION_FAILURE
+                | ERRCODE_QUERY_CANCELED
+        )
+    }
+}
+
+fn sqlstate_of(code: PgSqlErrorCode) -> String {
+    let mut n = code as i32;
+    (0..5)
+        .map(|_| {
+            let c = ((n & 0x3F) as u8 + b'0') as char;
+            n >>= 6;
+            c
+        })
+        .collect()
+}
+
+fn report_of(e: CaughtError) -> ErrorReportWithLevel {
+    match e {
+        CaughtError::PostgresError(r) | CaughtError::ErrorReport(r) => r,
+        CaughtError::RustPanic { ereport, .. } => ereport,
+    }
+}
+
+/// Runs `body` in a transaction of its own: commits when it returns, rolls back and returns the
+/// error when it raises one. An error therefore never ends the worker by itself.
+fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe) -> Result<R, ErrorReportWithLevel> {
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+    }
+    PgTryBuilder::new(move || {
+        let result = body();
+        unsafe {
+            pg_sys::PopActiveSnapshot();
+            pg_sys::CommitTransactionCommand();
+        }
+        Ok(result)
+    })
+    .catch_others(|e| {
+        unsafe { pg_sys::AbortCurrentTransaction() };
+        Err(report_of(e))
+    })
+    .execute()
+}
+
+/// Scans every table of the backfill that is not done yet, then marks the backfill done.
+fn run(job_id: i64) {
+    let loaded = in_transaction(|| catalog::job(job_id).ok().flatten().zip(catalog::job_tables(job_id).ok()));
+    let Ok(Some((job, tables))) = loaded else {
+        return;
+    };
+    if job.state != RUNNING {
+        return;
+    }
+    let prefix = CString::new(job.message_prefix.clone()).unwrap_or_else(|_| c"backfill".into());
+    for table in tables.iter().filter(|t| t.state != DONE) {
+        let mut scan = match TableScan::open(job_id, &job, table, &prefix) {
+            Ok(scan) => scan,
+            Err(e) => return record_failure(job_id, Some(table), &e),
+        };
+        if !scan.run() {
+            return;
+        }
+    }
+    let finished = in_transaction(|| catalog::finish_job(job_id, DONE, None));
+    if matches!(finished, Ok(Ok(true))) {
+        log!("pg_backfill {job_id}: done");
+    }
+}
+
+/// The scan of one table by the worker.
+struct TableScan<'a> {
+    job_id: i64,
+    position: i32,
+    batch_size: i32,
+    prefix: &'a CString,
+    table: Table,
+    queries: ScanQueries,
+    messages: ReadMessage,
+}
+
+impl<'a> TableScan<'a> {
+    fn open(job_id: i64, job: &catalog::Job, job_table: &JobTable, prefix: &'a CString) -> Result<Self, PageError> {
+        let relid = job_table.relid;
+        let inspected = in_transaction(|| eligibility::inspect(relid)).map_err(|e| PageError::from_report(&e))?;
+        let table = inspected.map_err(|why| PageError {
+            code: why.code,
+            sqlstate: sqlstate_of(why.code),
+            message: format!("table {relid:?} can no longer be backfilled: {}", why.reason),
+        })?;
+        Ok(TableScan {
+            job_id,
+            position: job_table.position,
+            batch_size: job.batch_size,
+            prefix,
+            queries: ScanQueries::new(&table),
+            messages: ReadMessage::new(job_id, &table),
+            table,
+        })
+    }
+
+    /// Pages until the table is done (true) or the backfill stops (false).
+    fn run(&mut self) -> bool {
+        let mut rows_per_page = self.batch_size;
+        let mut failures = 0;
+        loop {
+            reload_config_if_asked();
+            let rows = rows_per_page;
+            let result = in_transaction(AssertUnwindSafe(|| self.page(rows)));
+            match result.map_err(|e| PageError::from_report(&e)) {
+                Ok(Page::More) => {
+                    failures = 0;
+                    // Grow back after a lock conflict made the pages small.
+                    rows_per_page = (rows_per_page * 2).min(self.batch_size);
+                }
+                Ok(Page::TableDone) => return true,
+                Ok(Page::Stopped) => return false,
+                Err(e) if e.code == ERRCODE_LOCK_NOT_AVAILABLE && rows_per_page > 1 => {
+                    // A writer holds one of the page's rows: retry at once with half the page,
+                    // down to the one row that waits.
+                    rows_per_page = (rows_per_page / 2).max(1);
+                }
+                Err(e) if e.is_transient() && failures < settings::MAX_RETRIES.get() => {
+                    failures += 1;
+                    if !self.back_off(failures) {
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    self.fail(&e);
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Sleeps before a retry: 50 ms, doubling, at most one second. False if cancelled meanwhile.
+    fn back_off(&self, failures: i32) -> bool {
+        let millis = 50u64 << failures.clamp(0, 5).min(5);
+        BackgroundWorker::wait_latch(Some(Duration::from_millis(millis.min(1000))));
+        matches!(in_transaction(|| catalog::job_state(self.job_id)), Ok(Ok(Some(s))) if s == RUNNING)
+    }
+
+    fn fail(&self, e: &PageError) {
+        let job_table = in_transaction(|| catalog::job_table(self.job_id, self.position)).ok().and_then(|r| r.ok()).flatten();
+        record_failure(self.job_id, job_table.as_ref(), e);
+    }
+
+    /// One page, inside its own transaction.
+    fn page(&mut self, rows_per_page: i32) -> Page {
+        let state = catalog::job_state(self.job_id).unwrap_or_else(|e| error!("{e}"));
+        if state.as_deref() != Some(RUNNING) {
+            return Page::Stopped;
+        }
+        let progress = catalog::job_table(self.job_id, self.position)
+            .unwrap_or_else(|e| error!("{e}"))
+            .unwrap_or_else(|| error!("backfill {} lost its table {}", self.job_id, self.position));
+        if progress.state == "pending" {
+            return self.start_scan(&progress);
+        }
+        let Some(upper_bound) = progress.upper_bound.clone() else {
+            return self.end_scan(progress.rows_done);
+        };
+        report_activity(&format!(
+            "backfill {}: {} after key {:?}",
+            self.job_id,
+            self.table.qualified_name(),
+            progress.cursor.as_deref().unwrap_or_default()
+        ));
+        let cursor = progress.cursor.clone();
+        let Some(page_end) = self.page_end(cursor.as_deref(), &upper_bound, rows_per_page) else {
+            return self.end_scan(progress.rows_done);
+        };
+        let (rows, bytes) = self.deliver(cursor.as_deref(), &page_end, rows_per_page);
+        let reached_upper_bound = page_end == upper_bound;
+        catalog::advance_cursor(self.job_id, self.position, page_end, rows, bytes).unwrap_or_else(|e| error!("{e}"));
+        if reached_upper_bound {
+            return self.end_scan(progress.rows_done + rows);
+        }
+        Page::More
+    }
+
+    /// Fixes the upper bound (the greatest key now) and sends the start marker.
+    fn start_scan(&mut self, progress: &JobTable) -> Page {
+        let bound = Spi::connect(|client| {
+            let rows = client.select(&self.queries.upper_bound(), None, &[])?;
+            if rows.is_empty() {
+                return Ok::<_, pgrx::spi::Error>(None);
+            }
+            let row = rows.first();
+            let json: Option<String> = row.get(1)?;
+            let key = (0..self.queries.key_len())
+                .map(|i| row.get::<String>(i + 2).map(|v| v.unwrap_or_default()))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Some((json.unwrap_or_default(), key)))
+        })
+        .unwrap_or_else(|e| error!("{e}"));
+        let (json, key) = bound.unzip();
+        message::emit(
+            self.prefix,
+            &message::table_start(self.job_id, &self.table, json.as_deref(), progress.rows_estimated),
+        );
+        catalog::start_table(self.job_id, self.position, key.clone()).unwrap_or_else(|e| error!("{e}"));
+        log!("pg_backfill {}: scanning {} up to key {:?}", self.job_id, self.table.qualified_name(), key);
+        if key.is_none() {
+            return self.end_scan(0);
+        }
+        Page::More
+    }
+
+    /// Sends the end marker and marks the table done, in the page's transaction.
+    fn end_scan(&mut self, rows: i64) -> Page {
+        message::emit(self.prefix, &message::table_end(self.job_id, &self.table, rows));
+        catalog::finish_table(self.job_id, self.position).unwrap_or_else(|e| error!("{e}"));
+        log!("pg_backfill {}: {} done, {rows} rows", self.job_id, self.table.qualified_name());
+        Page::TableDone
+    }
+
+    fn key_args(cursor: Option<&[String]>, then: &[String]) -> Vec<pgrx::datum::DatumWithOid<'static>> {
+        cursor.unwrap_or_default().iter().chain(then).map(|v| v.clone().into()).collect()
+    }
+
+    /// The last key of the next page, or None when no key is left up to the upper bound.
+    fn page_end(&self, cursor: Option<&[String]>, upper_bound: &[String], rows: i32) -> Option<Vec<String>> {
+        let mut args = Self::key_args(cursor, upper_bound);
+        args.push(i64::from(rows).into());
+        let sql = self.queries.page_end(cursor.is_some());
+        Spi::connect(|client| {
+            let result = client.select(&sql, None, &args)?;
+            if result.is_empty() {
+                return Ok::<_, pgrx::spi::Error>(None);
+            }
+            let row = result.first();
+            (0..self.queries.key_len())
+                .map(|i| row.get::<String>(i + 1).map(|v| v.unwrap_or_default()))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some)
+        })
+        .unwrap_or_else(|e| error!("{e}"))
+    }
+
+    /// Locks and reads every row from the cursor (exclusive) to the page's end (inclusive),
+    /// emitting one message per row. Returns rows and payload bytes delivered.
+    fn deliver(&mut self, cursor: Option<&[String]>, page_end: &[String], rows_per_page: i32) -> (i64, i64) {
+        let locking = if settings::TEST_SKIP_ROW_LOCKS.get() {
+            Locking::None
+        } else if rows_per_page == 1 {
+            let timeout = settings::LOCK_TIMEOUT_MS.get().to_string();
+            Spi::run_with_args("SELECT pg_catalog.set_config('lock_timeout', $1, true)", &[timeout.into()])
+                .unwrap_or_else(|e| error!("{e}"));
+            Locking::Wait
+        } else {
+            Locking::NoWait
+        };
+        let sql = self.queries.page_rows(cursor.is_some(), locking);
+        let args = Self::key_args(cursor, page_end);
+        let partitioned = self.table.partitioned;
+        let prefix = self.prefix;
+        let messages = &mut self.messages;
+        Spi::connect_mut(|client| {
+            let result = client.update(&sql, None, &args)?;
+            let (mut rows, mut bytes) = (0i64, 0i64);
+            for row in result {
+                let key: String = row.get(1)?.unwrap_or_default();
+                let data: String = row.get(2)?.unwrap_or_default();
+                let partition: Option<String> = if partitioned { row.get(3)? } else { None };
+                let content = messages.build(&key, &data, partition.as_deref());
+                message::emit(prefix, content);
+                rows += 1;
+                bytes += content.len() as i64;
+            }
+            Ok::<_, pgrx::spi::Error>((rows, bytes))
+        })
+        .unwrap_or_else(|e| error!("{e}"))
+    }
+}
+
+fn reload_config_if_asked() {
+    unsafe {
+        if pg_sys::ConfigReloadPending != 0 {
+            pg_sys::ConfigReloadPending = 0;
+            pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
+        }
+    }
+}
+
+fn report_activity(what: &str) {
+    if let Ok(what) = CString::new(what) {
+        unsafe { pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, what.as_ptr()) };
+    }
+}
+
+/// Stops the backfill in state failed, with the error, the table and the key it stopped at.
+fn record_failure(job_id: i64, table: Option<&JobTable>, e: &PageError) {
+    let recorded = in_transaction(AssertUnwindSafe(|| {
+        let place = table
+            .map(|t| {
+                let cursor = t.cursor.as_deref().map(|c| c.join(", ")).unwrap_or_else(|| "(start)".into());
+                format!(" [table {}, stopped after key {cursor}]", eligibility::relation_name(t.relid))
+            })
+            .unwrap_or_default();
+        let message = format!("{}{place}", e.message);
+        warning!("pg_backfill {job_id} failed: {} {message}", e.sqlstate);
+        catalog::finish_job(job_id, FAILED, Some((&e.sqlstate, &message))).unwrap_or_else(|e| error!("{e}"));
+    }));
+    if let Err(e) = recorded {
+        warning!("pg_backfill {job_id}: could not record its failure: {}", e.message());
+    }
+}
