@@ -34,4 +34,8 @@ if ! grep -qs "pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; t
     log "pointing cargo-pgrx at the system PostgreSQL 15"
     cargo pgrx init --pg15 "$PG_CONFIG"
 fi
+if ! python3 -c "import psycopg, pytest" 2>/dev/null; then
+    log "installing the end-to-end test harness (psycopg, pytest)"
+    python3 -m pip install -q --disable-pip-version-check "psycopg[binary]>=3.1,<4" "pytest>=7,<9"
+fi
 log "ready"

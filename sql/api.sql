@@ -27,25 +27,28 @@ LANGUAGE sql VOLATILE
 AS $$ SELECT * FROM backfill_estimate(ARRAY[table_name::regclass], batch_size) $$;
 COMMENT ON FUNCTION backfill_estimate(text, integer) IS 'backfill_estimate() of one table, by name';
 
-CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000)
+CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.start(tables::oid[], confirm, batch_size) $$;
-COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer) IS
+AS $$ SELECT backfill.start(tables::oid[], confirm, batch_size, rows_per_second) $$;
+COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer) IS
 'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate.';
 
-CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000)
+CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.start(ARRAY[table_name]::oid[], confirm, batch_size) $$;
-COMMENT ON FUNCTION backfill_start(regclass, boolean, integer) IS 'backfill_start() of one table';
+AS $$ SELECT backfill.start(ARRAY[table_name]::oid[], confirm, batch_size, rows_per_second) $$;
+COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer) IS 'backfill_start() of one table';
 
 -- See backfill_estimate(text): makes backfill_start('public.orders', confirm => true) resolve.
-CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000)
+CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size) $$;
-COMMENT ON FUNCTION backfill_start(text, boolean, integer) IS 'backfill_start() of one table, by name';
+AS $$ SELECT backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size, rows_per_second) $$;
+COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer) IS 'backfill_start() of one table, by name';
 
 CREATE FUNCTION backfill_cancel(id bigint)
 RETURNS boolean

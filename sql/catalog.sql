@@ -3,6 +3,9 @@
 
 CREATE SCHEMA backfill;
 COMMENT ON SCHEMA backfill IS 'pg_backfill internal state; read it through the backfill_status and backfill_tables views';
+-- Entry points live here. The state tables can be read by all (the views show the same), but
+-- only the extension's functions, acting as the extension's owner, write them.
+GRANT USAGE ON SCHEMA backfill TO PUBLIC;
 
 CREATE TABLE backfill.job (
     id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -10,6 +13,7 @@ CREATE TABLE backfill.job (
                         CHECK (state IN ('running', 'done', 'cancelled', 'failed')),
     started_by          name NOT NULL,
     batch_size          integer NOT NULL CHECK (batch_size > 0),
+    rows_per_second     integer CHECK (rows_per_second > 0),
     message_prefix      text NOT NULL,
     worker_pid          integer,
     started_at          timestamptz NOT NULL DEFAULT clock_timestamp(),
@@ -22,6 +26,7 @@ COMMENT ON COLUMN backfill.job.id IS 'Backfill id, returned by backfill_start() 
 COMMENT ON COLUMN backfill.job.state IS 'running, done, cancelled or failed';
 COMMENT ON COLUMN backfill.job.started_by IS 'Role that called backfill_start(); it or a member of it may cancel';
 COMMENT ON COLUMN backfill.job.batch_size IS 'Rows per page (one page is one transaction)';
+COMMENT ON COLUMN backfill.job.rows_per_second IS 'Pacing: most rows delivered per second, on average over a few seconds; NULL for no limit';
 COMMENT ON COLUMN backfill.job.message_prefix IS 'Prefix of the logical decoding messages of this backfill';
 COMMENT ON COLUMN backfill.job.worker_pid IS 'Process id of the background worker while one runs';
 COMMENT ON COLUMN backfill.job.started_at IS 'When backfill_start() was called';
@@ -76,6 +81,7 @@ SELECT j.id,
        j.started_at,
        j.finished_at,
        j.batch_size,
+       j.rows_per_second,
        j.message_prefix,
        a.pid AS worker_pid,
        j.last_error_sqlstate,
@@ -122,4 +128,4 @@ COMMENT ON COLUMN backfill_tables.cursor IS 'Last key delivered; the scan resume
 COMMENT ON COLUMN backfill_tables.upper_bound IS 'Greatest key when the scan started; rows inserted later arrive through the stream';
 COMMENT ON COLUMN backfill_tables.bytes_done IS 'Bytes of message payload delivered';
 
-GRANT SELECT ON backfill_status, backfill_tables TO PUBLIC;
+GRANT SELECT ON backfill.job, backfill.job_table, backfill_status, backfill_tables TO PUBLIC;

@@ -48,8 +48,14 @@ fn estimate(
 /// backfill_start(): validates every table (all or nothing), records the backfill and
 /// launches its worker. Without confirm it only reports what it would deliver.
 #[pg_extern(schema = "backfill", name = "start")]
-fn start(tables: Option<Vec<Option<pg_sys::Oid>>>, confirm: bool, batch_size: i32) -> i64 {
+fn start(
+    tables: Option<Vec<Option<pg_sys::Oid>>>,
+    confirm: bool,
+    batch_size: i32,
+    rows_per_second: Option<i32>,
+) -> i64 {
     check_batch_size(batch_size);
+    check_rate(rows_per_second);
     require_logical_decoding();
     let relids = table_list(tables);
     let tables: Vec<Table> = relids.iter().map(|relid| eligibility::require(*relid)).collect();
@@ -90,7 +96,7 @@ fn start(tables: Option<Vec<Option<pg_sys::Oid>>>, confirm: bool, batch_size: i3
 
     let started_by = Spi::get_one::<String>("SELECT current_user::text").ok().flatten().unwrap_or_default();
     let job_id = as_extension_owner(|| {
-        let job_id = catalog::insert_job(&started_by, batch_size, &prefix)?;
+        let job_id = catalog::insert_job(&started_by, batch_size, rows_per_second, &prefix)?;
         for (position, (table, estimate)) in tables.iter().zip(&estimates).enumerate() {
             catalog::insert_job_table(job_id, position as i32 + 1, table.relid, table.key_names(), estimate.rows)?;
         }
@@ -160,6 +166,17 @@ fn check_batch_size(batch_size: i32) {
             format!("batch_size {batch_size} is out of range"),
             format!("batch_size is the number of rows per page and must be between 1 and {MAX_BATCH_SIZE}."),
             Some("The default, 1000, suits most tables; use less for very wide rows.".into()),
+        );
+    }
+}
+
+fn check_rate(rows_per_second: Option<i32>) {
+    if let Some(rate) = rows_per_second.filter(|r| *r <= 0) {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("rows_per_second {rate} is out of range"),
+            "rows_per_second is the most rows the backfill delivers per second and must be positive.",
+            Some("Pass NULL (the default) for no limit.".into()),
         );
     }
 }

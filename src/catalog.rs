@@ -13,6 +13,7 @@ pub const FAILED: &str = "failed";
 pub struct Job {
     pub state: String,
     pub batch_size: i32,
+    pub rows_per_second: Option<i32>,
     pub message_prefix: String,
     pub started_by: String,
 }
@@ -31,7 +32,7 @@ pub struct JobTable {
 pub fn job(id: i64) -> SpiResult<Option<Job>> {
     Spi::connect(|client| {
         let rows = client.select(
-            "SELECT state, batch_size, message_prefix, started_by::text FROM backfill.job WHERE id = $1",
+            "SELECT state, batch_size, message_prefix, started_by::text, rows_per_second FROM backfill.job WHERE id = $1",
             None,
             &[id.into()],
         )?;
@@ -44,6 +45,7 @@ pub fn job(id: i64) -> SpiResult<Option<Job>> {
             batch_size: row.get(2)?.unwrap_or(1000),
             message_prefix: row.get(3)?.unwrap_or_default(),
             started_by: row.get(4)?.unwrap_or_default(),
+            rows_per_second: row.get(5)?,
         }))
     })
 }
@@ -129,10 +131,16 @@ pub fn finish_job(job_id: i64, state: &str, error: Option<(&str, &str)>) -> SpiR
 }
 
 /// Records a new backfill and its tables; returns its id.
-pub fn insert_job(started_by: &str, batch_size: i32, message_prefix: &str) -> SpiResult<i64> {
+pub fn insert_job(
+    started_by: &str,
+    batch_size: i32,
+    rows_per_second: Option<i32>,
+    message_prefix: &str,
+) -> SpiResult<i64> {
     Spi::get_one_with_args::<i64>(
-        "INSERT INTO backfill.job (started_by, batch_size, message_prefix) VALUES ($1, $2, $3) RETURNING id",
-        &[started_by.into(), batch_size.into(), message_prefix.into()],
+        "INSERT INTO backfill.job (started_by, batch_size, rows_per_second, message_prefix)
+         VALUES ($1, $2, $3, $4) RETURNING id",
+        &[started_by.into(), batch_size.into(), rows_per_second.into(), message_prefix.into()],
     )
     .map(|id| id.unwrap_or_default())
 }

@@ -219,8 +219,8 @@ pub fn estimate(table: &Table, backfill_id: i64, prefix_len: usize) -> Estimate 
     let percent = (100.0 * SAMPLE_ROWS / rows.max(1.0)).clamp(0.0001, 100.0);
     let sample_sql = |from: String| {
         format!(
-            "SELECT avg(octet_length(row_to_json(t)::text) + octet_length({key}::text))::float8 FROM {from}",
-            key = crate::scan::key_json_expression(table)
+            "SELECT avg(octet_length(row_to_json(t)::text) + octet_length(concat({key})))::float8 FROM {from}",
+            key = crate::scan::key_json_values(table)
         )
     };
     let sampled = Spi::get_one::<f64>(&sample_sql(format!("{relation} t TABLESAMPLE SYSTEM ({percent})")));

@@ -33,6 +33,8 @@ pub fn emit(prefix: &CString, content: &str) {
 /// once, and each row costs two string copies.
 pub struct ReadMessage {
     head: String,
+    /// `"name":` of each key column, JSON-quoted once.
+    key_labels: Vec<String>,
     buf: String,
 }
 
@@ -47,19 +49,20 @@ impl ReadMessage {
             json!(table.schema),
             json!(table.name)
         );
-        ReadMessage { head, buf: String::with_capacity(8192) }
+        ReadMessage { head, key_labels: key_labels(table), buf: String::with_capacity(8192) }
     }
 
-    /// Bytes of a message beyond its key and data.
+    /// Bytes of a message beyond its key values and data.
     pub fn envelope_len(&self) -> usize {
-        self.head.len() + DATA_FIELD.len() + TAIL.len()
+        let key_punctuation: usize = self.key_labels.iter().map(|l| l.len() + 1).sum::<usize>() + 1;
+        self.head.len() + key_punctuation + DATA_FIELD.len() + TAIL.len()
     }
 
-    /// The message of one row; `key` and `data` are JSON objects as PostgreSQL renders them.
-    pub fn build(&mut self, key: &str, data: &str, partition: Option<&str>) -> &str {
+    /// The message of one row: its key values and data as JSON, as PostgreSQL renders them.
+    pub fn build(&mut self, key_values: &[String], data: &str, partition: Option<&str>) -> &str {
         self.buf.clear();
         self.buf.push_str(&self.head);
-        self.buf.push_str(key);
+        push_key(&mut self.buf, &self.key_labels, key_values);
         self.buf.push_str(DATA_FIELD);
         self.buf.push_str(data);
         if let Some(partition) = partition {
@@ -71,9 +74,33 @@ impl ReadMessage {
     }
 }
 
-/// `table_start`: the scan of a table begins; reads up to `upper_bound` follow.
-pub fn table_start(backfill_id: i64, table: &Table, upper_bound: Option<&str>, rows_estimated: i64) -> String {
-    let upper_bound: serde_json::Value = upper_bound.and_then(|u| serde_json::from_str(u).ok()).unwrap_or_default();
+fn key_labels(table: &Table) -> Vec<String> {
+    table.key.iter().map(|k| format!("{}:", json!(k.name))).collect()
+}
+
+/// Appends `{"a":1,"b":"x"}` from the key's labels and its JSON values.
+fn push_key(buf: &mut String, labels: &[String], values: &[String]) {
+    buf.push('{');
+    for (i, (label, value)) in labels.iter().zip(values).enumerate() {
+        if i > 0 {
+            buf.push(',');
+        }
+        buf.push_str(label);
+        buf.push_str(value);
+    }
+    buf.push('}');
+}
+
+/// `table_start`: the scan of a table begins; reads up to `upper_bound` (JSON key values,
+/// None for an empty table) follow.
+pub fn table_start(backfill_id: i64, table: &Table, upper_bound: Option<&[String]>, rows_estimated: i64) -> String {
+    let upper_bound: serde_json::Value = upper_bound
+        .map(|values| {
+            let mut key = String::new();
+            push_key(&mut key, &key_labels(table), values);
+            serde_json::from_str(&key).unwrap_or_default()
+        })
+        .unwrap_or_default();
     json!({
         "op": "table_start",
         "backfill_id": backfill_id,

@@ -10,7 +10,7 @@
 //! or come back out of order.
 
 use crate::eligibility::Table;
-use pgrx::spi::{quote_identifier, quote_literal};
+use pgrx::spi::quote_identifier;
 
 /// How a page's rows are locked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,14 +37,15 @@ pub struct ScanQueries {
     key_row: String,
 }
 
-/// `json_build_object('a', t."a", ...)`: the key as the message's `key` object.
-pub fn key_json_expression(table: &Table) -> String {
-    let pairs: Vec<String> = table
+/// `to_json(t."a")::text, ...`: each key value as JSON, as row_to_json renders it.
+/// The message assembles them into the `key` object.
+pub fn key_json_values(table: &Table) -> String {
+    table
         .key
         .iter()
-        .map(|k| format!("{}, t.{}", quote_literal(&k.name), quote_identifier(&k.name)))
-        .collect();
-    format!("pg_catalog.json_build_object({})", pairs.join(", "))
+        .map(|k| format!("pg_catalog.to_json(t.{})::text", quote_identifier(&k.name)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl ScanQueries {
@@ -63,7 +64,7 @@ impl ScanQueries {
             key_types: table.key.iter().map(|k| k.type_name.clone()).collect(),
             partitioned: table.partitioned,
             from: format!("{only}{} t", table.qualified_name()),
-            key_json: key_json_expression(table),
+            key_json: key_json_values(table),
             key_text: table
                 .key
                 .iter()
@@ -92,11 +93,11 @@ impl ScanQueries {
         format!("ROW({})", casts.join(", "))
     }
 
-    /// Greatest key now, as JSON and as text values: the scan's fixed upper bound.
+    /// Greatest key now, as text values then as JSON values: the scan's fixed upper bound.
     pub fn upper_bound(&self) -> String {
         format!(
-            "SELECT {}::text, {} FROM {} ORDER BY {} LIMIT 1",
-            self.key_json, self.key_text, self.from, self.order_desc
+            "SELECT {}, {} FROM {} ORDER BY {} LIMIT 1",
+            self.key_text, self.key_json, self.from, self.order_desc
         )
     }
 
@@ -134,7 +135,7 @@ impl ScanQueries {
         )
     }
 
-    /// Every row of the page: its key and its data as JSON (and its partition).
+    /// Every row of the page: its key values and its data as JSON (and its partition).
     /// Parameters: [cursor,] page end.
     pub fn page_rows(&self, after_cursor: bool, locking: Locking) -> String {
         let (range, _) = self.range(after_cursor);
@@ -145,7 +146,7 @@ impl ScanQueries {
             Locking::None => "",
         };
         format!(
-            "SELECT {key}::text, pg_catalog.row_to_json(t.*)::text{partition} FROM {from} WHERE {range} ORDER BY {asc}{lock}",
+            "SELECT {key}, pg_catalog.row_to_json(t.*)::text{partition} FROM {from} WHERE {range} ORDER BY {asc}{lock}",
             key = self.key_json,
             from = self.from,
             asc = self.order_asc,

@@ -249,6 +249,7 @@ struct TableScan<'a> {
     job_id: i64,
     position: i32,
     batch_size: i32,
+    pacer: Pacer,
     prefix: &'a CString,
     table: Table,
     queries: ScanQueries,
@@ -268,6 +269,7 @@ impl<'a> TableScan<'a> {
             job_id,
             position: job_table.position,
             batch_size: job.batch_size,
+            pacer: Pacer::new(job.rows_per_second),
             prefix,
             queries: ScanQueries::new(&table),
             messages: ReadMessage::new(job_id, &table),
@@ -281,10 +283,12 @@ impl<'a> TableScan<'a> {
         let mut failures = 0;
         loop {
             reload_config_if_asked();
+            self.pacer.wait_for(rows_per_page);
             let rows = rows_per_page;
             let result = in_transaction(AssertUnwindSafe(|| self.page(rows)));
             match result.map_err(|e| PageError::from_report(&e)) {
                 Ok(Page::More) => {
+                    self.pacer.spend(rows_per_page);
                     failures = 0;
                     // Grow back after a lock conflict made the pages small.
                     rows_per_page = (rows_per_page * 2).min(self.batch_size);
@@ -364,14 +368,14 @@ impl<'a> TableScan<'a> {
                 return Ok::<_, pgrx::spi::Error>(None);
             }
             let row = rows.first();
-            let json: Option<String> = row.get(1)?;
-            let key = (0..self.queries.key_len())
-                .map(|i| row.get::<String>(i + 2).map(|v| v.unwrap_or_default()))
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(Some((json.unwrap_or_default(), key)))
+            let k = self.queries.key_len();
+            let column = |i: usize| row.get::<String>(i).map(|v| v.unwrap_or_default());
+            let key = (1..=k).map(column).collect::<Result<Vec<_>, _>>()?;
+            let json = (k + 1..=2 * k).map(column).collect::<Result<Vec<_>, _>>()?;
+            Ok(Some((key, json)))
         })
         .unwrap_or_else(|e| error!("{e}"));
-        let (json, key) = bound.unzip();
+        let (key, json) = bound.unzip();
         message::emit(
             self.prefix,
             &message::table_start(self.job_id, &self.table, json.as_deref(), progress.rows_estimated),
@@ -433,13 +437,17 @@ impl<'a> TableScan<'a> {
         let partitioned = self.table.partitioned;
         let prefix = self.prefix;
         let messages = &mut self.messages;
+        let k = self.queries.key_len();
+        let mut key = vec![String::new(); k];
         Spi::connect_mut(|client| {
             let result = client.update(&sql, None, &args)?;
             let (mut rows, mut bytes) = (0i64, 0i64);
             for row in result {
-                let key: String = row.get(1)?.unwrap_or_default();
-                let data: String = row.get(2)?.unwrap_or_default();
-                let partition: Option<String> = if partitioned { row.get(3)? } else { None };
+                for (i, value) in key.iter_mut().enumerate() {
+                    *value = row.get(i + 1)?.unwrap_or_default();
+                }
+                let data: String = row.get(k + 1)?.unwrap_or_default();
+                let partition: Option<String> = if partitioned { row.get(k + 2)? } else { None };
                 let content = messages.build(&key, &data, partition.as_deref());
                 message::emit(prefix, content);
                 rows += 1;
@@ -448,6 +456,46 @@ impl<'a> TableScan<'a> {
             Ok::<_, pgrx::spi::Error>((rows, bytes))
         })
         .unwrap_or_else(|e| error!("{e}"))
+    }
+}
+
+/// Paces a backfill to a rate with a token bucket: rows are allowed as time passes, up to one
+/// second's worth ahead, so the rate holds over any window of a few seconds whatever the page
+/// size, and no fixed sleep per page is needed.
+struct Pacer {
+    rows_per_second: Option<f64>,
+    allowance: f64,
+    last: std::time::Instant,
+}
+
+impl Pacer {
+    fn new(rows_per_second: Option<i32>) -> Self {
+        Pacer { rows_per_second: rows_per_second.map(f64::from), allowance: 0.0, last: std::time::Instant::now() }
+    }
+
+    fn refill(&mut self, rate: f64) {
+        let now = std::time::Instant::now();
+        self.allowance = (self.allowance + rate * now.duration_since(self.last).as_secs_f64()).min(rate.max(1.0));
+        self.last = now;
+    }
+
+    /// Sleeps until a page of `rows` fits the rate (a page larger than a second's worth waits
+    /// for a full second's allowance).
+    fn wait_for(&mut self, rows: i32) {
+        let Some(rate) = self.rows_per_second else { return };
+        self.refill(rate);
+        let needed = f64::from(rows).min(rate.max(1.0));
+        while self.allowance < needed {
+            let wait = Duration::from_secs_f64((needed - self.allowance) / rate);
+            BackgroundWorker::wait_latch(Some(wait.max(Duration::from_millis(1))));
+            self.refill(rate);
+        }
+    }
+
+    fn spend(&mut self, rows: i32) {
+        if self.rows_per_second.is_some() {
+            self.allowance -= f64::from(rows);
+        }
     }
 }
 

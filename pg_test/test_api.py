@@ -1,0 +1,191 @@
+"""The SQL API: estimates, the confirm step, the views, and every error a user can cause."""
+
+import psycopg
+import pytest
+from conftest import wait_until_ended
+
+
+def sqlstate_of(conn, sql, params=None):
+    with pytest.raises(psycopg.Error) as caught:
+        conn.execute(sql, params)
+    return caught.value
+
+
+@pytest.fixture
+def orders(db):
+    db.execute(
+        """CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL, amount numeric(12,2),
+                                created_at timestamptz NOT NULL DEFAULT now());
+           INSERT INTO orders SELECT g, 'customer ' || g, g * 1.25 FROM generate_series(1, 5000) g;
+           ANALYZE orders;"""
+    )
+    return db
+
+
+def test_estimate_reports_rows_bytes_pages_and_key(orders):
+    row = orders.execute(
+        "SELECT table_name::text, eligible, reason, key_columns::text[], rows_estimated, bytes_estimated, pages "
+        "FROM backfill_estimate('orders', batch_size => 1000)"
+    ).fetchone()
+    table, eligible, reason, key, rows, estimated_bytes, pages = row
+    assert (table, eligible, reason, key, rows, pages) == ("orders", True, None, ["id"], 5000, 5)
+    # The estimate is of the message payload a backfill then really delivers.
+    backfill_id = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
+    assert wait_until_ended(orders, backfill_id) == "done"
+    delivered = orders.execute("SELECT bytes_done FROM backfill_tables WHERE backfill_id = %s", [backfill_id]).fetchone()[0]
+    assert 0.8 * delivered < estimated_bytes < 1.2 * delivered
+
+
+def test_estimate_explains_each_ineligible_table(orders):
+    orders.execute(
+        """CREATE TABLE no_key (a int); CREATE VIEW v AS SELECT 1 AS x;
+           CREATE UNLOGGED TABLE scratch (id int PRIMARY KEY);"""
+    )
+    rows = dict(
+        orders.execute(
+            "SELECT table_name::text, reason FROM backfill_estimate(ARRAY['no_key', 'v', 'scratch', 'orders']::regclass[])"
+        ).fetchall()
+    )
+    assert "no primary key and no replica identity index" in rows["no_key"]
+    assert "view" in rows["v"]
+    assert "unlogged" in rows["scratch"]
+    assert rows["orders"] is None
+
+
+def test_start_without_confirm_states_the_estimate_and_how_to_confirm(orders):
+    e = sqlstate_of(orders, "SELECT backfill_start('orders')")
+    assert e.sqlstate == "22023"
+    assert "confirm => true" in e.diag.message_primary
+    assert "5000 rows" in e.diag.message_detail
+    assert "backfill_start('orders', confirm => true)" in e.diag.message_hint
+    assert orders.execute("SELECT count(*) FROM backfill_status").fetchone()[0] == 0
+
+
+def test_start_returns_id_and_the_views_show_the_backfill(orders):
+    backfill_id = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
+    assert wait_until_ended(orders, backfill_id) == "done"
+    status = orders.execute(
+        "SELECT state, tables::text[], rows_done, rows_estimated, percent_done, started_by, finished_at IS NOT NULL "
+        "FROM backfill_status WHERE id = %s",
+        [backfill_id],
+    ).fetchone()
+    assert status == ("done", ["orders"], 5000, 5000, 100, "postgres", True)
+    table = orders.execute(
+        "SELECT table_name::text, state, key_columns::text[], cursor, upper_bound, rows_done FROM backfill_tables "
+        "WHERE backfill_id = %s",
+        [backfill_id],
+    ).fetchone()
+    assert table == ("orders", "done", ["id"], ["5000"], ["5000"], 5000)
+
+
+def test_start_is_all_or_nothing(orders):
+    orders.execute("CREATE TABLE no_key (a int)")
+    e = sqlstate_of(orders, "SELECT backfill_start(ARRAY['orders', 'no_key']::regclass[], confirm => true)")
+    assert e.sqlstate == "55000"
+    assert "no_key" in e.diag.message_primary
+    assert "no primary key" in e.diag.message_detail
+    assert "REPLICA IDENTITY USING INDEX" in e.diag.message_hint
+    assert orders.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize(
+    "setup, call, sqlstate, words",
+    [
+        ("", "SELECT backfill_start('nope', confirm => true)", "42P01", "does not exist"),
+        ("CREATE VIEW v AS SELECT 1", "SELECT backfill_start('v', confirm => true)", "42809", "view"),
+        ("CREATE MATERIALIZED VIEW mv AS SELECT 1 AS x", "SELECT backfill_start('mv', confirm => true)", "42809", "materialized view"),
+        ("CREATE TABLE nk (a int)", "SELECT backfill_start('nk', confirm => true)", "55000", "no primary key"),
+        ("CREATE UNLOGGED TABLE u (id int PRIMARY KEY)", "SELECT backfill_start('u', confirm => true)", "55000", "unlogged"),
+        ("CREATE TEMP TABLE tt (id int PRIMARY KEY)", "SELECT backfill_start('tt', confirm => true)", "55000", "temporary"),
+        ("", "SELECT backfill_start('pg_class', confirm => true)", "42809", "system"),
+        ("", "SELECT backfill_start('orders', confirm => true, batch_size => 0)", "22023", "batch_size"),
+        ("", "SELECT backfill_start('orders', confirm => true, batch_size => 1000000)", "22023", "batch_size"),
+        ("", "SELECT backfill_start('orders', confirm => true, rows_per_second => 0)", "22023", "rows_per_second"),
+        ("", "SELECT backfill_start(ARRAY[]::regclass[], confirm => true)", "22023", "no table"),
+        ("", "SELECT backfill_start(ARRAY['orders', 'orders']::regclass[], confirm => true)", "22023", "twice"),
+        ("", "SELECT backfill_start(ARRAY['orders', NULL]::regclass[], confirm => true)", "22004", "NULL"),
+        ("", "SELECT backfill_cancel(424242)", "42704", "does not exist"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(orders, setup, call, sqlstate, words):
+    if setup:
+        orders.execute(setup)
+    e = sqlstate_of(orders, call)
+    assert e.sqlstate == sqlstate, e.diag.message_primary
+    text = " ".join(filter(None, [e.diag.message_primary, e.diag.message_detail]))
+    assert words in text
+    assert "panic" not in text.lower() and "internal" not in text.lower()
+
+
+def test_role_without_select_cannot_start(orders):
+    orders.execute("CREATE ROLE reader_less LOGIN; GRANT USAGE ON SCHEMA public TO reader_less")
+    orders.execute("SET ROLE reader_less")
+    try:
+        e = sqlstate_of(orders, "SELECT backfill_start('orders', confirm => true)")
+    finally:
+        orders.execute("RESET ROLE")
+    assert e.sqlstate == "42501"
+    assert "GRANT SELECT ON public.orders" in e.diag.message_hint
+
+
+def test_role_with_select_starts_and_only_it_may_cancel(orders):
+    orders.execute(
+        """CREATE ROLE starter LOGIN; CREATE ROLE other LOGIN;
+           GRANT USAGE ON SCHEMA public TO starter, other; GRANT SELECT ON orders TO starter;"""
+    )
+    orders.execute("SET ROLE starter")
+    backfill_id = orders.execute("SELECT backfill_start('orders', confirm => true, rows_per_second => 100)").fetchone()[0]
+    orders.execute("SET ROLE other")
+    e = sqlstate_of(orders, "SELECT backfill_cancel(%s)", [backfill_id])
+    assert e.sqlstate == "42501" and "starter" in e.diag.message_detail
+    orders.execute("SET ROLE starter")
+    assert orders.execute("SELECT backfill_cancel(%s)", [backfill_id]).fetchone()[0] is True
+    orders.execute("RESET ROLE")
+    assert wait_until_ended(orders, backfill_id) == "cancelled"
+
+
+def test_second_backfill_of_a_running_table_is_refused(orders):
+    first = orders.execute("SELECT backfill_start('orders', confirm => true, rows_per_second => 100)").fetchone()[0]
+    e = sqlstate_of(orders, "SELECT backfill_start('orders', confirm => true)")
+    assert e.sqlstate == "55006"
+    assert f"Backfill {first}" in e.diag.message_detail
+    assert f"backfill_cancel({first})" in e.diag.message_hint
+    orders.execute("SELECT backfill_cancel(%s)", [first])
+
+
+def test_cancelling_a_finished_backfill_is_an_error(orders):
+    backfill_id = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
+    assert wait_until_ended(orders, backfill_id) == "done"
+    e = sqlstate_of(orders, "SELECT backfill_cancel(%s)", [backfill_id])
+    assert e.sqlstate == "55000"
+    assert "done" in e.diag.message_detail
+
+
+def test_start_rolled_back_leaves_no_backfill_and_no_worker(orders):
+    orders.execute("BEGIN")
+    backfill_id = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
+    orders.execute("ROLLBACK")
+    # The worker waits for the starting transaction, sees it rolled back, and exits.
+    import time
+
+    time.sleep(1.5)
+    assert orders.execute("SELECT count(*) FROM backfill_status").fetchone()[0] == 0
+    assert orders.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [f"pg_backfill {backfill_id}"]
+    ).fetchone()[0] == 0
+
+
+def test_wal_level_must_be_logical(cluster):
+    from conftest import Cluster
+
+    replica = Cluster(cluster.dir + "_replica", cluster.port + 1)
+    replica.start("wal_level = replica")
+    try:
+        with replica.connect() as conn:
+            conn.execute("CREATE EXTENSION pg_backfill; CREATE TABLE t (id int PRIMARY KEY)")
+            e = sqlstate_of(conn, "SELECT backfill_start('t', confirm => true)")
+            assert e.sqlstate == "55000"
+            assert "replica" in e.diag.message_detail
+            assert "wal_level = logical" in e.diag.message_hint
+    finally:
+        replica.stop()
