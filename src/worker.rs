@@ -238,7 +238,12 @@ fn run(job_id: i64) {
             return;
         }
     }
-    let finished = in_transaction(|| catalog::finish_job(job_id, DONE, None));
+    let finished = in_transaction(|| {
+        // Pages commit without waiting for the WAL flush; this last commit waits for it, so
+        // that once the backfill shows done, every message is flushed and decodable.
+        Spi::run("SELECT pg_catalog.set_config('synchronous_commit', 'on', true)").unwrap_or_else(|e| error!("{e}"));
+        catalog::finish_job(job_id, DONE, None)
+    });
     if matches!(finished, Ok(Ok(true))) {
         log!("pg_backfill {job_id}: done");
     }

@@ -1,0 +1,71 @@
+"""Exactly-once delivery across worker terminations, and cancellation mid-run."""
+
+import time
+from collections import Counter
+
+from conftest import backfill_messages, wait_until_ended, wal2json_changes, worker_pid
+
+ROWS = 60_000
+
+
+def make_table(db, rows=ROWS):
+    db.execute(
+        f"""CREATE TABLE events (id bigint PRIMARY KEY, body text NOT NULL);
+            INSERT INTO events SELECT g, repeat('x', 50) FROM generate_series(1, {rows}) g;
+            ANALYZE events;"""
+    )
+    db.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
+
+
+def read_counts(db):
+    messages = backfill_messages(wal2json_changes(db, "consumer"))
+    reads = Counter(m["data"]["id"] for m in messages if m["op"] == "read")
+    markers = Counter(m["op"] for m in messages if m["op"] != "read")
+    return reads, markers
+
+
+def test_terminated_worker_restarts_and_every_row_is_read_exactly_once(db):
+    make_table(db)
+    backfill_id = db.execute(
+        "SELECT backfill_start('events', confirm => true, batch_size => 200, rows_per_second => 8000)"
+    ).fetchone()[0]
+    terminations, last_pid = 0, None
+    deadline = time.monotonic() + 60
+    while terminations < 4 and time.monotonic() < deadline:
+        pid = worker_pid(db, backfill_id)
+        if pid and pid != last_pid:
+            time.sleep(0.4)  # let it deliver some pages first
+            db.execute("SELECT pg_terminate_backend(%s)", [pid])
+            terminations, last_pid = terminations + 1, pid
+        time.sleep(0.05)
+    assert terminations == 4
+    assert wait_until_ended(db, backfill_id) == "done"
+    reads, markers = read_counts(db)
+    assert set(reads) == set(range(1, ROWS + 1)), "a row was never read"
+    assert [k for k, n in reads.items() if n > 1] == [], "a row was read twice"
+    assert markers == {"table_start": 1, "table_end": 1}
+    assert db.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == ROWS
+
+
+def test_cancel_stops_the_worker_and_keeps_what_was_delivered(db):
+    make_table(db)
+    backfill_id = db.execute(
+        "SELECT backfill_start('events', confirm => true, batch_size => 100, rows_per_second => 5000)"
+    ).fetchone()[0]
+    time.sleep(1.0)
+    assert db.execute("SELECT backfill_cancel(%s)", [backfill_id]).fetchone()[0] is True
+    assert wait_until_ended(db, backfill_id) == "cancelled"
+    deadline = time.monotonic() + 5
+    while worker_pid(db, backfill_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker_pid(db, backfill_id) is None, "the worker did not stop"
+    time.sleep(1.5)  # a cancelled worker is not restarted
+    assert worker_pid(db, backfill_id) is None
+    done = db.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
+    reads, markers = read_counts(db)
+    assert 0 < done < ROWS
+    assert sum(reads.values()) == done == len(reads)
+    assert set(reads) == set(range(1, done + 1)), "the delivered rows are a prefix of the key order"
+    assert markers == {"table_start": 1}, "a cancelled scan sends no end marker"
+    state = db.execute("SELECT state FROM backfill_tables WHERE backfill_id = %s", [backfill_id]).fetchone()[0]
+    assert state == "cancelled"
