@@ -236,3 +236,42 @@ pub fn estimate(table: &Table, backfill_id: i64, prefix_len: usize) -> Estimate 
     let rows = rows.round() as i64;
     Estimate { rows, bytes: (rows as f64 * (avg_row_json + envelope as f64)).round() as i64 }
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use super::*;
+
+    fn inspect_table(ddl: &str) -> Result<Table, Ineligible> {
+        Spi::run(ddl).unwrap();
+        inspect(Spi::get_one::<pg_sys::Oid>("SELECT 'elig_t'::regclass::oid").unwrap().unwrap())
+    }
+
+    #[pg_test]
+    fn primary_key_columns_come_in_index_order_with_their_types() {
+        let table = inspect_table("CREATE TABLE elig_t (a int, b numeric(10,2), c text, PRIMARY KEY (c, a))").unwrap();
+        let key: Vec<(String, String)> = table.key.iter().map(|k| (k.name.clone(), k.type_name.clone())).collect();
+        assert_eq!(key, vec![("c".into(), "text".into()), ("a".into(), "integer".into())]);
+        assert!(table.key[0].collation.as_deref().unwrap().contains("default"));
+    }
+
+    #[pg_test]
+    fn replica_identity_index_is_the_key_when_there_is_no_primary_key() {
+        let table = inspect_table(
+            "CREATE TABLE elig_t (code text NOT NULL, n int);
+             CREATE UNIQUE INDEX elig_code ON elig_t (code COLLATE \"C\");
+             ALTER TABLE elig_t REPLICA IDENTITY USING INDEX elig_code;",
+        )
+        .unwrap();
+        assert_eq!(table.key_names(), vec!["code".to_string()]);
+        assert_eq!(table.key[0].collation.as_deref(), Some("pg_catalog.\"C\""));
+    }
+
+    #[pg_test]
+    fn table_without_key_is_ineligible_with_a_hint() {
+        let why = inspect_table("CREATE TABLE elig_t (a int)").unwrap_err();
+        assert_eq!(why.code, PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE);
+        assert!(why.reason.contains("no primary key"));
+        assert!(why.hint.unwrap().contains("REPLICA IDENTITY USING INDEX"));
+    }
+}

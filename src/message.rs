@@ -124,3 +124,44 @@ pub fn table_end(backfill_id: i64, table: &Table, rows: i64) -> String {
     })
     .to_string()
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use super::*;
+    use crate::eligibility::{inspect, Table};
+
+    fn table(ddl: &str) -> Table {
+        Spi::run(ddl).unwrap();
+        let relid = Spi::get_one::<pg_sys::Oid>("SELECT 'msg_t'::regclass::oid").unwrap().unwrap();
+        inspect(relid).unwrap()
+    }
+
+    #[pg_test]
+    fn read_message_is_the_documented_json() {
+        let table = table("CREATE TABLE msg_t (\"Region\" text, id int, v text, PRIMARY KEY (\"Region\", id))");
+        let mut message = ReadMessage::new(7, &table);
+        let built = message.build(&["\"eu\"".into(), "3".into()], r#"{"Region":"eu","id":3,"v":"x"}"#, None).to_string();
+        let parsed: serde_json::Value = serde_json::from_str(&built).unwrap();
+        assert_eq!(
+            parsed,
+            json!({"op": "read", "backfill_id": 7, "schema": "public", "table": "msg_t",
+                   "key": {"Region": "eu", "id": 3}, "data": {"Region": "eu", "id": 3, "v": "x"},
+                   "commit_lsn": "0/0"})
+        );
+        // The estimate's envelope is exactly what a message adds to its key values and data.
+        assert_eq!(built.len(), message.envelope_len() + "\"eu\"".len() + 1 + r#"{"Region":"eu","id":3,"v":"x"}"#.len());
+    }
+
+    #[pg_test]
+    fn markers_carry_the_bounds_and_the_count() {
+        let table = table("CREATE TABLE msg_t (id int PRIMARY KEY)");
+        let start: serde_json::Value =
+            serde_json::from_str(&table_start(2, &table, Some(&["42".to_string()]), 40)).unwrap();
+        assert_eq!(start["op"], "table_start");
+        assert_eq!(start["upper_bound"], json!({"id": 42}));
+        assert_eq!(start["key_columns"], json!(["id"]));
+        let end: serde_json::Value = serde_json::from_str(&table_end(2, &table, 40)).unwrap();
+        assert_eq!(end, json!({"op": "table_end", "backfill_id": 2, "schema": "public", "table": "msg_t", "rows": 40}));
+    }
+}
