@@ -13,6 +13,8 @@ const MAX_BATCH_SIZE: i32 = 100_000;
 type EstimateRow = (pg_sys::Oid, bool, Option<String>, Option<Vec<String>>, Option<i64>, Option<i64>, Option<i64>);
 
 /// backfill_estimate(): what a backfill of each table would deliver, or why it cannot run.
+// The row type must be spelled out here for pgrx to name the result columns.
+#[allow(clippy::type_complexity)]
 #[pg_extern(schema = "backfill", name = "estimate")]
 fn estimate(
     tables: Option<Vec<Option<pg_sys::Oid>>>,
@@ -102,7 +104,9 @@ fn start(
         }
         Ok(job_id)
     })
-    .unwrap_or_else(|e: pgrx::spi::Error| raise(ERRCODE_INTERNAL_ERROR, "could not record the backfill", e.to_string(), None));
+    .unwrap_or_else(|e: pgrx::spi::Error| {
+        raise(ERRCODE_INTERNAL_ERROR, "could not record the backfill", e.to_string(), None)
+    });
 
     let starter_xid = unsafe { pg_sys::GetTopFullTransactionId() }.value;
     if !worker::launch(job_id, starter_xid) {
@@ -120,14 +124,22 @@ fn start(
 /// delivered; its state becomes cancelled.
 #[pg_extern(schema = "backfill", name = "cancel")]
 fn cancel(id: i64) -> bool {
-    let job = catalog::job(id)
-        .unwrap_or(None)
-        .unwrap_or_else(|| raise(ERRCODE_UNDEFINED_OBJECT, format!("backfill {id} does not exist"), format!("No backfill has id {id}."), Some("SELECT id, state FROM backfill_status; lists the backfills.".into())));
+    let job = catalog::job(id).unwrap_or(None).unwrap_or_else(|| {
+        raise(
+            ERRCODE_UNDEFINED_OBJECT,
+            format!("backfill {id} does not exist"),
+            format!("No backfill has id {id}."),
+            Some("SELECT id, state FROM backfill_status; lists the backfills.".into()),
+        )
+    });
     if job.state != RUNNING {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("backfill {id} is not running"),
-            format!("Backfill {id} has already ended in state {}; only a running backfill can be cancelled.", job.state),
+            format!(
+                "Backfill {id} has already ended in state {}; only a running backfill can be cancelled.",
+                job.state
+            ),
             None,
         );
     }
@@ -189,13 +201,20 @@ fn table_list(tables: Option<Vec<Option<pg_sys::Oid>>>) -> Vec<pg_sys::Oid> {
             ERRCODE_INVALID_PARAMETER_VALUE,
             "no table to backfill",
             "The list of tables is NULL or empty.",
-            Some("Name at least one table, for example SELECT backfill_start('public.orders', confirm => true);".into()),
+            Some(
+                "Name at least one table, for example SELECT backfill_start('public.orders', confirm => true);".into(),
+            ),
         );
     }
     let mut relids = Vec::with_capacity(tables.len());
     for relid in tables {
         let Some(relid) = relid else {
-            raise(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the list of tables contains NULL", "Every element must name a table.", None);
+            raise(
+                ERRCODE_NULL_VALUE_NOT_ALLOWED,
+                "the list of tables contains NULL",
+                "Every element must name a table.",
+                None,
+            );
         };
         if relids.contains(&relid) {
             let name = eligibility::relation_name(relid);
@@ -213,7 +232,8 @@ fn table_list(tables: Option<Vec<Option<pg_sys::Oid>>>) -> Vec<pg_sys::Oid> {
 
 /// Read messages are only ever decoded when the server writes logical WAL.
 fn require_logical_decoding() {
-    let wal_level = Spi::get_one::<String>("SELECT pg_catalog.current_setting('wal_level')").ok().flatten().unwrap_or_default();
+    let wal_level =
+        Spi::get_one::<String>("SELECT pg_catalog.current_setting('wal_level')").ok().flatten().unwrap_or_default();
     if wal_level != "logical" {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -231,7 +251,14 @@ fn as_extension_owner<R>(f: impl FnOnce() -> R) -> R {
     let owner = Spi::get_one::<pg_sys::Oid>("SELECT nspowner FROM pg_catalog.pg_namespace WHERE nspname = 'backfill'")
         .ok()
         .flatten()
-        .unwrap_or_else(|| raise(ERRCODE_INVALID_SCHEMA_NAME, "schema backfill is missing", "pg_backfill keeps its state there.", Some("Reinstall the extension: DROP EXTENSION pg_backfill; CREATE EXTENSION pg_backfill;".into())));
+        .unwrap_or_else(|| {
+            raise(
+                ERRCODE_INVALID_SCHEMA_NAME,
+                "schema backfill is missing",
+                "pg_backfill keeps its state there.",
+                Some("Reinstall the extension: DROP EXTENSION pg_backfill; CREATE EXTENSION pg_backfill;".into()),
+            )
+        });
     let (mut user, mut context) = (pg_sys::InvalidOid, 0);
     unsafe {
         pg_sys::GetUserIdAndSecContext(&mut user, &mut context);

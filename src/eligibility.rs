@@ -109,7 +109,8 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
     })
     .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not inspect table", e.to_string(), None));
 
-    let Some((schema, name, relkind, persistence, can_select, system, names, types, collations, default_opclasses)) = row
+    let Some((schema, name, relkind, persistence, can_select, system, names, types, collations, default_opclasses)) =
+        row
     else {
         return Err(Ineligible {
             code: ERRCODE_UNDEFINED_TABLE,
@@ -152,7 +153,9 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
         return ineligible(
             ERRCODE_INSUFFICIENT_PRIVILEGE,
             "the current role has no SELECT privilege on it".into(),
-            Some(format!("A role that may read the table must start its backfill: GRANT SELECT ON {qualified} TO ...;")),
+            Some(format!(
+                "A role that may read the table must start its backfill: GRANT SELECT ON {qualified} TO ...;"
+            )),
         );
     }
     let (Some(names), Some(types)) = (names, types) else {
@@ -186,7 +189,12 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
 pub fn require(relid: pg_sys::Oid) -> Table {
     inspect(relid).unwrap_or_else(|why| {
         let name = relation_name(relid);
-        raise(why.code, format!("table {name} cannot be backfilled"), format!("Table {name}: {}.", why.reason), why.hint)
+        raise(
+            why.code,
+            format!("table {name} cannot be backfilled"),
+            format!("Table {name}: {}.", why.reason),
+            why.hint,
+        )
     })
 }
 

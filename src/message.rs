@@ -141,7 +141,8 @@ mod tests {
     fn read_message_is_the_documented_json() {
         let table = table("CREATE TABLE msg_t (\"Region\" text, id int, v text, PRIMARY KEY (\"Region\", id))");
         let mut message = ReadMessage::new(7, &table);
-        let built = message.build(&["\"eu\"".into(), "3".into()], r#"{"Region":"eu","id":3,"v":"x"}"#, None).to_string();
+        let built =
+            message.build(&["\"eu\"".into(), "3".into()], r#"{"Region":"eu","id":3,"v":"x"}"#, None).to_string();
         let parsed: serde_json::Value = serde_json::from_str(&built).unwrap();
         assert_eq!(
             parsed,
@@ -150,7 +151,10 @@ mod tests {
                    "commit_lsn": "0/0"})
         );
         // The estimate's envelope is exactly what a message adds to its key values and data.
-        assert_eq!(built.len(), message.envelope_len() + "\"eu\"".len() + 1 + r#"{"Region":"eu","id":3,"v":"x"}"#.len());
+        assert_eq!(
+            built.len(),
+            message.envelope_len() + "\"eu\"".len() + 1 + r#"{"Region":"eu","id":3,"v":"x"}"#.len()
+        );
     }
 
     #[pg_test]

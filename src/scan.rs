@@ -89,16 +89,14 @@ impl ScanQueries {
 
     /// `ROW($first::type, ...)`: a key bound as text parameters.
     fn params(&self, first: usize) -> String {
-        let casts: Vec<String> = self.key_types.iter().enumerate().map(|(i, ty)| format!("${}::{ty}", first + i)).collect();
+        let casts: Vec<String> =
+            self.key_types.iter().enumerate().map(|(i, ty)| format!("${}::{ty}", first + i)).collect();
         format!("ROW({})", casts.join(", "))
     }
 
     /// Greatest key now, as text values then as JSON values: the scan's fixed upper bound.
     pub fn upper_bound(&self) -> String {
-        format!(
-            "SELECT {}, {} FROM {} ORDER BY {} LIMIT 1",
-            self.key_text, self.key_json, self.from, self.order_desc
-        )
+        format!("SELECT {}, {} FROM {} ORDER BY {} LIMIT 1", self.key_text, self.key_json, self.from, self.order_desc)
     }
 
     /// The page's key range and how many parameters it binds.

@@ -59,8 +59,5 @@ pub fn define() {
 
 /// The message prefix in force, as a Rust string.
 pub fn message_prefix() -> String {
-    MESSAGE_PREFIX
-        .get()
-        .map(|c| c.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "backfill".to_string())
+    MESSAGE_PREFIX.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|| "backfill".to_string())
 }

@@ -80,7 +80,7 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
     });
     match started {
         Ok(()) => run(job_id),
-        Err(e) => record_failure(job_id, None, &PageError::from_report(&e)),
+        Err(e) => record_failure(job_id, None, &e),
     }
 }
 
@@ -198,7 +198,7 @@ fn report_of(e: CaughtError) -> ErrorReportWithLevel {
 
 /// Runs `body` in a transaction of its own: commits when it returns, rolls back and returns the
 /// error when it raises one. An error therefore never ends the worker by itself.
-fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe) -> Result<R, ErrorReportWithLevel> {
+fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe) -> Result<R, PageError> {
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
         pg_sys::StartTransactionCommand();
@@ -214,7 +214,7 @@ fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe) -> Result<R, ErrorRe
     })
     .catch_others(|e| {
         unsafe { pg_sys::AbortCurrentTransaction() };
-        Err(report_of(e))
+        Err(PageError::from_report(&report_of(e)))
     })
     .execute()
 }
@@ -264,7 +264,7 @@ struct TableScan<'a> {
 impl<'a> TableScan<'a> {
     fn open(job_id: i64, job: &catalog::Job, job_table: &JobTable, prefix: &'a CString) -> Result<Self, PageError> {
         let relid = job_table.relid;
-        let inspected = in_transaction(|| eligibility::inspect(relid)).map_err(|e| PageError::from_report(&e))?;
+        let inspected = in_transaction(|| eligibility::inspect(relid))?;
         let table = inspected.map_err(|why| PageError {
             code: why.code,
             sqlstate: sqlstate_of(why.code),
@@ -291,7 +291,7 @@ impl<'a> TableScan<'a> {
             self.pacer.wait_for(rows_per_page);
             let rows = rows_per_page;
             let result = in_transaction(AssertUnwindSafe(|| self.page(rows)));
-            match result.map_err(|e| PageError::from_report(&e)) {
+            match result {
                 Ok(Page::More) => {
                     self.pacer.spend(rows_per_page);
                     failures = 0;
@@ -327,7 +327,8 @@ impl<'a> TableScan<'a> {
     }
 
     fn fail(&self, e: &PageError) {
-        let job_table = in_transaction(|| catalog::job_table(self.job_id, self.position)).ok().and_then(|r| r.ok()).flatten();
+        let job_table =
+            in_transaction(|| catalog::job_table(self.job_id, self.position)).ok().and_then(|r| r.ok()).flatten();
         record_failure(self.job_id, job_table.as_ref(), e);
     }
 
@@ -533,6 +534,6 @@ fn record_failure(job_id: i64, table: Option<&JobTable>, e: &PageError) {
         catalog::finish_job(job_id, FAILED, Some((&e.sqlstate, &message))).unwrap_or_else(|e| error!("{e}"));
     }));
     if let Err(e) = recorded {
-        warning!("pg_backfill {job_id}: could not record its failure: {}", e.message());
+        warning!("pg_backfill {job_id}: could not record its failure: {}", e.message);
     }
 }

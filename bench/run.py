@@ -1,0 +1,178 @@
+"""pg_backfill benchmark: the physical limit, the client-side script a DBA would write, and
+pg_backfill, side by side on the same generated tables, in one run on a throwaway cluster.
+
+    python3 bench/run.py                       # after scripts/setup.sh; sizes 250k,1M,4M; narrow and wide
+    python3 bench/run.py --sizes 250000,1000000 --shapes narrow --repeat 3
+
+Prints a table and writes the figures to bench/results/<timestamp>.json for later comparison.
+Figures on a shared machine are noisy: each is the median of --repeat runs, and ratios are
+taken within the same run.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+DIR, PORT = "/tmp/pg_backfill_bench", 55450
+
+SHAPES = {
+    "narrow": (
+        "CREATE TABLE {t} (id bigint PRIMARY KEY, a int, b bigint, c numeric(12,2))",
+        "INSERT INTO {t} SELECT g, g % 1000, g * 7, g * 0.5 FROM generate_series({lo}, {hi}) g",
+    ),
+    "wide": (
+        "CREATE TABLE {t} (id bigint PRIMARY KEY, title text, body text, attrs jsonb, created timestamptz)",
+        "INSERT INTO {t} SELECT g, 'title ' || g, repeat(md5(g::text), 20),"
+        " jsonb_build_object('g', g, 'tags', jsonb_build_array('a', 'b', g % 10)), now()"
+        " FROM generate_series({lo}, {hi}) g",
+    ),
+}
+
+
+def sh(command):
+    subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/cluster.sh' && {command}"], check=True)
+
+
+def connect():
+    return psycopg.connect(host="127.0.0.1", port=PORT, user="postgres", dbname="postgres", autocommit=True)
+
+
+def wal_lsn(conn):
+    return conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+
+
+def wal_bytes(conn, start):
+    return conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", [start]).fetchone()[0]
+
+
+def payload_bytes(conn, table):
+    return conn.execute(f"SELECT sum(octet_length(row_to_json(t)::text)) FROM {table} t").fetchone()[0]
+
+
+def run_limit(conn, table, rows):
+    start, t0 = wal_lsn(conn), time.perf_counter()
+    conn.execute(
+        f"SELECT count(pg_logical_emit_message(true, 'backfill', row_to_json(t)::text)) FROM (SELECT * FROM {table} FOR SHARE) t"
+    )
+    return time.perf_counter() - t0, wal_bytes(conn, start), None
+
+
+def run_client_script(conn, table, rows):
+    """The script a DBA would write: keyset pages of 1,000 rows FOR SHARE, one emit per row from
+    the client, cursor advanced per page (a page per transaction)."""
+    start, t0 = wal_lsn(conn), time.perf_counter()
+    cursor = 0
+    while True:
+        with conn.transaction():
+            page = conn.execute(
+                f"SELECT id, row_to_json(t)::text FROM {table} t WHERE id > %s ORDER BY id LIMIT 1000 FOR SHARE", [cursor]
+            ).fetchall()
+            if not page:
+                break
+            with conn.cursor() as cur:
+                cur.executemany("SELECT pg_logical_emit_message(true, 'backfill', %s)", [(j,) for _, j in page])
+            cursor = page[-1][0]
+    return time.perf_counter() - t0, wal_bytes(conn, start), None
+
+
+def run_pg_backfill(conn, table, rows):
+    start = wal_lsn(conn)
+    backfill_id = conn.execute(f"SELECT backfill_start('{table}', confirm => true)").fetchone()[0]
+    peak_kb, pid = 0, None
+    while True:
+        state, pid_now = conn.execute("SELECT state, worker_pid FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()
+        pid = pid_now or pid
+        if pid:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+                rss_anon = int(next(l for l in status.splitlines() if l.startswith("RssAnon:")).split()[1])
+                peak_kb = max(peak_kb, rss_anon)
+            except (OSError, StopIteration):
+                pass
+        if state != "running":
+            break
+        time.sleep(0.02)
+    assert state == "done", state
+    seconds = conn.execute(
+        "SELECT extract(epoch FROM finished_at - started_at) FROM backfill_status WHERE id = %s", [backfill_id]
+    ).fetchone()[0]
+    return float(seconds), wal_bytes(conn, start), peak_kb
+
+
+METHODS = {"limit": run_limit, "client script": run_client_script, "pg_backfill": run_pg_backfill}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="250000,1000000,4000000")
+    parser.add_argument("--shapes", default="narrow,wide")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    subprocess.run(["cargo", "pgrx", "install", "--release", "--pg-config", "/usr/lib/postgresql/15/bin/pg_config"],
+                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    sh(f"cluster_start {DIR} {PORT} $'fsync = on\\nsynchronous_commit = on\\nautovacuum = off'")
+    results = []
+    try:
+        conn = connect()
+        conn.execute("CREATE EXTENSION pg_backfill")
+        for shape in args.shapes.split(","):
+            for size in map(int, args.sizes.split(",")):
+                table = f"bench_{shape}_{size}"
+                create, fill = SHAPES[shape]
+                conn.execute(create.format(t=table))
+                step = 500_000
+                for lo in range(1, size + 1, step):
+                    conn.execute(fill.format(t=table, lo=lo, hi=min(size, lo + step - 1)))
+                conn.execute(f"VACUUM ANALYZE {table}")
+                payload = payload_bytes(conn, table)
+                figures = {}
+                for method, run in METHODS.items():
+                    samples = [run(conn, table, size) for _ in range(args.repeat)]
+                    seconds = statistics.median(s[0] for s in samples)
+                    figures[method] = {
+                        "seconds": seconds,
+                        "rows_per_second": size / seconds,
+                        "wal_bytes_per_row": statistics.median(s[1] for s in samples) / size,
+                        "peak_memory_kb": max((s[2] for s in samples if s[2] is not None), default=None),
+                    }
+                limit = figures["limit"]["rows_per_second"]
+                for method, f in figures.items():
+                    f["ratio_to_limit"] = f["rows_per_second"] / limit
+                    results.append({"shape": shape, "rows": size, "method": method,
+                                    "payload_bytes_per_row": payload / size, **f})
+                conn.execute(f"DROP TABLE {table}")
+                print_table(results)
+    finally:
+        sh(f"cluster_stop {DIR}")
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "repeat": args.repeat}
+    (out / f"{stamp}.json").write_text(json.dumps({"machine": machine, "results": results}, indent=2))
+    print(f"\nwritten to bench/results/{stamp}.json")
+
+
+def print_table(results):
+    print(f"\n{'shape':7} {'rows':>9} {'method':14} {'rows/s':>10} {'x limit':>8} {'s':>7} "
+          f"{'WAL B/row':>10} {'payload B/row':>14} {'peak KB':>8}")
+    for r in results:
+        peak = r["peak_memory_kb"] if r["peak_memory_kb"] is not None else "-"
+        print(f"{r['shape']:7} {r['rows']:>9} {r['method']:14} {r['rows_per_second']:>10.0f} {r['ratio_to_limit']:>8.2f} "
+              f"{r['seconds']:>7.2f} {r['wal_bytes_per_row']:>10.0f} {r['payload_bytes_per_row']:>14.0f} {peak:>8}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
