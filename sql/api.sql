@@ -56,3 +56,17 @@ LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.cancel(id) $$;
 COMMENT ON FUNCTION backfill_cancel(bigint) IS
 'Stops a running backfill at its next page; what it delivered stays delivered, its state becomes cancelled.';
+
+CREATE FUNCTION backfill_pause(id bigint)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.pause(id) $$;
+COMMENT ON FUNCTION backfill_pause(bigint) IS
+'Pauses a running backfill at its next page: its worker exits, holding no lock and no transaction. backfill_resume() continues it.';
+
+CREATE FUNCTION backfill_resume(id bigint)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.resume(id) $$;
+COMMENT ON FUNCTION backfill_resume(bigint) IS
+'Continues a paused or failed backfill from its cursor, with a new worker.';

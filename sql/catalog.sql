@@ -10,7 +10,7 @@ GRANT USAGE ON SCHEMA backfill TO PUBLIC;
 CREATE TABLE backfill.job (
     id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     state               text NOT NULL DEFAULT 'running'
-                        CHECK (state IN ('running', 'done', 'cancelled', 'failed')),
+                        CHECK (state IN ('running', 'paused', 'done', 'cancelled', 'failed')),
     started_by          name NOT NULL,
     batch_size          integer NOT NULL CHECK (batch_size > 0),
     rows_per_second     integer CHECK (rows_per_second > 0),
@@ -23,14 +23,14 @@ CREATE TABLE backfill.job (
 );
 COMMENT ON TABLE backfill.job IS 'One row per backfill started with backfill_start()';
 COMMENT ON COLUMN backfill.job.id IS 'Backfill id, returned by backfill_start() and carried in every message';
-COMMENT ON COLUMN backfill.job.state IS 'running, done, cancelled or failed';
+COMMENT ON COLUMN backfill.job.state IS 'running, paused, done, cancelled or failed';
 COMMENT ON COLUMN backfill.job.started_by IS 'Role that called backfill_start(); it or a member of it may cancel';
 COMMENT ON COLUMN backfill.job.batch_size IS 'Rows per page (one page is one transaction)';
 COMMENT ON COLUMN backfill.job.rows_per_second IS 'Pacing: most rows delivered per second, on average over a few seconds; NULL for no limit';
 COMMENT ON COLUMN backfill.job.message_prefix IS 'Prefix of the logical decoding messages of this backfill';
 COMMENT ON COLUMN backfill.job.worker_pid IS 'Process id of the background worker while one runs';
 COMMENT ON COLUMN backfill.job.started_at IS 'When backfill_start() was called';
-COMMENT ON COLUMN backfill.job.finished_at IS 'When the backfill reached done, cancelled or failed';
+COMMENT ON COLUMN backfill.job.finished_at IS 'When the backfill reached done, cancelled or failed (cleared by backfill_resume)';
 COMMENT ON COLUMN backfill.job.last_error_sqlstate IS 'SQLSTATE of the error that failed the backfill';
 COMMENT ON COLUMN backfill.job.last_error IS 'Message, detail and place of the error that failed the backfill';
 
@@ -96,7 +96,7 @@ SELECT j.id,
          WHERE jt.job_id = j.id) t
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = j.worker_pid AND j.state = 'running';
 COMMENT ON VIEW backfill_status IS 'One row per backfill: state, progress, who started it and why it failed';
-COMMENT ON COLUMN backfill_status.state IS 'running, done, cancelled or failed';
+COMMENT ON COLUMN backfill_status.state IS 'running, paused, done, cancelled or failed';
 COMMENT ON COLUMN backfill_status.tables IS 'Tables of the backfill, in scan order';
 COMMENT ON COLUMN backfill_status.current_table IS 'Table being scanned now';
 COMMENT ON COLUMN backfill_status.rows_done IS 'Read messages delivered so far';

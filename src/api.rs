@@ -1,7 +1,7 @@
 //! The SQL functions. Their public signatures (regclass arguments, named defaults) are
 //! declared in `sql/api.sql`, which calls these entry points in schema `backfill`.
 
-use crate::catalog::{self, RUNNING};
+use crate::catalog::{self, CANCELLED, FAILED, PAUSED, RUNNING};
 use crate::eligibility::{self, Estimate, Table};
 use crate::errors::raise;
 use crate::{settings, worker};
@@ -108,22 +108,34 @@ fn start(
         raise(ERRCODE_INTERNAL_ERROR, "could not record the backfill", e.to_string(), None)
     });
 
-    let starter_xid = unsafe { pg_sys::GetTopFullTransactionId() }.value;
-    if !worker::launch(job_id, starter_xid) {
-        raise(
-            ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
-            "could not start the backfill's background worker",
-            "Every background worker slot is in use (max_worker_processes).",
-            Some("Wait for a backfill to finish, or raise max_worker_processes and restart the server.".into()),
-        );
-    }
+    launch_worker(job_id);
     job_id
 }
 
-/// backfill_cancel(): stops a running backfill at its next page. What it delivered stays
-/// delivered; its state becomes cancelled.
+/// backfill_cancel(): stops a running or paused backfill at its next page. What it delivered
+/// stays delivered; its state becomes cancelled.
 #[pg_extern(schema = "backfill", name = "cancel")]
 fn cancel(id: i64) -> bool {
+    control(id, "cancel", &[RUNNING, PAUSED], CANCELLED)
+}
+
+/// backfill_pause(): the worker stops at its next page and exits; nothing is held meanwhile.
+#[pg_extern(schema = "backfill", name = "pause")]
+fn pause(id: i64) -> bool {
+    control(id, "pause", &[RUNNING], PAUSED)
+}
+
+/// backfill_resume(): a paused or failed backfill continues from its cursor with a new worker.
+#[pg_extern(schema = "backfill", name = "resume")]
+fn resume(id: i64) -> bool {
+    control(id, "resume", &[PAUSED, FAILED], RUNNING);
+    launch_worker(id);
+    true
+}
+
+/// Moves backfill `id` from one of the states `from` to `to`, as the role that started it (or
+/// a member of it, or a superuser) may.
+fn control(id: i64, verb: &str, from: &[&str], to: &str) -> bool {
     let job = catalog::job(id).unwrap_or(None).unwrap_or_else(|| {
         raise(
             ERRCODE_UNDEFINED_OBJECT,
@@ -132,43 +144,52 @@ fn cancel(id: i64) -> bool {
             Some("SELECT id, state FROM backfill_status; lists the backfills.".into()),
         )
     });
-    if job.state != RUNNING {
+    let not_in_state = |state: &str| -> ! {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("backfill {id} is not running"),
-            format!(
-                "Backfill {id} has already ended in state {}; only a running backfill can be cancelled.",
-                job.state
-            ),
+            format!("cannot {verb} backfill {id}"),
+            format!("Backfill {id} is {state}; only a {} backfill can be {verb}d.", from.join(" or ")),
             None,
-        );
+        )
+    };
+    if !from.contains(&job.state.as_str()) {
+        not_in_state(&job.state);
     }
-    let may_cancel = Spi::get_one_with_args::<bool>(
+    let allowed = Spi::get_one_with_args::<bool>(
         "SELECT pg_catalog.pg_has_role(current_user, $1::name, 'MEMBER')",
         &[job.started_by.clone().into()],
     )
     .ok()
     .flatten()
     .unwrap_or(false);
-    if !may_cancel {
+    if !allowed {
         raise(
             ERRCODE_INSUFFICIENT_PRIVILEGE,
-            format!("permission denied to cancel backfill {id}"),
+            format!("permission denied to {verb} backfill {id}"),
             format!("Backfill {id} was started by role {}.", job.started_by),
-            Some(format!("Cancel it as {} (or a member of that role) or as a superuser.", job.started_by)),
+            Some(format!("Do it as {} (or a member of that role) or as a superuser.", job.started_by)),
         );
     }
-    let cancelled = as_extension_owner(|| catalog::cancel(id))
-        .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not cancel the backfill", e.to_string(), None));
-    if !cancelled {
-        raise(
-            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("backfill {id} is not running"),
-            format!("Backfill {id} ended while it was being cancelled."),
-            None,
-        );
+    let moved = as_extension_owner(|| catalog::set_state(id, from, to)).unwrap_or_else(|e| {
+        raise(ERRCODE_INTERNAL_ERROR, format!("could not {verb} the backfill"), e.to_string(), None)
+    });
+    if !moved {
+        not_in_state("changing state concurrently");
     }
     true
+}
+
+/// Launches the worker of backfill `id`, which first waits for this transaction to commit.
+fn launch_worker(id: i64) {
+    let starter_xid = unsafe { pg_sys::GetTopFullTransactionId() }.value;
+    if !worker::launch(id, starter_xid) {
+        raise(
+            ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            "could not start the backfill's background worker",
+            "Every background worker slot is in use (max_worker_processes).",
+            Some("Wait for a backfill to finish, or raise max_worker_processes and restart the server.".into()),
+        );
+    }
 }
 
 fn check_batch_size(batch_size: i32) {

@@ -5,6 +5,7 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiResult;
 
 pub const RUNNING: &str = "running";
+pub const PAUSED: &str = "paused";
 pub const DONE: &str = "done";
 pub const CANCELLED: &str = "cancelled";
 pub const FAILED: &str = "failed";
@@ -169,7 +170,19 @@ pub fn running_backfill_of(relid: pg_sys::Oid) -> SpiResult<Option<i64>> {
     )
 }
 
-/// Cancels a running backfill; false when it was not running.
-pub fn cancel(job_id: i64) -> SpiResult<bool> {
-    finish_job(job_id, CANCELLED, None)
+/// Moves a backfill from one of the states `from` to `to`; false when it was in none of them
+/// (it moved meanwhile). A final state records when; running again clears the last outcome.
+pub fn set_state(job_id: i64, from: &[&str], to: &str) -> SpiResult<bool> {
+    let from: Vec<String> = from.iter().map(|s| s.to_string()).collect();
+    Spi::get_one_with_args::<i64>(
+        "UPDATE backfill.job
+            SET state = $3,
+                finished_at = CASE WHEN $3 IN ('done', 'cancelled', 'failed') THEN clock_timestamp() END,
+                last_error_sqlstate = CASE WHEN $3 = 'running' THEN NULL ELSE last_error_sqlstate END,
+                last_error = CASE WHEN $3 = 'running' THEN NULL ELSE last_error END
+          WHERE id = $1 AND state = ANY ($2)
+         RETURNING id",
+        &[job_id.into(), from.into(), to.into()],
+    )
+    .map(|id| id.is_some())
 }

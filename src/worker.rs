@@ -71,10 +71,17 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
     let starter_xid = extra.next().and_then(|x| x.parse::<u64>().ok()).unwrap_or_default();
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
 
-    if !wait_for_starter(job_id, starter_xid) {
+    if !wait_for_starter(starter_xid) {
         return;
     }
     let started = in_transaction(|| {
+        // One worker per backfill: a worker launched by backfill_resume() while the paused one
+        // is still finishing its page waits here until that one has exited.
+        Spi::run_with_args(
+            "SELECT pg_catalog.pg_advisory_lock(pg_catalog.hashtext('pg_backfill.worker'), $1::int)",
+            &[job_id.into()],
+        )
+        .unwrap_or_else(|e| error!("{e}"));
         configure_session(job_id);
         catalog::set_worker_pid(job_id, Some(unsafe { pg_sys::MyProcPid })).unwrap_or_else(|e| error!("{e}"));
     });
@@ -109,17 +116,10 @@ fn configure_session(job_id: i64) {
     }
 }
 
-/// Waits until the transaction that called backfill_start() ends. Returns false when it rolled
-/// back, so there is nothing to do.
-fn wait_for_starter(job_id: i64, starter_xid: u64) -> bool {
+/// Waits until the transaction that launched the worker (backfill_start or backfill_resume)
+/// ends. Returns false when it rolled back, so there is nothing to do.
+fn wait_for_starter(starter_xid: u64) -> bool {
     loop {
-        let seen = in_transaction(|| catalog::job(job_id).ok().flatten().map(|j| j.state));
-        match seen {
-            Ok(Some(state)) => return state == RUNNING,
-            Ok(None) if starter_xid == 0 => return false,
-            Ok(None) => {}
-            Err(_) => return false,
-        }
         let status = in_transaction(|| {
             Spi::get_one_with_args::<String>(
                 "SELECT pg_catalog.pg_xact_status($1::text::xid8)",
@@ -132,7 +132,7 @@ fn wait_for_starter(job_id: i64, starter_xid: u64) -> bool {
             Some("in progress") => {
                 BackgroundWorker::wait_latch(Some(Duration::from_millis(50)));
             }
-            Some("committed") => continue,
+            Some("committed") => return true,
             _ => return false,
         }
     }
