@@ -28,27 +28,30 @@ AS $$ SELECT * FROM backfill_estimate(ARRAY[table_name::regclass], batch_size) $
 COMMENT ON FUNCTION backfill_estimate(text, integer) IS 'backfill_estimate() of one table, by name';
 
 CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
-                               rows_per_second integer DEFAULT NULL)
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.start(tables::oid[], confirm, batch_size, rows_per_second) $$;
-COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer) IS
+AS $$ SELECT backfill.start(tables::oid[], confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag) $$;
+COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint) IS
 'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate.';
 
 CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
-                               rows_per_second integer DEFAULT NULL)
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.start(ARRAY[table_name]::oid[], confirm, batch_size, rows_per_second) $$;
-COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer) IS 'backfill_start() of one table';
+AS $$ SELECT backfill.start(ARRAY[table_name]::oid[], confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag) $$;
+COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint) IS 'backfill_start() of one table';
 
 -- See backfill_estimate(text): makes backfill_start('public.orders', confirm => true) resolve.
 CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
-                               rows_per_second integer DEFAULT NULL)
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size, rows_per_second) $$;
-COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer) IS 'backfill_start() of one table, by name';
+AS $$ SELECT backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag) $$;
+COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint) IS 'backfill_start() of one table, by name';
 
 CREATE FUNCTION backfill_cancel(id bigint)
 RETURNS boolean
@@ -70,3 +73,18 @@ LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.resume(id) $$;
 COMMENT ON FUNCTION backfill_resume(bigint) IS
 'Continues a paused or failed backfill from its cursor, with a new worker.';
+
+CREATE FUNCTION backfill_set(id bigint, batch_size integer DEFAULT NULL, rows_per_second integer DEFAULT NULL,
+                             max_lag bigint DEFAULT NULL)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.set(id, batch_size, rows_per_second, max_lag) $$;
+COMMENT ON FUNCTION backfill_set(bigint, integer, integer, bigint) IS
+'Changes the pacing of a running or paused backfill (applied at its next page). NULL keeps a value; 0 removes a limit.';
+
+CREATE FUNCTION backfill_wait(id bigint, timeout interval DEFAULT NULL)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.wait(id, extract(epoch FROM timeout)::float8 * 1000) $$;
+COMMENT ON FUNCTION backfill_wait(bigint, interval) IS
+'Waits until the backfill is done and, with a slot, delivered (true) or the timeout passes (false); an error if it fails or is cancelled.';

@@ -4,7 +4,7 @@
 use crate::catalog::{self, CANCELLED, FAILED, PAUSED, RUNNING};
 use crate::eligibility::{self, Estimate, Table};
 use crate::errors::raise;
-use crate::{settings, worker};
+use crate::{pipeline, settings, worker};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
@@ -50,21 +50,56 @@ fn estimate(
 /// backfill_start(): validates every table (all or nothing), records the backfill and
 /// launches its worker. Without confirm it only reports what it would deliver.
 #[pg_extern(schema = "backfill", name = "start")]
+#[allow(clippy::too_many_arguments)]
 fn start(
     tables: Option<Vec<Option<pg_sys::Oid>>>,
     confirm: bool,
     batch_size: i32,
     rows_per_second: Option<i32>,
+    slot: Option<String>,
+    publication: Option<String>,
+    max_lag: Option<i64>,
 ) -> i64 {
     check_batch_size(batch_size);
     check_rate(rows_per_second);
     require_logical_decoding();
     let relids = table_list(tables);
     let tables: Vec<Table> = relids.iter().map(|relid| eligibility::require(*relid)).collect();
+    if let Some(slot) = &slot {
+        pipeline::require_slot(slot);
+    } else if max_lag.is_some() {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "max_lag needs a slot",
+            "max_lag limits how far the slot's consumer may lag; no slot was given.",
+            Some("Name the consumer's slot: slot => 'my_slot'.".into()),
+        );
+    }
+    if let Some(lag) = max_lag.filter(|lag| *lag <= 0) {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("max_lag {lag} is out of range"),
+            "max_lag is in bytes and must be positive.",
+            Some("Pass NULL (the default) for backfill.max_slot_lag.".into()),
+        );
+    }
+    if let Some(publication) = &publication {
+        for table in &tables {
+            pipeline::require_published(publication, table);
+        }
+    }
 
     // Two starts of the same table must not both pass the check below: serialize them.
     Spi::run("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pg_backfill.start'))")
         .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not lock", e.to_string(), None));
+    if let Some(running) = slot.as_deref().and_then(|slot| catalog::running_backfill_of_slot(slot).unwrap_or(None)) {
+        raise(
+            ERRCODE_OBJECT_IN_USE,
+            format!("slot {} already has a running backfill", slot.as_deref().unwrap_or_default()),
+            format!("Backfill {running} is delivering through it; a slot takes one backfill at a time."),
+            Some(format!("Wait for it to finish, or cancel it: SELECT backfill_cancel({running});")),
+        );
+    }
     for table in &tables {
         if let Some(running) = catalog::running_backfill_of(table.relid).unwrap_or(None) {
             raise(
@@ -98,7 +133,15 @@ fn start(
 
     let started_by = Spi::get_one::<String>("SELECT current_user::text").ok().flatten().unwrap_or_default();
     let job_id = as_extension_owner(|| {
-        let job_id = catalog::insert_job(&started_by, batch_size, rows_per_second, &prefix)?;
+        let job_id = catalog::insert_job(&catalog::NewJob {
+            started_by: &started_by,
+            batch_size,
+            rows_per_second,
+            message_prefix: &prefix,
+            slot_name: slot.as_deref(),
+            publication_name: publication.as_deref(),
+            max_lag_bytes: max_lag,
+        })?;
         for (position, (table, estimate)) in tables.iter().zip(&estimates).enumerate() {
             catalog::insert_job_table(job_id, position as i32 + 1, table.relid, table.key_names(), estimate.rows)?;
         }
@@ -116,26 +159,142 @@ fn start(
 /// stays delivered; its state becomes cancelled.
 #[pg_extern(schema = "backfill", name = "cancel")]
 fn cancel(id: i64) -> bool {
-    control(id, "cancel", &[RUNNING, PAUSED], CANCELLED)
+    control(id, "cancel", &[RUNNING, PAUSED], CANCELLED, None);
+    true
 }
 
 /// backfill_pause(): the worker stops at its next page and exits; nothing is held meanwhile.
 #[pg_extern(schema = "backfill", name = "pause")]
 fn pause(id: i64) -> bool {
-    control(id, "pause", &[RUNNING], PAUSED)
-}
-
-/// backfill_resume(): a paused or failed backfill continues from its cursor with a new worker.
-#[pg_extern(schema = "backfill", name = "resume")]
-fn resume(id: i64) -> bool {
-    control(id, "resume", &[PAUSED, FAILED], RUNNING);
-    launch_worker(id);
+    // A backfill waiting for its slot's consumer can still be paused for good.
+    let waiting = catalog::job(id).ok().flatten().is_some_and(|job| job.is_waiting());
+    let from: &[&str] = if waiting { &[RUNNING, PAUSED] } else { &[RUNNING] };
+    control(id, "pause", from, PAUSED, Some(catalog::PAUSED_BY_USER));
     true
 }
 
-/// Moves backfill `id` from one of the states `from` to `to`, as the role that started it (or
-/// a member of it, or a superuser) may.
-fn control(id: i64, verb: &str, from: &[&str], to: &str) -> bool {
+/// backfill_resume(): a paused or failed backfill continues from its cursor with a new worker;
+/// so does a running one whose worker was lost to a server restart without preloading.
+#[pg_extern(schema = "backfill", name = "resume")]
+fn resume(id: i64) -> bool {
+    let lost = catalog::worker_lost_to_restart(id).unwrap_or(false);
+    let from: &[&str] = if lost { &[PAUSED, FAILED, RUNNING] } else { &[PAUSED, FAILED] };
+    let job = control(id, "resume", from, RUNNING, None);
+    // A backfill waiting for its slot's consumer still has its worker.
+    if !job.is_waiting() {
+        launch_worker(id);
+    }
+    true
+}
+
+/// backfill_set(): changes the pacing of a backfill while it runs; the worker applies it at its
+/// next page. NULL keeps a value; 0 removes a limit.
+#[pg_extern(schema = "backfill", name = "set")]
+fn set(id: i64, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag: Option<i64>) -> bool {
+    if let Some(batch_size) = batch_size {
+        check_batch_size(batch_size);
+    }
+    for (name, value) in [("rows_per_second", rows_per_second.map(i64::from)), ("max_lag", max_lag)] {
+        if let Some(value) = value.filter(|v| *v < 0) {
+            raise(
+                ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("{name} {value} is out of range"),
+                format!("{name} must be positive, or 0 to remove the limit."),
+                None,
+            );
+        }
+    }
+    let job = control(id, "change", &[RUNNING, PAUSED], "", None);
+    if max_lag.is_some_and(|lag| lag > 0) && job.slot_name.is_none() {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "max_lag needs a slot",
+            format!("Backfill {id} was started without a slot, so no consumer lag limits it."),
+            None,
+        );
+    }
+    as_extension_owner(|| catalog::set_pacing(id, batch_size, rows_per_second, max_lag))
+        .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not change the backfill", e.to_string(), None));
+    true
+}
+
+/// backfill_wait(): blocks until the backfill is done and, with a slot, delivered (true), or
+/// until the timeout passes (false). A backfill that fails or is cancelled is an error, so that
+/// a migration script stops there.
+#[pg_extern(schema = "backfill", name = "wait")]
+fn wait(id: i64, timeout_ms: Option<f64>) -> bool {
+    let deadline =
+        timeout_ms.map(|ms| std::time::Instant::now() + std::time::Duration::from_secs_f64(ms.max(0.0) / 1000.0));
+    let xmin = Spi::get_one_with_args::<i64>("SELECT xmin::text::bigint FROM backfill.job WHERE id = $1", &[id.into()])
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| {
+            raise(
+                ERRCODE_UNDEFINED_OBJECT,
+                format!("backfill {id} does not exist"),
+                format!("No backfill has id {id}."),
+                None,
+            )
+        });
+    let started_here = unsafe { pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin as u32)) };
+    if started_here {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("backfill {id} cannot start before this transaction commits"),
+            "Its worker waits for the transaction that started or resumed it; waiting for the \
+             worker in that same transaction would never end.",
+            Some("Commit first, then wait: in psql, SELECT backfill_start(...) \\gset then SELECT backfill_wait(:backfill_start);".into()),
+        );
+    }
+    loop {
+        // A fresh snapshot each time: the mutable SPI path takes one per statement.
+        let (state, delivered, error) = Spi::connect_mut(|client| {
+            let row = client
+                .update("SELECT state, delivered, last_error FROM backfill_status WHERE id = $1", None, &[id.into()])?
+                .first();
+            Ok::<_, pgrx::spi::Error>((
+                row.get::<String>(1)?.unwrap_or_default(),
+                row.get::<bool>(2)?.unwrap_or(false),
+                row.get::<String>(3)?,
+            ))
+        })
+        .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not read the backfill's state", e.to_string(), None));
+        match state.as_str() {
+            "done" if delivered => return true,
+            "failed" | "cancelled" => raise(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("backfill {id} {state}"),
+                error
+                    .map(|e| format!("Backfill {id} {state}: {e}"))
+                    .unwrap_or_else(|| format!("Backfill {id} was {state}.")),
+                Some(if state == "failed" {
+                    format!("Fix the cause, then SELECT backfill_resume({id}); continues from its cursor.")
+                } else {
+                    "Start a new backfill to deliver the rest.".into()
+                }),
+            ),
+            _ => {}
+        }
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            return false;
+        }
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                100,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        pg_sys::check_for_interrupts!();
+    }
+}
+
+/// Checks that backfill `id` exists, is in one of the states `from`, and that the caller is the
+/// role that started it, a member of it, or a superuser; then moves it to `to` (unless `to` is
+/// empty). Returns the backfill as it was.
+fn control(id: i64, verb: &str, from: &[&str], to: &str, pause_reason: Option<&str>) -> catalog::Job {
     let job = catalog::job(id).unwrap_or(None).unwrap_or_else(|| {
         raise(
             ERRCODE_UNDEFINED_OBJECT,
@@ -170,13 +329,16 @@ fn control(id: i64, verb: &str, from: &[&str], to: &str) -> bool {
             Some(format!("Do it as {} (or a member of that role) or as a superuser.", job.started_by)),
         );
     }
-    let moved = as_extension_owner(|| catalog::set_state(id, from, to)).unwrap_or_else(|e| {
+    if to.is_empty() {
+        return job;
+    }
+    let moved = as_extension_owner(|| catalog::set_state(id, from, to, pause_reason)).unwrap_or_else(|e| {
         raise(ERRCODE_INTERNAL_ERROR, format!("could not {verb} the backfill"), e.to_string(), None)
     });
     if !moved {
         not_in_state("changing state concurrently");
     }
-    true
+    job
 }
 
 /// Launches the worker of backfill `id`, which first waits for this transaction to commit.

@@ -10,13 +10,28 @@ pub const DONE: &str = "done";
 pub const CANCELLED: &str = "cancelled";
 pub const FAILED: &str = "failed";
 
-/// A backfill as the worker needs it.
+/// Pause reasons that the worker sets and clears by itself start with this.
+pub const WAITING: &str = "waiting";
+/// The pause reason of backfill_pause().
+pub const PAUSED_BY_USER: &str = "paused by backfill_pause()";
+
+/// A backfill as the worker and the API need it.
 pub struct Job {
     pub state: String,
     pub batch_size: i32,
     pub rows_per_second: Option<i32>,
     pub message_prefix: String,
     pub started_by: String,
+    pub slot_name: Option<String>,
+    pub max_lag_bytes: Option<i64>,
+    pub pause_reason: Option<String>,
+}
+
+impl Job {
+    /// Paused by the worker itself while the slot's consumer is away or behind.
+    pub fn is_waiting(&self) -> bool {
+        self.state == PAUSED && self.pause_reason.as_deref().is_some_and(|r| r.starts_with(WAITING))
+    }
 }
 
 /// One table of a backfill: where its scan stands.
@@ -33,7 +48,9 @@ pub struct JobTable {
 pub fn job(id: i64) -> SpiResult<Option<Job>> {
     Spi::connect(|client| {
         let rows = client.select(
-            "SELECT state, batch_size, message_prefix, started_by::text, rows_per_second FROM backfill.job WHERE id = $1",
+            "SELECT state, batch_size, message_prefix, started_by::text, rows_per_second, slot_name::text,
+                    max_lag_bytes, pause_reason
+               FROM backfill.job WHERE id = $1",
             None,
             &[id.into()],
         )?;
@@ -47,12 +64,31 @@ pub fn job(id: i64) -> SpiResult<Option<Job>> {
             message_prefix: row.get(3)?.unwrap_or_default(),
             started_by: row.get(4)?.unwrap_or_default(),
             rows_per_second: row.get(5)?,
+            slot_name: row.get(6)?,
+            max_lag_bytes: row.get(7)?,
+            pause_reason: row.get(8)?,
         }))
     })
 }
 
 pub fn job_state(id: i64) -> SpiResult<Option<String>> {
     Spi::get_one_with_args("SELECT state FROM backfill.job WHERE id = $1", &[id.into()])
+}
+
+/// Backfills of this database that a worker should be running: to relaunch after a restart.
+pub fn jobs_to_resume() -> SpiResult<Vec<i64>> {
+    Spi::connect(|client| {
+        client
+            .select(
+                "SELECT id FROM backfill.job
+                  WHERE state = 'running' OR (state = 'paused' AND pause_reason LIKE 'waiting%')
+                  ORDER BY id",
+                None,
+                &[],
+            )?
+            .map(|row| row.get::<i64>(1).map(|id| id.unwrap_or_default()))
+            .collect()
+    })
 }
 
 const JOB_TABLE_COLUMNS: &str = "position, relid::oid, state, cursor, upper_bound, rows_done, rows_estimated";
@@ -102,7 +138,9 @@ pub fn start_table(job_id: i64, position: i32, upper_bound: Option<Vec<String>>)
 /// A page was delivered: the cursor moves to its last key, in the page's own transaction.
 pub fn advance_cursor(job_id: i64, position: i32, cursor: Vec<String>, rows: i64, bytes: i64) -> SpiResult<()> {
     Spi::run_with_args(
-        "UPDATE backfill.job_table SET cursor = $3, rows_done = rows_done + $4, bytes_done = bytes_done + $5
+        "UPDATE backfill.job_table
+            SET cursor = $3, rows_done = rows_done + $4, bytes_done = bytes_done + $5,
+                last_page_lsn = pg_catalog.pg_current_wal_insert_lsn()
           WHERE job_id = $1 AND position = $2",
         &[job_id.into(), position.into(), cursor.into(), rows.into(), bytes.into()],
     )
@@ -117,14 +155,16 @@ pub fn finish_table(job_id: i64, position: i32) -> SpiResult<()> {
 }
 
 /// Moves a running backfill to a final state. Returns false when it was no longer running
-/// (cancelled meanwhile): a final state is never overwritten.
+/// (cancelled meanwhile): a final state is never overwritten. Done records the watermark: the
+/// WAL position after every page, which the slot's consumer must confirm for delivery.
 pub fn finish_job(job_id: i64, state: &str, error: Option<(&str, &str)>) -> SpiResult<bool> {
     let (sqlstate, message) = error.unzip();
     Spi::get_one_with_args::<i64>(
         "UPDATE backfill.job
-            SET state = $2, finished_at = clock_timestamp(), worker_pid = NULL,
-                last_error_sqlstate = $3, last_error = $4
-          WHERE id = $1 AND state = 'running'
+            SET state = $2, finished_at = clock_timestamp(), worker_pid = NULL, pause_reason = NULL,
+                last_error_sqlstate = $3, last_error = $4,
+                watermark_lsn = CASE WHEN $2 = 'done' THEN pg_catalog.pg_current_wal_insert_lsn() END
+          WHERE id = $1 AND state IN ('running', 'paused')
          RETURNING id",
         &[job_id.into(), state.into(), sqlstate.into(), message.into()],
     )
@@ -132,16 +172,31 @@ pub fn finish_job(job_id: i64, state: &str, error: Option<(&str, &str)>) -> SpiR
 }
 
 /// Records a new backfill and its tables; returns its id.
-pub fn insert_job(
-    started_by: &str,
-    batch_size: i32,
-    rows_per_second: Option<i32>,
-    message_prefix: &str,
-) -> SpiResult<i64> {
+/// What backfill_start() records about a new backfill.
+pub struct NewJob<'a> {
+    pub started_by: &'a str,
+    pub batch_size: i32,
+    pub rows_per_second: Option<i32>,
+    pub message_prefix: &'a str,
+    pub slot_name: Option<&'a str>,
+    pub publication_name: Option<&'a str>,
+    pub max_lag_bytes: Option<i64>,
+}
+
+pub fn insert_job(job: &NewJob) -> SpiResult<i64> {
     Spi::get_one_with_args::<i64>(
-        "INSERT INTO backfill.job (started_by, batch_size, rows_per_second, message_prefix)
-         VALUES ($1, $2, $3, $4) RETURNING id",
-        &[started_by.into(), batch_size.into(), rows_per_second.into(), message_prefix.into()],
+        "INSERT INTO backfill.job (started_by, batch_size, rows_per_second, message_prefix, slot_name,
+                                   publication_name, max_lag_bytes)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+        &[
+            job.started_by.into(),
+            job.batch_size.into(),
+            job.rows_per_second.into(),
+            job.message_prefix.into(),
+            job.slot_name.into(),
+            job.publication_name.into(),
+            job.max_lag_bytes.into(),
+        ],
     )
     .map(|id| id.unwrap_or_default())
 }
@@ -164,25 +219,99 @@ pub fn insert_job_table(
 pub fn running_backfill_of(relid: pg_sys::Oid) -> SpiResult<Option<i64>> {
     Spi::get_one_with_args(
         "SELECT j.id FROM backfill.job j JOIN backfill.job_table t ON t.job_id = j.id
-          WHERE j.state = 'running' AND t.relid = $1::oid::regclass
+          WHERE j.state IN ('running', 'paused') AND t.relid = $1::oid::regclass
           LIMIT 1",
         &[relid.into()],
     )
 }
 
-/// Moves a backfill from one of the states `from` to `to`; false when it was in none of them
-/// (it moved meanwhile). A final state records when; running again clears the last outcome.
-pub fn set_state(job_id: i64, from: &[&str], to: &str) -> SpiResult<bool> {
+/// Moves a backfill from one of the states `from` to `to` (with a pause reason when paused);
+/// false when it was in none of them (it moved meanwhile). A final state records when; running
+/// again clears the last outcome.
+pub fn set_state(job_id: i64, from: &[&str], to: &str, pause_reason: Option<&str>) -> SpiResult<bool> {
     let from: Vec<String> = from.iter().map(|s| s.to_string()).collect();
     Spi::get_one_with_args::<i64>(
         "UPDATE backfill.job
-            SET state = $3,
+            SET state = $3, pause_reason = $4,
+                launched_at = CASE WHEN $3 = 'running' THEN clock_timestamp() ELSE launched_at END,
                 finished_at = CASE WHEN $3 IN ('done', 'cancelled', 'failed') THEN clock_timestamp() END,
                 last_error_sqlstate = CASE WHEN $3 = 'running' THEN NULL ELSE last_error_sqlstate END,
                 last_error = CASE WHEN $3 = 'running' THEN NULL ELSE last_error END
           WHERE id = $1 AND state = ANY ($2)
          RETURNING id",
-        &[job_id.into(), from.into(), to.into()],
+        &[job_id.into(), from.into(), to.into(), pause_reason.into()],
     )
     .map(|id| id.is_some())
+}
+
+/// A running backfill whose worker was launched before the server last started: without
+/// shared_preload_libraries nothing relaunched it.
+pub fn worker_lost_to_restart(job_id: i64) -> SpiResult<bool> {
+    Spi::get_one_with_args::<bool>(
+        "SELECT state = 'running' AND launched_at < pg_catalog.pg_postmaster_start_time() FROM backfill.job WHERE id = $1",
+        &[job_id.into()],
+    )
+    .map(|lost| lost.unwrap_or(false))
+}
+
+/// The worker pauses a running backfill while its slot's consumer is away or behind (reason
+/// Some), and resumes it when it is back (None). A pause by backfill_pause() is never touched.
+pub fn set_waiting(job_id: i64, reason: Option<&str>) -> SpiResult<bool> {
+    let sql = match reason {
+        Some(_) => {
+            "UPDATE backfill.job SET state = 'paused', pause_reason = $2
+              WHERE id = $1 AND (state = 'running' OR (state = 'paused' AND pause_reason LIKE 'waiting%'))
+                AND pause_reason IS DISTINCT FROM $2
+             RETURNING id"
+        }
+        None => {
+            "UPDATE backfill.job SET state = 'running', pause_reason = NULL
+              WHERE id = $1 AND state = 'paused' AND pause_reason LIKE 'waiting%' AND $2::text IS NULL
+             RETURNING id"
+        }
+    };
+    Spi::get_one_with_args::<i64>(sql, &[job_id.into(), reason.into()]).map(|id| id.is_some())
+}
+
+/// backfill_set(): new pacing for a running backfill; NULL keeps a value, 0 removes a limit.
+pub fn set_pacing(
+    job_id: i64,
+    batch_size: Option<i32>,
+    rows_per_second: Option<i32>,
+    max_lag_bytes: Option<i64>,
+) -> SpiResult<()> {
+    Spi::run_with_args(
+        "UPDATE backfill.job
+            SET batch_size = coalesce($2, batch_size),
+                rows_per_second = CASE WHEN $3 IS NULL THEN rows_per_second ELSE nullif($3, 0) END,
+                max_lag_bytes = CASE WHEN $4 IS NULL THEN max_lag_bytes ELSE nullif($4, 0) END
+          WHERE id = $1",
+        &[job_id.into(), batch_size.into(), rows_per_second.into(), max_lag_bytes.into()],
+    )
+}
+
+/// A progress sample, for the rate over the last minute; samples older than two minutes go.
+pub fn record_progress(job_id: i64) -> SpiResult<()> {
+    Spi::run_with_args(
+        "WITH sample AS (
+             INSERT INTO backfill.job_progress (job_id, at, rows_done)
+             SELECT $1, clock_timestamp(), coalesce(sum(rows_done), 0) FROM backfill.job_table WHERE job_id = $1)
+         DELETE FROM backfill.job_progress WHERE job_id = $1 AND at < clock_timestamp() - interval '2 minutes'",
+        &[job_id.into()],
+    )
+}
+
+pub fn set_key_fraction(job_id: i64, position: i32, fraction: Option<f64>) -> SpiResult<()> {
+    Spi::run_with_args(
+        "UPDATE backfill.job_table SET key_fraction_done = $3 WHERE job_id = $1 AND position = $2",
+        &[job_id.into(), position.into(), fraction.into()],
+    )
+}
+
+/// The running backfill that already serves this slot, if any.
+pub fn running_backfill_of_slot(slot: &str) -> SpiResult<Option<i64>> {
+    Spi::get_one_with_args(
+        "SELECT id FROM backfill.job WHERE slot_name = $1 AND state IN ('running', 'paused') LIMIT 1",
+        &[slot.into()],
+    )
 }

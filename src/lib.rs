@@ -6,6 +6,7 @@
 //! - `eligibility.rs`: which tables can be backfilled, their keys, and the estimate.
 //! - `scan.rs`: the key-ordered page queries (keyset pagination, row locks).
 //! - `worker.rs`: the background worker; one page is one transaction; the cursor is advanced there.
+//! - `pipeline.rs`: the consumer's slot and publication; pausing for it and back-pressure.
 //! - `catalog.rs`: the state tables the worker and the API share.
 //! - `message.rs`: the JSON messages consumers receive.
 //! - `settings.rs`: the `backfill.*` GUCs.
@@ -18,6 +19,7 @@ mod catalog;
 mod eligibility;
 mod errors;
 mod message;
+mod pipeline;
 mod scan;
 mod settings;
 mod worker;
@@ -34,6 +36,10 @@ mod backfill {}
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     settings::define();
+    // Preloaded, the library also resumes running backfills after every server start.
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        worker::register_launcher();
+    }
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ pub enum Locking {
 /// the key's types in the query, so any btree-orderable key type works the same way.
 pub struct ScanQueries {
     key_types: Vec<String>,
+    first_collation: Option<String>,
     partitioned: bool,
     from: String,
     key_json: String,
@@ -62,6 +63,7 @@ impl ScanQueries {
         let only = if table.partitioned { "" } else { "ONLY " };
         ScanQueries {
             key_types: table.key.iter().map(|k| k.type_name.clone()).collect(),
+            first_collation: table.key[0].collation.clone(),
             partitioned: table.partitioned,
             from: format!("{only}{} t", table.qualified_name()),
             key_json: key_json_values(table),
@@ -97,6 +99,26 @@ impl ScanQueries {
     /// Greatest key now, as text values then as JSON values: the scan's fixed upper bound.
     pub fn upper_bound(&self) -> String {
         format!("SELECT {}, {} FROM {} ORDER BY {} LIMIT 1", self.key_text, self.key_json, self.from, self.order_desc)
+    }
+
+    /// The share of the first key column's histogram (pg_stats) up to the cursor, against the
+    /// share up to the upper bound: how much of the key range is scanned, whatever the key's
+    /// skew. Parameters: cursor and upper bound (first column, text), schema, table, column.
+    pub fn key_fraction(&self) -> String {
+        let ty = &self.key_types[0];
+        let collate = self.first_collation.as_ref().map(|c| format!(" COLLATE {c}")).unwrap_or_default();
+        let below = |param: &str| {
+            format!(
+                "(SELECT count(*) FROM unnest(s.histogram_bounds::text::{ty}[]) b WHERE b{collate} <= {param}::{ty})"
+            )
+        };
+        format!(
+            "SELECT {}::float8 / nullif({}, 0) FROM pg_catalog.pg_stats s
+              WHERE s.schemaname = $3 AND s.tablename = $4 AND s.attname = $5 AND s.histogram_bounds IS NOT NULL
+              ORDER BY s.inherited DESC LIMIT 1",
+            below("$1"),
+            below("$2")
+        )
     }
 
     /// The page's key range and how many parameters it binds.

@@ -12,6 +12,12 @@ pub static LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
 /// How many times in a row a page may fail for a transient reason before the backfill fails.
 pub static MAX_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(100);
 
+/// Back-pressure: a backfill for a slot waits while the slot lags more than this (kB).
+pub static MAX_SLOT_LAG_KB: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+
+/// How often a running backfill logs a progress line (seconds; 0 turns it off).
+pub static LOG_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
+
 /// Test-only: read pages without row locks, to show that the ordering tests catch the race.
 pub static TEST_SKIP_ROW_LOCKS: GucSetting<bool> = GucSetting::<bool>::new(false);
 
@@ -46,6 +52,28 @@ pub fn define() {
         1_000_000,
         GucContext::Sighup,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.max_slot_lag",
+        c"A backfill for a slot waits while the slot's consumer lags more than this.",
+        c"The lag is the WAL the slot's consumer has not confirmed: while it is above this, the \
+          backfill pauses instead of making the server retain more WAL. backfill_start(..., \
+          max_lag => ...) overrides it per backfill.",
+        &MAX_SLOT_LAG_KB,
+        1024,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.log_interval",
+        c"How often a running backfill logs a progress line.",
+        c"0 turns progress lines off; state changes are always logged.",
+        &LOG_INTERVAL_S,
+        0,
+        86_400,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
     );
     GucRegistry::define_bool_guc(
         c"backfill.test_skip_row_locks",

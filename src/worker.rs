@@ -21,14 +21,14 @@ use crate::catalog::{self, JobTable, DONE, FAILED, RUNNING};
 use crate::eligibility::{self, Table};
 use crate::message::{self, ReadMessage};
 use crate::scan::{Locking, ScanQueries};
-use crate::settings;
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use crate::{pipeline, settings};
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::pg_sys::panic::{CaughtError, ErrorReportWithLevel};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::{self, *};
 use std::ffi::CString;
 use std::panic::{AssertUnwindSafe, UnwindSafe};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Registers the worker of a backfill. It connects to this database and, before doing
 /// anything, waits for the transaction that recorded the backfill (which may not have
@@ -71,6 +71,9 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
     let starter_xid = extra.next().and_then(|x| x.parse::<u64>().ok()).unwrap_or_default();
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
 
+    if job_id == 0 {
+        return resume_database();
+    }
     if !wait_for_starter(starter_xid) {
         return;
     }
@@ -89,6 +92,77 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
         Ok(()) => run(job_id),
         Err(e) => record_failure(job_id, None, &e),
     }
+}
+
+/// After a server restart (the launcher starts one such worker per database): relaunches the
+/// workers of the database's running backfills, then exits.
+fn resume_database() {
+    let jobs = in_transaction(|| {
+        let installed = Spi::get_one::<bool>("SELECT pg_catalog.to_regclass('backfill.job') IS NOT NULL")
+            .ok()
+            .flatten()
+            .unwrap_or(false);
+        if installed {
+            catalog::jobs_to_resume().unwrap_or_else(|e| error!("{e}"))
+        } else {
+            Vec::new()
+        }
+    });
+    for job_id in jobs.unwrap_or_default() {
+        if launch(job_id, 0) {
+            log!("pg_backfill {job_id}: resumed after the server restart");
+        } else {
+            warning!("pg_backfill {job_id}: could not resume it: no free background worker slot");
+        }
+    }
+}
+
+/// The launcher (with the library in shared_preload_libraries): after every server start, one
+/// worker per database looks for backfills to resume. Databases are listed from the `postgres`
+/// database, the only one a server can be assumed to have.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn backfill_launcher_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(Some("postgres"), None);
+    let databases = in_transaction(|| {
+        Spi::connect(|client| {
+            client
+                .select("SELECT oid FROM pg_catalog.pg_database WHERE datallowconn AND NOT datistemplate", None, &[])?
+                .map(|row| row.get::<pg_sys::Oid>(1).map(|oid| oid.unwrap_or(pg_sys::InvalidOid)))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .unwrap_or_else(|e| error!("{e}"))
+    });
+    for database in databases.unwrap_or_default() {
+        let registered = BackgroundWorkerBuilder::new("pg_backfill resume")
+            .set_type("pg_backfill")
+            .set_library("pg_backfill")
+            .set_function("backfill_worker_main")
+            .set_argument(0i64.into_datum())
+            .set_extra(&format!("{} 0", database.to_u32()))
+            .enable_spi_access()
+            .load_dynamic();
+        if registered.is_err() {
+            warning!("pg_backfill launcher: no free background worker slot to resume backfills");
+        }
+    }
+}
+
+/// Registers the launcher; called from _PG_init while shared_preload_libraries loads.
+pub fn register_launcher() {
+    if unsafe { pg_sys::IsBinaryUpgrade } {
+        log!("pg_backfill: not resuming backfills in binary upgrade mode");
+        return;
+    }
+    BackgroundWorkerBuilder::new("pg_backfill launcher")
+        .set_type("pg_backfill launcher")
+        .set_library("pg_backfill")
+        .set_function("backfill_launcher_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(None)
+        .load();
 }
 
 /// Session settings of the worker: visible in pg_stat_activity, no fsync wait per page, and
@@ -119,6 +193,9 @@ fn configure_session(job_id: i64) {
 /// Waits until the transaction that launched the worker (backfill_start or backfill_resume)
 /// ends. Returns false when it rolled back, so there is nothing to do.
 fn wait_for_starter(starter_xid: u64) -> bool {
+    if starter_xid == 0 {
+        return true; // relaunched after a restart: nobody to wait for
+    }
     loop {
         let status = in_transaction(|| {
             Spi::get_one_with_args::<String>(
@@ -138,8 +215,13 @@ fn wait_for_starter(starter_xid: u64) -> bool {
     }
 }
 
+/// How often a running backfill samples its progress.
+const PROGRESS_SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
+
 /// What a page did.
 enum Page {
+    /// Nothing: the slot's consumer is away or behind; try again in a second.
+    Waiting,
     /// Delivered rows; the table has more.
     More,
     /// The table's scan ended (its end marker is sent).
@@ -255,6 +337,8 @@ struct TableScan<'a> {
     position: i32,
     batch_size: i32,
     pacer: Pacer,
+    last_sample: Instant,
+    last_log: Instant,
     prefix: &'a CString,
     table: Table,
     queries: ScanQueries,
@@ -275,6 +359,8 @@ impl<'a> TableScan<'a> {
             position: job_table.position,
             batch_size: job.batch_size,
             pacer: Pacer::new(job.rows_per_second),
+            last_sample: Instant::now(),
+            last_log: Instant::now(),
             prefix,
             queries: ScanQueries::new(&table),
             messages: ReadMessage::new(job_id, &table),
@@ -288,10 +374,14 @@ impl<'a> TableScan<'a> {
         let mut failures = 0;
         loop {
             reload_config_if_asked();
+            rows_per_page = rows_per_page.min(self.batch_size);
             self.pacer.wait_for(rows_per_page);
             let rows = rows_per_page;
             let result = in_transaction(AssertUnwindSafe(|| self.page(rows)));
             match result {
+                Ok(Page::Waiting) => {
+                    BackgroundWorker::wait_latch(Some(Duration::from_secs(1)));
+                }
                 Ok(Page::More) => {
                     self.pacer.spend(rows_per_page);
                     failures = 0;
@@ -321,7 +411,7 @@ impl<'a> TableScan<'a> {
 
     /// Sleeps before a retry: 50 ms, doubling, at most one second. False if cancelled meanwhile.
     fn back_off(&self, failures: i32) -> bool {
-        let millis = 50u64 << failures.clamp(0, 5).min(5);
+        let millis = 50u64 << failures.clamp(0, 5);
         BackgroundWorker::wait_latch(Some(Duration::from_millis(millis.min(1000))));
         matches!(in_transaction(|| catalog::job_state(self.job_id)), Ok(Ok(Some(s))) if s == RUNNING)
     }
@@ -334,9 +424,23 @@ impl<'a> TableScan<'a> {
 
     /// One page, inside its own transaction.
     fn page(&mut self, rows_per_page: i32) -> Page {
-        let state = catalog::job_state(self.job_id).unwrap_or_else(|e| error!("{e}"));
-        if state.as_deref() != Some(RUNNING) {
+        let job = catalog::job(self.job_id)
+            .unwrap_or_else(|e| error!("{e}"))
+            .unwrap_or_else(|| error!("backfill {} no longer exists", self.job_id));
+        if job.state != RUNNING && !job.is_waiting() {
             return Page::Stopped;
+        }
+        // backfill_set() takes effect here.
+        self.batch_size = job.batch_size;
+        self.pacer.set_rate(job.rows_per_second);
+        if let Some(reason) = pipeline::blocker(&job) {
+            if catalog::set_waiting(self.job_id, Some(&reason)).unwrap_or_else(|e| error!("{e}")) {
+                log!("pg_backfill {}: paused, {reason}", self.job_id);
+            }
+            return Page::Waiting;
+        }
+        if job.is_waiting() && catalog::set_waiting(self.job_id, None).unwrap_or_else(|e| error!("{e}")) {
+            log!("pg_backfill {}: continues, the slot's consumer has caught up", self.job_id);
         }
         let progress = catalog::job_table(self.job_id, self.position)
             .unwrap_or_else(|e| error!("{e}"))
@@ -359,11 +463,45 @@ impl<'a> TableScan<'a> {
         };
         let (rows, bytes) = self.deliver(cursor.as_deref(), &page_end, rows_per_page);
         let reached_upper_bound = page_end == upper_bound;
-        catalog::advance_cursor(self.job_id, self.position, page_end, rows, bytes).unwrap_or_else(|e| error!("{e}"));
+        catalog::advance_cursor(self.job_id, self.position, page_end.clone(), rows, bytes)
+            .unwrap_or_else(|e| error!("{e}"));
         if reached_upper_bound {
             return self.end_scan(progress.rows_done + rows);
         }
+        self.report_progress(&page_end, &upper_bound, progress.rows_done + rows, progress.rows_estimated);
         Page::More
+    }
+
+    /// Every few seconds: a progress sample (for the rate over the last minute) and the share
+    /// of the key range scanned (for the time left); at backfill.log_interval, a log line.
+    fn report_progress(&mut self, cursor: &[String], upper_bound: &[String], rows_done: i64, rows_estimated: i64) {
+        if self.last_sample.elapsed() < PROGRESS_SAMPLE_INTERVAL {
+            return;
+        }
+        self.last_sample = Instant::now();
+        catalog::record_progress(self.job_id).unwrap_or_else(|e| error!("{e}"));
+        let fraction = Spi::get_one_with_args::<f64>(
+            &self.queries.key_fraction(),
+            &[
+                cursor[0].clone().into(),
+                upper_bound[0].clone().into(),
+                self.table.schema.clone().into(),
+                self.table.name.clone().into(),
+                self.table.key[0].name.clone().into(),
+            ],
+        )
+        .unwrap_or(None);
+        catalog::set_key_fraction(self.job_id, self.position, fraction).unwrap_or_else(|e| error!("{e}"));
+        let interval = settings::LOG_INTERVAL_S.get();
+        if interval > 0 && self.last_log.elapsed() >= Duration::from_secs(interval as u64) {
+            self.last_log = Instant::now();
+            let percent = fraction.map(|f| format!("{:.1}% of the key range, ", 100.0 * f)).unwrap_or_default();
+            log!(
+                "pg_backfill {}: {} {percent}{rows_done} of about {rows_estimated} rows",
+                self.job_id,
+                self.table.qualified_name()
+            );
+        }
     }
 
     /// Fixes the upper bound (the greatest key now) and sends the start marker.
@@ -496,6 +634,10 @@ impl Pacer {
             BackgroundWorker::wait_latch(Some(wait.max(Duration::from_millis(1))));
             self.refill(rate);
         }
+    }
+
+    fn set_rate(&mut self, rows_per_second: Option<i32>) {
+        self.rows_per_second = rows_per_second.map(f64::from);
     }
 
     fn spend(&mut self, rows: i32) {

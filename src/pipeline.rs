@@ -1,0 +1,116 @@
+//! The consumer a backfill is for: its replication slot and publication. A backfill for a slot
+//! pauses while the slot has no active consumer and waits while the consumer lags, so that it
+//! never makes the server retain WAL that nobody reads.
+
+use crate::catalog::{Job, WAITING};
+use crate::eligibility::Table;
+use crate::errors::raise;
+use crate::settings;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+
+/// backfill_start(..., slot => ...): the slot must exist, be logical and belong to this database.
+pub fn require_slot(slot: &str) {
+    let found = Spi::get_one_with_args::<String>(
+        "SELECT slot_type || ':' || coalesce(database::text, '') || ':' || (database = current_database())::text
+           FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+        &[slot.into()],
+    )
+    .ok()
+    .flatten();
+    let Some(found) = found else {
+        raise(
+            ERRCODE_UNDEFINED_OBJECT,
+            format!("replication slot \"{slot}\" does not exist"),
+            "A backfill for a pipeline needs the pipeline's logical replication slot.",
+            Some(format!(
+                "Create it, or name an existing one: SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');"
+            )),
+        );
+    };
+    let mut parts = found.splitn(3, ':');
+    let (kind, database, here) = (parts.next(), parts.next(), parts.next());
+    if kind != Some("logical") {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("replication slot \"{slot}\" is not a logical slot"),
+            "Backfill messages are only decoded by logical replication slots.",
+            None,
+        );
+    }
+    if here != Some("true") {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("replication slot \"{slot}\" belongs to another database"),
+            format!(
+                "Slot \"{slot}\" decodes database \"{}\"; the backfill's messages are written here.",
+                database.unwrap_or("")
+            ),
+            Some("Start the backfill in the slot's database.".into()),
+        );
+    }
+}
+
+/// backfill_start(..., publication => ...): every table must be in the pipeline's publication:
+/// a snapshot of a table the pipeline does not capture would never be followed by its changes.
+pub fn require_published(publication: &str, table: &Table) {
+    let published = Spi::get_one_with_args::<bool>(
+        "SELECT bool_or(pt.schemaname = $2 AND pt.tablename = $3)
+              OR bool_or(p.puballtables)
+              OR bool_or(pt.schemaname = $2 AND pt.tablename IN (SELECT c.relname FROM pg_catalog.pg_partition_tree($4::regclass) pt2
+                                                                   JOIN pg_catalog.pg_class c ON c.oid = pt2.relid))
+           FROM pg_catalog.pg_publication p
+           LEFT JOIN pg_catalog.pg_publication_tables pt ON pt.pubname = p.pubname
+          WHERE p.pubname = $1",
+        &[publication.into(), table.schema.clone().into(), table.name.clone().into(), table.relid.into()],
+    )
+    .ok()
+    .flatten();
+    match published {
+        None => raise(
+            ERRCODE_UNDEFINED_OBJECT,
+            format!("publication \"{publication}\" does not exist"),
+            "The publication names the tables the pipeline captures.",
+            None,
+        ),
+        Some(false) => raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("table {} is not in publication \"{publication}\"", table.qualified_name()),
+            "A backfill delivers only the pipeline's own tables: the consumer would never receive the changes that follow the snapshot.",
+            Some(format!("Add it first: ALTER PUBLICATION {} ADD TABLE {};", spi::quote_identifier(publication), table.qualified_name())),
+        ),
+        Some(true) => {}
+    }
+}
+
+/// Why the backfill must wait for its slot's consumer now, if it must.
+pub fn blocker(job: &Job) -> Option<String> {
+    let slot = job.slot_name.as_deref()?;
+    let row = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT active, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+               FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+            None,
+            &[slot.into()],
+        )?;
+        if rows.is_empty() {
+            return Ok::<_, spi::Error>(None);
+        }
+        let row = rows.first();
+        Ok(Some((row.get::<bool>(1)?.unwrap_or(false), row.get::<i64>(2)?.unwrap_or(0))))
+    })
+    .unwrap_or_else(|e| error!("{e}"));
+    let Some((active, lag)) = row else {
+        raise(
+            ERRCODE_UNDEFINED_OBJECT,
+            format!("replication slot \"{slot}\" no longer exists"),
+            "The backfill was started for it; its messages would reach no consumer.",
+            Some("Start a new backfill for the pipeline's current slot.".into()),
+        );
+    };
+    if !active {
+        return Some(format!("{WAITING}: slot \"{slot}\" has no active consumer"));
+    }
+    let limit = job.max_lag_bytes.unwrap_or(i64::from(settings::MAX_SLOT_LAG_KB.get()) * 1024);
+    (lag > limit).then(|| format!("{WAITING}: slot \"{slot}\" lags {lag} bytes, more than max_lag {limit}"))
+}
