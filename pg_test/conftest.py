@@ -69,11 +69,11 @@ def db(cluster, request):
 
 
 def wait_until_ended(conn, backfill_id: int, timeout: float = 120) -> str:
-    """Waits until the backfill leaves state running; returns its final state."""
+    """Waits until the backfill is neither running nor paused; returns its final state."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = conn.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
-        if state != "running":
+        if state not in ("running", "paused"):
             return state
         time.sleep(0.05)
     raise AssertionError(f"backfill {backfill_id} still running after {timeout}s")

@@ -92,7 +92,10 @@ fn start(
     // Two starts of the same table must not both pass the check below: serialize them.
     Spi::run("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pg_backfill.start'))")
         .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not lock", e.to_string(), None));
-    if let Some(running) = slot.as_deref().and_then(|slot| catalog::running_backfill_of_slot(slot).unwrap_or(None)) {
+    if let Some(running) = slot.as_deref().and_then(|slot| {
+        catalog::running_backfill_of_slot(slot)
+            .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not read backfills", e.to_string(), None))
+    }) {
         raise(
             ERRCODE_OBJECT_IN_USE,
             format!("slot {} already has a running backfill", slot.as_deref().unwrap_or_default()),
@@ -101,7 +104,9 @@ fn start(
         );
     }
     for table in &tables {
-        if let Some(running) = catalog::running_backfill_of(table.relid).unwrap_or(None) {
+        if let Some(running) = catalog::running_backfill_of(table.relid)
+            .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not read backfills", e.to_string(), None))
+        {
             raise(
                 ERRCODE_OBJECT_IN_USE,
                 format!("table {} already has a running backfill", table.qualified_name()),

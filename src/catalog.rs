@@ -71,6 +71,11 @@ pub fn job(id: i64) -> SpiResult<Option<Job>> {
     })
 }
 
+/// Runs an UPDATE ... RETURNING; whether it changed a row.
+fn updated_any(sql: &str, args: &[pgrx::datum::DatumWithOid]) -> SpiResult<bool> {
+    Spi::connect_mut(|client| Ok(!client.update(sql, None, args)?.is_empty()))
+}
+
 pub fn job_state(id: i64) -> SpiResult<Option<String>> {
     Spi::get_one_with_args("SELECT state FROM backfill.job WHERE id = $1", &[id.into()])
 }
@@ -159,7 +164,7 @@ pub fn finish_table(job_id: i64, position: i32) -> SpiResult<()> {
 /// WAL position after every page, which the slot's consumer must confirm for delivery.
 pub fn finish_job(job_id: i64, state: &str, error: Option<(&str, &str)>) -> SpiResult<bool> {
     let (sqlstate, message) = error.unzip();
-    Spi::get_one_with_args::<i64>(
+    updated_any(
         "UPDATE backfill.job
             SET state = $2, finished_at = clock_timestamp(), worker_pid = NULL, pause_reason = NULL,
                 last_error_sqlstate = $3, last_error = $4,
@@ -168,7 +173,6 @@ pub fn finish_job(job_id: i64, state: &str, error: Option<(&str, &str)>) -> SpiR
          RETURNING id",
         &[job_id.into(), state.into(), sqlstate.into(), message.into()],
     )
-    .map(|id| id.is_some())
 }
 
 /// Records a new backfill and its tables; returns its id.
@@ -215,9 +219,21 @@ pub fn insert_job_table(
     )
 }
 
+/// The first column of the first row of a query returning ids, if it returns any.
+fn first_id(sql: &str, args: &[pgrx::datum::DatumWithOid]) -> SpiResult<Option<i64>> {
+    Spi::connect(|client| {
+        let rows = client.select(sql, Some(1), args)?;
+        if rows.is_empty() {
+            Ok(None)
+        } else {
+            rows.first().get::<i64>(1)
+        }
+    })
+}
+
 /// The running backfill that already covers one of these tables, if any.
 pub fn running_backfill_of(relid: pg_sys::Oid) -> SpiResult<Option<i64>> {
-    Spi::get_one_with_args(
+    first_id(
         "SELECT j.id FROM backfill.job j JOIN backfill.job_table t ON t.job_id = j.id
           WHERE j.state IN ('running', 'paused') AND t.relid = $1::oid::regclass
           LIMIT 1",
@@ -230,7 +246,7 @@ pub fn running_backfill_of(relid: pg_sys::Oid) -> SpiResult<Option<i64>> {
 /// again clears the last outcome.
 pub fn set_state(job_id: i64, from: &[&str], to: &str, pause_reason: Option<&str>) -> SpiResult<bool> {
     let from: Vec<String> = from.iter().map(|s| s.to_string()).collect();
-    Spi::get_one_with_args::<i64>(
+    updated_any(
         "UPDATE backfill.job
             SET state = $3, pause_reason = $4,
                 launched_at = CASE WHEN $3 = 'running' THEN clock_timestamp() ELSE launched_at END,
@@ -241,7 +257,6 @@ pub fn set_state(job_id: i64, from: &[&str], to: &str, pause_reason: Option<&str
          RETURNING id",
         &[job_id.into(), from.into(), to.into(), pause_reason.into()],
     )
-    .map(|id| id.is_some())
 }
 
 /// A running backfill whose worker was launched before the server last started: without
@@ -270,7 +285,7 @@ pub fn set_waiting(job_id: i64, reason: Option<&str>) -> SpiResult<bool> {
              RETURNING id"
         }
     };
-    Spi::get_one_with_args::<i64>(sql, &[job_id.into(), reason.into()]).map(|id| id.is_some())
+    updated_any(sql, &[job_id.into(), reason.into()])
 }
 
 /// backfill_set(): new pacing for a running backfill; NULL keeps a value, 0 removes a limit.
@@ -310,7 +325,7 @@ pub fn set_key_fraction(job_id: i64, position: i32, fraction: Option<f64>) -> Sp
 
 /// The running backfill that already serves this slot, if any.
 pub fn running_backfill_of_slot(slot: &str) -> SpiResult<Option<i64>> {
-    Spi::get_one_with_args(
+    first_id(
         "SELECT id FROM backfill.job WHERE slot_name = $1 AND state IN ('running', 'paused') LIMIT 1",
         &[slot.into()],
     )

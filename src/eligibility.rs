@@ -240,7 +240,7 @@ pub fn estimate(table: &Table, backfill_id: i64, prefix_len: usize) -> Estimate 
             .flatten()
             .unwrap_or(0.0),
     };
-    let envelope = ReadMessage::new(backfill_id, table).envelope_len() + prefix_len;
+    let envelope = ReadMessage::new(backfill_id, None, table).envelope_len() + prefix_len;
     let rows = rows.round() as i64;
     Estimate { rows, bytes: (rows as f64 * (avg_row_json + envelope as f64)).round() as i64 }
 }

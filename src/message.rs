@@ -2,14 +2,14 @@
 //!
 //! Every message is a transactional logical decoding message whose content is UTF-8 JSON:
 //! - `read`: one per row: `{"op":"read","backfill_id":1,"schema":"public","table":"orders",
-//!   "key":{"id":7},"data":{...whole row...},"commit_lsn":"0/0"}` (plus `"partition"` for a
-//!   partitioned table). `commit_lsn` is always `0/0`: the LSN is only known at commit, and
+//!   "key":{"id":7},"data":{...whole row...},"commit_lsn":"0/0"}` (plus `"slot"` when the
+//!   backfill is for a slot, and `"partition"` for a partitioned table). `commit_lsn` is always `0/0`: the LSN is only known at commit, and
 //!   every decoder reports the real one with the transaction.
 //! - `table_start` when a table's scan starts and `table_end` (with the row count) when it ends.
 
 use crate::eligibility::Table;
 use pgrx::prelude::*;
-use serde_json::json;
+use serde_json::{json, Map, Value};
 use std::ffi::{c_char, CString};
 
 // Not in pgrx's bindings. PG15: XLogRecPtr LogLogicalMessage(const char *prefix,
@@ -42,13 +42,25 @@ const DATA_FIELD: &str = ",\"data\":";
 const PARTITION_FIELD: &str = ",\"partition\":";
 const TAIL: &str = ",\"commit_lsn\":\"0/0\"}";
 
+/// The fields every message starts with. Every slot of the database decodes every message:
+/// `slot` lets a consumer skip backfills meant for other pipelines.
+fn envelope(op: &str, backfill_id: i64, slot: Option<&str>, table: &Table) -> Map<String, Value> {
+    let mut fields = Map::new();
+    fields.insert("op".into(), json!(op));
+    fields.insert("backfill_id".into(), json!(backfill_id));
+    if let Some(slot) = slot {
+        fields.insert("slot".into(), json!(slot));
+    }
+    fields.insert("schema".into(), json!(table.schema));
+    fields.insert("table".into(), json!(table.name));
+    fields
+}
+
 impl ReadMessage {
-    pub fn new(backfill_id: i64, table: &Table) -> Self {
-        let head = format!(
-            "{{\"op\":\"read\",\"backfill_id\":{backfill_id},\"schema\":{},\"table\":{},\"key\":",
-            json!(table.schema),
-            json!(table.name)
-        );
+    pub fn new(backfill_id: i64, slot: Option<&str>, table: &Table) -> Self {
+        let mut head = Value::Object(envelope("read", backfill_id, slot, table)).to_string();
+        head.pop(); // the closing brace: key, data and the tail follow
+        head.push_str(",\"key\":");
         ReadMessage { head, key_labels: key_labels(table), buf: String::with_capacity(8192) }
     }
 
@@ -93,36 +105,32 @@ fn push_key(buf: &mut String, labels: &[String], values: &[String]) {
 
 /// `table_start`: the scan of a table begins; reads up to `upper_bound` (JSON key values,
 /// None for an empty table) follow.
-pub fn table_start(backfill_id: i64, table: &Table, upper_bound: Option<&[String]>, rows_estimated: i64) -> String {
-    let upper_bound: serde_json::Value = upper_bound
+pub fn table_start(
+    backfill_id: i64,
+    slot: Option<&str>,
+    table: &Table,
+    upper_bound: Option<&[String]>,
+    rows_estimated: i64,
+) -> String {
+    let upper_bound: Value = upper_bound
         .map(|values| {
             let mut key = String::new();
             push_key(&mut key, &key_labels(table), values);
             serde_json::from_str(&key).unwrap_or_default()
         })
         .unwrap_or_default();
-    json!({
-        "op": "table_start",
-        "backfill_id": backfill_id,
-        "schema": table.schema,
-        "table": table.name,
-        "key_columns": table.key_names(),
-        "upper_bound": upper_bound,
-        "rows_estimated": rows_estimated,
-    })
-    .to_string()
+    let mut fields = envelope("table_start", backfill_id, slot, table);
+    fields.insert("key_columns".into(), json!(table.key_names()));
+    fields.insert("upper_bound".into(), upper_bound);
+    fields.insert("rows_estimated".into(), json!(rows_estimated));
+    Value::Object(fields).to_string()
 }
 
 /// `table_end`: every row of the table up to its upper bound has been read.
-pub fn table_end(backfill_id: i64, table: &Table, rows: i64) -> String {
-    json!({
-        "op": "table_end",
-        "backfill_id": backfill_id,
-        "schema": table.schema,
-        "table": table.name,
-        "rows": rows,
-    })
-    .to_string()
+pub fn table_end(backfill_id: i64, slot: Option<&str>, table: &Table, rows: i64) -> String {
+    let mut fields = envelope("table_end", backfill_id, slot, table);
+    fields.insert("rows".into(), json!(rows));
+    Value::Object(fields).to_string()
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -140,7 +148,7 @@ mod tests {
     #[pg_test]
     fn read_message_is_the_documented_json() {
         let table = table("CREATE TABLE msg_t (\"Region\" text, id int, v text, PRIMARY KEY (\"Region\", id))");
-        let mut message = ReadMessage::new(7, &table);
+        let mut message = ReadMessage::new(7, None, &table);
         let built =
             message.build(&["\"eu\"".into(), "3".into()], r#"{"Region":"eu","id":3,"v":"x"}"#, None).to_string();
         let parsed: serde_json::Value = serde_json::from_str(&built).unwrap();
@@ -161,11 +169,12 @@ mod tests {
     fn markers_carry_the_bounds_and_the_count() {
         let table = table("CREATE TABLE msg_t (id int PRIMARY KEY)");
         let start: serde_json::Value =
-            serde_json::from_str(&table_start(2, &table, Some(&["42".to_string()]), 40)).unwrap();
+            serde_json::from_str(&table_start(2, Some("s1"), &table, Some(&["42".to_string()]), 40)).unwrap();
         assert_eq!(start["op"], "table_start");
+        assert_eq!(start["slot"], "s1");
         assert_eq!(start["upper_bound"], json!({"id": 42}));
         assert_eq!(start["key_columns"], json!(["id"]));
-        let end: serde_json::Value = serde_json::from_str(&table_end(2, &table, 40)).unwrap();
+        let end: serde_json::Value = serde_json::from_str(&table_end(2, None, &table, 40)).unwrap();
         assert_eq!(end, json!({"op": "table_end", "backfill_id": 2, "schema": "public", "table": "msg_t", "rows": 40}));
     }
 }

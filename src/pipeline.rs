@@ -12,7 +12,7 @@ use pgrx::PgSqlErrorCode::*;
 /// backfill_start(..., slot => ...): the slot must exist, be logical and belong to this database.
 pub fn require_slot(slot: &str) {
     let found = Spi::get_one_with_args::<String>(
-        "SELECT slot_type || ':' || coalesce(database::text, '') || ':' || (database = current_database())::text
+        "SELECT slot_type || ':' || coalesce(database::text, '') || ':' || coalesce((database = current_database())::text, 'false')
            FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
         &[slot.into()],
     )

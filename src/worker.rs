@@ -334,6 +334,7 @@ fn run(job_id: i64) {
 /// The scan of one table by the worker.
 struct TableScan<'a> {
     job_id: i64,
+    slot: Option<String>,
     position: i32,
     batch_size: i32,
     pacer: Pacer,
@@ -363,7 +364,8 @@ impl<'a> TableScan<'a> {
             last_log: Instant::now(),
             prefix,
             queries: ScanQueries::new(&table),
-            messages: ReadMessage::new(job_id, &table),
+            messages: ReadMessage::new(job_id, job.slot_name.as_deref(), &table),
+            slot: job.slot_name.clone(),
             table,
         })
     }
@@ -522,7 +524,13 @@ impl<'a> TableScan<'a> {
         let (key, json) = bound.unzip();
         message::emit(
             self.prefix,
-            &message::table_start(self.job_id, &self.table, json.as_deref(), progress.rows_estimated),
+            &message::table_start(
+                self.job_id,
+                self.slot.as_deref(),
+                &self.table,
+                json.as_deref(),
+                progress.rows_estimated,
+            ),
         );
         catalog::start_table(self.job_id, self.position, key.clone()).unwrap_or_else(|e| error!("{e}"));
         log!("pg_backfill {}: scanning {} up to key {:?}", self.job_id, self.table.qualified_name(), key);
@@ -534,7 +542,7 @@ impl<'a> TableScan<'a> {
 
     /// Sends the end marker and marks the table done, in the page's transaction.
     fn end_scan(&mut self, rows: i64) -> Page {
-        message::emit(self.prefix, &message::table_end(self.job_id, &self.table, rows));
+        message::emit(self.prefix, &message::table_end(self.job_id, self.slot.as_deref(), &self.table, rows));
         catalog::finish_table(self.job_id, self.position).unwrap_or_else(|e| error!("{e}"));
         log!("pg_backfill {}: {} done, {rows} rows", self.job_id, self.table.qualified_name());
         Page::TableDone

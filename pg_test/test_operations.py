@@ -1,0 +1,297 @@
+"""Operations: pipelines (slot and publication), pausing with the consumer, back-pressure,
+pacing, retries, failures, waiting for delivery, and surviving server restarts."""
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections import Counter
+
+import psycopg
+import pytest
+from conftest import Cluster, backfill_messages, wait_until_ended, wal2json_changes, worker_pid
+
+PG_RECVLOGICAL = "/usr/lib/postgresql/15/bin/pg_recvlogical"
+
+
+def status(db, backfill_id, *columns):
+    row = db.execute(f"SELECT {', '.join(columns)} FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()
+    return row if len(columns) > 1 else row[0]
+
+
+def wait_for(predicate, timeout=30, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Consumer:
+    """A real streaming consumer of a test_decoding slot: pg_recvlogical, confirming every second."""
+
+    def __init__(self, cluster, dbname, slot):
+        self.output = tempfile.NamedTemporaryFile(mode="r", suffix=".log", delete=False)
+        self.process = subprocess.Popen(
+            [PG_RECVLOGICAL, "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres", "-d", dbname,
+             "--slot", slot, "--start", "-s", "1", "-F", "1", "-f", self.output.name],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+    def pause(self):
+        self.process.send_signal(signal.SIGSTOP)
+
+    def carry_on(self):
+        self.process.send_signal(signal.SIGCONT)
+
+    def stop(self):
+        self.process.send_signal(signal.SIGCONT)
+        self.process.terminate()
+        self.process.wait(10)
+
+    def messages(self):
+        with open(self.output.name) as f:
+            return [json.loads(line.split(" content:", 1)[1]) for line in f if line.startswith("message: transactional: 1 prefix: backfill,")]
+
+
+@pytest.fixture
+def events(db):
+    db.execute(
+        """CREATE TABLE events (id bigint PRIMARY KEY, body text NOT NULL);
+           INSERT INTO events SELECT g, repeat('x', 100) FROM generate_series(1, 20000) g;
+           ANALYZE events;
+           CREATE PUBLICATION pipeline FOR TABLE events;"""
+    )
+    return db
+
+
+def error_of(db, sql, params=None):
+    with pytest.raises(psycopg.Error) as caught:
+        db.execute(sql, params)
+    return caught.value
+
+
+def test_slot_and_publication_are_checked(cluster, events):
+    events.execute("CREATE TABLE other (id int PRIMARY KEY)")
+    e = error_of(events, "SELECT backfill_start('events', confirm => true, slot => 'nope')")
+    assert e.sqlstate == "42704" and "pg_create_logical_replication_slot" in e.diag.message_hint
+    events.execute("SELECT pg_create_physical_replication_slot('phys')")
+    e = error_of(events, "SELECT backfill_start('events', confirm => true, slot => 'phys')")
+    assert e.sqlstate == "55000" and "not a logical slot" in e.diag.message_primary
+    with cluster.connect() as elsewhere:
+        elsewhere.execute("SELECT pg_create_logical_replication_slot('elsewhere', 'test_decoding')")
+    try:
+        e = error_of(events, "SELECT backfill_start('events', confirm => true, slot => 'elsewhere')")
+        assert e.sqlstate == "55000" and "another database" in e.diag.message_primary
+    finally:
+        with cluster.connect() as elsewhere:
+            elsewhere.execute("SELECT pg_drop_replication_slot('elsewhere')")
+    events.execute("SELECT pg_create_logical_replication_slot('s', 'test_decoding')")
+    e = error_of(events, "SELECT backfill_start(ARRAY['events', 'other']::regclass[], confirm => true, slot => 's', publication => 'pipeline')")
+    assert e.sqlstate == "55000" and "not in publication" in e.diag.message_primary
+    assert "ALTER PUBLICATION pipeline ADD TABLE public.other" in e.diag.message_hint
+    e = error_of(events, "SELECT backfill_start('events', confirm => true, publication => 'missing')")
+    assert e.sqlstate == "42704"
+    e = error_of(events, "SELECT backfill_start('events', confirm => true, max_lag => 1000)")
+    assert e.sqlstate == "22023" and "slot" in e.diag.message_primary
+    first = events.execute("SELECT backfill_start('events', confirm => true, slot => 's', publication => 'pipeline')").fetchone()[0]
+    e = error_of(events, "SELECT backfill_start('other', confirm => true, slot => 's')")
+    assert e.sqlstate == "55006" and f"Backfill {first}" in e.diag.message_detail
+    events.execute("SELECT backfill_cancel(%s)", [first])
+
+
+def test_backfill_pauses_while_the_slot_has_no_consumer_and_names_its_slot(cluster, events):
+    events.execute("SELECT pg_create_logical_replication_slot('pipe', 'test_decoding')")
+    backfill_id = events.execute("SELECT backfill_start('events', confirm => true, slot => 'pipe')").fetchone()[0]
+    wait_for(lambda: status(events, backfill_id, "state") == "paused", what="the pause")
+    assert "no active consumer" in status(events, backfill_id, "pause_reason")
+    assert worker_pid(events, backfill_id) is not None, "it waits; it did not give up"
+    time.sleep(1.5)
+    assert status(events, backfill_id, "rows_done") == 0
+    consumer = Consumer(cluster, events.info.dbname, "pipe")
+    try:
+        assert wait_until_ended(events, backfill_id) == "done"
+        wait_for(lambda: status(events, backfill_id, "delivered"), what="delivery")
+    finally:
+        consumer.stop()
+    messages = consumer.messages()
+    assert len([m for m in messages if m["op"] == "read"]) == 20000
+    assert all(m["slot"] == "pipe" for m in messages)
+
+
+def test_back_pressure_stops_below_the_lag_limit_and_resumes_when_the_consumer_catches_up(cluster, events):
+    events.execute("SELECT pg_create_logical_replication_slot('pipe', 'test_decoding')")
+    consumer = Consumer(cluster, events.info.dbname, "pipe")
+    try:
+        wait_for(lambda: events.execute("SELECT active FROM pg_replication_slots WHERE slot_name = 'pipe'").fetchone()[0])
+        consumer.pause()  # connected (the slot stays active) but confirms nothing
+        limit = 1_000_000
+        backfill_id = events.execute(
+            "SELECT backfill_start('events', confirm => true, slot => 'pipe', max_lag => %s, batch_size => 100)", [limit]
+        ).fetchone()[0]
+        wait_for(lambda: status(events, backfill_id, "state") == "paused", what="back-pressure")
+        assert "lags" in status(events, backfill_id, "pause_reason")
+        held = status(events, backfill_id, "rows_done")
+        lag = status(events, backfill_id, "slot_lag_bytes")
+        time.sleep(1.5)
+        assert status(events, backfill_id, "rows_done") == held, "it must not go on while the consumer lags"
+        assert 0 < held < 20000
+        page_bytes = 100 * 400
+        assert lag < limit + 3 * page_bytes, "it stopped near the limit, not far past it"
+        consumer.carry_on()
+        assert wait_until_ended(events, backfill_id) == "done"
+    finally:
+        consumer.stop()
+
+
+def test_rate_limit_holds_within_ten_percent_over_ten_seconds(events):
+    backfill_id = events.execute(
+        "SELECT backfill_start('events', confirm => true, batch_size => 200, rows_per_second => 1500)"
+    ).fetchone()[0]
+    time.sleep(1)
+    t0, rows0 = time.monotonic(), status(events, backfill_id, "rows_done")
+    time.sleep(10)
+    t1, rows1 = time.monotonic(), status(events, backfill_id, "rows_done")
+    rate = (rows1 - rows0) / (t1 - t0)
+    assert 1350 <= rate <= 1650, f"{rate:.0f} rows/s against a limit of 1500"
+    assert abs(status(events, backfill_id, "rows_per_second_last_minute") - 1500) <= 150
+    assert status(events, backfill_id, "time_left") is not None
+    events.execute("SELECT backfill_set(%s, rows_per_second => 0)", [backfill_id])  # 0 lifts the limit
+    assert wait_until_ended(events, backfill_id) == "done"
+
+
+def test_backfill_set_changes_pacing_of_a_running_backfill(events):
+    backfill_id = events.execute(
+        "SELECT backfill_start('events', confirm => true, batch_size => 100, rows_per_second => 200)"
+    ).fetchone()[0]
+    time.sleep(1)
+    assert status(events, backfill_id, "rows_done") < 1000
+    events.execute("SELECT backfill_set(%s, batch_size => 2000, rows_per_second => 0)", [backfill_id])
+    assert wait_until_ended(events, backfill_id, timeout=20) == "done"
+    assert status(events, backfill_id, "batch_size", "rows_per_second") == (2000, None)
+    e = error_of(events, "SELECT backfill_set(%s, batch_size => 0)", [backfill_id])
+    assert e.sqlstate == "22023"
+
+
+def test_a_row_locked_longer_than_a_page_waits_is_retried(cluster, events):
+    events.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
+    with cluster.connect(events.info.dbname) as writer:
+        writer.execute("BEGIN")
+        writer.execute("UPDATE events SET body = 'held' WHERE id = 10000")
+        backfill_id = events.execute("SELECT backfill_start('events', confirm => true, batch_size => 500)").fetchone()[0]
+        time.sleep(2.5)  # far longer than backfill.lock_timeout (200ms): several retries
+        assert status(events, backfill_id, "state") == "running"
+        assert status(events, backfill_id, "rows_done") < 10000
+        writer.execute("COMMIT")  # the writer never failed
+    assert wait_until_ended(events, backfill_id) == "done"
+    reads = Counter(m["data"]["id"] for m in backfill_messages(wal2json_changes(events, "consumer")) if m["op"] == "read")
+    assert set(reads) == set(range(1, 20001)) and max(reads.values()) == 1
+
+
+def test_a_non_transient_failure_is_recorded_with_key_and_sqlstate_and_resume_retries(events):
+    events.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
+    backfill_id = events.execute(
+        "SELECT backfill_start('events', confirm => true, batch_size => 100, rows_per_second => 4000)"
+    ).fetchone()[0]
+    time.sleep(1)
+    events.execute("ALTER TABLE events RENAME TO events_renamed")
+    assert wait_until_ended(events, backfill_id) == "failed"
+    sqlstate, error = status(events, backfill_id, "last_error_sqlstate", "last_error")
+    cursor = events.execute("SELECT cursor[1] FROM backfill_tables WHERE backfill_id = %s", [backfill_id]).fetchone()[0]
+    assert sqlstate == "42P01"
+    assert "events" in error and f"after key {cursor}" in error
+    time.sleep(1.5)
+    assert worker_pid(events, backfill_id) is None, "a failed backfill is not retried forever"
+    e = error_of(events, "SELECT backfill_wait(%s)", [backfill_id])
+    assert e.sqlstate == "55000" and "backfill_resume" in e.diag.message_hint
+    events.execute("SELECT backfill_resume(%s)", [backfill_id])
+    assert events.execute("SELECT backfill_wait(%s, '60 seconds')", [backfill_id]).fetchone()[0] is True
+    reads = Counter(m["data"]["id"] for m in backfill_messages(wal2json_changes(events, "consumer")) if m["op"] == "read")
+    assert set(reads) == set(range(1, 20001)) and max(reads.values()) == 1
+
+
+def test_backfill_wait_times_out_refuses_its_own_transaction_and_sees_delivery(cluster, events):
+    events.execute("SELECT pg_create_logical_replication_slot('pipe', 'test_decoding')")
+    consumer = Consumer(cluster, events.info.dbname, "pipe")
+    try:
+        wait_for(lambda: events.execute("SELECT active FROM pg_replication_slots WHERE slot_name = 'pipe'").fetchone()[0])
+        events.execute("BEGIN")
+        backfill_id = events.execute("SELECT backfill_start('events', confirm => true, slot => 'pipe')").fetchone()[0]
+        e = error_of(events, "SELECT backfill_wait(%s)", [backfill_id])
+        assert e.sqlstate == "55000" and "\\gset" in e.diag.message_hint
+        events.execute("ROLLBACK")
+        backfill_id = events.execute(
+            "SELECT backfill_start('events', confirm => true, slot => 'pipe', rows_per_second => 10000)"
+        ).fetchone()[0]
+        wait_for(lambda: status(events, backfill_id, "rows_done") > 0)
+        consumer.pause()  # stops confirming: the stream is not caught up
+        t0 = time.monotonic()
+        assert events.execute("SELECT backfill_wait(%s, '1 second')", [backfill_id]).fetchone()[0] is False
+        assert 0.9 < time.monotonic() - t0 < 5
+        wait_for(lambda: status(events, backfill_id, "state") == "done", what="the scan's end")
+        watermark, delivered = status(events, backfill_id, "watermark_lsn", "delivered")
+        assert watermark is not None and delivered is False
+        confirmed = events.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'pipe'").fetchone()[0]
+        assert events.execute("SELECT %s::pg_lsn < %s::pg_lsn", [confirmed, watermark]).fetchone()[0]
+        consumer.carry_on()
+        assert events.execute("SELECT backfill_wait(%s, '30 seconds')", [backfill_id]).fetchone()[0] is True
+        assert status(events, backfill_id, "delivered") is True
+    finally:
+        consumer.stop()
+
+
+def restart_scenario(cluster, name, preload):
+    other = Cluster(f"{cluster.dir}_{name}", cluster.port + 2)
+    conf = "shared_preload_libraries = 'pg_backfill'" if preload else ""
+    other.start(conf)
+    conn = other.connect()
+    conn.execute(
+        """CREATE EXTENSION pg_backfill;
+           CREATE TABLE events (id bigint PRIMARY KEY, body text NOT NULL);
+           INSERT INTO events SELECT g, repeat('x', 100) FROM generate_series(1, 60000) g;"""
+    )
+    conn.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
+    backfill_id = conn.execute(
+        "SELECT backfill_start('events', confirm => true, batch_size => 500, rows_per_second => 20000)"
+    ).fetchone()[0]
+    wait_for(lambda: status(conn, backfill_id, "rows_done") > 10000)
+    conn.close()
+    return other, backfill_id
+
+
+def exactly_once(conn, rows=60000):
+    messages = backfill_messages(wal2json_changes(conn, "consumer"))
+    reads = Counter(m["data"]["id"] for m in messages if m["op"] == "read")
+    assert set(reads) == set(range(1, rows + 1)) and max(reads.values()) == 1
+    assert Counter(m["op"] for m in messages if m["op"] != "read") == {"table_start": 1, "table_end": 1}
+
+
+def test_preloaded_backfill_resumes_by_itself_after_an_immediate_stop(cluster):
+    other, backfill_id = restart_scenario(cluster, "preload", preload=True)
+    try:
+        other.pg_ctl("-m immediate stop")
+        other.pg_ctl("start")
+        with other.connect() as conn:
+            assert status(conn, backfill_id, "auto_resume") is True
+            assert wait_until_ended(conn, backfill_id) == "done"
+            exactly_once(conn)
+    finally:
+        other.stop()
+
+
+def test_without_preloading_a_restart_leaves_it_to_backfill_resume(cluster):
+    other, backfill_id = restart_scenario(cluster, "nopreload", preload=False)
+    try:
+        other.pg_ctl("-m fast restart")
+        with other.connect() as conn:
+            assert status(conn, backfill_id, "state", "auto_resume") == ("running", False)
+            time.sleep(1.5)
+            assert worker_pid(conn, backfill_id) is None
+            assert conn.execute("SELECT backfill_resume(%s)", [backfill_id]).fetchone()[0] is True
+            assert wait_until_ended(conn, backfill_id) == "done"
+            exactly_once(conn)
+    finally:
+        other.stop()
