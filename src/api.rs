@@ -312,7 +312,11 @@ fn control(id: i64, verb: &str, from: &[&str], to: &str, pause_reason: Option<&s
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("cannot {verb} backfill {id}"),
-            format!("Backfill {id} is {state}; only a {} backfill can be {verb}d.", from.join(" or ")),
+            format!(
+                "Backfill {id} is {state}; only a {} backfill can be {}.",
+                from.join(" or "),
+                past_participle(verb)
+            ),
             None,
         )
     };
@@ -344,6 +348,14 @@ fn control(id: i64, verb: &str, from: &[&str], to: &str, pause_reason: Option<&s
         not_in_state("changing state concurrently");
     }
     job
+}
+
+fn past_participle(verb: &str) -> String {
+    match verb {
+        "cancel" => "cancelled".into(),
+        "change" => "changed".into(),
+        _ => format!("{verb}d"),
+    }
 }
 
 /// Launches the worker of backfill `id`, which first waits for this transaction to commit.

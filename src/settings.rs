@@ -89,3 +89,10 @@ pub fn define() {
 pub fn message_prefix() -> String {
     MESSAGE_PREFIX.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|| "backfill".to_string())
 }
+
+/// backfill.max_slot_lag in bytes, for the status view. Calling it loads the library, so the
+/// view shows the setting in force even in a session that has not used pg_backfill yet.
+#[pgrx::pg_extern(schema = "backfill", stable)]
+fn max_slot_lag_bytes() -> i64 {
+    i64::from(MAX_SLOT_LAG_KB.get()) * 1024
+}

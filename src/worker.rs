@@ -216,7 +216,7 @@ fn wait_for_starter(starter_xid: u64) -> bool {
 }
 
 /// How often a running backfill samples its progress.
-const PROGRESS_SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
+const PROGRESS_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What a page did.
 enum Page {
@@ -226,8 +226,8 @@ enum Page {
     More,
     /// The table's scan ended (its end marker is sent).
     TableDone,
-    /// The backfill is no longer running (cancelled): stop without doing anything.
-    Stopped,
+    /// The backfill is no longer running (paused by backfill_pause(), cancelled): the worker exits.
+    Stopped(String),
 }
 
 /// Why a page failed, kept apart from pgrx's error type so that it can be logged and stored.
@@ -391,7 +391,10 @@ impl<'a> TableScan<'a> {
                     rows_per_page = (rows_per_page * 2).min(self.batch_size);
                 }
                 Ok(Page::TableDone) => return true,
-                Ok(Page::Stopped) => return false,
+                Ok(Page::Stopped(state)) => {
+                    log!("pg_backfill {}: {state}, its worker exits", self.job_id);
+                    return false;
+                }
                 Err(e) if e.code == ERRCODE_LOCK_NOT_AVAILABLE && rows_per_page > 1 => {
                     // A writer holds one of the page's rows: retry at once with half the page,
                     // down to the one row that waits.
@@ -430,7 +433,7 @@ impl<'a> TableScan<'a> {
             .unwrap_or_else(|e| error!("{e}"))
             .unwrap_or_else(|| error!("backfill {} no longer exists", self.job_id));
         if job.state != RUNNING && !job.is_waiting() {
-            return Page::Stopped;
+            return Page::Stopped(job.state);
         }
         // backfill_set() takes effect here.
         self.batch_size = job.batch_size;
@@ -442,7 +445,7 @@ impl<'a> TableScan<'a> {
             return Page::Waiting;
         }
         if job.is_waiting() && catalog::set_waiting(self.job_id, None).unwrap_or_else(|e| error!("{e}")) {
-            log!("pg_backfill {}: continues, the slot's consumer has caught up", self.job_id);
+            log!("pg_backfill {}: continues, the slot's consumer is back and caught up", self.job_id);
         }
         let progress = catalog::job_table(self.job_id, self.position)
             .unwrap_or_else(|e| error!("{e}"))
@@ -454,10 +457,10 @@ impl<'a> TableScan<'a> {
             return self.end_scan(progress.rows_done);
         };
         report_activity(&format!(
-            "backfill {}: {} after key {:?}",
+            "backfill {}: {} after key ({})",
             self.job_id,
             self.table.qualified_name(),
-            progress.cursor.as_deref().unwrap_or_default()
+            progress.cursor.as_deref().map(|c| c.join(", ")).unwrap_or_default()
         ));
         let cursor = progress.cursor.clone();
         let Some(page_end) = self.page_end(cursor.as_deref(), &upper_bound, rows_per_page) else {
@@ -533,7 +536,9 @@ impl<'a> TableScan<'a> {
             ),
         );
         catalog::start_table(self.job_id, self.position, key.clone()).unwrap_or_else(|e| error!("{e}"));
-        log!("pg_backfill {}: scanning {} up to key {:?}", self.job_id, self.table.qualified_name(), key);
+        let bound =
+            key.as_deref().map(|k| format!("key ({})", k.join(", "))).unwrap_or_else(|| "nothing: it is empty".into());
+        log!("pg_backfill {}: scanning {} up to {bound}", self.job_id, self.table.qualified_name());
         if key.is_none() {
             return self.end_scan(0);
         }
@@ -611,36 +616,36 @@ impl<'a> TableScan<'a> {
     }
 }
 
-/// Paces a backfill to a rate with a token bucket: rows are allowed as time passes, up to one
-/// second's worth ahead, so the rate holds over any window of a few seconds whatever the page
-/// size, and no fixed sleep per page is needed.
+/// Paces a backfill to a rate with a token bucket: rows are allowed as time passes, and at most
+/// a page or a tenth of a second's worth can be saved up, so the rate holds over any window of a
+/// second or more whatever the page size, with no fixed sleep per page.
 struct Pacer {
     rows_per_second: Option<f64>,
     allowance: f64,
-    last: std::time::Instant,
+    last: Instant,
 }
 
 impl Pacer {
     fn new(rows_per_second: Option<i32>) -> Self {
-        Pacer { rows_per_second: rows_per_second.map(f64::from), allowance: 0.0, last: std::time::Instant::now() }
+        Pacer { rows_per_second: rows_per_second.map(f64::from), allowance: 0.0, last: Instant::now() }
     }
 
-    fn refill(&mut self, rate: f64) {
-        let now = std::time::Instant::now();
-        self.allowance = (self.allowance + rate * now.duration_since(self.last).as_secs_f64()).min(rate.max(1.0));
+    fn refill(&mut self, rate: f64, capacity: f64) {
+        let now = Instant::now();
+        self.allowance = (self.allowance + rate * now.duration_since(self.last).as_secs_f64()).min(capacity);
         self.last = now;
     }
 
-    /// Sleeps until a page of `rows` fits the rate (a page larger than a second's worth waits
-    /// for a full second's allowance).
+    /// Sleeps until a page of `rows` fits the rate.
     fn wait_for(&mut self, rows: i32) {
         let Some(rate) = self.rows_per_second else { return };
-        self.refill(rate);
-        let needed = f64::from(rows).min(rate.max(1.0));
+        let needed = f64::from(rows);
+        let capacity = needed.max(rate / 10.0);
+        self.refill(rate, capacity);
         while self.allowance < needed {
             let wait = Duration::from_secs_f64((needed - self.allowance) / rate);
             BackgroundWorker::wait_latch(Some(wait.max(Duration::from_millis(1))));
-            self.refill(rate);
+            self.refill(rate, capacity);
         }
     }
 
