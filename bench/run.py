@@ -53,11 +53,11 @@ def wal_lsn(conn):
 
 
 def wal_bytes(conn, start):
-    return conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", [start]).fetchone()[0]
+    return float(conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", [start]).fetchone()[0])
 
 
 def payload_bytes(conn, table):
-    return conn.execute(f"SELECT sum(octet_length(row_to_json(t)::text)) FROM {table} t").fetchone()[0]
+    return float(conn.execute(f"SELECT sum(octet_length(row_to_json(t)::text)) FROM {table} t").fetchone()[0])
 
 
 def run_limit(conn, table, rows):
