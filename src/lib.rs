@@ -5,6 +5,7 @@
 //! - `api.rs`: the SQL functions a DBA calls (estimate, start, cancel).
 //! - `eligibility.rs`: which tables can be backfilled, their keys, and the estimate.
 //! - `scan.rs`: the key-ordered page queries (keyset pagination, row locks).
+//! - `delivery.rs`: the hot path: each row of a locked page becomes a message as it is read.
 //! - `worker.rs`: the background worker; one page is one transaction; the cursor is advanced there.
 //! - `pipeline.rs`: the consumer's slot and publication; pausing for it and back-pressure.
 //! - `catalog.rs`: the state tables the worker and the API share.
@@ -16,6 +17,7 @@ use pgrx::prelude::*;
 
 mod api;
 mod catalog;
+mod delivery;
 mod eligibility;
 mod errors;
 mod message;

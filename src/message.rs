@@ -70,11 +70,25 @@ impl ReadMessage {
         self.head.len() + key_punctuation + DATA_FIELD.len() + TAIL.len()
     }
 
-    /// The message of one row: its key values and data as JSON, as PostgreSQL renders them.
-    pub fn build(&mut self, key_values: &[String], data: &str, partition: Option<&str>) -> &str {
+    /// Starts the message of one row; its key values, then its data, follow.
+    pub fn start(&mut self) {
         self.buf.clear();
         self.buf.push_str(&self.head);
-        push_key(&mut self.buf, &self.key_labels, key_values);
+        self.buf.push('{');
+    }
+
+    /// The `i`th key value, as JSON (as PostgreSQL renders it).
+    pub fn push_key_value(&mut self, i: usize, value: &str) {
+        if i > 0 {
+            self.buf.push(',');
+        }
+        self.buf.push_str(&self.key_labels[i]);
+        self.buf.push_str(value);
+    }
+
+    /// Ends the message with the row's data (JSON) and, for a partitioned table, its partition.
+    pub fn finish(&mut self, data: &str, partition: Option<&str>) -> &str {
+        self.buf.push('}');
         self.buf.push_str(DATA_FIELD);
         self.buf.push_str(data);
         if let Some(partition) = partition {
@@ -84,13 +98,23 @@ impl ReadMessage {
         self.buf.push_str(TAIL);
         &self.buf
     }
+
+    /// The whole message of one row at once.
+    #[cfg(any(test, feature = "pg_test"))]
+    pub fn build(&mut self, key_values: &[&str], data: &str, partition: Option<&str>) -> &str {
+        self.start();
+        for (i, value) in key_values.iter().enumerate() {
+            self.push_key_value(i, value);
+        }
+        self.finish(data, partition)
+    }
 }
 
 fn key_labels(table: &Table) -> Vec<String> {
     table.key.iter().map(|k| format!("{}:", json!(k.name))).collect()
 }
 
-/// Appends `{"a":1,"b":"x"}` from the key's labels and its JSON values.
+/// Appends `{"a":1,"b":"x"}` from the key's labels and its JSON values (for the markers).
 fn push_key(buf: &mut String, labels: &[String], values: &[String]) {
     buf.push('{');
     for (i, (label, value)) in labels.iter().zip(values).enumerate() {
@@ -149,8 +173,7 @@ mod tests {
     fn read_message_is_the_documented_json() {
         let table = table("CREATE TABLE msg_t (\"Region\" text, id int, v text, PRIMARY KEY (\"Region\", id))");
         let mut message = ReadMessage::new(7, None, &table);
-        let built =
-            message.build(&["\"eu\"".into(), "3".into()], r#"{"Region":"eu","id":3,"v":"x"}"#, None).to_string();
+        let built = message.build(&["\"eu\"", "3"], r#"{"Region":"eu","id":3,"v":"x"}"#, None).to_string();
         let parsed: serde_json::Value = serde_json::from_str(&built).unwrap();
         assert_eq!(
             parsed,

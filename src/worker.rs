@@ -18,6 +18,7 @@
 //! for `backfill.lock_timeout`. A page therefore never closes a deadlock cycle with a writer.
 
 use crate::catalog::{self, JobTable, DONE, FAILED, RUNNING};
+use crate::delivery;
 use crate::eligibility::{self, Table};
 use crate::message::{self, ReadMessage};
 use crate::scan::{Locking, ScanQueries};
@@ -25,7 +26,9 @@ use crate::{pipeline, settings};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::pg_sys::panic::{CaughtError, ErrorReportWithLevel};
 use pgrx::prelude::*;
+use pgrx::spi::OwnedPreparedStatement;
 use pgrx::PgSqlErrorCode::{self, *};
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::panic::{AssertUnwindSafe, UnwindSafe};
 use std::time::{Duration, Instant};
@@ -182,6 +185,9 @@ fn configure_session(job_id: i64) {
         // stream (logical decoding does not filter by it either); make that explicit.
         ("row_security", "off".into()),
         ("statement_timeout", "0".into()),
+        // The page queries are prepared once; their plans do not depend on the key values, so
+        // planning them again for every page would be wasted work.
+        ("plan_cache_mode", "force_generic_plan".into()),
         ("idle_in_transaction_session_timeout", "0".into()),
     ];
     for (name, value) in settings {
@@ -334,6 +340,10 @@ fn run(job_id: i64) {
 /// The scan of one table by the worker.
 struct TableScan<'a> {
     job_id: i64,
+    /// Prepared once per scan: the page bound query (by whether a cursor exists) and the page
+    /// rows query (by that and the locking).
+    page_end_plans: HashMap<bool, OwnedPreparedStatement>,
+    page_rows_plans: HashMap<(bool, Locking), pg_sys::SPIPlanPtr>,
     slot: Option<String>,
     position: i32,
     batch_size: i32,
@@ -357,6 +367,8 @@ impl<'a> TableScan<'a> {
         })?;
         Ok(TableScan {
             job_id,
+            page_end_plans: HashMap::new(),
+            page_rows_plans: HashMap::new(),
             position: job_table.position,
             batch_size: job.batch_size,
             pacer: Pacer::new(job.rows_per_second),
@@ -553,17 +565,27 @@ impl<'a> TableScan<'a> {
         Page::TableDone
     }
 
-    fn key_args(cursor: Option<&[String]>, then: &[String]) -> Vec<pgrx::datum::DatumWithOid<'static>> {
-        cursor.unwrap_or_default().iter().chain(then).map(|v| v.clone().into()).collect()
+    /// A page query's parameters: the cursor (unless at the start), then `then`.
+    fn key_args(cursor: Option<&[String]>, then: &[String]) -> Vec<String> {
+        cursor.unwrap_or_default().iter().chain(then).cloned().collect()
     }
 
     /// The last key of the next page, or None when no key is left up to the upper bound.
-    fn page_end(&self, cursor: Option<&[String]>, upper_bound: &[String], rows: i32) -> Option<Vec<String>> {
-        let mut args = Self::key_args(cursor, upper_bound);
+    fn page_end(&mut self, cursor: Option<&[String]>, upper_bound: &[String], rows: i32) -> Option<Vec<String>> {
+        let mut args: Vec<pgrx::datum::DatumWithOid> =
+            Self::key_args(cursor, upper_bound).into_iter().map(|v| v.into()).collect();
         args.push(i64::from(rows).into());
-        let sql = self.queries.page_end(cursor.is_some());
+        let after_cursor = cursor.is_some();
+        let queries = &self.queries;
+        let types = args.len();
+        let plan = self.page_end_plans.entry(after_cursor).or_insert_with(|| {
+            let mut oids = vec![PgOid::BuiltIn(PgBuiltInOids::TEXTOID); types - 1];
+            oids.push(PgOid::BuiltIn(PgBuiltInOids::INT8OID));
+            Spi::connect(|client| client.prepare(queries.page_end(after_cursor).as_str(), &oids).map(|p| p.keep()))
+                .unwrap_or_else(|e| error!("could not prepare the page bound query: {e}"))
+        });
         Spi::connect(|client| {
-            let result = client.select(&sql, None, &args)?;
+            let result = client.select(&*plan, None, &args)?;
             if result.is_empty() {
                 return Ok::<_, pgrx::spi::Error>(None);
             }
@@ -589,30 +611,22 @@ impl<'a> TableScan<'a> {
         } else {
             Locking::NoWait
         };
-        let sql = self.queries.page_rows(cursor.is_some(), locking);
         let args = Self::key_args(cursor, page_end);
-        let partitioned = self.table.partitioned;
-        let prefix = self.prefix;
-        let messages = &mut self.messages;
-        let k = self.queries.key_len();
-        let mut key = vec![String::new(); k];
-        Spi::connect_mut(|client| {
-            let result = client.update(&sql, None, &args)?;
-            let (mut rows, mut bytes) = (0i64, 0i64);
-            for row in result {
-                for (i, value) in key.iter_mut().enumerate() {
-                    *value = row.get(i + 1)?.unwrap_or_default();
-                }
-                let data: String = row.get(k + 1)?.unwrap_or_default();
-                let partition: Option<String> = if partitioned { row.get(k + 2)? } else { None };
-                let content = messages.build(&key, &data, partition.as_deref());
-                message::emit(prefix, content);
-                rows += 1;
-                bytes += content.len() as i64;
-            }
-            Ok::<_, pgrx::spi::Error>((rows, bytes))
-        })
-        .unwrap_or_else(|e| error!("{e}"))
+        let queries = &self.queries;
+        let plan = *self
+            .page_rows_plans
+            .entry((cursor.is_some(), locking))
+            .or_insert_with(|| delivery::prepare(&queries.page_rows(cursor.is_some(), locking), args.len()));
+        let mut sink = delivery::Sink {
+            key_len: self.queries.key_len(),
+            partitioned: self.table.partitioned,
+            messages: &mut self.messages,
+            prefix: self.prefix,
+            rows: 0,
+            bytes: 0,
+        };
+        delivery::run(plan, &args, &mut sink);
+        (sink.rows, sink.bytes)
     }
 }
 

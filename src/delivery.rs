@@ -1,0 +1,126 @@
+//! The hot path: a page's rows become messages as the executor produces them.
+//!
+//! The locking page query runs as a prepared plan whose rows go to a DestReceiver of ours, not
+//! into an SPI tuple table: each row's key and data (already text, rendered by the query) are
+//! copied once into the message buffer and written to WAL. No row is materialized a second
+//! time, no SQL function or SPI call runs per row, and nothing per row is allocated in Rust.
+
+use crate::message::{self, ReadMessage};
+use pgrx::prelude::*;
+use pgrx::varlena::{vardata_any, varsize_any_exhdr};
+use std::ffi::{c_int, CString};
+
+/// What the receiver needs to turn a row into a message, and what it counts.
+pub struct Sink<'a> {
+    pub key_len: usize,
+    pub partitioned: bool,
+    pub messages: &'a mut ReadMessage,
+    pub prefix: &'a CString,
+    pub rows: i64,
+    pub bytes: i64,
+}
+
+/// A DestReceiver (first, so that PostgreSQL can use a pointer to this as one) and our sink.
+#[repr(C)]
+struct Receiver {
+    base: pg_sys::DestReceiver,
+    sink: *mut Sink<'static>,
+}
+
+/// A prepared plan kept for the worker's lifetime.
+pub fn prepare(sql: &str, text_params: usize) -> pg_sys::SPIPlanPtr {
+    let sql = CString::new(sql).expect("generated SQL has no NUL byte");
+    let mut types = vec![pg_sys::TEXTOID; text_params];
+    unsafe {
+        pg_sys::SPI_connect();
+        let plan = pg_sys::SPI_prepare(sql.as_ptr(), text_params as c_int, types.as_mut_ptr());
+        if plan.is_null() {
+            let code = std::ptr::addr_of!(pg_sys::SPI_result).read();
+            error!("could not prepare a page query: SPI error {code}");
+        }
+        pg_sys::SPI_keepplan(plan);
+        pg_sys::SPI_finish();
+        plan
+    }
+}
+
+/// Runs a prepared page query with text parameters; every row it returns goes to `sink`.
+pub fn run(plan: pg_sys::SPIPlanPtr, args: &[String], sink: &mut Sink) {
+    unsafe {
+        pg_sys::SPI_connect();
+        let params = pg_sys::makeParamList(args.len() as c_int);
+        let slots = (*params).params.as_mut_slice(args.len());
+        for (param, arg) in slots.iter_mut().zip(args) {
+            param.value = arg.as_str().into_datum().unwrap_or(pg_sys::Datum::from(0));
+            param.isnull = false;
+            param.pflags = pg_sys::PARAM_FLAG_CONST as u16;
+            param.ptype = pg_sys::TEXTOID;
+        }
+        let mut receiver = Receiver {
+            base: pg_sys::DestReceiver {
+                receiveSlot: Some(receive),
+                rStartup: Some(startup),
+                rShutdown: Some(shutdown),
+                rDestroy: Some(shutdown),
+                mydest: pg_sys::CommandDest::DestNone,
+            },
+            sink: (sink as *mut Sink).cast(),
+        };
+        let options = pg_sys::SPIExecuteOptions {
+            params,
+            // Not read-only: the query takes row locks and needs a fresh snapshot.
+            read_only: false,
+            dest: &mut receiver.base,
+            ..Default::default()
+        };
+        let rc = pg_sys::SPI_execute_plan_extended(plan, &options);
+        pg_sys::SPI_finish();
+        // (SPI reports SPI_OK_UTILITY, not SPI_OK_SELECT, for a query whose rows went to a
+        // DestNone receiver; negative codes are the failures.)
+        if rc < 0 {
+            error!("page query failed: SPI code {rc}");
+        }
+    }
+}
+
+/// A text datum's bytes as &str (the database encoding is UTF-8; the text came from
+/// row_to_json, to_json or a regclass, all of which produce valid text in it).
+unsafe fn text_of<'a>(datum: pg_sys::Datum) -> &'a str {
+    let value = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+    let bytes = std::slice::from_raw_parts(vardata_any(value).cast::<u8>(), varsize_any_exhdr(value));
+    std::str::from_utf8_unchecked(bytes)
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn receive(slot: *mut pg_sys::TupleTableSlot, receiver: *mut pg_sys::DestReceiver) -> bool {
+    let sink = &mut *(*receiver.cast::<Receiver>()).sink;
+    let natts = (*(*slot).tts_tupleDescriptor).natts;
+    if ((*slot).tts_nvalid as c_int) < natts {
+        pg_sys::slot_getsomeattrs_int(slot, natts);
+    }
+    let values = std::slice::from_raw_parts((*slot).tts_values, natts as usize);
+    let nulls = std::slice::from_raw_parts((*slot).tts_isnull, natts as usize);
+    let column = |i: usize| if nulls[i] { "null" } else { text_of(values[i]) };
+    let messages = &mut *sink.messages;
+    messages.start();
+    for i in 0..sink.key_len {
+        messages.push_key_value(i, column(i));
+    }
+    let partition = sink.partitioned.then(|| column(sink.key_len + 1));
+    let content = messages.finish(column(sink.key_len), partition);
+    message::emit(sink.prefix, content);
+    sink.rows += 1;
+    sink.bytes += content.len() as i64;
+    true
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn startup(
+    _receiver: *mut pg_sys::DestReceiver,
+    _operation: c_int,
+    _typeinfo: pg_sys::TupleDesc,
+) {
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn shutdown(_receiver: *mut pg_sys::DestReceiver) {}
