@@ -112,12 +112,52 @@ def run_pg_backfill(conn, table, rows):
 
 METHODS = {"limit": run_limit, "client script": run_client_script, "pg_backfill": run_pg_backfill}
 
+PGBENCH = "/usr/lib/postgresql/15/bin/pgbench"
+
+
+def pgbench_impact(conn, seconds, rate):
+    """The application's TPS and latency (pgbench's TPC-B-like load on 4 clients) with no
+    backfill, with backfills at default settings, and paced ones, all of pgbench_accounts
+    itself, the table the load updates: back to back for the whole run."""
+    subprocess.run([PGBENCH, "-i", "-q", "-s", "10", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    conn.execute("VACUUM ANALYZE pgbench_accounts")
+    results = []
+    for label, start in [("no backfill", None),
+                         ("default backfill", "SELECT backfill_start('pgbench_accounts', confirm => true)"),
+                         (f"paced backfill ({rate} rows/s)",
+                          f"SELECT backfill_start('pgbench_accounts', confirm => true, rows_per_second => {rate})")]:
+        bench = subprocess.Popen([PGBENCH, "-c", "4", "-j", "2", "-T", str(seconds), "-h", "127.0.0.1", "-p", str(PORT),
+                                  "-U", "postgres", "postgres"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        backfilled = 0
+        while bench.poll() is None:
+            if start:
+                backfill_id = conn.execute(start).fetchone()[0]
+                while bench.poll() is None and conn.execute(
+                        "SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "running":
+                    time.sleep(0.1)
+                if bench.poll() is not None:
+                    conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
+                backfilled += conn.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
+            else:
+                time.sleep(0.1)
+        out = bench.stdout.read()
+        tps = float(next(l for l in out.splitlines() if l.startswith("tps")).split()[2])
+        latency = float(next(l for l in out.splitlines() if l.startswith("latency average")).split()[3])
+        results.append({"scenario": label, "tps": tps, "latency_ms": latency, "rows_backfilled_per_second": backfilled / seconds})
+    print(f"\n{'application load (pgbench, 4 clients)':40} {'TPS':>8} {'latency ms':>11} {'backfill rows/s':>16}")
+    for r in results:
+        print(f"{r['scenario']:40} {r['tps']:>8.0f} {r['latency_ms']:>11.2f} {r['rows_backfilled_per_second']:>16.0f}")
+    return results
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="250000,1000000,4000000")
     parser.add_argument("--shapes", default="narrow,wide")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pgbench-seconds", type=int, default=20, help="0 skips the load test")
+    parser.add_argument("--pgbench-rate", type=int, default=50000, help="rows/s of the paced backfill")
     args = parser.parse_args()
 
     subprocess.run(["cargo", "pgrx", "install", "--release", "--pg-config", "/usr/lib/postgresql/15/bin/pg_config"],
@@ -154,13 +194,14 @@ def main():
                                     "payload_bytes_per_row": payload / size, **f})
                 conn.execute(f"DROP TABLE {table}")
                 print_table(results)
+        load = pgbench_impact(conn, args.pgbench_seconds, args.pgbench_rate) if args.pgbench_seconds else []
     finally:
         sh(f"cluster_stop {DIR}")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "repeat": args.repeat}
-    (out / f"{stamp}.json").write_text(json.dumps({"machine": machine, "results": results}, indent=2))
+    (out / f"{stamp}.json").write_text(json.dumps({"machine": machine, "results": results, "load": load}, indent=2))
     print(f"\nwritten to bench/results/{stamp}.json")
 
 
