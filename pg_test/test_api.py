@@ -101,6 +101,8 @@ def test_start_is_all_or_nothing(orders):
         ("", "SELECT backfill_start('orders', confirm => true, batch_size => 0)", "22023", "batch_size"),
         ("", "SELECT backfill_start('orders', confirm => true, batch_size => 1000000)", "22023", "batch_size"),
         ("", "SELECT backfill_start('orders', confirm => true, rows_per_second => 0)", "22023", "rows_per_second"),
+        ("", "SELECT backfill_start('orders', confirm => true, parallel => 0)", "22023", "parallel"),
+        ("", "SELECT backfill_start('orders', confirm => true, parallel => 17)", "22023", "parallel"),
         ("", "SELECT backfill_start(ARRAY[]::regclass[], confirm => true)", "22023", "no table"),
         ("", "SELECT backfill_start(ARRAY['orders', 'orders']::regclass[], confirm => true)", "22023", "twice"),
         ("", "SELECT backfill_start(ARRAY['orders', NULL]::regclass[], confirm => true)", "22004", "NULL"),

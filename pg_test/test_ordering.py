@@ -9,6 +9,8 @@ import random
 import threading
 import time
 
+import pytest
+
 from conftest import backfill_messages, wait_until_ended, wal2json_changes
 
 ROWS = 30_000  # even ids 2..60000; writers insert odd ids, so no key is ever reused
@@ -45,7 +47,9 @@ class Writers:
                     self.ops += 1
                     if self.ops % 20 == 0:
                         row = conn.execute(
-                            "SELECT cursor[1]::bigint FROM backfill_tables WHERE backfill_id = %s", [self.backfill_id]
+                            "SELECT cursor[1]::bigint FROM backfill_tables WHERE backfill_id = %s"
+                            " ORDER BY random() LIMIT 1",
+                            [self.backfill_id],
                         ).fetchone()
                         cursor = row[0] or 0 if row else 0
                     dice = rng.random()
@@ -109,7 +113,7 @@ def replay(changes, prefix="backfill"):
     return state, violations
 
 
-def run_scenario(cluster, db, skip_row_locks):
+def run_scenario(cluster, db, skip_row_locks, parallel=1):
     dbname = db.info.dbname
     if skip_row_locks:
         db.execute(f'ALTER DATABASE "{dbname}" SET backfill.test_skip_row_locks = on')
@@ -120,7 +124,8 @@ def run_scenario(cluster, db, skip_row_locks):
     )
     db.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
     backfill_id = db.execute(
-        "SELECT backfill_start('items', confirm => true, batch_size => %s, rows_per_second => 10000)", [BATCH]
+        "SELECT backfill_start('items', confirm => true, batch_size => %s, rows_per_second => 10000, parallel => %s)",
+        [BATCH, parallel],
     ).fetchone()[0]
     with Writers(cluster, dbname, backfill_id) as writers:
         assert wait_until_ended(db, backfill_id) == "done"
@@ -131,8 +136,9 @@ def run_scenario(cluster, db, skip_row_locks):
     return writers, violations, mismatched
 
 
-def test_reads_stay_ordered_with_concurrent_writes(cluster, db):
-    writers, violations, mismatched = run_scenario(cluster, db, skip_row_locks=False)
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_reads_stay_ordered_with_concurrent_writes(cluster, db, parallel):
+    writers, violations, mismatched = run_scenario(cluster, db, skip_row_locks=False, parallel=parallel)
     assert writers.errors == []
     assert writers.ops > 1000, "the writers barely ran: the scenario proves nothing"
     assert violations == []

@@ -31,16 +31,17 @@ def read_counts(db):
 def test_terminated_worker_restarts_and_every_row_is_read_exactly_once(db):
     """Terminations land mostly inside pages (large pages, no pacing): each kills a page halfway
     through its messages, which must then count for nothing."""
-    rows = 300_000
+    rows = 600_000
     make_table(db, rows)
     backfill_id = db.execute("SELECT backfill_start('events', confirm => true, batch_size => 5000)").fetchone()[0]
     rng = random.Random(7)
     terminations, last_pid = 0, None
     deadline = time.monotonic() + 60
     while terminations < 4 and time.monotonic() < deadline:
+        assert db.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "running"
         pid = worker_pid(db, backfill_id)
         if pid and pid != last_pid:
-            time.sleep(rng.uniform(0.1, 0.3))  # let it deliver some pages, then stop it mid-page
+            time.sleep(rng.uniform(0.05, 0.2))  # let it deliver some pages, then stop it mid-page
             db.execute("SELECT pg_terminate_backend(%s)", [pid])
             terminations, last_pid = terminations + 1, pid
         time.sleep(0.01)
@@ -106,3 +107,43 @@ def test_pause_holds_nothing_and_resume_continues_exactly_once(db):
     assert set(reads) == set(range(1, ROWS + 1))
     assert [k for k, n in reads.items() if n > 1] == []
     assert markers == {"table_start": 1, "table_end": 1}
+
+
+def test_parallel_workers_split_skewed_keys_evenly_and_read_every_row_exactly_once(db):
+    """Two workers over key ranges split at the key's histogram quantiles: half the rows are
+    dense small ids and half are spread over a billion, yet each worker gets about half. Each
+    worker is terminated once mid-run; every row is still read exactly once, and the table's
+    start and end markers are sent once each."""
+    db.execute(
+        """CREATE TABLE events (id bigint PRIMARY KEY, body text NOT NULL);
+           INSERT INTO events SELECT g, repeat('x', 50) FROM generate_series(1, 100000) g;
+           INSERT INTO events SELECT 1000000 + g * 9973, repeat('y', 50) FROM generate_series(1, 100000) g;
+           ANALYZE events;"""
+    )
+    db.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
+    ids = {row[0] for row in db.execute("SELECT id FROM events")}
+    backfill_id = db.execute(
+        "SELECT backfill_start('events', confirm => true, batch_size => 2000, parallel => 2, rows_per_second => 60000)"
+    ).fetchone()[0]
+    terminated = set()
+    deadline = time.monotonic() + 60
+    while len(terminated) < 2 and time.monotonic() < deadline:
+        for name in (f"pg_backfill {backfill_id}", f"pg_backfill {backfill_id}/1"):
+            row = db.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [name]).fetchone()
+            if row and name not in terminated and db.execute(
+                "SELECT rows_done > 0 FROM backfill_tables WHERE backfill_id = %s AND part = %s",
+                [backfill_id, 0 if name.endswith(str(backfill_id)) else 1],
+            ).fetchone()[0]:
+                db.execute("SELECT pg_terminate_backend(%s)", [row[0]])
+                terminated.add(name)
+        time.sleep(0.05)
+    assert len(terminated) == 2
+    assert wait_until_ended(db, backfill_id) == "done"
+    parts = dict(db.execute("SELECT part, rows_done FROM backfill_tables WHERE backfill_id = %s", [backfill_id]).fetchall())
+    assert set(parts) == {0, 1}
+    assert all(60000 <= rows <= 140000 for rows in parts.values()), f"uneven split: {parts}"
+    messages = backfill_messages(wal2json_changes(db, "consumer"))
+    reads = Counter(m["data"]["id"] for m in messages if m["op"] == "read")
+    assert set(reads) == ids and max(reads.values()) == 1
+    assert Counter(m["op"] for m in messages if m["op"] != "read") == {"table_start": 1, "table_end": 1}
+    assert [m["rows"] for m in messages if m["op"] == "table_end"] == [200000]

@@ -30,29 +30,32 @@ COMMENT ON FUNCTION backfill_estimate(text, integer) IS 'backfill_estimate() of 
 
 CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
-                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL)
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.start(tables::oid[], confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag) $$;
-COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint) IS
+AS $$ SELECT backfill.start(tables::oid[], confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel) $$;
+COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer) IS
 'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate.';
 
 CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
-                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL)
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.start(ARRAY[table_name]::oid[], confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag) $$;
-COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint) IS 'backfill_start() of one table';
+AS $$ SELECT backfill.start(ARRAY[table_name]::oid[], confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel) $$;
+COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer) IS 'backfill_start() of one table';
 
 -- See backfill_estimate(text): makes backfill_start('public.orders', confirm => true) resolve.
 CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
-                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL)
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag) $$;
-COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint) IS 'backfill_start() of one table, by name';
+AS $$ SELECT backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel) $$;
+COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer) IS 'backfill_start() of one table, by name';
 
 CREATE FUNCTION backfill_cancel(id bigint)
 RETURNS boolean
@@ -108,6 +111,10 @@ SELECT j.id,
        j.watermark_lsn,
        j.state = 'done' AND (j.slot_name IS NULL OR s.confirmed_flush_lsn >= j.watermark_lsn) AS delivered,
        a.pid AS worker_pid,
+       (SELECT count(*) FROM pg_catalog.pg_stat_activity w
+         WHERE w.backend_type = 'pg_backfill' AND split_part(w.application_name, '/', 1) = 'pg_backfill ' || j.id)::integer
+         AS workers_running,
+       j.parallel,
        j.batch_size,
        j.rows_per_second,
        CASE WHEN j.slot_name IS NOT NULL THEN coalesce(j.max_lag_bytes, backfill.max_slot_lag_bytes()) END AS max_lag_bytes,
@@ -161,6 +168,7 @@ CREATE VIEW backfill_tables AS
 SELECT jt.job_id AS backfill_id,
        jt.position,
        jt.relid AS table_name,
+       jt.part,
        CASE WHEN j.state IN ('cancelled', 'failed') AND jt.state <> 'done' THEN j.state
             ELSE jt.state END AS state,
        jt.key_columns,
@@ -176,6 +184,7 @@ SELECT jt.job_id AS backfill_id,
   JOIN backfill.job j ON j.id = jt.job_id;
 COMMENT ON VIEW backfill_tables IS 'One row per table of each backfill: scan state, cursor and counters';
 COMMENT ON COLUMN backfill_tables.state IS 'pending, running, done; or the backfill''s cancelled/failed for a table it did not finish';
+COMMENT ON COLUMN backfill_tables.part IS 'Key range of the table (with parallel workers; 0 otherwise)';
 COMMENT ON COLUMN backfill_tables.cursor IS 'Last key delivered; the scan resumes after it';
 COMMENT ON COLUMN backfill_tables.upper_bound IS 'Greatest key when the scan started; rows inserted later arrive through the stream';
 COMMENT ON COLUMN backfill_tables.bytes_done IS 'Bytes of message payload delivered';

@@ -14,6 +14,7 @@ CREATE TABLE backfill.job (
     started_by          name NOT NULL,
     batch_size          integer NOT NULL CHECK (batch_size > 0),
     rows_per_second     integer CHECK (rows_per_second > 0),
+    parallel            integer NOT NULL DEFAULT 1 CHECK (parallel BETWEEN 1 AND 16),
     message_prefix      text NOT NULL,
     slot_name           name,
     publication_name    name,
@@ -33,6 +34,7 @@ COMMENT ON COLUMN backfill.job.state IS 'running, paused, done, cancelled or fai
 COMMENT ON COLUMN backfill.job.started_by IS 'Role that called backfill_start(); it or a member of it may cancel';
 COMMENT ON COLUMN backfill.job.batch_size IS 'Rows per page (one page is one transaction)';
 COMMENT ON COLUMN backfill.job.rows_per_second IS 'Pacing: most rows delivered per second, on average over a few seconds; NULL for no limit';
+COMMENT ON COLUMN backfill.job.parallel IS 'Workers; each scans its own key range of every table';
 COMMENT ON COLUMN backfill.job.message_prefix IS 'Prefix of the logical decoding messages of this backfill';
 COMMENT ON COLUMN backfill.job.slot_name IS 'Logical replication slot of the consumer the backfill is for, if given';
 COMMENT ON COLUMN backfill.job.publication_name IS 'Publication of that consumer, if given: every table is in it';
@@ -50,6 +52,9 @@ CREATE TABLE backfill.job_table (
     job_id          bigint NOT NULL REFERENCES backfill.job (id) ON DELETE CASCADE,
     position        integer NOT NULL,
     relid           regclass NOT NULL,
+    part            integer NOT NULL DEFAULT 0,
+    worker          integer NOT NULL DEFAULT 0,
+    lower_bound     text[],
     key_columns     name[] NOT NULL,
     state           text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'running', 'done')),
     upper_bound     text[],
@@ -64,8 +69,11 @@ CREATE TABLE backfill.job_table (
     PRIMARY KEY (job_id, position)
 );
 CREATE INDEX ON backfill.job_table (relid);
-COMMENT ON TABLE backfill.job_table IS 'One row per table of each backfill: its scan state and cursor';
-COMMENT ON COLUMN backfill.job_table.position IS 'Order in which the backfill scans its tables';
+COMMENT ON TABLE backfill.job_table IS 'One row per table (per key range, with parallel workers) of each backfill: its scan state and cursor';
+COMMENT ON COLUMN backfill.job_table.position IS 'Order in which the backfill scans its tables and ranges';
+COMMENT ON COLUMN backfill.job_table.part IS 'Key range of the table (0 when it is scanned whole)';
+COMMENT ON COLUMN backfill.job_table.worker IS 'Worker that scans this range';
+COMMENT ON COLUMN backfill.job_table.lower_bound IS 'Key after which the range starts (text form); NULL from the start of the table';
 COMMENT ON COLUMN backfill.job_table.relid IS 'The table';
 COMMENT ON COLUMN backfill.job_table.key_columns IS 'Columns of the primary key or replica identity index the scan is ordered by';
 COMMENT ON COLUMN backfill.job_table.state IS 'pending (not started), running (scan under way) or done (end marker sent)';

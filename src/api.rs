@@ -9,6 +9,7 @@ use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
 const MAX_BATCH_SIZE: i32 = 100_000;
+const MAX_PARALLEL: i32 = 16;
 
 type EstimateRow = (pg_sys::Oid, bool, Option<String>, Option<Vec<String>>, Option<i64>, Option<i64>, Option<i64>);
 
@@ -59,8 +60,17 @@ fn start(
     slot: Option<String>,
     publication: Option<String>,
     max_lag: Option<i64>,
+    parallel: i32,
 ) -> i64 {
     check_batch_size(batch_size);
+    if !(1..=MAX_PARALLEL).contains(&parallel) {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("parallel {parallel} is out of range"),
+            format!("parallel is the number of workers and must be between 1 and {MAX_PARALLEL}."),
+            Some("Each worker is a background worker: mind max_worker_processes.".into()),
+        );
+    }
     check_rate(rows_per_second);
     require_logical_decoding();
     let relids = table_list(tables);
@@ -146,9 +156,14 @@ fn start(
             slot_name: slot.as_deref(),
             publication_name: publication.as_deref(),
             max_lag_bytes: max_lag,
+            parallel,
         })?;
-        for (position, (table, estimate)) in tables.iter().zip(&estimates).enumerate() {
-            catalog::insert_job_table(job_id, position as i32 + 1, table.relid, table.key_names(), estimate.rows)?;
+        let mut position = 0;
+        for (table, estimate) in tables.iter().zip(&estimates) {
+            for range in key_ranges(table, estimate.rows, parallel) {
+                position += 1;
+                catalog::insert_job_table(job_id, position, table.relid, table.key_names(), range)?;
+            }
         }
         Ok(job_id)
     })
@@ -156,8 +171,41 @@ fn start(
         raise(ERRCODE_INTERNAL_ERROR, "could not record the backfill", e.to_string(), None)
     });
 
-    launch_worker(job_id);
+    for worker in 0..parallel {
+        launch_worker(job_id, worker);
+    }
     job_id
+}
+
+/// A table's key ranges, one per worker, split at quantiles of the key's histogram so that
+/// skewed keys still split into ranges of about equal rows. A table without statistics, or
+/// with a composite key, is scanned whole by one worker.
+fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<catalog::NewRange> {
+    let whole = || vec![catalog::NewRange { part: 0, lower_bound: None, upper_bound: None, rows_estimated: rows }];
+    if parallel == 1 || table.key.len() > 1 {
+        return whole();
+    }
+    let bounds = Spi::get_one_with_args::<Vec<String>>(
+        &crate::scan::ScanQueries::new(table).histogram(),
+        &[table.schema.clone().into(), table.name.clone().into(), table.key[0].name.clone().into()],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or_default();
+    if bounds.len() < parallel as usize * 2 {
+        notice!("table {} has no usable key statistics (ANALYZE it): one worker scans it", table.qualified_name());
+        return whole();
+    }
+    let splits: Vec<String> =
+        (1..parallel as usize).map(|i| bounds[i * (bounds.len() - 1) / parallel as usize].clone()).collect();
+    (0..parallel as usize)
+        .map(|part| catalog::NewRange {
+            part: part as i32,
+            lower_bound: part.checked_sub(1).map(|p| vec![splits[p].clone()]),
+            upper_bound: splits.get(part).map(|s| vec![s.clone()]),
+            rows_estimated: rows / i64::from(parallel),
+        })
+        .collect()
 }
 
 /// backfill_cancel(): stops a running or paused backfill at its next page. What it delivered
@@ -185,9 +233,11 @@ fn resume(id: i64) -> bool {
     let lost = catalog::worker_lost_to_restart(id).unwrap_or(false);
     let from: &[&str] = if lost { &[PAUSED, FAILED, RUNNING] } else { &[PAUSED, FAILED] };
     let job = control(id, "resume", from, RUNNING, None);
-    // A backfill waiting for its slot's consumer still has its worker.
+    // A backfill waiting for its slot's consumer still has its workers.
     if !job.is_waiting() {
-        launch_worker(id);
+        for worker in 0..job.parallel {
+            launch_worker(id, worker);
+        }
     }
     true
 }
@@ -358,10 +408,10 @@ fn past_participle(verb: &str) -> String {
     }
 }
 
-/// Launches the worker of backfill `id`, which first waits for this transaction to commit.
-fn launch_worker(id: i64) {
+/// Launches a worker of backfill `id`, which first waits for this transaction to commit.
+fn launch_worker(id: i64, worker: i32) {
     let starter_xid = unsafe { pg_sys::GetTopFullTransactionId() }.value;
-    if !worker::launch(id, starter_xid) {
+    if !worker::launch(id, worker, starter_xid) {
         raise(
             ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
             "could not start the backfill's background worker",

@@ -20,6 +20,7 @@ pub struct Job {
     pub state: String,
     pub batch_size: i32,
     pub rows_per_second: Option<i32>,
+    pub parallel: i32,
     pub message_prefix: String,
     pub started_by: String,
     pub slot_name: Option<String>,
@@ -38,6 +39,8 @@ impl Job {
 pub struct JobTable {
     pub position: i32,
     pub relid: pg_sys::Oid,
+    pub worker: i32,
+    pub lower_bound: Option<Vec<String>>,
     pub state: String,
     pub cursor: Option<Vec<String>>,
     pub upper_bound: Option<Vec<String>>,
@@ -49,7 +52,7 @@ pub fn job(id: i64) -> SpiResult<Option<Job>> {
     Spi::connect(|client| {
         let rows = client.select(
             "SELECT state, batch_size, message_prefix, started_by::text, rows_per_second, slot_name::text,
-                    max_lag_bytes, pause_reason
+                    max_lag_bytes, pause_reason, parallel
                FROM backfill.job WHERE id = $1",
             None,
             &[id.into()],
@@ -67,6 +70,7 @@ pub fn job(id: i64) -> SpiResult<Option<Job>> {
             slot_name: row.get(6)?,
             max_lag_bytes: row.get(7)?,
             pause_reason: row.get(8)?,
+            parallel: row.get(9)?.unwrap_or(1),
         }))
     })
 }
@@ -80,23 +84,25 @@ pub fn job_state(id: i64) -> SpiResult<Option<String>> {
     Spi::get_one_with_args("SELECT state FROM backfill.job WHERE id = $1", &[id.into()])
 }
 
-/// Backfills of this database that a worker should be running: to relaunch after a restart.
-pub fn jobs_to_resume() -> SpiResult<Vec<i64>> {
+/// Backfills of this database that workers should be running, with their number of workers:
+/// to relaunch after a restart.
+pub fn jobs_to_resume() -> SpiResult<Vec<(i64, i32)>> {
     Spi::connect(|client| {
         client
             .select(
-                "SELECT id FROM backfill.job
+                "SELECT id, parallel FROM backfill.job
                   WHERE state = 'running' OR (state = 'paused' AND pause_reason LIKE 'waiting%')
                   ORDER BY id",
                 None,
                 &[],
             )?
-            .map(|row| row.get::<i64>(1).map(|id| id.unwrap_or_default()))
+            .map(|row| Ok((row.get::<i64>(1)?.unwrap_or_default(), row.get::<i32>(2)?.unwrap_or(1))))
             .collect()
     })
 }
 
-const JOB_TABLE_COLUMNS: &str = "position, relid::oid, state, cursor, upper_bound, rows_done, rows_estimated";
+const JOB_TABLE_COLUMNS: &str =
+    "position, relid::oid, state, cursor, upper_bound, rows_done, rows_estimated, worker, lower_bound";
 
 fn job_tables_where(condition: &str, args: &[pgrx::datum::DatumWithOid]) -> SpiResult<Vec<JobTable>> {
     Spi::connect(|client| {
@@ -112,6 +118,8 @@ fn job_tables_where(condition: &str, args: &[pgrx::datum::DatumWithOid]) -> SpiR
                     upper_bound: row.get(5)?,
                     rows_done: row.get(6)?.unwrap_or(0),
                     rows_estimated: row.get(7)?.unwrap_or(0),
+                    worker: row.get(8)?.unwrap_or(0),
+                    lower_bound: row.get(9)?,
                 })
             })
             .collect()
@@ -181,6 +189,7 @@ pub struct NewJob<'a> {
     pub started_by: &'a str,
     pub batch_size: i32,
     pub rows_per_second: Option<i32>,
+    pub parallel: i32,
     pub message_prefix: &'a str,
     pub slot_name: Option<&'a str>,
     pub publication_name: Option<&'a str>,
@@ -190,8 +199,8 @@ pub struct NewJob<'a> {
 pub fn insert_job(job: &NewJob) -> SpiResult<i64> {
     Spi::get_one_with_args::<i64>(
         "INSERT INTO backfill.job (started_by, batch_size, rows_per_second, message_prefix, slot_name,
-                                   publication_name, max_lag_bytes)
-         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+                                   publication_name, max_lag_bytes, parallel)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
         &[
             job.started_by.into(),
             job.batch_size.into(),
@@ -200,9 +209,19 @@ pub fn insert_job(job: &NewJob) -> SpiResult<i64> {
             job.slot_name.into(),
             job.publication_name.into(),
             job.max_lag_bytes.into(),
+            job.parallel.into(),
         ],
     )
     .map(|id| id.unwrap_or_default())
+}
+
+/// One key range of a table: the whole table, or with parallel workers the range after
+/// `lower_bound` up to `upper_bound` (None for the last: fixed when its scan starts).
+pub struct NewRange {
+    pub part: i32,
+    pub lower_bound: Option<Vec<String>>,
+    pub upper_bound: Option<Vec<String>>,
+    pub rows_estimated: i64,
 }
 
 pub fn insert_job_table(
@@ -210,13 +229,62 @@ pub fn insert_job_table(
     position: i32,
     relid: pg_sys::Oid,
     key_columns: Vec<String>,
-    rows_estimated: i64,
+    range: NewRange,
 ) -> SpiResult<()> {
     Spi::run_with_args(
-        "INSERT INTO backfill.job_table (job_id, position, relid, key_columns, rows_estimated)
-         VALUES ($1, $2, $3::oid::regclass, $4::name[], $5)",
-        &[job_id.into(), position.into(), relid.into(), key_columns.into(), rows_estimated.into()],
+        "INSERT INTO backfill.job_table (job_id, position, relid, part, worker, key_columns, lower_bound, cursor,
+                                         upper_bound, rows_estimated)
+         VALUES ($1, $2, $3::oid::regclass, $4, $4, $5::name[], $6, $6, $7, $8)",
+        &[
+            job_id.into(),
+            position.into(),
+            relid.into(),
+            range.part.into(),
+            key_columns.into(),
+            range.lower_bound.into(),
+            range.upper_bound.into(),
+            range.rows_estimated.into(),
+        ],
     )
+}
+
+/// Every range of the same table in this backfill (position, state, rows_done), locked in
+/// position order, so that the ranges' workers decide in turn which of them sends the table's
+/// start and end markers. A table scanned whole has one range: itself.
+pub fn lock_table_ranges(job_id: i64, position: i32) -> SpiResult<Vec<(i32, String, i64)>> {
+    Spi::connect_mut(|client| {
+        client
+            .update(
+                "SELECT r.position, r.state, r.rows_done FROM backfill.job_table r
+                  WHERE r.job_id = $1
+                    AND r.relid = (SELECT relid FROM backfill.job_table WHERE job_id = $1 AND position = $2)
+                  ORDER BY r.position FOR UPDATE",
+                None,
+                &[job_id.into(), position.into()],
+            )?
+            .map(|row| {
+                Ok((
+                    row.get::<i32>(1)?.unwrap_or_default(),
+                    row.get::<String>(2)?.unwrap_or_default(),
+                    row.get::<i64>(3)?.unwrap_or(0),
+                ))
+            })
+            .collect()
+    })
+}
+
+/// Whether every range of the backfill is done, with the backfill locked: of several workers,
+/// the last to finish sees it, and marks the backfill done.
+pub fn all_ranges_done(job_id: i64) -> SpiResult<bool> {
+    Spi::connect_mut(|client| {
+        client.update("SELECT 1 FROM backfill.job WHERE id = $1 FOR UPDATE", None, &[job_id.into()])?;
+        let pending = client.update(
+            "SELECT 1 FROM backfill.job_table WHERE job_id = $1 AND state <> 'done' LIMIT 1",
+            None,
+            &[job_id.into()],
+        )?;
+        Ok(pending.is_empty())
+    })
 }
 
 /// The first column of the first row of a query returning ids, if it returns any.

@@ -105,9 +105,10 @@ impl ScanQueries {
         format!("SELECT {}, {} FROM {} ORDER BY {} LIMIT 1", self.key_text, self.key_json, self.from, self.order_desc)
     }
 
-    /// The share of the first key column's histogram (pg_stats) up to the cursor, against the
-    /// share up to the upper bound: how much of the key range is scanned, whatever the key's
-    /// skew. Parameters: cursor and upper bound (first column, text), schema, table, column.
+    /// The share of the first key column's histogram (pg_stats) between the range's lower bound
+    /// and the cursor, against the share up to the upper bound: how much of the key range is
+    /// scanned, whatever the key's skew. Parameters: cursor, upper bound and lower bound (first
+    /// column, text; the lower bound may be NULL), schema, table, column.
     pub fn key_fraction(&self) -> String {
         let ty = &self.key_types[0];
         let collate = self.first_collation.as_ref().map(|c| format!(" COLLATE {c}")).unwrap_or_default();
@@ -116,12 +117,26 @@ impl ScanQueries {
                 "(SELECT count(*) FROM unnest(s.histogram_bounds::text::{ty}[]) b WHERE b{collate} <= {param}::{ty})"
             )
         };
+        let lower = format!("coalesce({}, 0)", below("$3"));
         format!(
-            "SELECT {}::float8 / nullif({}, 0) FROM pg_catalog.pg_stats s
-              WHERE s.schemaname = $3 AND s.tablename = $4 AND s.attname = $5 AND s.histogram_bounds IS NOT NULL
+            "SELECT ({cursor} - {lower})::float8 / nullif({upper} - {lower}, 0) FROM pg_catalog.pg_stats s
+              WHERE s.schemaname = $4 AND s.tablename = $5 AND s.attname = $6 AND s.histogram_bounds IS NOT NULL
               ORDER BY s.inherited DESC LIMIT 1",
-            below("$1"),
-            below("$2")
+            cursor = below("$1"),
+            upper = below("$2"),
+        )
+    }
+
+    /// The first key column's histogram bounds (pg_stats), in key order, as text: where to
+    /// split a table into ranges of about equal rows. Parameters: schema, table, column.
+    pub fn histogram(&self) -> String {
+        let ty = &self.key_types[0];
+        format!(
+            "SELECT array_agg(u.b::text ORDER BY u.i) FROM pg_catalog.pg_stats s,
+                    unnest(s.histogram_bounds::text::{ty}[]) WITH ORDINALITY AS u(b, i)
+              WHERE s.schemaname = $1 AND s.tablename = $2 AND s.attname = $3 AND s.histogram_bounds IS NOT NULL
+                AND s.inherited = (SELECT max(inherited::int)::bool FROM pg_catalog.pg_stats
+                                    WHERE schemaname = $1 AND tablename = $2 AND attname = $3)"
         )
     }
 

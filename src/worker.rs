@@ -36,20 +36,30 @@ use std::time::{Duration, Instant};
 /// Registers the worker of a backfill. It connects to this database and, before doing
 /// anything, waits for the transaction that recorded the backfill (which may not have
 /// committed yet; registration is not transactional) and gives up if that one rolled back.
-pub fn launch(job_id: i64, starter_xid: u64) -> bool {
+pub fn launch(job_id: i64, worker: i32, starter_xid: u64) -> bool {
     let database = unsafe { pg_sys::MyDatabaseId };
-    BackgroundWorkerBuilder::new(&format!("pg_backfill {job_id}"))
+    BackgroundWorkerBuilder::new(&worker_name(job_id, worker))
         .set_type("pg_backfill")
         .set_library("pg_backfill")
         .set_function("backfill_worker_main")
         .set_argument(job_id.into_datum())
-        .set_extra(&format!("{} {starter_xid}", database.to_u32()))
+        .set_extra(&format!("{} {starter_xid} {worker}", database.to_u32()))
         .enable_spi_access()
         // A worker that is terminated or crashes exits with code 1 and is started again after
         // this pause; one that finishes, fails or is cancelled exits with 0 and is not.
         .set_restart_time(Some(Duration::from_secs(1)))
         .load_dynamic()
         .is_ok()
+}
+
+/// `pg_backfill 7` for a backfill's first worker, `pg_backfill 7/1` for its second: the
+/// application_name it shows in pg_stat_activity.
+fn worker_name(job_id: i64, worker: i32) -> String {
+    if worker == 0 {
+        format!("pg_backfill {job_id}")
+    } else {
+        format!("pg_backfill {job_id}/{worker}")
+    }
 }
 
 unsafe extern "C-unwind" {
@@ -72,6 +82,7 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
     let mut extra = BackgroundWorker::get_extra().split(' ');
     let database = extra.next().and_then(|d| d.parse::<u32>().ok()).unwrap_or_default();
     let starter_xid = extra.next().and_then(|x| x.parse::<u64>().ok()).unwrap_or_default();
+    let worker = extra.next().and_then(|w| w.parse::<i32>().ok()).unwrap_or_default();
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
 
     if job_id == 0 {
@@ -81,18 +92,20 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
         return;
     }
     let started = in_transaction(|| {
-        // One worker per backfill: a worker launched by backfill_resume() while the paused one
-        // is still finishing its page waits here until that one has exited.
+        // One process per worker of a backfill: one launched by backfill_resume() while the
+        // paused one is still finishing its page waits here until that one has exited.
         Spi::run_with_args(
-            "SELECT pg_catalog.pg_advisory_lock(pg_catalog.hashtext('pg_backfill.worker'), $1::int)",
-            &[job_id.into()],
+            "SELECT pg_catalog.pg_advisory_lock(pg_catalog.hashtext('pg_backfill.worker') + $2, $1::int)",
+            &[job_id.into(), worker.into()],
         )
         .unwrap_or_else(|e| error!("{e}"));
-        configure_session(job_id);
-        catalog::set_worker_pid(job_id, Some(unsafe { pg_sys::MyProcPid })).unwrap_or_else(|e| error!("{e}"));
+        configure_session(&worker_name(job_id, worker));
+        if worker == 0 {
+            catalog::set_worker_pid(job_id, Some(unsafe { pg_sys::MyProcPid })).unwrap_or_else(|e| error!("{e}"));
+        }
     });
     match started {
-        Ok(()) => run(job_id),
+        Ok(()) => run(job_id, worker),
         Err(e) => record_failure(job_id, None, &e),
     }
 }
@@ -111,8 +124,8 @@ fn resume_database() {
             Vec::new()
         }
     });
-    for job_id in jobs.unwrap_or_default() {
-        if launch(job_id, 0) {
+    for (job_id, parallel) in jobs.unwrap_or_default() {
+        if (0..parallel).all(|worker| launch(job_id, worker, 0)) {
             log!("pg_backfill {job_id}: resumed after the server restart");
         } else {
             warning!("pg_backfill {job_id}: could not resume it: no free background worker slot");
@@ -170,9 +183,9 @@ pub fn register_launcher() {
 
 /// Session settings of the worker: visible in pg_stat_activity, no fsync wait per page, and
 /// output forms that do not depend on anyone's configuration.
-fn configure_session(job_id: i64) {
+fn configure_session(name: &str) {
     let settings = [
-        ("application_name", format!("pg_backfill {job_id}")),
+        ("application_name", name.to_string()),
         // Safe: a page's cursor and its messages are in the same commit record, so after a crash
         // both are there or neither is; only the latest pages can be lost, and they are redone.
         ("synchronous_commit", "off".into()),
@@ -307,8 +320,9 @@ fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe) -> Result<R, PageErr
     .execute()
 }
 
-/// Scans every table of the backfill that is not done yet, then marks the backfill done.
-fn run(job_id: i64) {
+/// Scans every range of the backfill's tables that is this worker's and not done yet; the last
+/// worker to finish marks the backfill done.
+fn run(job_id: i64, worker: i32) {
     let loaded = in_transaction(|| catalog::job(job_id).ok().flatten().zip(catalog::job_tables(job_id).ok()));
     let Ok(Some((job, tables))) = loaded else {
         return;
@@ -317,7 +331,7 @@ fn run(job_id: i64) {
         return;
     }
     let prefix = CString::new(job.message_prefix.clone()).unwrap_or_else(|_| c"backfill".into());
-    for table in tables.iter().filter(|t| t.state != DONE) {
+    for table in tables.iter().filter(|t| t.state != DONE && t.worker == worker) {
         let mut scan = match TableScan::open(job_id, &job, table, &prefix) {
             Ok(scan) => scan,
             Err(e) => return record_failure(job_id, Some(table), &e),
@@ -330,7 +344,11 @@ fn run(job_id: i64) {
         // Pages commit without waiting for the WAL flush; this last commit waits for it, so
         // that once the backfill shows done, every message is flushed and decodable.
         Spi::run("SELECT pg_catalog.set_config('synchronous_commit', 'on', true)").unwrap_or_else(|e| error!("{e}"));
-        catalog::finish_job(job_id, DONE, None)
+        if catalog::all_ranges_done(job_id)? {
+            catalog::finish_job(job_id, DONE, None)
+        } else {
+            Ok(false)
+        }
     });
     if matches!(finished, Ok(Ok(true))) {
         log!("pg_backfill {job_id}: done");
@@ -348,7 +366,8 @@ struct TableScan<'a> {
     position: i32,
     batch_size: i32,
     pacer: Pacer,
-    last_sample: Instant,
+    /// None until the first page: it samples at once.
+    last_sample: Option<Instant>,
     last_log: Instant,
     prefix: &'a CString,
     table: Table,
@@ -372,7 +391,7 @@ impl<'a> TableScan<'a> {
             position: job_table.position,
             batch_size: job.batch_size,
             pacer: Pacer::new(job.rows_per_second),
-            last_sample: Instant::now(),
+            last_sample: None,
             last_log: Instant::now(),
             prefix,
             queries: ScanQueries::new(&table),
@@ -479,29 +498,34 @@ impl<'a> TableScan<'a> {
             return self.end_scan(progress.rows_done);
         };
         let (rows, bytes) = self.deliver(cursor.as_deref(), &page_end, rows_per_page);
-        let reached_upper_bound = page_end == upper_bound;
+        if page_end == upper_bound {
+            // The table's ranges are locked before this range's row is updated, as in every
+            // other end and start: always in the same order, so workers never deadlock.
+            let ranges = self.lock_table_ranges();
+            catalog::advance_cursor(self.job_id, self.position, page_end, rows, bytes)
+                .unwrap_or_else(|e| error!("{e}"));
+            return self.end_scan_locked(progress.rows_done + rows, &ranges);
+        }
         catalog::advance_cursor(self.job_id, self.position, page_end.clone(), rows, bytes)
             .unwrap_or_else(|e| error!("{e}"));
-        if reached_upper_bound {
-            return self.end_scan(progress.rows_done + rows);
-        }
-        self.report_progress(&page_end, &upper_bound, progress.rows_done + rows, progress.rows_estimated);
+        self.report_progress(&page_end, &progress, &upper_bound, progress.rows_done + rows);
         Page::More
     }
 
     /// Every few seconds: a progress sample (for the rate over the last minute) and the share
     /// of the key range scanned (for the time left); at backfill.log_interval, a log line.
-    fn report_progress(&mut self, cursor: &[String], upper_bound: &[String], rows_done: i64, rows_estimated: i64) {
-        if self.last_sample.elapsed() < PROGRESS_SAMPLE_INTERVAL {
+    fn report_progress(&mut self, cursor: &[String], progress: &JobTable, upper_bound: &[String], rows_done: i64) {
+        if self.last_sample.is_some_and(|at| at.elapsed() < PROGRESS_SAMPLE_INTERVAL) {
             return;
         }
-        self.last_sample = Instant::now();
+        self.last_sample = Some(Instant::now());
         catalog::record_progress(self.job_id).unwrap_or_else(|e| error!("{e}"));
         let fraction = Spi::get_one_with_args::<f64>(
             &self.queries.key_fraction(),
             &[
                 cursor[0].clone().into(),
                 upper_bound[0].clone().into(),
+                progress.lower_bound.as_ref().map(|l| l[0].clone()).into(),
                 self.table.schema.clone().into(),
                 self.table.name.clone().into(),
                 self.table.key[0].name.clone().into(),
@@ -514,16 +538,43 @@ impl<'a> TableScan<'a> {
             self.last_log = Instant::now();
             let percent = fraction.map(|f| format!("{:.1}% of the key range, ", 100.0 * f)).unwrap_or_default();
             log!(
-                "pg_backfill {}: {} {percent}{rows_done} of about {rows_estimated} rows",
+                "pg_backfill {}: {} {percent}{rows_done} of about {} rows",
                 self.job_id,
-                self.table.qualified_name()
+                self.table.qualified_name(),
+                progress.rows_estimated
             );
         }
     }
 
     /// Fixes the upper bound (the greatest key now) and sends the start marker.
     fn start_scan(&mut self, progress: &JobTable) -> Page {
-        let bound = Spi::connect(|client| {
+        let ranges = self.lock_table_ranges();
+        let first_range = ranges.iter().all(|(position, state, _)| *position == self.position || state == "pending");
+        // The greatest key now: the upper bound of a table scanned whole or of its last range,
+        // and what the start marker announces.
+        let greatest = (first_range || progress.upper_bound.is_none()).then(|| self.greatest_key()).flatten();
+        if first_range {
+            let json = greatest.as_ref().map(|(_, json)| json.as_slice());
+            let rows_estimated = ranges.len() as i64 * progress.rows_estimated;
+            let marker = message::table_start(self.job_id, self.slot.as_deref(), &self.table, json, rows_estimated);
+            message::emit(self.prefix, &marker);
+        }
+        let upper_bound = progress.upper_bound.clone().or(greatest.map(|(key, _)| key));
+        catalog::start_table(self.job_id, self.position, upper_bound.clone()).unwrap_or_else(|e| error!("{e}"));
+        let bound = upper_bound
+            .as_deref()
+            .map(|k| format!("key ({})", k.join(", ")))
+            .unwrap_or_else(|| "nothing: it is empty".into());
+        log!("pg_backfill {}: scanning {} up to {bound}", self.job_id, self.table.qualified_name());
+        if upper_bound.is_none() {
+            return self.end_scan_locked(0, &ranges);
+        }
+        Page::More
+    }
+
+    /// The greatest key of the table now, as text values and as JSON values; None if empty.
+    fn greatest_key(&self) -> Option<(Vec<String>, Vec<String>)> {
+        Spi::connect(|client| {
             let rows = client.select(&self.queries.upper_bound(), None, &[])?;
             if rows.is_empty() {
                 return Ok::<_, pgrx::spi::Error>(None);
@@ -535,34 +586,31 @@ impl<'a> TableScan<'a> {
             let json = (k + 1..=2 * k).map(column).collect::<Result<Vec<_>, _>>()?;
             Ok(Some((key, json)))
         })
-        .unwrap_or_else(|e| error!("{e}"));
-        let (key, json) = bound.unzip();
-        message::emit(
-            self.prefix,
-            &message::table_start(
-                self.job_id,
-                self.slot.as_deref(),
-                &self.table,
-                json.as_deref(),
-                progress.rows_estimated,
-            ),
-        );
-        catalog::start_table(self.job_id, self.position, key.clone()).unwrap_or_else(|e| error!("{e}"));
-        let bound =
-            key.as_deref().map(|k| format!("key ({})", k.join(", "))).unwrap_or_else(|| "nothing: it is empty".into());
-        log!("pg_backfill {}: scanning {} up to {bound}", self.job_id, self.table.qualified_name());
-        if key.is_none() {
-            return self.end_scan(0);
-        }
-        Page::More
+        .unwrap_or_else(|e| error!("{e}"))
     }
 
-    /// Sends the end marker and marks the table done, in the page's transaction.
-    fn end_scan(&mut self, rows: i64) -> Page {
-        message::emit(self.prefix, &message::table_end(self.job_id, self.slot.as_deref(), &self.table, rows));
+    /// Every range of this table in the backfill (one, unless parallel), locked in order.
+    fn lock_table_ranges(&self) -> Vec<(i32, String, i64)> {
+        catalog::lock_table_ranges(self.job_id, self.position).unwrap_or_else(|e| error!("{e}"))
+    }
+
+    /// Ends the scan of a range whose rows `ranges` are locked: marks it done and, if it is
+    /// the table's last range to end, sends the table's end marker with the table's row count.
+    fn end_scan_locked(&mut self, rows: i64, ranges: &[(i32, String, i64)]) -> Page {
+        let others = ranges.iter().filter(|(position, _, _)| *position != self.position);
+        if others.clone().all(|(_, state, _)| state == DONE) {
+            let total = rows + others.map(|(_, _, rows)| rows).sum::<i64>();
+            message::emit(self.prefix, &message::table_end(self.job_id, self.slot.as_deref(), &self.table, total));
+            log!("pg_backfill {}: {} done, {total} rows", self.job_id, self.table.qualified_name());
+        }
         catalog::finish_table(self.job_id, self.position).unwrap_or_else(|e| error!("{e}"));
-        log!("pg_backfill {}: {} done, {rows} rows", self.job_id, self.table.qualified_name());
         Page::TableDone
+    }
+
+    /// Ends the scan of this range when no key is left in it.
+    fn end_scan(&mut self, rows: i64) -> Page {
+        let ranges = self.lock_table_ranges();
+        self.end_scan_locked(rows, &ranges)
     }
 
     /// A page query's parameters: the cursor (unless at the start), then `then`.
