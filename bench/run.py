@@ -86,9 +86,9 @@ def run_client_script(conn, table, rows):
     return time.perf_counter() - t0, wal_bytes(conn, start), None
 
 
-def run_pg_backfill(conn, table, rows):
+def run_pg_backfill(conn, table, rows, parallel=1):
     start = wal_lsn(conn)
-    backfill_id = conn.execute(f"SELECT backfill_start('{table}', confirm => true)").fetchone()[0]
+    backfill_id = conn.execute(f"SELECT backfill_start('{table}', confirm => true, parallel => {parallel})").fetchone()[0]
     peak_kb, pid = 0, None
     while True:
         state, pid_now = conn.execute("SELECT state, worker_pid FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()
@@ -110,7 +110,12 @@ def run_pg_backfill(conn, table, rows):
     return float(seconds), wal_bytes(conn, start), peak_kb
 
 
-METHODS = {"limit": run_limit, "client script": run_client_script, "pg_backfill": run_pg_backfill}
+METHODS = {
+    "limit": run_limit,
+    "client script": run_client_script,
+    "pg_backfill": run_pg_backfill,
+    "pg_backfill x2": lambda conn, table, rows: run_pg_backfill(conn, table, rows, parallel=2),
+}
 
 PGBENCH = "/usr/lib/postgresql/15/bin/pgbench"
 
