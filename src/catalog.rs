@@ -378,7 +378,9 @@ pub fn record_progress(job_id: i64) -> SpiResult<()> {
     Spi::run_with_args(
         "WITH sample AS (
              INSERT INTO backfill.job_progress (job_id, at, rows_done)
-             SELECT $1, clock_timestamp(), coalesce(sum(rows_done), 0) FROM backfill.job_table WHERE job_id = $1)
+             SELECT $1, clock_timestamp(), coalesce(sum(rows_done), 0) FROM backfill.job_table WHERE job_id = $1
+             -- Parallel workers sample the same total: two in the same microsecond are one.
+             ON CONFLICT DO NOTHING)
          DELETE FROM backfill.job_progress WHERE job_id = $1 AND at < clock_timestamp() - interval '2 minutes'",
         &[job_id.into()],
     )
