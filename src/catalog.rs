@@ -1,8 +1,32 @@
 //! The state tables `backfill.job` and `backfill.job_table`: every read and write of them.
 //! The worker and the SQL API share these; nothing else writes them.
 
+use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
-use pgrx::spi::SpiResult;
+use pgrx::spi::{OwnedPreparedStatement, SpiResult, SpiTupleTable};
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+thread_local! {
+    static PREPARED: RefCell<HashMap<String, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
+}
+
+/// Runs `sql`, prepared once per process (keyed by its text; the argument types come from the
+/// arguments): the worker runs these statements every page, and parsing and planning them
+/// each time would cost about as much as running them.
+fn run_prepared<R>(sql: &str, args: &[DatumWithOid], read: impl FnOnce(SpiTupleTable) -> SpiResult<R>) -> SpiResult<R> {
+    Spi::connect_mut(|client| {
+        PREPARED.with(|prepared| {
+            let mut prepared = prepared.borrow_mut();
+            if !prepared.contains_key(sql) {
+                let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
+                let statement = client.prepare_mut(sql, &types)?.keep();
+                prepared.insert(sql.to_string(), statement);
+            }
+            read(client.update(&prepared[sql], None, args)?)
+        })
+    })
+}
 
 pub const RUNNING: &str = "running";
 pub const PAUSED: &str = "paused";
@@ -49,14 +73,10 @@ pub struct JobTable {
 }
 
 pub fn job(id: i64) -> SpiResult<Option<Job>> {
-    Spi::connect(|client| {
-        let rows = client.select(
-            "SELECT state, batch_size, message_prefix, started_by::text, rows_per_second, slot_name::text,
-                    max_lag_bytes, pause_reason, parallel
-               FROM backfill.job WHERE id = $1",
-            None,
-            &[id.into()],
-        )?;
+    let sql = "SELECT state, batch_size, message_prefix, started_by::text, rows_per_second, slot_name::text,
+                      max_lag_bytes, pause_reason, parallel
+                 FROM backfill.job WHERE id = $1";
+    run_prepared(sql, &[id.into()], |rows| {
         if rows.is_empty() {
             return Ok(None);
         }
@@ -104,25 +124,23 @@ pub fn jobs_to_resume() -> SpiResult<Vec<(i64, i32)>> {
 const JOB_TABLE_COLUMNS: &str =
     "position, relid::oid, state, cursor, upper_bound, rows_done, rows_estimated, worker, lower_bound";
 
-fn job_tables_where(condition: &str, args: &[pgrx::datum::DatumWithOid]) -> SpiResult<Vec<JobTable>> {
-    Spi::connect(|client| {
-        let sql = format!("SELECT {JOB_TABLE_COLUMNS} FROM backfill.job_table WHERE {condition} ORDER BY position");
-        client
-            .select(&sql, None, args)?
-            .map(|row| {
-                Ok(JobTable {
-                    position: row.get(1)?.unwrap_or_default(),
-                    relid: row.get(2)?.unwrap_or(pg_sys::InvalidOid),
-                    state: row.get(3)?.unwrap_or_default(),
-                    cursor: row.get(4)?,
-                    upper_bound: row.get(5)?,
-                    rows_done: row.get(6)?.unwrap_or(0),
-                    rows_estimated: row.get(7)?.unwrap_or(0),
-                    worker: row.get(8)?.unwrap_or(0),
-                    lower_bound: row.get(9)?,
-                })
+fn job_tables_where(condition: &str, args: &[DatumWithOid]) -> SpiResult<Vec<JobTable>> {
+    let sql = format!("SELECT {JOB_TABLE_COLUMNS} FROM backfill.job_table WHERE {condition} ORDER BY position");
+    run_prepared(&sql, args, |rows| {
+        rows.map(|row| {
+            Ok(JobTable {
+                position: row.get(1)?.unwrap_or_default(),
+                relid: row.get(2)?.unwrap_or(pg_sys::InvalidOid),
+                state: row.get(3)?.unwrap_or_default(),
+                cursor: row.get(4)?,
+                upper_bound: row.get(5)?,
+                rows_done: row.get(6)?.unwrap_or(0),
+                rows_estimated: row.get(7)?.unwrap_or(0),
+                worker: row.get(8)?.unwrap_or(0),
+                lower_bound: row.get(9)?,
             })
-            .collect()
+        })
+        .collect()
     })
 }
 
@@ -150,12 +168,13 @@ pub fn start_table(job_id: i64, position: i32, upper_bound: Option<Vec<String>>)
 
 /// A page was delivered: the cursor moves to its last key, in the page's own transaction.
 pub fn advance_cursor(job_id: i64, position: i32, cursor: Vec<String>, rows: i64, bytes: i64) -> SpiResult<()> {
-    Spi::run_with_args(
+    run_prepared(
         "UPDATE backfill.job_table
             SET cursor = $3, rows_done = rows_done + $4, bytes_done = bytes_done + $5,
                 last_page_lsn = pg_catalog.pg_current_wal_insert_lsn()
           WHERE job_id = $1 AND position = $2",
         &[job_id.into(), position.into(), cursor.into(), rows.into(), bytes.into()],
+        |_| Ok(()),
     )
 }
 

@@ -38,6 +38,9 @@ pub struct ScanQueries {
     key_row: String,
 }
 
+/// Key types whose text form is their JSON form and that have max().
+const INTEGER_TYPES: [&str; 3] = ["smallint", "integer", "bigint"];
+
 /// `to_json(t."a")::text, ...`: each key value as JSON, as row_to_json renders it. The message
 /// assembles them into the `key` object. An integer's text is its JSON: it skips to_json, which
 /// costs a type lookup per row.
@@ -45,9 +48,12 @@ pub fn key_json_values(table: &Table) -> String {
     table
         .key
         .iter()
-        .map(|k| match k.type_name.as_str() {
-            "smallint" | "integer" | "bigint" => format!("t.{}::text", quote_identifier(&k.name)),
-            _ => format!("pg_catalog.to_json(t.{})::text", quote_identifier(&k.name)),
+        .map(|k| {
+            if INTEGER_TYPES.contains(&k.type_name.as_str()) {
+                format!("t.{}::text", quote_identifier(&k.name))
+            } else {
+                format!("pg_catalog.to_json(t.{})::text", quote_identifier(&k.name))
+            }
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -162,14 +168,17 @@ impl ScanQueries {
     /// Parameters: [cursor,] upper bound, limit.
     pub fn page_end(&self, after_cursor: bool) -> String {
         let (range, used) = self.range(after_cursor);
+        // The greatest of the page's keys: max() for a lone integer key (no sort), else the
+        // first of them in descending order (a top-1 sort, for any key).
+        let (last, order) = match self.key_types.as_slice() {
+            [ty] if INTEGER_TYPES.contains(&ty.as_str()) => (format!("max({})::text", self.key_columns), String::new()),
+            _ => (self.key_text.clone(), format!(" ORDER BY {} LIMIT 1", self.order_desc)),
+        };
         format!(
-            "SELECT {text} FROM (SELECT {columns} FROM {from} WHERE {range} ORDER BY {asc} LIMIT ${limit}) t \
-             ORDER BY {desc} LIMIT 1",
-            text = self.key_text,
+            "SELECT {last} FROM (SELECT {columns} FROM {from} WHERE {range} ORDER BY {asc} LIMIT ${limit}) t{order}",
             columns = self.key_columns,
             from = self.from,
             asc = self.order_asc,
-            desc = self.order_desc,
             limit = used + 1,
         )
     }

@@ -637,11 +637,11 @@ impl<'a> TableScan<'a> {
             if result.is_empty() {
                 return Ok::<_, pgrx::spi::Error>(None);
             }
+            // No row, or max() of no rows (NULL): no key is left. Key columns are never NULL.
             let row = result.first();
             (0..self.queries.key_len())
-                .map(|i| row.get::<String>(i + 1).map(|v| v.unwrap_or_default()))
-                .collect::<Result<Vec<_>, _>>()
-                .map(Some)
+                .map(|i| row.get::<String>(i + 1))
+                .collect::<Result<Option<Vec<_>>, _>>()
         })
         .unwrap_or_else(|e| error!("{e}"))
     }
