@@ -639,9 +639,7 @@ impl<'a> TableScan<'a> {
             }
             // No row, or max() of no rows (NULL): no key is left. Key columns are never NULL.
             let row = result.first();
-            (0..self.queries.key_len())
-                .map(|i| row.get::<String>(i + 1))
-                .collect::<Result<Option<Vec<_>>, _>>()
+            (0..self.queries.key_len()).map(|i| row.get::<String>(i + 1)).collect::<Result<Option<Vec<_>>, _>>()
         })
         .unwrap_or_else(|e| error!("{e}"))
     }
