@@ -38,8 +38,8 @@ fn estimate(
         .into_iter()
         .map(|relid| match eligibility::inspect(relid) {
             Ok(table) => {
-                let estimate = eligibility::estimate(&table, 0, prefix_len);
-                let pages = (estimate.rows + i64::from(batch_size) - 1) / i64::from(batch_size);
+                let estimate = eligibility::estimate(&table, prefix_len);
+                let pages = pages(estimate.rows, batch_size);
                 (relid, true, None, Some(table.key_names()), Some(estimate.rows), Some(estimate.bytes), Some(pages))
             }
             Err(why) => (relid, false, Some(why.reason), None, None, None, None),
@@ -127,7 +127,7 @@ fn start(
     }
 
     let prefix = settings::message_prefix();
-    let estimates: Vec<Estimate> = tables.iter().map(|t| eligibility::estimate(t, 0, prefix.len())).collect();
+    let estimates: Vec<Estimate> = tables.iter().map(|t| eligibility::estimate(t, prefix.len())).collect();
     if !confirm {
         let rows: i64 = estimates.iter().map(|e| e.rows).sum();
         let bytes: i64 = estimates.iter().map(|e| e.bytes).sum();
@@ -140,7 +140,7 @@ fn start(
                 "The backfill would deliver about {rows} rows ({}) from {} table(s) in about {} pages.",
                 pretty_bytes(bytes),
                 tables.len(),
-                (rows + i64::from(batch_size) - 1) / i64::from(batch_size),
+                pages(rows, batch_size),
             ),
             Some(format!("Review the estimate, then run: SELECT backfill_start({example}, confirm => true);")),
         );
@@ -419,6 +419,11 @@ fn launch_worker(id: i64, worker: i32) {
             Some("Wait for a backfill to finish, or raise max_worker_processes and restart the server.".into()),
         );
     }
+}
+
+/// Pages (transactions) a backfill of `rows` rows takes.
+fn pages(rows: i64, batch_size: i32) -> i64 {
+    (rows + i64::from(batch_size) - 1) / i64::from(batch_size)
 }
 
 fn check_batch_size(batch_size: i32) {

@@ -218,7 +218,7 @@ const SAMPLE_ROWS: f64 = 2000.0;
 
 /// Estimates rows from the planner (catalog statistics, or the relation size for a table never
 /// analyzed) and the average message size from a block sample: never a full scan.
-pub fn estimate(table: &Table, backfill_id: i64, prefix_len: usize) -> Estimate {
+pub fn estimate(table: &Table, prefix_len: usize) -> Estimate {
     let relation = table.qualified_name();
     let plan = Spi::explain(&format!("SELECT * FROM {relation}"))
         .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not estimate the table's rows", e.to_string(), None));
@@ -240,7 +240,8 @@ pub fn estimate(table: &Table, backfill_id: i64, prefix_len: usize) -> Estimate 
             .flatten()
             .unwrap_or(0.0),
     };
-    let envelope = ReadMessage::new(backfill_id, None, table).envelope_len() + prefix_len;
+    // The envelope of a backfill's first ids; a few more digits later do not matter here.
+    let envelope = ReadMessage::new(1, None, table).envelope_len() + prefix_len;
     let rows = rows.round() as i64;
     Estimate { rows, bytes: (rows as f64 * (avg_row_json + envelope as f64)).round() as i64 }
 }
