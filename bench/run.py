@@ -184,7 +184,12 @@ def main():
                 payload = payload_bytes(conn, table)
                 figures = {}
                 for method, run in METHODS.items():
-                    samples = [run(conn, table, size) for _ in range(args.repeat)]
+                    samples = []
+                    for _ in range(args.repeat):
+                        # No WAL-triggered checkpoint may overlap a measurement: it competes for
+                        # the disk and the CPU (seen overlapping whole runs before this).
+                        conn.execute("CHECKPOINT")
+                        samples.append(run(conn, table, size))
                     seconds = statistics.median(s[0] for s in samples)
                     figures[method] = {
                         "seconds": seconds,
