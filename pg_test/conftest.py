@@ -93,6 +93,15 @@ def backfill_messages(changes, prefix="backfill"):
     return [json.loads(c["content"]) for c in changes if c.get("action") == "M" and c.get("prefix") == prefix]
 
 
+def wait_for(predicate, timeout=30, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def worker_pid(conn, backfill_id: int):
     row = conn.execute(
         "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [f"pg_backfill {backfill_id}"]

@@ -11,7 +11,7 @@ from collections import Counter
 
 import psycopg
 import pytest
-from conftest import Cluster, backfill_messages, wait_until_ended, wal2json_changes, worker_pid
+from conftest import Cluster, backfill_messages, wait_for, wait_until_ended, wal2json_changes, worker_pid
 
 PG_RECVLOGICAL = "/usr/lib/postgresql/15/bin/pg_recvlogical"
 
@@ -19,15 +19,6 @@ PG_RECVLOGICAL = "/usr/lib/postgresql/15/bin/pg_recvlogical"
 def status(db, backfill_id, *columns):
     row = db.execute(f"SELECT {', '.join(columns)} FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()
     return row if len(columns) > 1 else row[0]
-
-
-def wait_for(predicate, timeout=30, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Consumer:

@@ -7,7 +7,7 @@ import psycopg
 import pytest
 from collections import Counter
 
-from conftest import backfill_messages, wait_until_ended, wal2json_changes, worker_pid
+from conftest import backfill_messages, wait_for, wait_until_ended, wal2json_changes, worker_pid
 
 ROWS = 60_000
 
@@ -62,10 +62,7 @@ def test_cancel_stops_the_worker_and_keeps_what_was_delivered(db):
     time.sleep(1.0)
     assert db.execute("SELECT backfill_cancel(%s)", [backfill_id]).fetchone()[0] is True
     assert wait_until_ended(db, backfill_id) == "cancelled"
-    deadline = time.monotonic() + 5
-    while worker_pid(db, backfill_id) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert worker_pid(db, backfill_id) is None, "the worker did not stop"
+    wait_for(lambda: worker_pid(db, backfill_id) is None, timeout=5, what="the worker to stop")
     time.sleep(1.5)  # a cancelled worker is not restarted
     assert worker_pid(db, backfill_id) is None
     done = db.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
@@ -85,10 +82,7 @@ def test_pause_holds_nothing_and_resume_continues_exactly_once(db):
     ).fetchone()[0]
     time.sleep(0.8)
     assert db.execute("SELECT backfill_pause(%s)", [backfill_id]).fetchone()[0] is True
-    deadline = time.monotonic() + 5
-    while worker_pid(db, backfill_id) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert worker_pid(db, backfill_id) is None, "a paused backfill keeps no worker"
+    wait_for(lambda: worker_pid(db, backfill_id) is None, timeout=5, what="a paused backfill to keep no worker")
     assert db.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "paused"
     paused_at = db.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
     time.sleep(1.5)

@@ -37,7 +37,12 @@ use std::time::{Duration, Instant};
 /// anything, waits for the transaction that recorded the backfill (which may not have
 /// committed yet; registration is not transactional) and gives up if that one rolled back.
 pub fn launch(job_id: i64, worker: i32, starter_xid: u64) -> bool {
-    let database = unsafe { pg_sys::MyDatabaseId };
+    register(unsafe { pg_sys::MyDatabaseId }, job_id, worker, starter_xid)
+}
+
+/// Registers a `backfill_worker_main` process in `database`: a backfill's worker, or with job
+/// id 0 the one that resumes a database's backfills after a restart.
+fn register(database: pg_sys::Oid, job_id: i64, worker: i32, starter_xid: u64) -> bool {
     BackgroundWorkerBuilder::new(&worker_name(job_id, worker))
         .set_type("pg_backfill")
         .set_library("pg_backfill")
@@ -55,7 +60,9 @@ pub fn launch(job_id: i64, worker: i32, starter_xid: u64) -> bool {
 /// `pg_backfill 7` for a backfill's first worker, `pg_backfill 7/1` for its second: the
 /// application_name it shows in pg_stat_activity.
 fn worker_name(job_id: i64, worker: i32) -> String {
-    if worker == 0 {
+    if job_id == 0 {
+        "pg_backfill resume".into()
+    } else if worker == 0 {
         format!("pg_backfill {job_id}")
     } else {
         format!("pg_backfill {job_id}/{worker}")
@@ -151,15 +158,7 @@ pub extern "C-unwind" fn backfill_launcher_main(_arg: pg_sys::Datum) {
         .unwrap_or_else(|e| error!("{e}"))
     });
     for database in databases.unwrap_or_default() {
-        let registered = BackgroundWorkerBuilder::new("pg_backfill resume")
-            .set_type("pg_backfill")
-            .set_library("pg_backfill")
-            .set_function("backfill_worker_main")
-            .set_argument(0i64.into_datum())
-            .set_extra(&format!("{} 0", database.to_u32()))
-            .enable_spi_access()
-            .load_dynamic();
-        if registered.is_err() {
+        if !register(database, 0, 0, 0) {
             warning!("pg_backfill launcher: no free background worker slot to resume backfills");
         }
     }
