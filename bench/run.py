@@ -182,14 +182,17 @@ def main():
                     conn.execute(fill.format(t=table, lo=lo, hi=min(size, lo + step - 1)))
                 conn.execute(f"VACUUM ANALYZE {table}")
                 payload = payload_bytes(conn, table)
-                figures = {}
-                for method, run in METHODS.items():
-                    samples = []
-                    for _ in range(args.repeat):
+                # The methods take turns, so that a slow spell of the shared machine falls on
+                # all of them alike rather than on whichever ran then.
+                runs = {method: [] for method in METHODS}
+                for _ in range(args.repeat):
+                    for method, run in METHODS.items():
                         # No WAL-triggered checkpoint may overlap a measurement: it competes for
                         # the disk and the CPU (seen overlapping whole runs before this).
                         conn.execute("CHECKPOINT")
-                        samples.append(run(conn, table, size))
+                        runs[method].append(run(conn, table, size))
+                figures = {}
+                for method, samples in runs.items():
                     seconds = statistics.median(s[0] for s in samples)
                     figures[method] = {
                         "seconds": seconds,

@@ -1,19 +1,21 @@
 //! The hot path: a page's rows become messages as the executor produces them.
 //!
 //! The locking page query runs as a prepared plan whose rows go to a DestReceiver of ours, not
-//! into an SPI tuple table: each row's key and data (already text, rendered by the query) are
-//! copied once into the message buffer and written to WAL. No row is materialized a second
-//! time, no SQL function or SPI call runs per row, and nothing per row is allocated in Rust.
+//! into an SPI tuple table: each row's columns are rendered as JSON into a reused buffer, copied
+//! once into the message and written to WAL. No row is materialized a second time, no SQL
+//! function or SPI call runs per row, and nothing per row is allocated in Rust.
 
+use crate::json::RowJson;
 use crate::message::{self, ReadMessage};
 use pgrx::prelude::*;
-use pgrx::varlena::{vardata_any, varsize_any_exhdr};
 use std::ffi::{c_int, CString};
 
 /// What the receiver needs to turn a row into a message, and what it counts.
 pub struct Sink<'a> {
-    pub key_len: usize,
+    /// The key columns' positions among the row's columns.
+    pub key_columns: &'a [usize],
     pub partitioned: bool,
+    pub row: &'a mut RowJson,
     pub messages: &'a mut ReadMessage,
     pub prefix: &'a CString,
     pub rows: i64,
@@ -83,14 +85,6 @@ pub fn run(plan: pg_sys::SPIPlanPtr, args: &[String], sink: &mut Sink) {
     }
 }
 
-/// A text datum's bytes as &str (the database encoding is UTF-8; the text came from
-/// row_to_json, to_json or a regclass, all of which produce valid text in it).
-unsafe fn text_of<'a>(datum: pg_sys::Datum) -> &'a str {
-    let value = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
-    let bytes = std::slice::from_raw_parts(vardata_any(value).cast::<u8>(), varsize_any_exhdr(value));
-    std::str::from_utf8_unchecked(bytes)
-}
-
 #[pg_guard]
 unsafe extern "C-unwind" fn receive(slot: *mut pg_sys::TupleTableSlot, receiver: *mut pg_sys::DestReceiver) -> bool {
     let sink = &mut *(*receiver.cast::<Receiver>()).sink;
@@ -100,14 +94,13 @@ unsafe extern "C-unwind" fn receive(slot: *mut pg_sys::TupleTableSlot, receiver:
     }
     let values = std::slice::from_raw_parts((*slot).tts_values, natts as usize);
     let nulls = std::slice::from_raw_parts((*slot).tts_isnull, natts as usize);
-    let column = |i: usize| if nulls[i] { "null" } else { text_of(values[i]) };
-    let messages = &mut *sink.messages;
-    messages.start();
-    for i in 0..sink.key_len {
-        messages.push_key_value(i, column(i));
-    }
-    let partition = sink.partitioned.then(|| column(sink.key_len + 1));
-    let content = messages.finish(column(sink.key_len), partition);
+    // The partition's name follows the table's columns.
+    let (columns, partition) =
+        if sink.partitioned { (natts as usize - 1, values.last()) } else { (natts as usize, None) };
+    let row = &mut *sink.row;
+    row.render(&values[..columns], &nulls[..columns]);
+    let key_values = sink.key_columns.iter().map(|&i| row.value(i));
+    let content = sink.messages.build(key_values, row.json(), partition.map(|p| crate::json::text_of(*p)));
     message::emit(sink.prefix, content);
     sink.rows += 1;
     sink.bytes += content.len() as i64;

@@ -2,6 +2,7 @@
 //! a backfill of them delivers. Shared by backfill_estimate(), backfill_start() and the worker.
 
 use crate::errors::raise;
+use crate::json::Column;
 use crate::message::ReadMessage;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::{self, *};
@@ -10,6 +11,8 @@ use pgrx::PgSqlErrorCode::{self, *};
 #[derive(Debug, Clone)]
 pub struct KeyColumn {
     pub name: String,
+    /// Its index in the table's columns.
+    pub position: usize,
     /// `format_type()` of the column: the type the cursor's text form is cast back to.
     pub type_name: String,
     /// The index's collation, qualified and quoted, so that the scan sorts as the index does.
@@ -23,6 +26,7 @@ pub struct Table {
     pub schema: String,
     pub name: String,
     pub partitioned: bool,
+    pub columns: Vec<Column>,
     pub key: Vec<KeyColumn>,
 }
 
@@ -49,7 +53,7 @@ const INSPECT_SQL: &str = "
 SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text,
        has_table_privilege(c.oid, 'SELECT'),
        n.nspname IN ('pg_catalog', 'information_schema', 'pg_toast', 'backfill'),
-       k.names, k.types, k.collations, k.all_default_opclasses
+       k.names, k.types, k.collations, k.all_default_opclasses, cols.names, cols.types
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
   LEFT JOIN LATERAL (
@@ -71,6 +75,10 @@ SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text
           LEFT JOIN pg_catalog.pg_collation coll ON coll.oid = k.collid
           LEFT JOIN pg_catalog.pg_namespace cn ON cn.oid = coll.collnamespace
          WHERE k.ord <= i.indnkeyatts) k ON true
+  LEFT JOIN LATERAL (
+        SELECT array_agg(a.attname::text ORDER BY a.attnum) AS names, array_agg(a.atttypid ORDER BY a.attnum) AS types
+          FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) cols ON true
  WHERE c.oid = $1";
 
 fn relkind_name(relkind: &str) -> &'static str {
@@ -105,12 +113,26 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
             row.get::<Vec<String>>(8)?,
             row.get::<Vec<Option<String>>>(9)?,
             row.get::<bool>(10)?,
+            row.get::<Vec<String>>(11)?.unwrap_or_default(),
+            row.get::<Vec<pg_sys::Oid>>(12)?.unwrap_or_default(),
         )))
     })
     .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not inspect table", e.to_string(), None));
 
-    let Some((schema, name, relkind, persistence, can_select, system, names, types, collations, default_opclasses)) =
-        row
+    let Some((
+        schema,
+        name,
+        relkind,
+        persistence,
+        can_select,
+        system,
+        names,
+        types,
+        collations,
+        default_opclasses,
+        column_names,
+        column_types,
+    )) = row
     else {
         return Err(Ineligible {
             code: ERRCODE_UNDEFINED_TABLE,
@@ -176,13 +198,22 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
         );
     }
     let collations = collations.unwrap_or_default();
+    let columns: Vec<Column> =
+        column_names.into_iter().zip(column_types).map(|(name, type_oid)| Column { name, type_oid }).collect();
     let key = names
         .into_iter()
         .zip(types)
         .enumerate()
-        .map(|(i, (name, type_name))| KeyColumn { name, type_name, collation: collations.get(i).cloned().flatten() })
+        .map(|(i, (name, type_name))| KeyColumn {
+            // A key index's columns are columns of the table (an index on an expression is
+            // never a primary key or a replica identity).
+            position: columns.iter().position(|c| c.name == name).unwrap_or_default(),
+            name,
+            type_name,
+            collation: collations.get(i).cloned().flatten(),
+        })
         .collect();
-    Ok(Table { relid, schema, name, partitioned: relkind == "p", key })
+    Ok(Table { relid, schema, name, partitioned: relkind == "p", columns, key })
 }
 
 /// Like [`inspect`], but an ineligible table is an error that names it.
@@ -227,7 +258,7 @@ pub fn estimate(table: &Table, prefix_len: usize) -> Estimate {
     let percent = (100.0 * SAMPLE_ROWS / rows.max(1.0)).clamp(0.0001, 100.0);
     let sample_sql = |from: String| {
         format!(
-            "SELECT avg(octet_length(row_to_json(t)::text) + octet_length(concat({key})))::float8 FROM {from}",
+            "SELECT avg(octet_length(row_to_json(t.*)::text) + octet_length(concat({key})))::float8 FROM {from}",
             key = crate::scan::key_json_values(table)
         )
     };

@@ -9,6 +9,7 @@
 //! - `worker.rs`: the background worker; one page is one transaction; the cursor is advanced there.
 //! - `pipeline.rs`: the consumer's slot and publication; pausing for it and back-pressure.
 //! - `catalog.rs`: the state tables the worker and the API share.
+//! - `json.rs`: a row's JSON, rendered from its columns as row_to_json renders it.
 //! - `message.rs`: the JSON messages consumers receive.
 //! - `settings.rs`: the `backfill.*` GUCs.
 //! - `errors.rs`: how user errors are raised (SQLSTATE, detail, hint).
@@ -20,6 +21,7 @@ mod catalog;
 mod delivery;
 mod eligibility;
 mod errors;
+mod json;
 mod message;
 mod pipeline;
 mod scan;

@@ -8,6 +8,7 @@
 //! - `table_start` when a table's scan starts and `table_end` (with the row count) when it ends.
 
 use crate::eligibility::Table;
+use crate::json;
 use pgrx::prelude::*;
 use serde_json::{json, Map, Value};
 use std::ffi::{c_char, CString};
@@ -19,7 +20,7 @@ unsafe extern "C-unwind" {
 }
 
 /// Writes one transactional message: it is decoded at its transaction's commit, in commit order.
-pub fn emit(prefix: &CString, content: &str) {
+pub fn emit(prefix: &CString, content: &[u8]) {
     // SAFETY: both pointers are valid for the call; an ERROR raised inside becomes a Rust panic
     // at the guarded boundary instead of a longjmp across Rust frames.
     unsafe {
@@ -30,17 +31,17 @@ pub fn emit(prefix: &CString, content: &str) {
 }
 
 /// Builds the `read` messages of one table into one reused buffer: the envelope is rendered
-/// once, and each row costs two string copies.
+/// once, and a row costs a copy of its key values and of its data.
 pub struct ReadMessage {
-    head: String,
+    head: Vec<u8>,
     /// `"name":` of each key column, JSON-quoted once.
     key_labels: Vec<String>,
-    buf: String,
+    buf: Vec<u8>,
 }
 
-const DATA_FIELD: &str = ",\"data\":";
-const PARTITION_FIELD: &str = ",\"partition\":";
-const TAIL: &str = ",\"commit_lsn\":\"0/0\"}";
+const DATA_FIELD: &[u8] = b",\"data\":";
+const PARTITION_FIELD: &[u8] = b",\"partition\":";
+const TAIL: &[u8] = b",\"commit_lsn\":\"0/0\"}";
 
 /// The fields every message starts with. Every slot of the database decodes every message:
 /// `slot` lets a consumer skip backfills meant for other pipelines.
@@ -61,7 +62,7 @@ impl ReadMessage {
         let mut head = Value::Object(envelope("read", backfill_id, slot, table)).to_string();
         head.pop(); // the closing brace: key, data and the tail follow
         head.push_str(",\"key\":");
-        ReadMessage { head, key_labels: key_labels(table), buf: String::with_capacity(8192) }
+        ReadMessage { head: head.into_bytes(), key_labels: key_labels(table), buf: Vec::with_capacity(8192) }
     }
 
     /// Bytes of a message beyond its key values and data.
@@ -70,43 +71,30 @@ impl ReadMessage {
         self.head.len() + key_punctuation + DATA_FIELD.len() + TAIL.len()
     }
 
-    /// Starts the message of one row; its key values, then its data, follow.
-    pub fn start(&mut self) {
+    /// The message of one row: its key values and its data (JSON, in the database's encoding)
+    /// and, for a partitioned table, its partition's name.
+    pub fn build<'v>(
+        &mut self,
+        key_values: impl IntoIterator<Item = &'v [u8]>,
+        data: &[u8],
+        partition: Option<&[u8]>,
+    ) -> &[u8] {
         self.buf.clear();
-        self.buf.push_str(&self.head);
-        self.buf.push('{');
-    }
-
-    /// The `i`th key value, as JSON (as PostgreSQL renders it).
-    pub fn push_key_value(&mut self, i: usize, value: &str) {
-        if i > 0 {
-            self.buf.push(',');
+        self.buf.extend_from_slice(&self.head);
+        for (i, value) in key_values.into_iter().enumerate() {
+            self.buf.push(if i == 0 { b'{' } else { b',' });
+            self.buf.extend_from_slice(self.key_labels[i].as_bytes());
+            self.buf.extend_from_slice(value);
         }
-        self.buf.push_str(&self.key_labels[i]);
-        self.buf.push_str(value);
-    }
-
-    /// Ends the message with the row's data (JSON) and, for a partitioned table, its partition.
-    pub fn finish(&mut self, data: &str, partition: Option<&str>) -> &str {
-        self.buf.push('}');
-        self.buf.push_str(DATA_FIELD);
-        self.buf.push_str(data);
+        self.buf.push(b'}');
+        self.buf.extend_from_slice(DATA_FIELD);
+        self.buf.extend_from_slice(data);
         if let Some(partition) = partition {
-            self.buf.push_str(PARTITION_FIELD);
-            self.buf.push_str(&json!(partition).to_string());
+            self.buf.extend_from_slice(PARTITION_FIELD);
+            json::push_quoted(&mut self.buf, partition);
         }
-        self.buf.push_str(TAIL);
+        self.buf.extend_from_slice(TAIL);
         &self.buf
-    }
-
-    /// The whole message of one row at once.
-    #[cfg(any(test, feature = "pg_test"))]
-    pub fn build(&mut self, key_values: &[&str], data: &str, partition: Option<&str>) -> &str {
-        self.start();
-        for (i, value) in key_values.iter().enumerate() {
-            self.push_key_value(i, value);
-        }
-        self.finish(data, partition)
     }
 }
 
@@ -173,8 +161,9 @@ mod tests {
     fn read_message_is_the_documented_json() {
         let table = table("CREATE TABLE msg_t (\"Region\" text, id int, v text, PRIMARY KEY (\"Region\", id))");
         let mut message = ReadMessage::new(7, None, &table);
-        let built = message.build(&["\"eu\"", "3"], r#"{"Region":"eu","id":3,"v":"x"}"#, None).to_string();
-        let parsed: serde_json::Value = serde_json::from_str(&built).unwrap();
+        let data = br#"{"Region":"eu","id":3,"v":"x"}"#;
+        let built = message.build([&b"\"eu\""[..], b"3"], data, None).to_vec();
+        let parsed: serde_json::Value = serde_json::from_slice(&built).unwrap();
         assert_eq!(
             parsed,
             json!({"op": "read", "backfill_id": 7, "schema": "public", "table": "msg_t",
@@ -182,10 +171,7 @@ mod tests {
                    "commit_lsn": "0/0"})
         );
         // The estimate's envelope is exactly what a message adds to its key values and data.
-        assert_eq!(
-            built.len(),
-            message.envelope_len() + "\"eu\"".len() + 1 + r#"{"Region":"eu","id":3,"v":"x"}"#.len()
-        );
+        assert_eq!(built.len(), message.envelope_len() + "\"eu\"".len() + 1 + data.len());
     }
 
     #[pg_test]

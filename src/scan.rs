@@ -31,6 +31,7 @@ pub struct ScanQueries {
     partitioned: bool,
     from: String,
     key_json: String,
+    row_columns: String,
     key_columns: String,
     key_text: String,
     order_asc: String,
@@ -77,6 +78,7 @@ impl ScanQueries {
             partitioned: table.partitioned,
             from: format!("{only}{} t", table.qualified_name()),
             key_json: key_json_values(table),
+            row_columns: crate::json::select_list(&table.columns),
             key_text: table
                 .key
                 .iter()
@@ -183,7 +185,7 @@ impl ScanQueries {
         )
     }
 
-    /// Every row of the page: its key values and its data as JSON (and its partition).
+    /// Every row of the page: its columns, ready for json::RowJson (and its partition).
     /// Parameters: [cursor,] page end.
     pub fn page_rows(&self, after_cursor: bool, locking: Locking) -> String {
         let (range, _) = self.range(after_cursor);
@@ -194,8 +196,8 @@ impl ScanQueries {
             Locking::None => "",
         };
         format!(
-            "SELECT {key}, pg_catalog.row_to_json(t.*)::text{partition} FROM {from} WHERE {range} ORDER BY {asc}{lock}",
-            key = self.key_json,
+            "SELECT {columns}{partition} FROM {from} WHERE {range} ORDER BY {asc}{lock}",
+            columns = self.row_columns,
             from = self.from,
             asc = self.order_asc,
         )

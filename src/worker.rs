@@ -20,6 +20,7 @@
 use crate::catalog::{self, JobTable, DONE, FAILED, RUNNING};
 use crate::delivery;
 use crate::eligibility::{self, Table};
+use crate::json::RowJson;
 use crate::message::{self, ReadMessage};
 use crate::scan::{Locking, ScanQueries};
 use crate::{pipeline, settings};
@@ -371,6 +372,8 @@ struct TableScan<'a> {
     prefix: &'a CString,
     table: Table,
     queries: ScanQueries,
+    key_columns: Vec<usize>,
+    row: RowJson,
     messages: ReadMessage,
 }
 
@@ -383,6 +386,7 @@ impl<'a> TableScan<'a> {
             sqlstate: sqlstate_of(why.code),
             message: format!("table {relid:?} can no longer be backfilled: {}", why.reason),
         })?;
+        let row = in_transaction(|| RowJson::new(&table.columns))?;
         Ok(TableScan {
             job_id,
             page_end_plans: HashMap::new(),
@@ -394,6 +398,8 @@ impl<'a> TableScan<'a> {
             last_log: Instant::now(),
             prefix,
             queries: ScanQueries::new(&table),
+            key_columns: table.key.iter().map(|k| k.position).collect(),
+            row,
             messages: ReadMessage::new(job_id, job.slot_name.as_deref(), &table),
             slot: job.slot_name.clone(),
             table,
@@ -556,7 +562,7 @@ impl<'a> TableScan<'a> {
             let json = greatest.as_ref().map(|(_, json)| json.as_slice());
             let rows_estimated = ranges.len() as i64 * progress.rows_estimated;
             let marker = message::table_start(self.job_id, self.slot.as_deref(), &self.table, json, rows_estimated);
-            message::emit(self.prefix, &marker);
+            message::emit(self.prefix, marker.as_bytes());
         }
         let upper_bound = progress.upper_bound.clone().or(greatest.map(|(key, _)| key));
         catalog::start_table(self.job_id, self.position, upper_bound.clone()).unwrap_or_else(|e| error!("{e}"));
@@ -599,7 +605,10 @@ impl<'a> TableScan<'a> {
         let others = ranges.iter().filter(|(position, _, _)| *position != self.position);
         if others.clone().all(|(_, state, _)| state == DONE) {
             let total = rows + others.map(|(_, _, rows)| rows).sum::<i64>();
-            message::emit(self.prefix, &message::table_end(self.job_id, self.slot.as_deref(), &self.table, total));
+            message::emit(
+                self.prefix,
+                message::table_end(self.job_id, self.slot.as_deref(), &self.table, total).as_bytes(),
+            );
             log!("pg_backfill {}: {} done, {total} rows", self.job_id, self.table.qualified_name());
         }
         catalog::finish_table(self.job_id, self.position).unwrap_or_else(|e| error!("{e}"));
@@ -663,8 +672,9 @@ impl<'a> TableScan<'a> {
             .entry((cursor.is_some(), locking))
             .or_insert_with(|| delivery::prepare(&queries.page_rows(cursor.is_some(), locking), args.len()));
         let mut sink = delivery::Sink {
-            key_len: self.queries.key_len(),
+            key_columns: &self.key_columns,
             partitioned: self.table.partitioned,
+            row: &mut self.row,
             messages: &mut self.messages,
             prefix: self.prefix,
             rows: 0,
