@@ -142,7 +142,10 @@ def pgbench_impact(conn, seconds, rate):
                         "SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "running":
                     time.sleep(0.1)
                 if bench.poll() is not None:
-                    conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
+                    try:
+                        conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
+                    except psycopg.errors.ObjectNotInPrerequisiteState:
+                        pass  # it finished in the meantime
                 backfilled += conn.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
             else:
                 time.sleep(0.1)
@@ -206,7 +209,7 @@ def main():
                     results.append({"shape": shape, "rows": size, "method": method,
                                     "payload_bytes_per_row": payload / size, **f})
                 conn.execute(f"DROP TABLE {table}")
-                print_table(results)
+                print_rows(results[-len(METHODS):], header=len(results) == len(METHODS))
         load = pgbench_impact(conn, args.pgbench_seconds, args.pgbench_rate) if args.pgbench_seconds else []
     finally:
         sh(f"cluster_stop {DIR}")
@@ -218,9 +221,10 @@ def main():
     print(f"\nwritten to bench/results/{stamp}.json")
 
 
-def print_table(results):
-    print(f"\n{'shape':7} {'rows':>9} {'method':14} {'rows/s':>10} {'x limit':>8} {'s':>7} "
-          f"{'WAL B/row':>10} {'payload B/row':>14} {'peak KB':>8}")
+def print_rows(results, header):
+    if header:
+        print(f"\n{'shape':7} {'rows':>9} {'method':14} {'rows/s':>10} {'x limit':>8} {'s':>7} "
+              f"{'WAL B/row':>10} {'payload B/row':>14} {'peak KB':>8}")
     for r in results:
         peak = r["peak_memory_kb"] if r["peak_memory_kb"] is not None else "-"
         print(f"{r['shape']:7} {r['rows']:>9} {r['method']:14} {r['rows_per_second']:>10.0f} {r['ratio_to_limit']:>8.2f} "
