@@ -163,3 +163,18 @@ def test_rows_read_after_an_alter_table_have_the_columns_of_then(db):
     assert reads == old + new  # no row in the old shape once the new one began
     assert all(r["v"] == r["id"] and r["note"] == f"n{r['id']}" for r in old)
     assert all(r["v"] == f"v{r['id']}" and r["extra"] == "new" for r in new)
+
+
+def test_a_backfill_whose_key_changes_fails_with_a_clear_error(db):
+    db.execute("CREATE TABLE shape (id int PRIMARY KEY, v int)")
+    db.execute("INSERT INTO shape SELECT g, g FROM generate_series(1, 3000) g")
+    backfill_id = db.execute(
+        "SELECT backfill_start('shape', confirm => true, batch_size => 100, rows_per_second => 2000)"
+    ).fetchone()[0]
+    wait_for(lambda: db.execute("SELECT rows_done > 0 FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0])
+    db.execute("ALTER TABLE shape RENAME COLUMN id TO ident")
+    assert wait_until_ended(db, backfill_id) == "failed"
+    sqlstate, error = db.execute(
+        "SELECT last_error_sqlstate, last_error FROM backfill_status WHERE id = %s", [backfill_id]
+    ).fetchone()
+    assert sqlstate == "55000" and "the key of table public.shape changed during its backfill" in error
