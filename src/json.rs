@@ -251,3 +251,29 @@ unsafe fn push_value(buf: &mut Vec<u8>, render: Render, output_function: pg_sys:
         Render::Quoted => push_quoted(buf, output()),
     }
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use super::*;
+
+    #[pg_test]
+    fn strings_are_escaped_as_postgresql_escapes_them() {
+        // Every ASCII character, at every offset of a 16-byte block and in the tail after it.
+        for byte in 1u8..=127 {
+            for offset in [0usize, 7, 15, 16, 17, 33] {
+                let mut value = vec![b'a'; offset];
+                value.push(byte);
+                value.extend_from_slice(b"bcdefghij");
+                let text = String::from_utf8(value).unwrap();
+                let expected =
+                    Spi::get_one_with_args::<String>("SELECT to_json($1::text)::text", &[text.clone().into()])
+                        .unwrap()
+                        .unwrap();
+                let mut rendered = Vec::new();
+                push_quoted(&mut rendered, text.as_bytes());
+                assert_eq!(String::from_utf8(rendered).unwrap(), expected, "byte {byte} at {offset}");
+            }
+        }
+    }
+}
