@@ -108,11 +108,11 @@ unsafe extern "C-unwind" fn receive(slot: *mut pg_sys::TupleTableSlot, receiver:
 }
 
 #[pg_guard]
-unsafe extern "C-unwind" fn startup(
-    _receiver: *mut pg_sys::DestReceiver,
-    _operation: c_int,
-    _typeinfo: pg_sys::TupleDesc,
-) {
+unsafe extern "C-unwind" fn startup(receiver: *mut pg_sys::DestReceiver, _operation: c_int, result: pg_sys::TupleDesc) {
+    let sink = &*(*receiver.cast::<Receiver>()).sink;
+    if !sink.row.matches(result) {
+        error!("the page query's columns are not those of the table's rows: the table changed under the scan");
+    }
 }
 
 #[pg_guard]

@@ -139,6 +139,15 @@ impl RowJson {
             label.push(b':');
             labels.push(label);
         }
+        let outputs = columns
+            .iter()
+            .map(|c| {
+                let (mut function, mut varlena) = (pg_sys::InvalidOid, false);
+                unsafe { pg_sys::getTypeOutputInfo(c.type_oid, &mut function, &mut varlena) };
+                function
+            })
+            .collect();
+        // Last: nothing after it can fail and leave it behind.
         let memory = unsafe {
             pg_sys::AllocSetContextCreateInternal(
                 pg_sys::TopMemoryContext,
@@ -152,14 +161,7 @@ impl RowJson {
             columns: columns.to_vec(),
             labels,
             renders: columns.iter().map(|c| render_of(c.type_oid).unwrap_or(Render::Json)).collect(),
-            outputs: columns
-                .iter()
-                .map(|c| {
-                    let (mut function, mut varlena) = (pg_sys::InvalidOid, false);
-                    unsafe { pg_sys::getTypeOutputInfo(c.type_oid, &mut function, &mut varlena) };
-                    function
-                })
-                .collect(),
+            outputs,
             spans: Vec::with_capacity(columns.len()),
             buf: Vec::with_capacity(8192),
             memory,
@@ -180,6 +182,19 @@ impl RowJson {
                     && now.next().is_none();
             pg_sys::relation_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
             same
+        }
+    }
+
+    /// Whether a page query's result has the columns rendered, in order: each in its own type,
+    /// or as the text of its `to_json()`. Values are read by those types: a mismatch must never
+    /// reach [`render`](Self::render).
+    pub fn matches(&self, result: pg_sys::TupleDesc) -> bool {
+        unsafe {
+            let attributes = (*result).attrs.as_slice((*result).natts as usize);
+            attributes.len() >= self.columns.len()
+                && self.columns.iter().zip(attributes).all(|(c, a)| {
+                    a.atttypid == if render_of(c.type_oid).is_some() { c.type_oid } else { pg_sys::TEXTOID }
+                })
         }
     }
 

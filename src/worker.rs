@@ -632,10 +632,21 @@ impl<'a> TableScan<'a> {
     /// The table's columns changed since the scan began (ALTER TABLE): rows are rendered, and
     /// pages queried, as the table is now. Its key cannot change under a scan ordered by it.
     fn reload_columns(&mut self) {
-        let relid = self.table.relid;
-        let table = eligibility::require(relid);
-        let key_types = |t: &Table| t.key.iter().map(|k| (k.name.clone(), k.type_name.clone())).collect::<Vec<_>>();
-        if key_types(&table) != key_types(&self.table) {
+        // The page's snapshot was taken before the ALTER TABLE committed (describes() waited
+        // for it): the catalog is read with a snapshot taken now.
+        unsafe {
+            pg_sys::PopActiveSnapshot();
+            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+        }
+        let table = eligibility::require(self.table.relid);
+        // The same columns, types (a varchar may grow) and collations, in the same order.
+        let key = |t: &Table| {
+            t.key
+                .iter()
+                .map(|k| (k.name.clone(), t.columns[k.position].type_oid, k.collation.clone()))
+                .collect::<Vec<_>>()
+        };
+        if key(&table) != key(&self.table) {
             raise(
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 format!("the key of table {} changed during its backfill", self.table.qualified_name()),
@@ -655,6 +666,7 @@ impl<'a> TableScan<'a> {
         self.queries = ScanQueries::new(&table);
         self.key_columns = table.key.iter().map(|k| k.position).collect();
         self.row = RowJson::new(&table.columns);
+        self.messages = ReadMessage::new(self.job_id, self.slot.as_deref(), &table);
         self.table = table;
     }
 
