@@ -68,11 +68,17 @@ def db(cluster, request):
         admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
+def status(conn, backfill_id: int, *columns: str):
+    """Columns (or expressions) of the backfill's row in backfill_status: one value, or a tuple."""
+    row = conn.execute(f"SELECT {', '.join(columns)} FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()
+    return row if len(columns) > 1 else row[0]
+
+
 def wait_until_ended(conn, backfill_id: int, timeout: float = 120) -> str:
     """Waits until the backfill is neither running nor paused; returns its final state."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = conn.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
+        state = status(conn, backfill_id, "state")
         if state not in ("running", "paused"):
             return state
         time.sleep(0.05)

@@ -11,14 +11,9 @@ from collections import Counter
 
 import psycopg
 import pytest
-from conftest import Cluster, backfill_messages, wait_for, wait_until_ended, wal2json_changes, worker_pid
+from conftest import Cluster, backfill_messages, status, wait_for, wait_until_ended, wal2json_changes, worker_pid
 
 PG_RECVLOGICAL = "/usr/lib/postgresql/15/bin/pg_recvlogical"
-
-
-def status(db, backfill_id, *columns):
-    row = db.execute(f"SELECT {', '.join(columns)} FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()
-    return row if len(columns) > 1 else row[0]
 
 
 class Consumer:

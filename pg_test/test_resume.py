@@ -7,7 +7,7 @@ import psycopg
 import pytest
 from collections import Counter
 
-from conftest import backfill_messages, wait_for, wait_until_ended, wal2json_changes, worker_pid
+from conftest import backfill_messages, status, wait_for, wait_until_ended, wal2json_changes, worker_pid
 
 ROWS = 60_000
 
@@ -38,7 +38,7 @@ def test_terminated_worker_restarts_and_every_row_is_read_exactly_once(db):
     terminations, last_pid = 0, None
     deadline = time.monotonic() + 60
     while terminations < 4 and time.monotonic() < deadline:
-        assert db.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "running"
+        assert status(db, backfill_id, "state") == "running"
         pid = worker_pid(db, backfill_id)
         if pid and pid != last_pid:
             time.sleep(rng.uniform(0.05, 0.2))  # let it deliver some pages, then stop it mid-page
@@ -51,7 +51,7 @@ def test_terminated_worker_restarts_and_every_row_is_read_exactly_once(db):
     assert set(reads) == set(range(1, rows + 1)), "a row was never read"
     assert [k for k, n in reads.items() if n > 1] == [], "a row was read twice"
     assert markers == {"table_start": 1, "table_end": 1}
-    assert db.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == rows
+    assert status(db, backfill_id, "rows_done") == rows
 
 
 def test_cancel_stops_the_worker_and_keeps_what_was_delivered(db):
@@ -65,7 +65,7 @@ def test_cancel_stops_the_worker_and_keeps_what_was_delivered(db):
     wait_for(lambda: worker_pid(db, backfill_id) is None, timeout=5, what="the worker to stop")
     time.sleep(1.5)  # a cancelled worker is not restarted
     assert worker_pid(db, backfill_id) is None
-    done = db.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
+    done = status(db, backfill_id, "rows_done")
     reads, markers = read_counts(db)
     assert 0 < done < ROWS
     assert sum(reads.values()) == done == len(reads)
@@ -83,10 +83,10 @@ def test_pause_holds_nothing_and_resume_continues_exactly_once(db):
     time.sleep(0.8)
     assert db.execute("SELECT backfill_pause(%s)", [backfill_id]).fetchone()[0] is True
     wait_for(lambda: worker_pid(db, backfill_id) is None, timeout=5, what="a paused backfill to keep no worker")
-    assert db.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "paused"
-    paused_at = db.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
+    assert status(db, backfill_id, "state") == "paused"
+    paused_at = status(db, backfill_id, "rows_done")
     time.sleep(1.5)
-    assert db.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == paused_at
+    assert status(db, backfill_id, "rows_done") == paused_at
     assert 0 < paused_at < ROWS
     # Nothing blocks a writer meanwhile: every row can be locked at once.
     db.execute("BEGIN; SELECT count(*) FROM (SELECT id FROM events FOR UPDATE NOWAIT) locked; ROLLBACK")

@@ -5,7 +5,7 @@ arrive in the key index's order, each row once, with the row as row_to_json rend
 import json
 
 import pytest
-from conftest import backfill_messages, wait_for, wait_until_ended, wal2json_changes
+from conftest import backfill_messages, status, wait_for, wait_until_ended, wal2json_changes
 
 SHAPES = {
     "composite_key": (
@@ -152,7 +152,7 @@ def test_rows_read_after_an_alter_table_have_the_columns_of_then(db):
     backfill_id = db.execute(
         "SELECT backfill_start('shape', confirm => true, batch_size => 100, rows_per_second => 2000)"
     ).fetchone()[0]
-    rows_done = lambda: db.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
+    rows_done = lambda: status(db, backfill_id, "rows_done")
     wait_for(lambda: rows_done() >= 500, what="the first pages")
     db.execute("ALTER TABLE shape ADD COLUMN extra text DEFAULT 'new', DROP COLUMN note, ALTER COLUMN v TYPE text USING 'v' || v")
     db.execute("SELECT backfill_set(%s, rows_per_second => 0, batch_size => 5000)", [backfill_id])
@@ -174,10 +174,8 @@ def test_a_backfill_whose_key_changes_fails_with_a_clear_error(db):
     backfill_id = db.execute(
         "SELECT backfill_start('shape', confirm => true, batch_size => 100, rows_per_second => 2000)"
     ).fetchone()[0]
-    wait_for(lambda: db.execute("SELECT rows_done > 0 FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0])
+    wait_for(lambda: status(db, backfill_id, "rows_done > 0"))
     db.execute("ALTER TABLE shape RENAME COLUMN id TO ident")
     assert wait_until_ended(db, backfill_id) == "failed"
-    sqlstate, error = db.execute(
-        "SELECT last_error_sqlstate, last_error FROM backfill_status WHERE id = %s", [backfill_id]
-    ).fetchone()
+    sqlstate, error = status(db, backfill_id, "last_error_sqlstate", "last_error")
     assert sqlstate == "55000" and "the key of table public.shape changed during its backfill" in error

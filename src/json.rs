@@ -107,6 +107,14 @@ fn push_escaped(buf: &mut Vec<u8>, bytes: &[u8]) {
     }
 }
 
+/// `"name":`, a column's name as a JSON object's key.
+pub fn label(name: &str) -> Vec<u8> {
+    let mut label = Vec::with_capacity(name.len() + 3);
+    push_quoted(&mut label, name.as_bytes());
+    label.push(b':');
+    label
+}
+
 /// A text datum's bytes (detoasted, when it must be, in the current memory context).
 pub unsafe fn text_of<'a>(datum: pg_sys::Datum) -> &'a [u8] {
     let value = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
@@ -132,13 +140,11 @@ pub struct RowJson {
 impl RowJson {
     /// Looks the columns' output functions up: in a transaction.
     pub fn new(columns: &[Column]) -> Self {
-        let mut labels = Vec::with_capacity(columns.len());
-        for (i, column) in columns.iter().enumerate() {
-            let mut label = vec![if i == 0 { b'{' } else { b',' }];
-            push_quoted(&mut label, column.name.as_bytes());
-            label.push(b':');
-            labels.push(label);
-        }
+        let labels = columns
+            .iter()
+            .enumerate()
+            .map(|(i, column)| [&[if i == 0 { b'{' } else { b',' }][..], &label(&column.name)].concat())
+            .collect();
         let outputs = columns
             .iter()
             .map(|c| {

@@ -35,7 +35,7 @@ pub fn emit(prefix: &CString, content: &[u8]) {
 pub struct ReadMessage {
     head: Vec<u8>,
     /// `"name":` of each key column, JSON-quoted once.
-    key_labels: Vec<String>,
+    key_labels: Vec<Vec<u8>>,
     buf: Vec<u8>,
 }
 
@@ -81,12 +81,7 @@ impl ReadMessage {
     ) -> &[u8] {
         self.buf.clear();
         self.buf.extend_from_slice(&self.head);
-        for (i, value) in key_values.into_iter().enumerate() {
-            self.buf.push(if i == 0 { b'{' } else { b',' });
-            self.buf.extend_from_slice(self.key_labels[i].as_bytes());
-            self.buf.extend_from_slice(value);
-        }
-        self.buf.push(b'}');
+        push_key(&mut self.buf, &self.key_labels, key_values);
         self.buf.extend_from_slice(DATA_FIELD);
         self.buf.extend_from_slice(data);
         if let Some(partition) = partition {
@@ -98,21 +93,21 @@ impl ReadMessage {
     }
 }
 
-fn key_labels(table: &Table) -> Vec<String> {
-    table.key.iter().map(|k| format!("{}:", json!(k.name))).collect()
+fn key_labels(table: &Table) -> Vec<Vec<u8>> {
+    table.key.iter().map(|k| json::label(&k.name)).collect()
 }
 
-/// Appends `{"a":1,"b":"x"}` from the key's labels and its JSON values (for the markers).
-fn push_key(buf: &mut String, labels: &[String], values: &[String]) {
-    buf.push('{');
+/// Appends `{"a":1,"b":"x"}` from the key's labels and its JSON values.
+fn push_key<'v>(buf: &mut Vec<u8>, labels: &[Vec<u8>], values: impl IntoIterator<Item = &'v [u8]>) {
+    buf.push(b'{');
     for (i, (label, value)) in labels.iter().zip(values).enumerate() {
         if i > 0 {
-            buf.push(',');
+            buf.push(b',');
         }
-        buf.push_str(label);
-        buf.push_str(value);
+        buf.extend_from_slice(label);
+        buf.extend_from_slice(value);
     }
-    buf.push('}');
+    buf.push(b'}');
 }
 
 /// `table_start`: the scan of a table begins; reads up to `upper_bound` (JSON key values,
@@ -126,9 +121,9 @@ pub fn table_start(
 ) -> String {
     let upper_bound: Value = upper_bound
         .map(|values| {
-            let mut key = String::new();
-            push_key(&mut key, &key_labels(table), values);
-            serde_json::from_str(&key).unwrap_or_default()
+            let mut key = Vec::new();
+            push_key(&mut key, &key_labels(table), values.iter().map(|v| v.as_bytes()));
+            serde_json::from_slice(&key).unwrap_or_default()
         })
         .unwrap_or_default();
     let mut fields = envelope("table_start", backfill_id, slot, table);
