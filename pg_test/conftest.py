@@ -7,8 +7,10 @@ user) with the extension installed by scripts/test.sh; every test gets a databas
 import itertools
 import json
 import os
+import re
 import subprocess
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import psycopg
@@ -113,3 +115,62 @@ def worker_pid(conn, backfill_id: int):
         "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [f"pg_backfill {backfill_id}"]
     ).fetchone()
     return row[0] if row else None
+
+
+GRANT_BLOCKS = {"operator": "etl", "consumer": "consumer"}  # README block: the role it is written for
+
+
+def readme_grants(kind, role) -> str:
+    """The README's ```sql block after `<!-- {kind} grants: the tests run this block -->`, for `role`."""
+    text = (ROOT / "README.md").read_text()
+    marker = f"<!-- {kind} grants: the tests run this block -->"
+    assert text.count(marker) == 1, f"README.md must have the line {marker} exactly once"
+    block = re.match(r"\s*```sql\n(.*?)\n```", text[text.index(marker) + len(marker) :], re.S)
+    assert block, f"README.md: no ```sql block right after {marker}"
+    return re.sub(rf"\b{GRANT_BLOCKS[kind]}\b", role, block[1])
+
+
+class Roles:
+    """LOGIN roles for one test. Roles are cluster-wide, so each name carries the test database's
+    number; at teardown each is stripped of what it owns or was granted here, then dropped."""
+
+    def __init__(self, cluster, db):
+        self.cluster, self.db, self.names, self.conns = cluster, db, [], []
+        self.suffix = db.info.dbname.split("_")[0]
+
+    def create(self, base, *grants):
+        """A role; `grants` names README blocks ("operator", "consumer") run for it as postgres."""
+        name = f"{base}_{self.suffix}"
+        self.db.execute(f"CREATE ROLE {name} LOGIN")
+        self.names.append(name)
+        for kind in grants:
+            self.db.execute(readme_grants(kind, name))
+        return name
+
+    def connect(self, role):
+        conn = psycopg.connect(
+            host="127.0.0.1", port=self.cluster.port, user=role, dbname=self.db.info.dbname, autocommit=True
+        )
+        self.conns.append(conn)
+        return conn
+
+    def drop(self):
+        for conn in self.conns:
+            with suppress(Exception):
+                conn.close()
+        with suppress(psycopg.Error):
+            self.db.execute("SELECT backfill_cancel(id) FROM backfill.job WHERE state IN ('running', 'paused')")
+        with suppress(psycopg.Error):
+            self.db.execute("SET lock_timeout = '10s'")
+        for name in self.names:
+            with suppress(psycopg.Error):
+                self.db.execute(f"REASSIGN OWNED BY {name} TO postgres; DROP OWNED BY {name}")
+            with suppress(psycopg.Error), self.cluster.connect() as admin:
+                admin.execute(f"DROP ROLE IF EXISTS {name}")
+
+
+@pytest.fixture
+def roles(cluster, db):
+    r = Roles(cluster, db)
+    yield r
+    r.drop()

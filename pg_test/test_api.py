@@ -119,30 +119,23 @@ def test_bad_input_gets_a_clear_error(orders, setup, call, sqlstate, words):
     assert "panic" not in text.lower() and "internal" not in text.lower()
 
 
-def test_role_without_select_cannot_start(orders):
-    orders.execute("CREATE ROLE reader_less LOGIN; GRANT USAGE ON SCHEMA public TO reader_less")
-    orders.execute("SET ROLE reader_less")
-    try:
-        e = sqlstate_of(orders, "SELECT backfill_start('orders', confirm => true)")
-    finally:
-        orders.execute("RESET ROLE")
+def test_operator_without_select_cannot_start(orders, roles):
+    reader_less = roles.connect(roles.create("reader_less", "operator"))
+    e = sqlstate_of(reader_less, "SELECT backfill_start('orders', confirm => true)")
     assert e.sqlstate == "42501"
     assert "GRANT SELECT ON public.orders" in e.diag.message_hint
 
 
-def test_role_with_select_starts_and_only_it_may_cancel(orders):
-    orders.execute(
-        """CREATE ROLE starter LOGIN; CREATE ROLE other LOGIN;
-           GRANT USAGE ON SCHEMA public TO starter, other; GRANT SELECT ON orders TO starter;"""
-    )
-    orders.execute("SET ROLE starter")
-    backfill_id = orders.execute("SELECT backfill_start('orders', confirm => true, rows_per_second => 100)").fetchone()[0]
-    orders.execute("SET ROLE other")
-    e = sqlstate_of(orders, "SELECT backfill_cancel(%s)", [backfill_id])
-    assert e.sqlstate == "42501" and "starter" in e.diag.message_detail
-    orders.execute("SET ROLE starter")
-    assert orders.execute("SELECT backfill_cancel(%s)", [backfill_id]).fetchone()[0] is True
-    orders.execute("RESET ROLE")
+def test_operator_with_select_and_update_starts_and_only_it_may_cancel(orders, roles):
+    starter, other = roles.create("starter", "operator"), roles.create("other", "operator")
+    orders.execute(f"GRANT SELECT, UPDATE ON orders TO {starter}")
+    as_starter, as_other = roles.connect(starter), roles.connect(other)
+    backfill_id = as_starter.execute(
+        "SELECT backfill_start('orders', confirm => true, rows_per_second => 100)"
+    ).fetchone()[0]
+    e = sqlstate_of(as_other, "SELECT backfill_cancel(%s)", [backfill_id])
+    assert e.sqlstate == "42501" and starter in e.diag.message_detail
+    assert as_starter.execute("SELECT backfill_cancel(%s)", [backfill_id]).fetchone()[0] is True
     assert wait_until_ended(orders, backfill_id) == "cancelled"
 
 

@@ -19,4 +19,6 @@ fi
 
 echo "== end-to-end tests (pg_test/) =="
 cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null
+# Earlier versions' install scripts, for the upgrade tests (CREATE EXTENSION ... VERSION, then UPDATE).
+cp sql/history/pg_backfill--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 python3 -m pytest pg_test -p no:cacheprovider -q "$@"

@@ -93,17 +93,31 @@ AS $$ SELECT backfill.wait(id, extract(epoch FROM timeout)::float8 * 1000) $$;
 COMMENT ON FUNCTION backfill_wait(bigint, interval) IS
 'Waits until the backfill is done and, with a slot, delivered (true) or the timeout passes (false); an error if it fails or is cancelled.';
 
-CREATE VIEW backfill_status AS
+CREATE FUNCTION backfill.visible(started_by name)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$ SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER')
+             OR EXISTS (SELECT FROM pg_catalog.pg_roles r
+                         WHERE r.rolname OPERATOR(pg_catalog.=) started_by AND pg_catalog.pg_has_role(r.oid, 'MEMBER')) $$;
+COMMENT ON FUNCTION backfill.visible(name) IS
+'Whether the current role sees a backfill started by this role: a member of it, a superuser or a member of pg_monitor';
+
+-- The views show each role the backfills started by it or a role it is a member of;
+-- superusers and members of pg_monitor see every backfill. Key values, counts and errors
+-- show only to a role that may SELECT the tables (or pg_monitor). security_barrier: the filter
+-- runs before any function in a query on the view sees a row.
+CREATE VIEW backfill_status WITH (security_barrier) AS
 SELECT j.id,
        j.state,
        j.pause_reason,
        t.tables,
        t.current_table,
-       t.rows_done,
-       t.rows_estimated,
-       CASE WHEN j.state = 'done' THEN 100.0 ELSE round((100 * t.fraction_done)::numeric, 1) END AS percent_done,
-       r.rows_per_second AS rows_per_second_last_minute,
-       CASE WHEN j.state = 'running' AND r.rows_per_second > 0
+       CASE WHEN v.readable THEN t.rows_done END AS rows_done,
+       CASE WHEN v.readable THEN t.rows_estimated END AS rows_estimated,
+       CASE WHEN NOT v.readable THEN NULL
+            WHEN j.state = 'done' THEN 100.0 ELSE round((100 * t.fraction_done)::numeric, 1) END AS percent_done,
+       CASE WHEN v.readable THEN r.rows_per_second END AS rows_per_second_last_minute,
+       CASE WHEN v.readable AND j.state = 'running' AND r.rows_per_second > 0
             THEN make_interval(secs => round(((1 - t.fraction_done) * t.rows_estimated / r.rows_per_second)::numeric))
        END AS time_left,
        j.slot_name,
@@ -111,21 +125,19 @@ SELECT j.id,
        j.watermark_lsn,
        j.state = 'done' AND (j.slot_name IS NULL OR s.confirmed_flush_lsn >= j.watermark_lsn) AS delivered,
        a.pid AS worker_pid,
-       (SELECT count(*) FROM pg_catalog.pg_stat_activity w
-         WHERE w.backend_type = 'pg_backfill' AND split_part(w.application_name, '/', 1) = 'pg_backfill ' || j.id)::integer
-         AS workers_running,
+       backfill.workers_running(j.id) AS workers_running,
        j.parallel,
        j.batch_size,
        j.rows_per_second,
        CASE WHEN j.slot_name IS NOT NULL THEN coalesce(j.max_lag_bytes, backfill.max_slot_lag_bytes()) END AS max_lag_bytes,
        j.publication_name,
        j.message_prefix,
-       pg_catalog.current_setting('shared_preload_libraries') ~ '(^|[ ,])pg_backfill($|[ ,])' AS auto_resume,
+       backfill.auto_resume() AS auto_resume,
        j.started_by,
        j.started_at,
        j.finished_at,
-       j.last_error_sqlstate,
-       j.last_error
+       CASE WHEN v.readable THEN j.last_error_sqlstate END AS last_error_sqlstate,
+       CASE WHEN v.readable THEN j.last_error END AS last_error
   FROM backfill.job j
  CROSS JOIN LATERAL (
         SELECT array_agg(jt.relid ORDER BY jt.position) AS tables,
@@ -136,16 +148,19 @@ SELECT j.id,
                                                               WHEN 'pending' THEN 0
                                                               ELSE coalesce(jt.key_fraction_done,
                                                                             least(1, jt.rows_done::float8 / nullif(jt.rows_estimated, 0)), 0)
-                                                 END) / nullif(sum(jt.rows_estimated), 0), 0) AS fraction_done
+                                                 END) / nullif(sum(jt.rows_estimated), 0), 0) AS fraction_done,
+               bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
           FROM backfill.job_table jt
          WHERE jt.job_id = j.id) t
+ CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER') OR t.all_selectable AS readable) v
   LEFT JOIN LATERAL (
         SELECT ((max(p.rows_done) - min(p.rows_done)) / nullif(extract(epoch FROM max(p.at) - min(p.at)), 0))::bigint
                AS rows_per_second
           FROM backfill.job_progress p
          WHERE p.job_id = j.id AND p.at > pg_catalog.clock_timestamp() - interval '1 minute') r ON true
   LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
-  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = j.worker_pid AND j.state IN ('running', 'paused');
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = j.worker_pid AND j.state IN ('running', 'paused')
+ WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_status IS 'One row per backfill: state, progress, who started it and why it failed';
 COMMENT ON COLUMN backfill_status.state IS 'running, paused, done, cancelled or failed';
 COMMENT ON COLUMN backfill_status.pause_reason IS 'Why it is paused: by backfill_pause(), or waiting for the slot''s consumer (inactive, or lagging past max_lag_bytes)';
@@ -164,7 +179,7 @@ COMMENT ON COLUMN backfill_status.worker_pid IS 'Process id of the running backg
 COMMENT ON COLUMN backfill_status.last_error_sqlstate IS 'SQLSTATE of the error that failed the backfill';
 COMMENT ON COLUMN backfill_status.last_error IS 'Message of the error that failed the backfill, with the table and key';
 
-CREATE VIEW backfill_tables AS
+CREATE VIEW backfill_tables WITH (security_barrier) AS
 SELECT jt.job_id AS backfill_id,
        jt.position,
        jt.relid AS table_name,
@@ -172,16 +187,19 @@ SELECT jt.job_id AS backfill_id,
        CASE WHEN j.state IN ('cancelled', 'failed') AND jt.state <> 'done' THEN j.state
             ELSE jt.state END AS state,
        jt.key_columns,
-       jt.cursor,
-       jt.upper_bound,
-       jt.rows_done,
-       jt.rows_estimated,
-       jt.bytes_done,
+       CASE WHEN v.readable THEN jt.cursor END AS cursor,
+       CASE WHEN v.readable THEN jt.upper_bound END AS upper_bound,
+       CASE WHEN v.readable THEN jt.rows_done END AS rows_done,
+       CASE WHEN v.readable THEN jt.rows_estimated END AS rows_estimated,
+       CASE WHEN v.readable THEN jt.bytes_done END AS bytes_done,
        jt.last_page_lsn,
        jt.started_at,
        jt.finished_at
   FROM backfill.job_table jt
-  JOIN backfill.job j ON j.id = jt.job_id;
+  JOIN backfill.job j ON j.id = jt.job_id
+ CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER')
+                            OR coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) v
+ WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_tables IS 'One row per table of each backfill: scan state, cursor and counters';
 COMMENT ON COLUMN backfill_tables.state IS 'pending, running, done; or the backfill''s cancelled/failed for a table it did not finish';
 COMMENT ON COLUMN backfill_tables.part IS 'Key range of the table (with parallel workers; 0 otherwise)';
@@ -190,3 +208,55 @@ COMMENT ON COLUMN backfill_tables.upper_bound IS 'Greatest key when the scan sta
 COMMENT ON COLUMN backfill_tables.bytes_done IS 'Bytes of message payload delivered';
 
 GRANT SELECT ON backfill_status, backfill_tables TO PUBLIC;
+
+-- Authenticated messages (see the README's Security section).
+CREATE FUNCTION backfill_key(OUT key_id integer, OUT key bytea)
+LANGUAGE sql STABLE
+AS $$ SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1 $$;
+COMMENT ON FUNCTION backfill_key() IS
+'The key that signs new messages, for consumers that verify them (needs SELECT on backfill.message_key).';
+
+CREATE FUNCTION backfill_rotate_key()
+RETURNS integer
+LANGUAGE sql VOLATILE
+AS $$ INSERT INTO backfill.message_key DEFAULT VALUES RETURNING id $$;
+COMMENT ON FUNCTION backfill_rotate_key() IS
+'Makes a new message key, which signs every page from the next one on; returns its id. Old keys still verify old messages.';
+
+CREATE FUNCTION backfill_security_check()
+RETURNS TABLE (item text, ok boolean, detail text, fix text)
+LANGUAGE sql STABLE
+AS $$
+SELECT 'pg_logical_emit_message is executable by PUBLIC',
+       NOT (pg_catalog.has_function_privilege('public', 'pg_catalog.pg_logical_emit_message(boolean, text, text)', 'EXECUTE')
+            OR pg_catalog.has_function_privilege('public', 'pg_catalog.pg_logical_emit_message(boolean, text, bytea)', 'EXECUTE')),
+       'Any role can write a message with pg_backfill''s prefix into every consumer''s stream; only consumers that check each message''s auth tag tell it from a genuine one.',
+       'REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text), pg_catalog.pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC;'
+UNION ALL
+SELECT 'the message key is readable by PUBLIC',
+       NOT pg_catalog.has_table_privilege('public', 'backfill.message_key', 'SELECT'),
+       'A role that can read the key can forge messages that verify.',
+       'REVOKE ALL ON backfill.message_key FROM PUBLIC; SELECT backfill_rotate_key();'
+UNION ALL
+SELECT 'backfills can be started by PUBLIC',
+       NOT pg_catalog.has_function_privilege('public', 'backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer)', 'EXECUTE'),
+       'Every role could start backfills of the tables it may update, and take background workers.',
+       'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
+$$;
+COMMENT ON FUNCTION backfill_security_check() IS
+'Checks the privileges that keep the message stream trustworthy; each row that is not ok has the statement that fixes it.';
+
+-- Nothing that starts, controls or reveals backfills is executable by PUBLIC: the README shows
+-- the grants for operators and for consumers. The views' helpers stay executable by all.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
+                          backfill.visible(name) TO PUBLIC;
+REVOKE EXECUTE ON FUNCTION
+    backfill_estimate(regclass[], integer), backfill_estimate(regclass, integer), backfill_estimate(text, integer),
+    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer),
+    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer),
+    backfill_start(text, boolean, integer, integer, name, name, bigint, integer),
+    backfill_cancel(bigint), backfill_pause(bigint), backfill_resume(bigint),
+    backfill_set(bigint, integer, integer, bigint), backfill_wait(bigint, interval),
+    backfill_key(), backfill_rotate_key(), backfill_message_valid(text, bigint), backfill_security_check()
+  FROM PUBLIC;

@@ -3,8 +3,9 @@
 
 CREATE SCHEMA backfill;
 COMMENT ON SCHEMA backfill IS 'pg_backfill internal state; read it through the backfill_status and backfill_tables views';
--- Entry points live here. The state tables can be read by all (the views show the same), but
--- only the extension's functions, acting as the extension's owner, write them.
+-- Entry points live here (executable only by the roles granted them). The state tables are
+-- read and written by the extension's functions acting as the extension's owner; users read the
+-- views, which show each role its own backfills.
 GRANT USAGE ON SCHEMA backfill TO PUBLIC;
 
 CREATE TABLE backfill.job (
@@ -100,4 +101,24 @@ SELECT pg_catalog.pg_extension_config_dump('backfill.job', '');
 SELECT pg_catalog.pg_extension_config_dump('backfill.job_table', '');
 SELECT pg_catalog.pg_extension_config_dump('backfill.job_progress', '');
 
-GRANT SELECT ON backfill.job, backfill.job_table, backfill.job_progress TO PUBLIC;
+-- Key values, errors and counts of every table: for the extension's owner and pg_monitor only.
+GRANT SELECT ON backfill.job, backfill.job_table, backfill.job_progress TO pg_monitor;
+
+-- 32 bytes from four random UUIDs (pg_strong_random; 488 random bits), hashed.
+CREATE FUNCTION backfill.random_key() RETURNS bytea
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT sha256(convert_to(gen_random_uuid()::text || gen_random_uuid()::text ||
+                               gen_random_uuid()::text || gen_random_uuid()::text, 'UTF8')) $$;
+COMMENT ON FUNCTION backfill.random_key() IS 'A new message key: 32 random bytes';
+
+CREATE TABLE backfill.message_key (
+    id         integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    key        bytea NOT NULL DEFAULT backfill.random_key() CHECK (octet_length(key) >= 32),
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
+);
+COMMENT ON TABLE backfill.message_key IS 'Keys of the messages'' authentication tags (HMAC-SHA256); the newest signs new messages, older ones still verify old messages. Readable only by the extension''s owner and the roles it grants.';
+COMMENT ON COLUMN backfill.message_key.id IS 'Key id, carried in every tag (auth = "<id>:<hex>")';
+COMMENT ON COLUMN backfill.message_key.key IS '32 random bytes';
+COMMENT ON COLUMN backfill.message_key.created_at IS 'When the key was made (CREATE EXTENSION or backfill_rotate_key())';
+-- Not dumped: a restored database is another database, with a key of its own.
+INSERT INTO backfill.message_key DEFAULT VALUES;

@@ -4,6 +4,7 @@
 use crate::catalog::{self, CANCELLED, FAILED, PAUSED, RUNNING};
 use crate::eligibility::{self, Estimate, Table};
 use crate::errors::raise;
+use crate::privilege::{self, as_extension_owner};
 use crate::{pipeline, settings, worker};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
@@ -73,9 +74,11 @@ fn start(
     }
     check_rate(rows_per_second);
     require_logical_decoding();
+    let prefix = settings::message_prefix();
     let relids = table_list(tables);
     let tables: Vec<Table> = relids.iter().map(|relid| eligibility::require(*relid)).collect();
     if let Some(slot) = &slot {
+        privilege::require_replication(slot);
         pipeline::require_slot(slot);
     } else if max_lag.is_some() {
         raise(
@@ -103,7 +106,7 @@ fn start(
     Spi::run("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pg_backfill.start'))")
         .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not lock", e.to_string(), None));
     if let Some(running) = slot.as_deref().and_then(|slot| {
-        catalog::running_backfill_of_slot(slot)
+        as_extension_owner(|| catalog::running_backfill_of_slot(slot))
             .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not read backfills", e.to_string(), None))
     }) {
         raise(
@@ -114,7 +117,7 @@ fn start(
         );
     }
     for table in &tables {
-        if let Some(running) = catalog::running_backfill_of(table.relid)
+        if let Some(running) = as_extension_owner(|| catalog::running_backfill_of(table.relid))
             .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not read backfills", e.to_string(), None))
         {
             raise(
@@ -126,13 +129,12 @@ fn start(
         }
     }
 
-    let prefix = settings::message_prefix();
     let estimates: Vec<Estimate> = tables.iter().map(|t| eligibility::estimate(t, prefix.len())).collect();
     if !confirm {
         let rows: i64 = estimates.iter().map(|e| e.rows).sum();
         let bytes: i64 = estimates.iter().map(|e| e.bytes).sum();
         let first = eligibility::relation_name(relids[0]);
-        let example = if relids.len() == 1 { format!("'{first}'") } else { "ARRAY[...]".into() };
+        let example = if relids.len() == 1 { spi::quote_literal(&first) } else { "ARRAY[...]".into() };
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,
             "backfill not started: confirm => true is required",
@@ -146,6 +148,7 @@ fn start(
         );
     }
 
+    worker::require_worker_slots(parallel);
     let started_by = Spi::get_one::<String>("SELECT current_user::text").ok().flatten().unwrap_or_default();
     let job_id = as_extension_owner(|| {
         let job_id = catalog::insert_job(&catalog::NewJob {
@@ -185,10 +188,13 @@ fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<catalog::NewRange>
     if parallel == 1 || table.key.len() > 1 {
         return whole();
     }
-    let bounds = Spi::get_one_with_args::<Vec<String>>(
-        &crate::scan::ScanQueries::new(table).histogram(),
-        &[table.schema.clone().into(), table.name.clone().into(), table.key[0].name.clone().into()],
-    )
+    // The bounds are cast to the key's type (a domain's check is user code): as the owner.
+    let bounds = privilege::run_as(table.owner, || {
+        Spi::get_one_with_args::<Vec<String>>(
+            &crate::scan::ScanQueries::new(table).histogram(),
+            &[table.schema.clone().into(), table.name.clone().into(), table.key[0].name.clone().into()],
+        )
+    })
     .ok()
     .flatten()
     .unwrap_or_default();
@@ -220,7 +226,7 @@ fn cancel(id: i64) -> bool {
 #[pg_extern(schema = "backfill", name = "pause")]
 fn pause(id: i64) -> bool {
     // A backfill waiting for its slot's consumer can still be paused for good.
-    let waiting = catalog::job(id).ok().flatten().is_some_and(|job| job.is_waiting());
+    let waiting = as_extension_owner(|| catalog::job(id)).ok().flatten().is_some_and(|job| job.is_waiting());
     let from: &[&str] = if waiting { &[RUNNING, PAUSED] } else { &[RUNNING] };
     control(id, "pause", from, PAUSED, Some(catalog::PAUSED_BY_USER));
     true
@@ -230,11 +236,12 @@ fn pause(id: i64) -> bool {
 /// so does a running one whose worker was lost to a server restart without preloading.
 #[pg_extern(schema = "backfill", name = "resume")]
 fn resume(id: i64) -> bool {
-    let lost = catalog::worker_lost_to_restart(id).unwrap_or(false);
+    let lost = as_extension_owner(|| catalog::worker_lost_to_restart(id)).unwrap_or(false);
     let from: &[&str] = if lost { &[PAUSED, FAILED, RUNNING] } else { &[PAUSED, FAILED] };
     let job = control(id, "resume", from, RUNNING, None);
     // A backfill waiting for its slot's consumer still has its workers.
     if !job.is_waiting() {
+        worker::require_worker_slots(job.parallel);
         for worker in 0..job.parallel {
             launch_worker(id, worker);
         }
@@ -280,17 +287,8 @@ fn set(id: i64, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag: 
 fn wait(id: i64, timeout_ms: Option<f64>) -> bool {
     let deadline =
         timeout_ms.map(|ms| std::time::Instant::now() + std::time::Duration::from_secs_f64(ms.max(0.0) / 1000.0));
-    let xmin = Spi::get_one_with_args::<i64>("SELECT xmin::text::bigint FROM backfill.job WHERE id = $1", &[id.into()])
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| {
-            raise(
-                ERRCODE_UNDEFINED_OBJECT,
-                format!("backfill {id} does not exist"),
-                format!("No backfill has id {id}."),
-                None,
-            )
-        });
+    require_controller(id, "wait for");
+    let xmin = as_extension_owner(|| catalog::recorded_by(id)).ok().flatten().unwrap_or_default();
     let started_here = unsafe { pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin as u32)) };
     if started_here {
         raise(
@@ -302,18 +300,9 @@ fn wait(id: i64, timeout_ms: Option<f64>) -> bool {
         );
     }
     loop {
-        // A fresh snapshot each time: the mutable SPI path takes one per statement.
-        let (state, delivered, error) = Spi::connect_mut(|client| {
-            let row = client
-                .update("SELECT state, delivered, last_error FROM backfill_status WHERE id = $1", None, &[id.into()])?
-                .first();
-            Ok::<_, pgrx::spi::Error>((
-                row.get::<String>(1)?.unwrap_or_default(),
-                row.get::<bool>(2)?.unwrap_or(false),
-                row.get::<String>(3)?,
-            ))
-        })
-        .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not read the backfill's state", e.to_string(), None));
+        let (state, delivered, error) = as_extension_owner(|| catalog::outcome(id)).unwrap_or_else(|e| {
+            raise(ERRCODE_INTERNAL_ERROR, "could not read the backfill's state", e.to_string(), None)
+        });
         match state.as_str() {
             "done" if delivered => return true,
             "failed" | "cancelled" => raise(
@@ -346,18 +335,11 @@ fn wait(id: i64, timeout_ms: Option<f64>) -> bool {
     }
 }
 
-/// Checks that backfill `id` exists, is in one of the states `from`, and that the caller is the
-/// role that started it, a member of it, or a superuser; then moves it to `to` (unless `to` is
-/// empty). Returns the backfill as it was.
+/// Checks that backfill `id` exists, is in one of the states `from`, and that the caller may
+/// control it (see [`require_controller`]); then moves it to `to` (unless `to` is empty).
+/// Returns the backfill as it was.
 fn control(id: i64, verb: &str, from: &[&str], to: &str, pause_reason: Option<&str>) -> catalog::Job {
-    let job = catalog::job(id).unwrap_or(None).unwrap_or_else(|| {
-        raise(
-            ERRCODE_UNDEFINED_OBJECT,
-            format!("backfill {id} does not exist"),
-            format!("No backfill has id {id}."),
-            Some("SELECT id, state FROM backfill_status; lists the backfills.".into()),
-        )
-    });
+    let job = require_controller(id, verb);
     let not_in_state = |state: &str| -> ! {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -373,21 +355,6 @@ fn control(id: i64, verb: &str, from: &[&str], to: &str, pause_reason: Option<&s
     if !from.contains(&job.state.as_str()) {
         not_in_state(&job.state);
     }
-    let allowed = Spi::get_one_with_args::<bool>(
-        "SELECT pg_catalog.pg_has_role(current_user, $1::name, 'MEMBER')",
-        &[job.started_by.clone().into()],
-    )
-    .ok()
-    .flatten()
-    .unwrap_or(false);
-    if !allowed {
-        raise(
-            ERRCODE_INSUFFICIENT_PRIVILEGE,
-            format!("permission denied to {verb} backfill {id}"),
-            format!("Backfill {id} was started by role {}.", job.started_by),
-            Some(format!("Do it as {} (or a member of that role) or as a superuser.", job.started_by)),
-        );
-    }
     if to.is_empty() {
         return job;
     }
@@ -396,6 +363,37 @@ fn control(id: i64, verb: &str, from: &[&str], to: &str, pause_reason: Option<&s
     });
     if !moved {
         not_in_state("changing state concurrently");
+    }
+    job
+}
+
+/// Backfill `id`, which the caller may `verb`: the role that started it, a member of that role,
+/// or a superuser (the only one left once that role is dropped).
+fn require_controller(id: i64, verb: &str) -> catalog::Job {
+    let job = as_extension_owner(|| catalog::job(id)).unwrap_or(None).unwrap_or_else(|| {
+        raise(
+            ERRCODE_UNDEFINED_OBJECT,
+            format!("backfill {id} does not exist"),
+            format!("No backfill has id {id}."),
+            Some("SELECT id, state FROM backfill_status; lists the backfills.".into()),
+        )
+    });
+    let allowed = privilege::is_superuser()
+        || Spi::get_one_with_args::<bool>(
+            "SELECT pg_catalog.pg_has_role(r.oid, 'MEMBER') FROM pg_catalog.pg_roles r
+              WHERE r.rolname OPERATOR(pg_catalog.=) $1::name",
+            &[job.started_by.clone().into()],
+        )
+        .ok()
+        .flatten()
+        .unwrap_or(false);
+    if !allowed {
+        raise(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied to {verb} backfill {id}"),
+            format!("Backfill {id} was started by role {}.", job.started_by),
+            Some(format!("Do it as {} (or a member of that role) or as a superuser.", job.started_by)),
+        );
     }
     job
 }
@@ -497,31 +495,6 @@ fn require_logical_decoding() {
             Some("Set wal_level = logical in postgresql.conf and restart the server.".into()),
         );
     }
-}
-
-/// Runs `f` as the owner of pg_backfill's state tables: callers need no privileges on them,
-/// only on the tables they backfill, which are checked as the caller beforehand. An error
-/// inside restores the caller's identity with the transaction's abort.
-fn as_extension_owner<R>(f: impl FnOnce() -> R) -> R {
-    let owner = Spi::get_one::<pg_sys::Oid>("SELECT nspowner FROM pg_catalog.pg_namespace WHERE nspname = 'backfill'")
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| {
-            raise(
-                ERRCODE_INVALID_SCHEMA_NAME,
-                "schema backfill is missing",
-                "pg_backfill keeps its state there.",
-                Some("Reinstall the extension: DROP EXTENSION pg_backfill; CREATE EXTENSION pg_backfill;".into()),
-            )
-        });
-    let (mut user, mut context) = (pg_sys::InvalidOid, 0);
-    unsafe {
-        pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
-        pg_sys::SetUserIdAndSecContext(owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
-    }
-    let result = f();
-    unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
-    result
 }
 
 fn pretty_bytes(bytes: i64) -> String {

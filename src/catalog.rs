@@ -95,6 +95,30 @@ pub fn job(id: i64) -> SpiResult<Option<Job>> {
     })
 }
 
+/// The transaction id that recorded (or last resumed) the backfill, as xmin shows it.
+pub fn recorded_by(id: i64) -> SpiResult<Option<i64>> {
+    Spi::get_one_with_args("SELECT xmin::text::bigint FROM backfill.job WHERE id = $1", &[id.into()])
+}
+
+/// Where a backfill stands for backfill_wait(): its state, whether its consumer confirmed the
+/// watermark (done, and without a slot or with the slot past it), and its error.
+pub fn outcome(id: i64) -> SpiResult<(String, bool, Option<String>)> {
+    // A fresh snapshot each time: the mutable SPI path takes one per statement.
+    Spi::connect_mut(|client| {
+        let row = client
+            .update(
+                "SELECT j.state, j.state = 'done' AND (j.slot_name IS NULL OR s.confirmed_flush_lsn >= j.watermark_lsn),
+                        j.last_error
+                   FROM backfill.job j LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
+                  WHERE j.id = $1",
+                None,
+                &[id.into()],
+            )?
+            .first();
+        Ok((row.get::<String>(1)?.unwrap_or_default(), row.get::<bool>(2)?.unwrap_or(false), row.get::<String>(3)?))
+    })
+}
+
 /// Runs an UPDATE ... RETURNING; whether it changed a row.
 fn updated_any(sql: &str, args: &[pgrx::datum::DatumWithOid]) -> SpiResult<bool> {
     Spi::connect_mut(|client| Ok(!client.update(sql, None, args)?.is_empty()))

@@ -5,6 +5,7 @@
 //! once into the message and written to WAL. No row is materialized a second time, no SQL
 //! function or SPI call runs per row, and nothing per row is allocated in Rust.
 
+use crate::auth::Signer;
 use crate::json::RowJson;
 use crate::message::{self, ReadMessage};
 use pgrx::prelude::*;
@@ -18,6 +19,7 @@ pub struct Sink<'a> {
     pub row: &'a mut RowJson,
     pub messages: &'a mut ReadMessage,
     pub prefix: &'a CString,
+    pub signer: &'a Signer,
     pub rows: i64,
     pub bytes: i64,
 }
@@ -100,7 +102,7 @@ unsafe extern "C-unwind" fn receive(slot: *mut pg_sys::TupleTableSlot, receiver:
     let row = &mut *sink.row;
     row.render(&values[..columns], &nulls[..columns]);
     let key_values = sink.key_columns.iter().map(|&i| row.value(i));
-    let content = sink.messages.build(key_values, row.json(), partition.map(|p| crate::json::text_of(*p)));
+    let content = sink.messages.build(key_values, row.json(), partition.map(|p| crate::json::text_of(*p)), sink.signer);
     message::emit(sink.prefix, content);
     sink.rows += 1;
     sink.bytes += content.len() as i64;

@@ -23,6 +23,8 @@ pub struct KeyColumn {
 #[derive(Debug, Clone)]
 pub struct Table {
     pub relid: pg_sys::Oid,
+    /// As whom every query that reads the table runs (see `privilege.rs`).
+    pub owner: pg_sys::Oid,
     pub schema: String,
     pub name: String,
     pub partitioned: bool,
@@ -51,9 +53,10 @@ impl Table {
 
 const INSPECT_SQL: &str = "
 SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text,
-       has_table_privilege(c.oid, 'SELECT'),
+       pg_catalog.has_table_privilege(c.oid, 'SELECT'),
        n.nspname IN ('pg_catalog', 'information_schema', 'pg_toast', 'backfill'),
-       k.names, k.types, k.collations, k.all_default_opclasses, cols.names, cols.types
+       k.names, k.types, k.collations, k.all_default_opclasses, cols.names, cols.types,
+       pg_catalog.has_any_column_privilege(c.oid, 'UPDATE'), pg_catalog.row_security_active(c.oid), c.relowner
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
   LEFT JOIN LATERAL (
@@ -115,6 +118,9 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
             row.get::<bool>(10)?,
             row.get::<Vec<String>>(11)?.unwrap_or_default(),
             row.get::<Vec<pg_sys::Oid>>(12)?.unwrap_or_default(),
+            row.get::<bool>(13)?.unwrap_or(false),
+            row.get::<bool>(14)?.unwrap_or(true),
+            row.get::<pg_sys::Oid>(15)?.unwrap_or(pg_sys::InvalidOid),
         )))
     })
     .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not inspect table", e.to_string(), None));
@@ -132,6 +138,9 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
         default_opclasses,
         column_names,
         column_types,
+        can_update,
+        row_security,
+        owner,
     )) = row
     else {
         return Err(Ineligible {
@@ -180,6 +189,24 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
             )),
         );
     }
+    if !can_update {
+        return ineligible(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            "the current role has no UPDATE privilege on it: a backfill locks its rows FOR SHARE, \
+             which PostgreSQL allows only to roles that may update them"
+                .into(),
+            Some(format!(
+                "A role that may update the table must start its backfill: GRANT UPDATE ON {qualified} TO ...;"
+            )),
+        );
+    }
+    if row_security {
+        return ineligible(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            "row-level security filters its rows for the current role, but a backfill delivers every row".into(),
+            Some("Start it as the table's owner or as a role with BYPASSRLS.".into()),
+        );
+    }
     let (Some(names), Some(types)) = (names, types) else {
         return ineligible(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -213,7 +240,7 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
             collation: collations.get(i).cloned().flatten(),
         })
         .collect();
-    Ok(Table { relid, schema, name, partitioned: relkind == "p", columns, key })
+    Ok(Table { relid, owner, schema, name, partitioned: relkind == "p", columns, key })
 }
 
 /// Like [`inspect`], but an ineligible table is an error that names it.
@@ -250,6 +277,12 @@ const SAMPLE_ROWS: f64 = 2000.0;
 /// Estimates rows from the planner (catalog statistics, or the relation size for a table never
 /// analyzed) and the average message size from a block sample: never a full scan.
 pub fn estimate(table: &Table, prefix_len: usize) -> Estimate {
+    // The sample renders rows with row_to_json, which runs the casts to json of user-defined
+    // types: as the table's owner, whoever asks.
+    crate::privilege::run_as(table.owner, || sample(table, prefix_len))
+}
+
+fn sample(table: &Table, prefix_len: usize) -> Estimate {
     let relation = table.qualified_name();
     let plan = Spi::explain(&format!("SELECT * FROM {relation}"))
         .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not estimate the table's rows", e.to_string(), None));

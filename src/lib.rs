@@ -12,11 +12,15 @@
 //! - `json.rs`: a row's JSON, rendered from its columns as row_to_json renders it.
 //! - `message.rs`: the JSON messages consumers receive.
 //! - `settings.rs`: the `backfill.*` GUCs.
+//! - `privilege.rs`: who runs what: the caller's checks, the table owner's queries, the state.
+//! - `auth.rs`: the messages' authentication tags.
+//! - `status.rs`: helpers of the monitoring views.
 //! - `errors.rs`: how user errors are raised (SQLSTATE, detail, hint).
 
 use pgrx::prelude::*;
 
 mod api;
+mod auth;
 mod catalog;
 mod delivery;
 mod eligibility;
@@ -24,8 +28,10 @@ mod errors;
 mod json;
 mod message;
 mod pipeline;
+mod privilege;
 mod scan;
 mod settings;
+mod status;
 mod worker;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -41,7 +47,9 @@ mod backfill {}
 pub extern "C-unwind" fn _PG_init() {
     settings::define();
     // Preloaded, the library also resumes running backfills after every server start.
+    // SAFETY: a flag PostgreSQL sets while it loads shared_preload_libraries.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        status::PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
         worker::register_launcher();
     }
 }

@@ -6,7 +6,10 @@
 //!   backfill is for a slot, and `"partition"` for a partitioned table). `commit_lsn` is always `0/0`: the LSN is only known at commit, and
 //!   every decoder reports the real one with the transaction.
 //! - `table_start` when a table's scan starts and `table_end` (with the row count) when it ends.
+//!
+//! Every message ends with an `auth` field: see `auth.rs`.
 
+use crate::auth::Signer;
 use crate::eligibility::Table;
 use crate::json;
 use pgrx::prelude::*;
@@ -20,6 +23,7 @@ unsafe extern "C-unwind" {
 }
 
 /// Writes one transactional message: it is decoded at its transaction's commit, in commit order.
+/// `content` is sealed already.
 pub fn emit(prefix: &CString, content: &[u8]) {
     // SAFETY: both pointers are valid for the call; an ERROR raised inside becomes a Rust panic
     // at the guarded boundary instead of a longjmp across Rust frames.
@@ -68,16 +72,17 @@ impl ReadMessage {
     /// Bytes of a message beyond its key values and data.
     pub fn envelope_len(&self) -> usize {
         let key_punctuation: usize = self.key_labels.iter().map(|l| l.len() + 1).sum::<usize>() + 1;
-        self.head.len() + key_punctuation + DATA_FIELD.len() + TAIL.len()
+        self.head.len() + key_punctuation + DATA_FIELD.len() + TAIL.len() + crate::auth::SEAL_LEN
     }
 
-    /// The message of one row: its key values and its data (JSON, in the database's encoding)
-    /// and, for a partitioned table, its partition's name.
+    /// The message of one row, sealed: its key values and its data (JSON, in the database's
+    /// encoding) and, for a partitioned table, its partition's name.
     pub fn build<'v>(
         &mut self,
         key_values: impl IntoIterator<Item = &'v [u8]>,
         data: &[u8],
         partition: Option<&[u8]>,
+        signer: &Signer,
     ) -> &[u8] {
         self.buf.clear();
         self.buf.extend_from_slice(&self.head);
@@ -89,6 +94,7 @@ impl ReadMessage {
             json::push_quoted(&mut self.buf, partition);
         }
         self.buf.extend_from_slice(TAIL);
+        signer.seal(&mut self.buf);
         &self.buf
     }
 }
@@ -133,6 +139,13 @@ pub fn table_start(
     Value::Object(fields).to_string()
 }
 
+/// Writes a marker, sealed.
+pub fn emit_marker(prefix: &CString, signer: &Signer, marker: String) {
+    let mut content = marker.into_bytes();
+    signer.seal(&mut content);
+    emit(prefix, &content);
+}
+
 /// `table_end`: every row of the table up to its upper bound has been read.
 pub fn table_end(backfill_id: i64, slot: Option<&str>, table: &Table, rows: i64) -> String {
     let mut fields = envelope("table_end", backfill_id, slot, table);
@@ -157,8 +170,9 @@ mod tests {
         let table = table("CREATE TABLE msg_t (\"Region\" text, id int, v text, PRIMARY KEY (\"Region\", id))");
         let mut message = ReadMessage::new(7, None, &table);
         let data = br#"{"Region":"eu","id":3,"v":"x"}"#;
-        let built = message.build([&b"\"eu\""[..], b"3"], data, None).to_vec();
-        let parsed: serde_json::Value = serde_json::from_slice(&built).unwrap();
+        let built = message.build([&b"\"eu\""[..], b"3"], data, None, &Signer::for_this_transaction()).to_vec();
+        let mut parsed: serde_json::Value = serde_json::from_slice(&built).unwrap();
+        assert!(parsed.as_object_mut().unwrap().remove("auth").is_some());
         assert_eq!(
             parsed,
             json!({"op": "read", "backfill_id": 7, "schema": "public", "table": "msg_t",

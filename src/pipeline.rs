@@ -24,7 +24,8 @@ pub fn require_slot(slot: &str) {
             format!("replication slot \"{slot}\" does not exist"),
             "A backfill for a pipeline needs the pipeline's logical replication slot.",
             Some(format!(
-                "Create it, or name an existing one: SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');"
+                "Create it, or name an existing one: SELECT pg_create_logical_replication_slot({}, 'pgoutput');",
+                spi::quote_literal(slot)
             )),
         );
     };

@@ -1,6 +1,9 @@
 //! The `backfill.*` settings. Each is an ordinary GUC with a unit and a documented default.
 
+use crate::errors::raise;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
 use std::ffi::CString;
 
 /// Prefix of every logical decoding message; recorded per backfill when it starts.
@@ -17,6 +20,9 @@ pub static MAX_SLOT_LAG_KB: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024
 
 /// How often a running backfill logs a progress line (seconds; 0 turns it off).
 pub static LOG_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
+
+/// Background workers all backfills of the cluster may use at once.
+pub static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
 
 /// Test-only: read pages without row locks, to show that the ordering tests catch the race.
 pub static TEST_SKIP_ROW_LOCKS: GucSetting<bool> = GucSetting::<bool>::new(false);
@@ -75,6 +81,18 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::UNIT_S,
     );
+    GucRegistry::define_int_guc(
+        c"backfill.max_workers",
+        c"How many background workers all backfills of the cluster may use at once.",
+        c"Background workers come from max_worker_processes, which parallel query and logical \
+          replication share: the default leaves them headroom. A backfill that would exceed \
+          it is refused (SQLSTATE 53400).",
+        &MAX_WORKERS,
+        1,
+        pg_sys::MAX_BACKENDS as i32,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     GucRegistry::define_bool_guc(
         c"backfill.test_skip_row_locks",
         c"For tests only: read pages without row locks (breaks the ordering guarantee).",
@@ -85,9 +103,32 @@ pub fn define() {
     );
 }
 
-/// The message prefix in force, as a Rust string.
+/// Longest message prefix: a prefix is written into every message's WAL record.
+const MAX_PREFIX_LEN: usize = 64;
+
+/// The message prefix in force. Consumers filter by it and it is repeated in every record, so
+/// it must be 1 to 64 printable ASCII characters.
 pub fn message_prefix() -> String {
-    MESSAGE_PREFIX.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|| "backfill".to_string())
+    let prefix = MESSAGE_PREFIX.get().map(|c| c.to_bytes().to_vec()).unwrap_or_default();
+    let problem = if prefix.is_empty() {
+        Some("it is empty".to_string())
+    } else if prefix.len() > MAX_PREFIX_LEN {
+        Some(format!("it is {} bytes long", prefix.len()))
+    } else {
+        prefix
+            .iter()
+            .position(|b| !(0x20..=0x7e).contains(b))
+            .map(|at| format!("byte {} is not printable ASCII", at + 1))
+    };
+    if let Some(problem) = problem {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "invalid value for backfill.message_prefix",
+            format!("The prefix must be 1 to {MAX_PREFIX_LEN} printable ASCII characters; {problem}."),
+            Some("SET backfill.message_prefix = 'backfill';".into()),
+        );
+    }
+    String::from_utf8(prefix).expect("printable ASCII is UTF-8")
 }
 
 /// backfill.max_slot_lag in bytes, for the status view. Calling it loads the library, so the

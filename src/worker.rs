@@ -17,6 +17,7 @@
 //! locks never waits for another. Only a one-row page, which holds nothing else, waits, and only
 //! for `backfill.lock_timeout`. A page therefore never closes a deadlock cycle with a writer.
 
+use crate::auth::Signer;
 use crate::catalog::{self, JobTable, DONE, FAILED, RUNNING};
 use crate::delivery;
 use crate::eligibility::{self, Table};
@@ -24,7 +25,7 @@ use crate::errors::raise;
 use crate::json::RowJson;
 use crate::message::{self, ReadMessage};
 use crate::scan::{Locking, ScanQueries};
-use crate::{pipeline, settings};
+use crate::{pipeline, privilege, settings};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::pg_sys::panic::{CaughtError, ErrorReportWithLevel};
 use pgrx::prelude::*;
@@ -57,6 +58,66 @@ fn register(database: pg_sys::Oid, job_id: i64, worker: i32, starter_xid: u64) -
         .set_restart_time(Some(Duration::from_secs(1)))
         .load_dynamic()
         .is_ok()
+}
+
+/// Backfill workers admitted now, in every database, other than this process: each sets its
+/// application_name (`pg_backfill 7`) when it is admitted; the resumer never is.
+fn admitted_workers() -> i32 {
+    Spi::get_one::<i32>(
+        "SELECT count(*)::int FROM pg_catalog.pg_stat_activity
+          WHERE backend_type OPERATOR(pg_catalog.=) 'pg_backfill'
+            AND application_name OPERATOR(pg_catalog.~~) 'pg_backfill %'
+            AND application_name OPERATOR(pg_catalog.<>) 'pg_backfill resume'
+            AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()",
+    )
+    .unwrap_or_else(|e| error!("could not count the backfill workers: {e}"))
+    .unwrap_or(0)
+}
+
+fn too_many_workers(running: i32, needed: i32) -> ! {
+    let cap = settings::MAX_WORKERS.get();
+    raise(
+        ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        "too many backfill workers",
+        format!(
+            "{running} backfill worker(s) run now and this backfill needs {needed} more; backfill.max_workers is {cap}."
+        ),
+        Some(
+            "Wait for a backfill to finish, use fewer parallel workers, or raise backfill.max_workers \
+             (it keeps background workers free for parallel query and logical replication)."
+                .into(),
+        ),
+    )
+}
+
+/// backfill_start() and backfill_resume(): refuses a backfill whose workers would take more
+/// than backfill.max_workers background workers in all. (Two calls at the same moment may both
+/// pass; each worker checks again when it starts, see [`admit_within_cap`].)
+pub fn require_worker_slots(needed: i32) {
+    let running = privilege::as_extension_owner(admitted_workers);
+    if running + needed > settings::MAX_WORKERS.get() {
+        too_many_workers(running, needed);
+    }
+}
+
+/// A starting worker is admitted only while fewer than backfill.max_workers are: checked under
+/// a cluster-wide lock, held until the worker's application_name (which counts it) commits.
+fn admit_within_cap() {
+    // A lock tag no PostgreSQL object uses: the shared catalog pg_database, object 0.
+    const CAP_LOCK: u16 = 0x6266;
+    // SAFETY: takes a heavyweight lock, released at the end of this transaction.
+    unsafe {
+        pg_sys::LockSharedObject(
+            pg_sys::DatabaseRelationId,
+            pg_sys::InvalidOid,
+            CAP_LOCK,
+            pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
+        );
+    }
+    let running = admitted_workers();
+    if running >= settings::MAX_WORKERS.get() {
+        too_many_workers(running, 1);
+    }
 }
 
 /// `pg_backfill 7` for a backfill's first worker, `pg_backfill 7/1` for its second: the
@@ -108,6 +169,7 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
             &[job_id.into(), worker.into()],
         )
         .unwrap_or_else(|e| error!("{e}"));
+        admit_within_cap();
         configure_session(&worker_name(job_id, worker));
         if worker == 0 {
             catalog::set_worker_pid(job_id, Some(unsafe { pg_sys::MyProcPid })).unwrap_or_else(|e| error!("{e}"));
@@ -194,7 +256,8 @@ fn configure_session(name: &str) {
         // table it crosses jit_above_cost, and every page then paid for compiling expressions
         // (and the worker for loading LLVM: 10 MB more memory, seen on a 4M-row table).
         ("jit", "off".into()),
-        ("search_path", "pg_catalog".into()),
+        // The same path privilege::run_as sets, so that plans prepared outside it stay valid inside.
+        ("search_path", "pg_catalog, pg_temp".into()),
         ("DateStyle", "ISO".into()),
         ("TimeZone", "UTC".into()),
         ("IntervalStyle", "postgres".into()),
@@ -376,6 +439,8 @@ struct TableScan<'a> {
     last_log: Instant,
     prefix: &'a CString,
     table: Table,
+    /// The table's owner when the page began: its queries run as this role.
+    owner: pg_sys::Oid,
     queries: ScanQueries,
     key_columns: Vec<usize>,
     row: RowJson,
@@ -407,6 +472,7 @@ impl<'a> TableScan<'a> {
             row,
             messages: ReadMessage::new(job_id, job.slot_name.as_deref(), &table),
             slot: job.slot_name.clone(),
+            owner: table.owner,
             table,
         })
     }
@@ -491,11 +557,14 @@ impl<'a> TableScan<'a> {
         let progress = catalog::job_table(self.job_id, self.position)
             .unwrap_or_else(|e| error!("{e}"))
             .unwrap_or_else(|| error!("backfill {} lost its table {}", self.job_id, self.position));
+        self.owner = privilege::owner_of(self.table.relid);
+        privilege::require_starter_rights(&job.started_by, self.table.relid, &self.table.qualified_name());
+        let signer = Signer::for_this_transaction();
         if progress.state == "pending" {
-            return self.start_scan(&progress);
+            return self.start_scan(&progress, &signer);
         }
         let Some(upper_bound) = progress.upper_bound.clone() else {
-            return self.end_scan(progress.rows_done);
+            return self.end_scan(progress.rows_done, &signer);
         };
         report_activity(&format!(
             "backfill {}: {} after key ({})",
@@ -508,16 +577,16 @@ impl<'a> TableScan<'a> {
         }
         let cursor = progress.cursor.clone();
         let Some(page_end) = self.page_end(cursor.as_deref(), &upper_bound, rows_per_page) else {
-            return self.end_scan(progress.rows_done);
+            return self.end_scan(progress.rows_done, &signer);
         };
-        let (rows, bytes) = self.deliver(cursor.as_deref(), &page_end, rows_per_page);
+        let (rows, bytes) = self.deliver(cursor.as_deref(), &page_end, rows_per_page, &signer);
         if page_end == upper_bound {
             // The table's ranges are locked before this range's row is updated, as in every
             // other end and start: always in the same order, so workers never deadlock.
             let ranges = self.lock_table_ranges();
             catalog::advance_cursor(self.job_id, self.position, page_end, rows, bytes)
                 .unwrap_or_else(|e| error!("{e}"));
-            return self.end_scan_locked(progress.rows_done + rows, &ranges);
+            return self.end_scan_locked(progress.rows_done + rows, &ranges, &signer);
         }
         catalog::advance_cursor(self.job_id, self.position, page_end.clone(), rows, bytes)
             .unwrap_or_else(|e| error!("{e}"));
@@ -533,17 +602,20 @@ impl<'a> TableScan<'a> {
         }
         self.last_sample = Some(Instant::now());
         catalog::record_progress(self.job_id).unwrap_or_else(|e| error!("{e}"));
-        let fraction = Spi::get_one_with_args::<f64>(
-            &self.queries.key_fraction(),
-            &[
-                cursor[0].clone().into(),
-                upper_bound[0].clone().into(),
-                progress.lower_bound.as_ref().map(|l| l[0].clone()).into(),
-                self.table.schema.clone().into(),
-                self.table.name.clone().into(),
-                self.table.key[0].name.clone().into(),
-            ],
-        )
+        // The histogram's bounds are cast to the key's type: as the table's owner.
+        let fraction = privilege::run_as(self.owner, || {
+            Spi::get_one_with_args::<f64>(
+                &self.queries.key_fraction(),
+                &[
+                    cursor[0].clone().into(),
+                    upper_bound[0].clone().into(),
+                    progress.lower_bound.as_ref().map(|l| l[0].clone()).into(),
+                    self.table.schema.clone().into(),
+                    self.table.name.clone().into(),
+                    self.table.key[0].name.clone().into(),
+                ],
+            )
+        })
         .unwrap_or(None);
         catalog::set_key_fraction(self.job_id, self.position, fraction).unwrap_or_else(|e| error!("{e}"));
         let interval = settings::LOG_INTERVAL_S.get();
@@ -560,7 +632,7 @@ impl<'a> TableScan<'a> {
     }
 
     /// Fixes the upper bound (the greatest key now) and sends the start marker.
-    fn start_scan(&mut self, progress: &JobTable) -> Page {
+    fn start_scan(&mut self, progress: &JobTable, signer: &Signer) -> Page {
         let ranges = self.lock_table_ranges();
         let first_range = ranges.iter().all(|(position, state, _)| *position == self.position || state == "pending");
         // The greatest key now: the upper bound of a table scanned whole or of its last range,
@@ -570,7 +642,7 @@ impl<'a> TableScan<'a> {
             let json = greatest.as_ref().map(|(_, json)| json.as_slice());
             let rows_estimated = ranges.len() as i64 * progress.rows_estimated;
             let marker = message::table_start(self.job_id, self.slot.as_deref(), &self.table, json, rows_estimated);
-            message::emit(self.prefix, marker.as_bytes());
+            message::emit_marker(self.prefix, signer, marker);
         }
         let upper_bound = progress.upper_bound.clone().or(greatest.map(|(key, _)| key));
         catalog::start_table(self.job_id, self.position, upper_bound.clone()).unwrap_or_else(|e| error!("{e}"));
@@ -580,24 +652,26 @@ impl<'a> TableScan<'a> {
             .unwrap_or_else(|| "nothing: it is empty".into());
         log!("pg_backfill {}: scanning {} up to {bound}", self.job_id, self.table.qualified_name());
         if upper_bound.is_none() {
-            return self.end_scan_locked(0, &ranges);
+            return self.end_scan_locked(0, &ranges, signer);
         }
         Page::More
     }
 
     /// The greatest key of the table now, as text values and as JSON values; None if empty.
     fn greatest_key(&self) -> Option<(Vec<String>, Vec<String>)> {
-        Spi::connect(|client| {
-            let rows = client.select(&self.queries.upper_bound(), None, &[])?;
-            if rows.is_empty() {
-                return Ok::<_, pgrx::spi::Error>(None);
-            }
-            let row = rows.first();
-            let k = self.queries.key_len();
-            let column = |i: usize| row.get::<String>(i).map(|v| v.unwrap_or_default());
-            let key = (1..=k).map(column).collect::<Result<Vec<_>, _>>()?;
-            let json = (k + 1..=2 * k).map(column).collect::<Result<Vec<_>, _>>()?;
-            Ok(Some((key, json)))
+        privilege::run_as(self.owner, || {
+            Spi::connect(|client| {
+                let rows = client.select(&self.queries.upper_bound(), None, &[])?;
+                if rows.is_empty() {
+                    return Ok::<_, pgrx::spi::Error>(None);
+                }
+                let row = rows.first();
+                let k = self.queries.key_len();
+                let column = |i: usize| row.get::<String>(i).map(|v| v.unwrap_or_default());
+                let key = (1..=k).map(column).collect::<Result<Vec<_>, _>>()?;
+                let json = (k + 1..=2 * k).map(column).collect::<Result<Vec<_>, _>>()?;
+                Ok(Some((key, json)))
+            })
         })
         .unwrap_or_else(|e| error!("{e}"))
     }
@@ -609,14 +683,12 @@ impl<'a> TableScan<'a> {
 
     /// Ends the scan of a range whose rows `ranges` are locked: marks it done and, if it is
     /// the table's last range to end, sends the table's end marker with the table's row count.
-    fn end_scan_locked(&mut self, rows: i64, ranges: &[(i32, String, i64)]) -> Page {
+    fn end_scan_locked(&mut self, rows: i64, ranges: &[(i32, String, i64)], signer: &Signer) -> Page {
         let others = ranges.iter().filter(|(position, _, _)| *position != self.position);
         if others.clone().all(|(_, state, _)| state == DONE) {
             let total = rows + others.map(|(_, _, rows)| rows).sum::<i64>();
-            message::emit(
-                self.prefix,
-                message::table_end(self.job_id, self.slot.as_deref(), &self.table, total).as_bytes(),
-            );
+            let marker = message::table_end(self.job_id, self.slot.as_deref(), &self.table, total);
+            message::emit_marker(self.prefix, signer, marker);
             log!("pg_backfill {}: {} done, {total} rows", self.job_id, self.table.qualified_name());
         }
         catalog::finish_table(self.job_id, self.position).unwrap_or_else(|e| error!("{e}"));
@@ -624,9 +696,9 @@ impl<'a> TableScan<'a> {
     }
 
     /// Ends the scan of this range when no key is left in it.
-    fn end_scan(&mut self, rows: i64) -> Page {
+    fn end_scan(&mut self, rows: i64, signer: &Signer) -> Page {
         let ranges = self.lock_table_ranges();
-        self.end_scan_locked(rows, &ranges)
+        self.end_scan_locked(rows, &ranges, signer)
     }
 
     /// The table's columns changed since the scan began (ALTER TABLE): rows are rendered, and
@@ -689,21 +761,29 @@ impl<'a> TableScan<'a> {
             Spi::connect(|client| client.prepare(queries.page_end(after_cursor).as_str(), &oids).map(|p| p.keep()))
                 .unwrap_or_else(|e| error!("could not prepare the page bound query: {e}"))
         });
-        Spi::connect(|client| {
-            let result = client.select(&*plan, None, &args)?;
-            if result.is_empty() {
-                return Ok::<_, pgrx::spi::Error>(None);
-            }
-            // No row, or max() of no rows (NULL): no key is left. Key columns are never NULL.
-            let row = result.first();
-            (0..self.queries.key_len()).map(|i| row.get::<String>(i + 1)).collect::<Result<Option<Vec<_>>, _>>()
+        privilege::run_as(self.owner, || {
+            Spi::connect(|client| {
+                let result = client.select(&*plan, None, &args)?;
+                if result.is_empty() {
+                    return Ok::<_, pgrx::spi::Error>(None);
+                }
+                // No row, or max() of no rows (NULL): no key is left. Key columns are never NULL.
+                let row = result.first();
+                (0..self.queries.key_len()).map(|i| row.get::<String>(i + 1)).collect::<Result<Option<Vec<_>>, _>>()
+            })
         })
         .unwrap_or_else(|e| error!("{e}"))
     }
 
     /// Locks and reads every row from the cursor (exclusive) to the page's end (inclusive),
     /// emitting one message per row. Returns rows and payload bytes delivered.
-    fn deliver(&mut self, cursor: Option<&[String]>, page_end: &[String], rows_per_page: i32) -> (i64, i64) {
+    fn deliver(
+        &mut self,
+        cursor: Option<&[String]>,
+        page_end: &[String],
+        rows_per_page: i32,
+        signer: &Signer,
+    ) -> (i64, i64) {
         let locking = if settings::TEST_SKIP_ROW_LOCKS.get() {
             Locking::None
         } else if rows_per_page == 1 {
@@ -726,10 +806,12 @@ impl<'a> TableScan<'a> {
             row: &mut self.row,
             messages: &mut self.messages,
             prefix: self.prefix,
+            signer,
             rows: 0,
             bytes: 0,
         };
-        delivery::run(plan, &args, &mut sink);
+        // The rows' casts to json and the key's input functions are user code: as the owner.
+        privilege::run_as(self.owner, || delivery::run(plan, &args, &mut sink));
         (sink.rows, sink.bytes)
     }
 }

@@ -1,0 +1,541 @@
+"""Security: who may call what (the README's grant blocks, run as written), the checks on the
+caller, no escalation to superuser through the caller's search_path or a table's own code, what
+each role sees in the views, the worker cap, hints that quote names, the message prefix, and
+authenticated messages."""
+
+import hashlib
+import hmac
+import json
+import re
+import time
+from contextlib import suppress
+
+import psycopg
+import pytest
+from conftest import readme_grants, status, wait_for, wait_until_ended, worker_pid
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+def error_of(conn, sql, params=None) -> psycopg.Error:
+    with pytest.raises(psycopg.Error) as caught:
+        conn.execute(sql, params)
+    return caught.value
+
+
+def value(conn, sql, params=None):
+    return conn.execute(sql, params).fetchone()[0]
+
+
+def make_table(conn, name, rows):
+    conn.execute(
+        f"""CREATE TABLE {name} (id int PRIMARY KEY, label text);
+            INSERT INTO {name} SELECT g, 'row ' || g FROM generate_series(1, {rows}) g;
+            ANALYZE {name};"""
+    )
+
+
+def start(conn, table, **options) -> int:
+    """backfill_start(table, confirm => true, option => value...): the backfill id."""
+    named = "".join(f", {name} => %s" for name in options)
+    return value(conn, f"SELECT backfill_start(%s::regclass, confirm => true{named})", [table, *options.values()])
+
+
+def is_superuser(conn, role) -> bool:
+    return value(conn, "SELECT rolsuper FROM pg_roles WHERE rolname = %s", [role])
+
+
+def hint_statement(error) -> str:
+    """The SQL statement a hint shows: from its SELECT to its last semicolon."""
+    hint = error.diag.message_hint or ""
+    assert "SELECT" in hint and ";" in hint, hint
+    return hint[hint.index("SELECT") : hint.rindex(";") + 1]
+
+
+@pytest.fixture
+def operator(db, roles):
+    """An operator (the README's grants) that may SELECT and UPDATE table t (200 rows): (role, connection)."""
+    make_table(db, "t", 200)
+    role = roles.create("op", "operator")
+    db.execute(f"GRANT SELECT, UPDATE ON t TO {role}")
+    return role, roles.connect(role)
+
+
+# --- 1. grants -------------------------------------------------------------------------------
+
+def test_public_may_execute_no_function_but_those_the_views_call(db):
+    functions = dict(
+        db.execute(
+            """SELECT p.oid::regprocedure::text, has_function_privilege('public', p.oid, 'EXECUTE')
+                 FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
+                WHERE d.classid = 'pg_proc'::regclass AND d.deptype = 'e'
+                  AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pg_backfill')
+                  AND p.oid NOT IN (SELECT v.refobjid FROM pg_depend v JOIN pg_rewrite r ON r.oid = v.objid
+                                     WHERE v.classid = 'pg_rewrite'::regclass AND v.refclassid = 'pg_proc'::regclass
+                                       AND r.ev_class IN ('backfill_status'::regclass, 'backfill_tables'::regclass))"""
+        ).fetchall()
+    )
+    for name in ("backfill_start(", "backfill.start(", "backfill_estimate(", "backfill_cancel(", "backfill_key("):
+        assert any(f.startswith(name) for f in functions), name
+    assert [f for f, public in functions.items() if public] == []
+
+
+def test_a_role_without_grants_may_not_call_the_functions(db, roles):
+    make_table(db, "t", 10)
+    role = roles.create("nogrants")
+    db.execute(f"GRANT SELECT, UPDATE ON t TO {role}")  # the table is not what is missing
+    conn = roles.connect(role)
+    for call in ("backfill_start('t', confirm => true)", "backfill_estimate('t')"):
+        e = error_of(conn, f"SELECT * FROM {call}")
+        assert e.sqlstate == "42501" and "permission denied for function" in e.diag.message_primary, call
+
+
+# --- 2. what starting a backfill needs from the caller -------------------------------------
+
+def test_start_needs_update_as_well_as_select(db, roles):
+    make_table(db, "t", 50)
+    role = roles.create("op", "operator")
+    db.execute(f"GRANT SELECT ON t TO {role}")
+    conn = roles.connect(role)
+    e = error_of(conn, "SELECT backfill_start('t', confirm => true)")
+    assert e.sqlstate == "42501" and "GRANT UPDATE" in (e.diag.message_hint or "")
+    db.execute(f"GRANT UPDATE ON t TO {role}")
+    assert wait_until_ended(db, start(conn, "t")) == "done"
+
+
+def test_a_backfill_stops_when_its_starter_loses_the_right_to_lock(db, operator):
+    role, conn = operator
+    backfill_id = start(conn, "t", rows_per_second=20, batch_size=10)
+    wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="first page")
+    db.execute(f"REVOKE UPDATE ON t FROM {role}")
+    assert wait_until_ended(db, backfill_id, timeout=30) == "failed"
+    sqlstate, error = status(db, backfill_id, "last_error_sqlstate", "last_error")
+    assert sqlstate == "42501" and role in error and "UPDATE" in error
+
+
+def test_start_is_refused_when_row_level_security_filters_the_caller(db, operator):
+    role, conn = operator
+    db.execute("ALTER TABLE t ENABLE ROW LEVEL SECURITY; CREATE POLICY few ON t USING (id <= 5)")
+    assert value(conn, "SELECT count(*) FROM t") == 5  # the policy does filter the caller
+    assert error_of(conn, "SELECT backfill_start('t', confirm => true)").sqlstate == "42501"
+    assert value(db, "SELECT count(*) FROM backfill.job") == 0
+
+
+# --- 3. binding a slot ---------------------------------------------------------------------------
+
+def test_binding_a_slot_needs_replication(db, roles, operator):
+    role, conn = operator
+    slot = f"s_{roles.suffix}"
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", [slot])
+    e = error_of(conn, "SELECT backfill_start('t', confirm => true, slot => %s)", [slot])
+    assert e.sqlstate == "42501"
+    db.execute(f"ALTER ROLE {role} REPLICATION")
+    backfill_id = start(conn, "t", slot=slot)
+    assert value(conn, "SELECT backfill_cancel(%s)", [backfill_id]) is True
+    assert wait_until_ended(db, backfill_id) == "cancelled"
+
+
+# --- 4. no escalation through the caller's search_path -------------------------------------
+
+# Functions the extension might call unqualified, shadowed in schema evil: (name, arguments,
+# result, arguments of a sample call). texteq and int8eq back the = operators on text and bigint.
+TRAPS = [
+    ("clock_timestamp", "", "timestamptz", ""),
+    ("now", "", "timestamptz", ""),
+    ("current_setting", "text", "text", "'wal_level'"),
+    ("hashtext", "text", "integer", "'x'"),
+    ("pg_has_role", "name, name, text", "boolean", "'postgres', 'postgres', 'MEMBER'"),
+    ("has_table_privilege", "oid, text", "boolean", "'t'::regclass, 'SELECT'"),
+    ("octet_length", "text", "integer", "'x'"),
+    ("to_json", "text", "json", "'x'::text"),
+    ("row_to_json", "record", "json", "row(1)"),
+    ("texteq", "text, text", "boolean", "'a', 'a'"),
+    ("int8eq", "bigint, bigint", "boolean", "1, 1"),
+]
+
+
+def escalation(role) -> str:
+    """plpgsql that makes `role` superuser when a superuser runs it (and does nothing otherwise)."""
+    return f"BEGIN EXECUTE 'ALTER ROLE {role} SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;"
+
+
+def test_the_callers_search_path_cannot_make_it_superuser(db, roles):
+    make_table(db, "t", 1000)
+    atk = roles.create("atk", "operator")
+    db.execute(f"GRANT SELECT, UPDATE ON t TO {atk}; CREATE SCHEMA evil AUTHORIZATION {atk}")
+    conn = roles.connect(atk)
+    for name, args, result, _ in TRAPS:
+        params = ", ".join(f"${i + 1}" for i in range(len(args.split(",")) if args else 0))
+        conn.execute(
+            f"""CREATE FUNCTION evil.{name}({args}) RETURNS {result} LANGUAGE plpgsql
+                AS $$ BEGIN {escalation(atk)} RETURN pg_catalog.{name}({params}); END $$"""
+        )
+    for t, function in (("text", "texteq"), ("bigint", "int8eq")):
+        conn.execute(f"CREATE OPERATOR evil.= (LEFTARG = {t}, RIGHTARG = {t}, FUNCTION = evil.{function})")
+
+    conn.execute("SET search_path = evil, pg_catalog, public")
+    # Unqualified names now resolve to the traps.
+    for name, args, _, _ in TRAPS:
+        found, trap = conn.execute(
+            "SELECT to_regprocedure(%s)::oid, %s::regprocedure::oid", [f"{name}({args})", f"evil.{name}({args})"]
+        ).fetchone()
+        assert found == trap, name
+    for t in ("text", "bigint"):
+        found, trap = conn.execute(
+            "SELECT to_regoperator(%s)::oid, %s::regoperator::oid", [f"=({t},{t})", f"evil.=({t},{t})"]
+        ).fetchone()
+        assert found == trap, f"= on {t}"
+
+    conn.execute("SELECT * FROM backfill_estimate('t')").fetchall()
+    backfill_id = value(conn, "SELECT backfill_start('t', confirm => true, batch_size => 10, rows_per_second => 50)")
+    assert value(conn, "SELECT backfill_set(%s, rows_per_second => 40)", [backfill_id]) is True
+    assert value(conn, "SELECT backfill_pause(%s)", [backfill_id]) is True
+    wait_for(lambda: worker_pid(db, backfill_id) is None, what="the paused worker to exit")
+    assert value(conn, "SELECT backfill_resume(%s)", [backfill_id]) is True
+    assert value(conn, "SELECT backfill_wait(%s, timeout => '5 s')", [backfill_id]) is False
+    assert value(conn, "SELECT backfill_cancel(%s)", [backfill_id]) is True
+    conn.execute("SELECT * FROM backfill_status").fetchall()
+    conn.execute("SELECT * FROM backfill_tables").fetchall()
+    assert wait_until_ended(db, backfill_id) == "cancelled"
+    assert not is_superuser(db, atk)
+
+    # Each trap is armed: run by a superuser, it does make atk superuser.
+    for name, _, _, sample in TRAPS:
+        db.execute(f"SELECT evil.{name}({sample})")
+        assert is_superuser(db, atk), f"evil.{name} is not a working trap"
+        db.execute(f"ALTER ROLE {atk} NOSUPERUSER")
+
+
+# --- 5. a table's own code runs as the table's owner -------------------------------------------
+
+def test_a_tables_own_code_runs_as_its_owner_never_as_superuser(db, roles):
+    atk = roles.create("atk", "operator")
+    db.execute(f"GRANT CREATE ON SCHEMA public TO {atk}")
+    conn = roles.connect(atk)
+    conn.execute(
+        f"""CREATE TYPE atk_mood AS ENUM ('ok');
+            CREATE TABLE atk_log (who name, super boolean);
+            GRANT INSERT ON atk_log TO PUBLIC;
+            CREATE FUNCTION atk_mood_json(atk_mood) RETURNS json LANGUAGE plpgsql AS $$
+            BEGIN
+                {escalation(atk)}
+                INSERT INTO public.atk_log
+                     SELECT current_user, rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user;
+                RETURN '"ok"'::json;
+            END $$;
+            CREATE CAST (atk_mood AS json) WITH FUNCTION atk_mood_json(atk_mood);
+            CREATE TABLE atk_t (id int PRIMARY KEY, m atk_mood);
+            INSERT INTO atk_t SELECT g, 'ok' FROM generate_series(1, 20) g;
+            ANALYZE atk_t;"""
+    )
+
+    def ran_as():
+        """Who ran the cast since the last call, and whether as a superuser."""
+        rows = db.execute("SELECT DISTINCT who::text, super FROM atk_log").fetchall()
+        count = value(db, "SELECT count(*) FROM atk_log")
+        db.execute("TRUNCATE atk_log")
+        return rows, count
+
+    # (a) atk backfills its own table.
+    assert wait_until_ended(db, start(conn, "atk_t")) == "done"
+    assert not is_superuser(db, atk)
+    rows, count = ran_as()
+    assert rows == [(atk, False)] and count >= 20, "the worker rendered every row through the cast, as atk"
+
+    # (b) the trojan: a superuser estimates and backfills atk's table.
+    db.execute("SELECT * FROM backfill_estimate('atk_t')").fetchall()
+    assert wait_until_ended(db, start(db, "atk_t")) == "done"
+    assert not is_superuser(db, atk)
+    rows, count = ran_as()
+    assert rows == [(atk, False)] and count >= 20
+
+    # The trap is armed: the cast, run by a superuser, does make atk superuser.
+    db.execute("SELECT to_json('ok'::atk_mood)")
+    assert is_superuser(db, atk)
+
+
+# --- 6. what each role sees ----------------------------------------------------------------------
+
+@pytest.fixture
+def a_backfill(db, roles):
+    """Role A, an operator, runs a slow backfill of t (2000 rows): (role, connection, id)."""
+    make_table(db, "t", 2000)
+    role = roles.create("a", "operator")
+    db.execute(f"GRANT SELECT, UPDATE ON t TO {role}")
+    conn = roles.connect(role)
+    backfill_id = start(conn, "t", batch_size=10, rows_per_second=50)
+    wait_for(
+        lambda: value(conn, "SELECT cursor IS NOT NULL FROM backfill_tables WHERE backfill_id = %s", [backfill_id]),
+        what="A's first page",
+    )
+    yield role, conn, backfill_id
+    with suppress(psycopg.Error):
+        db.execute("SELECT backfill_cancel(%s)", [backfill_id])
+
+
+def test_a_role_sees_only_its_own_backfills_unless_it_is_in_pg_monitor(db, roles, a_backfill):
+    _, a, backfill_id = a_backfill
+    b = roles.connect(roles.create("b", "operator"))
+    monitor = roles.create("mon", "operator")
+    db.execute(f"GRANT pg_monitor TO {monitor}")
+    m = roles.connect(monitor)
+
+    assert value(db, "SELECT count(*) FROM backfill_status") == 1
+    assert value(b, "SELECT count(*) FROM backfill_status") == 0
+    assert value(b, "SELECT count(*) FROM backfill_tables") == 0
+    for table in ("backfill.job", "backfill.job_table"):
+        assert error_of(b, f"SELECT * FROM {table}").sqlstate == "42501", table
+    assert value(m, "SELECT count(*) FROM backfill_status WHERE id = %s", [backfill_id]) == 1
+    assert value(m, "SELECT count(*) FROM backfill_tables WHERE backfill_id = %s", [backfill_id]) == 1
+    assert [row[0] for row in a.execute("SELECT * FROM backfill_status").fetchall()] == [backfill_id]
+    cursor, upper_bound = a.execute(
+        "SELECT cursor, upper_bound FROM backfill_tables WHERE backfill_id = %s", [backfill_id]
+    ).fetchone()
+    assert cursor and upper_bound == ["2000"]
+
+
+def test_a_role_that_may_no_longer_read_the_table_sees_none_of_its_progress(db, a_backfill):
+    role, a, backfill_id = a_backfill
+    of_table = "SELECT cursor, upper_bound, rows_done FROM backfill_tables WHERE backfill_id = %s"
+    of_backfill = "SELECT rows_done, last_error FROM backfill_status WHERE id = %s"
+    assert None not in a.execute(of_table, [backfill_id]).fetchone()
+    assert a.execute(of_backfill, [backfill_id]).fetchone()[0] is not None
+    db.execute(f"REVOKE SELECT ON t FROM {role}")
+    assert a.execute(of_table, [backfill_id]).fetchone() == (None, None, None)
+    assert a.execute(of_backfill, [backfill_id]).fetchone() == (None, None)
+
+
+# --- 7. the worker cap -----------------------------------------------------------------------------
+
+def test_max_workers_caps_the_workers_that_run_at_once(db):
+    for name in ("a", "b", "c", "d"):
+        make_table(db, name, 1000)
+
+    samples = []
+
+    def workers():
+        samples.append(value(db, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_backfill'"))
+        return samples[-1]
+
+    wait_for(lambda: workers() == 0, what="the workers of earlier tests to exit")
+    samples.clear()
+    db.execute("LOAD 'pg_backfill'")
+    db.execute("ALTER SYSTEM SET backfill.max_workers = 2")
+    try:
+        db.execute("SELECT pg_reload_conf()")
+        wait_for(lambda: value(db, "SHOW backfill.max_workers") == "2", what="the reload")
+        running = [start(db, name, batch_size=5, rows_per_second=10) for name in ("a", "b")]
+        wait_for(lambda: workers() == 2, what="two workers")
+        e = error_of(db, "SELECT backfill_start('c', confirm => true)")
+        assert e.sqlstate == "53400"
+        assert "backfill.max_workers" in f"{e.diag.message_detail} {e.diag.message_hint}"
+        for _ in range(5):
+            workers()
+            time.sleep(0.2)
+        for backfill_id in running:
+            db.execute("SELECT backfill_cancel(%s)", [backfill_id])
+            assert wait_until_ended(db, backfill_id) == "cancelled"
+        wait_for(lambda: workers() == 0, what="the cancelled workers to exit")
+        e = error_of(db, "SELECT backfill_start('d', confirm => true, parallel => 3)")
+        assert e.sqlstate == "53400"
+        assert workers() == 0
+        assert max(samples) == 2, samples
+    finally:
+        db.execute("ALTER SYSTEM RESET backfill.max_workers")
+        db.execute("SELECT pg_reload_conf()")
+
+
+# --- 8. hints quote names ----------------------------------------------------------------------
+
+WEIRD = "x'); DROP TABLE victim; --"
+
+
+@pytest.fixture
+def weird(db):
+    """A table named to break a hint that splices its name in unquoted, and a victim table."""
+    db.execute(
+        f"""CREATE TABLE victim (id int);
+            CREATE TABLE "{WEIRD}" (id int PRIMARY KEY);
+            INSERT INTO "{WEIRD}" SELECT generate_series(1, 10);"""
+    )
+    return f'"{WEIRD}"'
+
+
+def test_the_confirm_hint_runs_as_shown_whatever_the_table_is_called(db, weird):
+    e = error_of(db, "SELECT backfill_start(%s::regclass)", [weird])
+    assert e.sqlstate == "22023"
+    statement = hint_statement(e)
+    assert "backfill_start(" in statement and "confirm => true" in statement
+    backfill_id = value(db, statement)
+    assert isinstance(backfill_id, int)
+    assert value(db, "SELECT tables = ARRAY[%s::regclass] FROM backfill_status WHERE id = %s", [weird, backfill_id])
+    assert value(db, "SELECT to_regclass('victim') IS NOT NULL")
+    assert wait_until_ended(db, backfill_id) == "done"
+
+
+def test_the_missing_slot_hint_passes_the_slot_name_as_one_literal(db, roles, weird):
+    # A valid name: the hint's statement creates exactly that slot.
+    slot = f"no_such_{roles.suffix}"
+    e = error_of(db, "SELECT backfill_start(%s::regclass, confirm => true, slot => %s)", [weird, slot])
+    assert e.sqlstate == "42704"
+    statement = hint_statement(e)
+    assert "pg_create_logical_replication_slot(" in statement
+    db.execute(statement)
+    assert value(db, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", [slot]) == 1
+    # A name with a quote (PostgreSQL refuses it as a slot name): the statement is still one
+    # call, whose refusal names the slot exactly as given — not a syntax error, not an injection.
+    e = error_of(db, "SELECT backfill_start(%s::regclass, confirm => true, slot => %s)", [weird, "no'such"])
+    assert e.sqlstate == "42704"
+    statement = hint_statement(e)
+    assert "pg_create_logical_replication_slot(" in statement
+    refused = error_of(db, statement)
+    assert refused.sqlstate == "42602" and "\"no'such\"" in refused.diag.message_primary
+    assert value(db, "SELECT to_regclass('victim') IS NOT NULL")
+
+
+# --- 9. the message prefix -----------------------------------------------------------------------
+
+def test_message_prefix_must_be_1_to_64_printable_bytes(db):
+    make_table(db, "t", 10)
+    db.execute("LOAD 'pg_backfill'")  # the setting is checked, not taken as a placeholder
+    for prefix in ("", "a\nb", "p" * 65):
+        db.execute("RESET backfill.message_prefix")
+        with pytest.raises(psycopg.Error) as refused:  # by SET, or else by backfill_start
+            db.execute("SELECT set_config('backfill.message_prefix', %s, false)", [prefix])
+            start(db, "t")
+        assert refused.value.sqlstate == "22023", repr(prefix)
+    assert value(db, "SELECT count(*) FROM backfill.job") == 0
+    prefix = "pfx-" + "x" * 60
+    db.execute("SELECT set_config('backfill.message_prefix', %s, false)", [prefix])
+    backfill_id = start(db, "t")
+    assert wait_until_ended(db, backfill_id) == "done"
+    assert status(db, backfill_id, "message_prefix") == prefix
+
+
+# --- 10. authenticated messages ------------------------------------------------------------------
+
+AUTH = re.compile(r',"auth":"(\d+):([0-9a-f]{64})"\}$')
+
+
+def decoded(conn, slot):
+    """(xid, content) of each backfill message the test_decoding slot decodes, in order."""
+    xid, messages = None, []
+    rows = conn.execute("SELECT data FROM pg_logical_slot_get_changes(%s, NULL, NULL, 'include-xids', '1')", [slot])
+    for (data,) in rows.fetchall():
+        if data.startswith("BEGIN "):
+            xid = int(data.split()[1])
+        elif data.startswith("message: transactional: 1 prefix: backfill,"):
+            messages.append((xid, data.split(" content:", 1)[1]))
+    return messages
+
+
+def message_keys(db) -> dict:
+    return dict(db.execute("SELECT id, key FROM backfill.message_key").fetchall())
+
+
+def tag_is_valid(keys, content, xid) -> bool:
+    """The check, done here independently: HMAC-SHA256(key, "<xid>:" + content without its auth field)."""
+    auth = AUTH.search(content)
+    if not auth or int(auth[1]) not in keys:
+        return False
+    raw = content.encode()
+    body = raw[: raw.rindex(b',"auth":"')] + b"}"
+    expected = hmac.new(bytes(keys[int(auth[1])]), f"{xid}:".encode() + body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, auth[2])
+
+
+def sql_valid(conn, content, xid) -> bool:
+    return value(conn, "SELECT backfill_message_valid(%s::text, %s::bigint)", [content, xid])
+
+
+@pytest.fixture
+def signed(db, roles):
+    """A backfill of t (50 rows, pages of 10) decoded through a test_decoding slot: (slot, messages)."""
+    make_table(db, "t", 50)
+    slot = f"td_{roles.suffix}"
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", [slot])
+    assert wait_until_ended(db, start(db, "t", batch_size=10)) == "done"
+    return slot, decoded(db, slot)
+
+
+def test_every_message_carries_a_valid_tag_and_forgeries_do_not_verify(db, roles, signed):
+    slot, messages = signed
+    assert len(messages) == 52  # table_start, 50 reads, table_end
+    assert len({xid for xid, _ in messages}) > 2, "pages are transactions of their own"
+    key_id, key = db.execute("SELECT key_id, key FROM backfill_key()").fetchone()
+    keys = message_keys(db)
+    assert bytes(keys[key_id]) == bytes(key)
+    for xid, content in messages:
+        assert list(json.loads(content))[-1] == "auth" and AUTH.search(content), content
+        assert json.loads(content)["auth"].startswith(f"{key_id}:")
+        assert sql_valid(db, content, xid) is True and tag_is_valid(keys, content, xid), content
+
+    plain = roles.connect(roles.create("plain"))
+    forged = (
+        '{"op":"read","backfill_id":1,"schema":"public","table":"t","key":{"id":1},'
+        f'"data":{{"id":1,"label":"forged"}},"commit_lsn":"0/0","auth":"{key_id}:{"0" * 64}"}}'
+    )
+    plain.execute("SELECT pg_logical_emit_message(true, 'backfill', %s::text)", [forged])
+    [(forged_xid, decoded_forgery)] = decoded(db, slot)
+    assert decoded_forgery == forged
+    genuine_xid, genuine = next((xid, c) for xid, c in messages if '"op":"read"' in c)
+    tampered = genuine.replace('"label":"row ', '"label":"rov ', 1)
+    other_key = genuine.replace(f'"auth":"{key_id}:', f'"auth":"{key_id + 1}:', 1)
+    assert tampered != genuine and other_key != genuine
+    for what, content, xid in [
+        ("forged", forged, forged_xid),
+        ("tampered", tampered, genuine_xid),
+        ("replayed in another transaction", genuine, forged_xid),
+        ("key id edited", other_key, genuine_xid),
+    ]:
+        assert sql_valid(db, content, xid) is False, what
+        assert not tag_is_valid(keys, content, xid), what
+
+
+def test_after_a_key_rotation_old_messages_still_verify_and_new_ones_use_the_new_key(db, signed):
+    slot, old = signed
+    old_key = value(db, "SELECT key_id FROM backfill_key()")
+    new_key = value(db, "SELECT backfill_rotate_key()")
+    assert new_key != old_key and value(db, "SELECT key_id FROM backfill_key()") == new_key
+    assert old and all(sql_valid(db, content, xid) for xid, content in old)
+    assert wait_until_ended(db, start(db, "t", batch_size=10)) == "done"
+    new = decoded(db, slot)
+    keys = message_keys(db)
+    assert len(new) == 52
+    for xid, content in new:
+        assert json.loads(content)["auth"].startswith(f"{new_key}:"), content
+        assert sql_valid(db, content, xid) is True and tag_is_valid(keys, content, xid), content
+    xid, content = old[1]
+    moved = content.replace(f'"auth":"{old_key}:', f'"auth":"{new_key}:', 1)
+    assert moved != content and sql_valid(db, moved, xid) is False
+
+
+def test_consumer_grants_allow_reading_the_key_and_verifying_and_nothing_less_does(db, roles, signed):
+    _, messages = signed
+    xid, content = messages[1]
+    consumer = roles.connect(roles.create("consumer", "consumer"))
+    assert consumer.execute("SELECT key_id, key FROM backfill_key()").fetchone() == db.execute(
+        "SELECT key_id, key FROM backfill_key()"
+    ).fetchone()
+    assert sql_valid(consumer, content, xid) is True
+    assert error_of(consumer, "SELECT backfill_rotate_key()").sqlstate == "42501"
+    other = roles.connect(roles.create("nokey"))
+    for sql, params in [
+        ("SELECT * FROM backfill_key()", None),
+        ("SELECT backfill_message_valid(%s::text, %s::bigint)", [content, xid]),
+        ("SELECT * FROM backfill.message_key", None),
+    ]:
+        assert error_of(other, sql, params).sqlstate == "42501", sql
+
+
+def test_security_check_flags_emit_message_for_public_until_revoked(db):
+    check = "SELECT ok, fix FROM backfill_security_check() WHERE item ILIKE '%pg_logical_emit_message%'"
+    public_may_emit = "SELECT has_function_privilege('public', 'pg_logical_emit_message(boolean,text,text)', 'EXECUTE')"
+    assert value(db, public_may_emit) is True  # PostgreSQL's default
+    [(ok, fix)] = db.execute(check).fetchall()
+    assert ok is False and "REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message" in fix
+    statement = fix[fix.index("REVOKE") :]
+    db.execute(statement[: statement.rindex(";") + 1] if ";" in statement else statement)
+    assert value(db, public_may_emit) is False
+    [(ok, _)] = db.execute(check).fetchall()
+    assert ok is True

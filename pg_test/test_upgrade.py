@@ -1,0 +1,92 @@
+"""ALTER EXTENSION pg_backfill UPDATE from every earlier version: the result is the fresh install,
+object for object, and a backfill running across the update finishes exactly once."""
+
+from collections import Counter
+
+import pytest
+
+from conftest import status, wait_until_ended
+
+# Every object of the extension, as text: functions with their definitions and privileges,
+# tables and views with their columns, defaults, definitions and privileges, constraints,
+# comments. A fresh install and an updated one must give the same rows.
+EXTENSION_SHAPE = """
+WITH member AS (
+    SELECT d.classid, d.objid FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+     WHERE e.extname = 'pg_backfill' AND d.deptype = 'e')
+SELECT 'function', p.oid::regprocedure::text, pg_get_functiondef(p.oid), coalesce(p.proacl::text, '')
+  FROM pg_proc p JOIN member m ON m.classid = 'pg_proc'::regclass AND m.objid = p.oid
+UNION ALL
+SELECT 'relation', c.oid::regclass::text,
+       c.relkind::text || ' ' || coalesce(pg_get_viewdef(c.oid), '') || ' ' || coalesce(array_to_string(c.reloptions, ','), '') || ' ' ||
+       (SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull || ' ' ||
+                          a.attidentity::text || ' ' || coalesce(pg_get_expr(ad.adbin, ad.adrelid), ''), ', ' ORDER BY a.attnum)
+          FROM pg_attribute a LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+       coalesce(c.relacl::text, '')
+  FROM pg_class c JOIN member m ON m.classid = 'pg_class'::regclass AND m.objid = c.oid
+UNION ALL
+SELECT 'constraint', con.conrelid::regclass::text || ' ' || con.conname, pg_get_constraintdef(con.oid), ''
+  FROM pg_constraint con JOIN member m ON m.classid = 'pg_class'::regclass AND m.objid = con.conrelid
+UNION ALL
+SELECT 'comment', pg_describe_object(ds.classoid, ds.objoid, ds.objsubid), ds.description, ''
+  FROM pg_description ds JOIN member m ON m.classid = ds.classoid AND m.objid = ds.objoid
+UNION ALL
+SELECT 'schema', n.nspname, '', coalesce(n.nspacl::text, '')
+  FROM pg_namespace n JOIN member m ON m.classid = 'pg_namespace'::regclass AND m.objid = n.oid
+ORDER BY 1, 2, 3
+"""
+
+EARLIER_VERSIONS = ["0.1.0"]
+
+
+def shape(conn):
+    return conn.execute(EXTENSION_SHAPE).fetchall()
+
+
+@pytest.mark.parametrize("version", EARLIER_VERSIONS)
+def test_update_gives_the_fresh_install_object_for_object(db, version):
+    fresh = shape(db)
+    db.execute("DROP EXTENSION pg_backfill")
+    db.execute(f"CREATE EXTENSION pg_backfill VERSION '{version}'")
+    assert shape(db) != fresh, "the earlier version must differ, or this test proves nothing"
+    db.execute("ALTER EXTENSION pg_backfill UPDATE")
+    current = db.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'pg_backfill'").fetchone()[0]
+    assert db.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_backfill'").fetchone()[0] == current
+    updated = shape(db)
+    assert [row for row in updated if row not in fresh] == []
+    assert [row for row in fresh if row not in updated] == []
+
+
+@pytest.mark.parametrize("version", EARLIER_VERSIONS)
+def test_a_backfill_running_across_the_update_delivers_every_row_once(db, version):
+    db.execute("DROP EXTENSION pg_backfill")
+    db.execute(f"CREATE EXTENSION pg_backfill VERSION '{version}'")
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO t SELECT i, 'v' || i FROM generate_series(1, 3000) i")
+    db.execute("SELECT pg_create_logical_replication_slot('upgrade_slot', 'test_decoding')")
+    backfill_id = db.execute(
+        "SELECT backfill_start('t', confirm => true, rows_per_second => 3000, batch_size => 100)"
+    ).fetchone()[0]
+    db.execute("SELECT pg_sleep(0.4)")
+    assert status(db, backfill_id, "state") == "running", "the update must happen mid-run"
+    db.execute("ALTER EXTENSION pg_backfill UPDATE")
+    assert wait_until_ended(db, backfill_id) == "done"
+
+    reads, signed = Counter(), 0
+    xid = None
+    for (line,) in db.execute(
+        "SELECT data FROM pg_logical_slot_get_changes('upgrade_slot', NULL, NULL, 'include-xids', '1')"
+    ):
+        if line.startswith("BEGIN "):
+            xid = int(line.split()[1])
+        elif "prefix: backfill" in line:
+            content = line.split("content:", 1)[1]
+            if '"op":"read"' in content:
+                reads[content.split('"key":{"id":', 1)[1].split("}", 1)[0]] += 1
+            if ',"auth":"' in content:
+                signed += 1
+                assert db.execute("SELECT backfill_message_valid(%s, %s)", [content, xid]).fetchone()[0]
+    assert len(reads) == 3000 and set(reads.values()) == {1}
+    # Pages after the update are signed: the update reached the running worker.
+    assert signed > 0
