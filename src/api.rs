@@ -2,10 +2,11 @@
 //! declared in `sql/api.sql`, which calls these entry points in schema `backfill`.
 
 use crate::catalog::{self, CANCELLED, FAILED, PAUSED, RUNNING};
-use crate::eligibility::{self, Estimate, Table};
 use crate::errors::raise;
+use crate::plan::{self, Estimate};
 use crate::privilege::{self, as_extension_owner};
-use crate::{pipeline, settings, worker};
+use crate::table::{self, Table};
+use crate::{launcher, pipeline, settings};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
@@ -37,10 +38,10 @@ fn estimate(
     let prefix_len = settings::message_prefix().len();
     let rows: Vec<EstimateRow> = table_list(tables)
         .into_iter()
-        .map(|relid| match eligibility::inspect(relid) {
+        .map(|relid| match table::inspect(relid) {
             Ok(table) => {
-                let estimate = eligibility::estimate(&table, prefix_len);
-                let pages = pages(estimate.rows, batch_size);
+                let estimate = plan::estimate(&table, prefix_len);
+                let pages = plan::pages(estimate.rows, batch_size);
                 (relid, true, None, Some(table.key_names()), Some(estimate.rows), Some(estimate.bytes), Some(pages))
             }
             Err(why) => (relid, false, Some(why.reason), None, None, None, None),
@@ -76,7 +77,7 @@ fn start(
     require_logical_decoding();
     let prefix = settings::message_prefix();
     let relids = table_list(tables);
-    let tables: Vec<Table> = relids.iter().map(|relid| eligibility::require(*relid)).collect();
+    let tables: Vec<Table> = relids.iter().map(|relid| table::require(*relid)).collect();
     if let Some(slot) = &slot {
         privilege::require_replication(slot);
         pipeline::require_slot(slot);
@@ -129,11 +130,11 @@ fn start(
         }
     }
 
-    let estimates: Vec<Estimate> = tables.iter().map(|t| eligibility::estimate(t, prefix.len())).collect();
+    let estimates: Vec<Estimate> = tables.iter().map(|t| plan::estimate(t, prefix.len())).collect();
     if !confirm {
         let rows: i64 = estimates.iter().map(|e| e.rows).sum();
         let bytes: i64 = estimates.iter().map(|e| e.bytes).sum();
-        let first = eligibility::relation_name(relids[0]);
+        let first = table::relation_name(relids[0]);
         let example = if relids.len() == 1 { spi::quote_literal(&first) } else { "ARRAY[...]".into() };
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,
@@ -142,13 +143,13 @@ fn start(
                 "The backfill would deliver about {rows} rows ({}) from {} table(s) in about {} pages.",
                 pretty_bytes(bytes),
                 tables.len(),
-                pages(rows, batch_size),
+                plan::pages(rows, batch_size),
             ),
             Some(format!("Review the estimate, then run: SELECT backfill_start({example}, confirm => true);")),
         );
     }
 
-    worker::require_worker_slots(parallel);
+    launcher::require_worker_slots(parallel);
     let started_by = Spi::get_one::<String>("SELECT current_user::text").ok().flatten().unwrap_or_default();
     let job_id = as_extension_owner(|| {
         let job_id = catalog::insert_job(&catalog::NewJob {
@@ -163,7 +164,7 @@ fn start(
         })?;
         let mut position = 0;
         for (table, estimate) in tables.iter().zip(&estimates) {
-            for range in key_ranges(table, estimate.rows, parallel) {
+            for range in plan::key_ranges(table, estimate.rows, parallel) {
                 position += 1;
                 catalog::insert_job_table(job_id, position, table.relid, table.key_names(), range)?;
             }
@@ -178,40 +179,6 @@ fn start(
         launch_worker(job_id, worker);
     }
     job_id
-}
-
-/// A table's key ranges, one per worker, split at quantiles of the key's histogram so that
-/// skewed keys still split into ranges of about equal rows. A table without statistics, or
-/// with a composite key, is scanned whole by one worker.
-fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<catalog::NewRange> {
-    let whole = || vec![catalog::NewRange { part: 0, lower_bound: None, upper_bound: None, rows_estimated: rows }];
-    if parallel == 1 || table.key.len() > 1 {
-        return whole();
-    }
-    // The bounds are cast to the key's type (a domain's check is user code): as the owner.
-    let bounds = privilege::run_as(table.owner, || {
-        Spi::get_one_with_args::<Vec<String>>(
-            &crate::scan::ScanQueries::new(table).histogram(),
-            &[table.schema.clone().into(), table.name.clone().into(), table.key[0].name.clone().into()],
-        )
-    })
-    .ok()
-    .flatten()
-    .unwrap_or_default();
-    if bounds.len() < parallel as usize * 2 {
-        notice!("table {} has no usable key statistics (ANALYZE it): one worker scans it", table.qualified_name());
-        return whole();
-    }
-    let splits: Vec<String> =
-        (1..parallel as usize).map(|i| bounds[i * (bounds.len() - 1) / parallel as usize].clone()).collect();
-    (0..parallel as usize)
-        .map(|part| catalog::NewRange {
-            part: part as i32,
-            lower_bound: part.checked_sub(1).map(|p| vec![splits[p].clone()]),
-            upper_bound: splits.get(part).map(|s| vec![s.clone()]),
-            rows_estimated: rows / i64::from(parallel),
-        })
-        .collect()
 }
 
 /// backfill_cancel(): stops a running or paused backfill at its next page. What it delivered
@@ -241,7 +208,7 @@ fn resume(id: i64) -> bool {
     let job = control(id, "resume", from, RUNNING, None);
     // A backfill waiting for its slot's consumer still has its workers.
     if !job.is_waiting() {
-        worker::require_worker_slots(job.parallel);
+        launcher::require_worker_slots(job.parallel);
         for worker in 0..job.parallel {
             launch_worker(id, worker);
         }
@@ -409,7 +376,7 @@ fn past_participle(verb: &str) -> String {
 /// Launches a worker of backfill `id`, which first waits for this transaction to commit.
 fn launch_worker(id: i64, worker: i32) {
     let starter_xid = unsafe { pg_sys::GetTopFullTransactionId() }.value;
-    if !worker::launch(id, worker, starter_xid) {
+    if !launcher::launch(id, worker, starter_xid) {
         raise(
             ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
             "could not start the backfill's background worker",
@@ -417,11 +384,6 @@ fn launch_worker(id: i64, worker: i32) {
             Some("Wait for a backfill to finish, or raise max_worker_processes and restart the server.".into()),
         );
     }
-}
-
-/// Pages (transactions) a backfill of `rows` rows takes.
-fn pages(rows: i64, batch_size: i32) -> i64 {
-    (rows + i64::from(batch_size) - 1) / i64::from(batch_size)
 }
 
 fn check_batch_size(batch_size: i32) {
@@ -470,7 +432,7 @@ fn table_list(tables: Option<Vec<Option<pg_sys::Oid>>>) -> Vec<pg_sys::Oid> {
             );
         };
         if relids.contains(&relid) {
-            let name = eligibility::relation_name(relid);
+            let name = table::relation_name(relid);
             raise(
                 ERRCODE_INVALID_PARAMETER_VALUE,
                 format!("table {name} is listed twice"),

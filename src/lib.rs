@@ -3,10 +3,15 @@
 //!
 //! Where to look:
 //! - `api.rs`: the SQL functions a DBA calls (estimate, start, cancel).
-//! - `eligibility.rs`: which tables can be backfilled, their keys, and the estimate.
+//! - `table.rs`: a table as a backfill sees it: columns, key, owner; whether it can be backfilled.
+//! - `plan.rs`: the estimate, the key ranges of parallel workers, the page count.
 //! - `scan.rs`: the key-ordered page queries (keyset pagination, row locks).
 //! - `delivery.rs`: the hot path: each row of a locked page becomes a message as it is read.
-//! - `worker.rs`: the background worker; one page is one transaction; the cursor is advanced there.
+//! - `launcher.rs`: registering workers (and the cap on them); the preloaded launcher and resumer.
+//! - `worker.rs`: the background worker's process: its tables in order, retries, failures.
+//! - `page.rs`: one page is one transaction; the cursor is advanced there; the ordering argument.
+//! - `pacing.rs`, `progress.rs`: rows_per_second; progress samples and log lines.
+//! - `xact.rs`: the worker's transactions and the errors they raise.
 //! - `pipeline.rs`: the consumer's slot and publication; pausing for it and back-pressure.
 //! - `catalog.rs`: the state tables the worker and the API share.
 //! - `json.rs`: a row's JSON, rendered from its columns as row_to_json renders it.
@@ -23,16 +28,22 @@ mod api;
 mod auth;
 mod catalog;
 mod delivery;
-mod eligibility;
 mod errors;
 mod json;
+mod launcher;
 mod message;
+mod pacing;
+mod page;
 mod pipeline;
+mod plan;
 mod privilege;
+mod progress;
 mod scan;
 mod settings;
 mod status;
+mod table;
 mod worker;
+mod xact;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -50,7 +61,7 @@ pub extern "C-unwind" fn _PG_init() {
     // SAFETY: a flag PostgreSQL sets while it loads shared_preload_libraries.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         status::PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
-        worker::register_launcher();
+        launcher::register_launcher();
     }
 }
 

@@ -10,8 +10,8 @@
 //! Every message ends with an `auth` field: see `auth.rs`.
 
 use crate::auth::Signer;
-use crate::eligibility::Table;
 use crate::json;
+use crate::table::Table;
 use pgrx::prelude::*;
 use serde_json::{json, Map, Value};
 use std::ffi::{c_char, CString};
@@ -157,7 +157,7 @@ pub fn table_end(backfill_id: i64, slot: Option<&str>, table: &Table, rows: i64)
 #[pg_schema]
 mod tests {
     use super::*;
-    use crate::eligibility::{inspect, Table};
+    use crate::table::{inspect, Table};
 
     fn table(ddl: &str) -> Table {
         Spi::run(ddl).unwrap();

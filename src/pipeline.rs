@@ -3,9 +3,9 @@
 //! never makes the server retain WAL that nobody reads.
 
 use crate::catalog::{Job, WAITING};
-use crate::eligibility::Table;
 use crate::errors::raise;
 use crate::settings;
+use crate::table::Table;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 

@@ -9,7 +9,7 @@
 //! would not give this: rows re-checked after a concurrent update drop out of a LIMIT's count
 //! or come back out of order.
 
-use crate::eligibility::Table;
+use crate::table::Table;
 use pgrx::spi::quote_identifier;
 
 /// How a page's rows are locked.
@@ -62,7 +62,7 @@ pub fn key_json_values(table: &Table) -> String {
 
 impl ScanQueries {
     pub fn new(table: &Table) -> Self {
-        let column = |alias: &str, k: &crate::eligibility::KeyColumn| {
+        let column = |alias: &str, k: &crate::table::KeyColumn| {
             let collate = k.collation.as_ref().map(|c| format!(" COLLATE {c}")).unwrap_or_default();
             format!("{alias}.{}{collate}", quote_identifier(&k.name))
         };

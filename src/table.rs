@@ -1,9 +1,8 @@
-//! Which tables can be backfilled, the key their scan is ordered by, and the estimate of what
-//! a backfill of them delivers. Shared by backfill_estimate(), backfill_start() and the worker.
+//! A table as a backfill sees it: its columns, the key its scan is ordered by, its owner, and
+//! whether the current role may backfill it. Shared by the SQL functions and the worker.
 
 use crate::errors::raise;
 use crate::json::Column;
-use crate::message::ReadMessage;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::{self, *};
 
@@ -262,52 +261,6 @@ pub fn relation_name(relid: pg_sys::Oid) -> String {
         .ok()
         .flatten()
         .unwrap_or_else(|| format!("{relid:?}"))
-}
-
-/// What a backfill of a table would deliver.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Estimate {
-    pub rows: i64,
-    pub bytes: i64,
-}
-
-/// Rows sampled to estimate the average message size.
-const SAMPLE_ROWS: f64 = 2000.0;
-
-/// Estimates rows from the planner (catalog statistics, or the relation size for a table never
-/// analyzed) and the average message size from a block sample: never a full scan.
-pub fn estimate(table: &Table, prefix_len: usize) -> Estimate {
-    // The sample renders rows with row_to_json, which runs the casts to json of user-defined
-    // types: as the table's owner, whoever asks.
-    crate::privilege::run_as(table.owner, || sample(table, prefix_len))
-}
-
-fn sample(table: &Table, prefix_len: usize) -> Estimate {
-    let relation = table.qualified_name();
-    let plan = Spi::explain(&format!("SELECT * FROM {relation}"))
-        .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not estimate the table's rows", e.to_string(), None));
-    let rows = plan.0[0]["Plan"]["Plan Rows"].as_f64().unwrap_or(0.0).max(0.0);
-
-    let percent = (100.0 * SAMPLE_ROWS / rows.max(1.0)).clamp(0.0001, 100.0);
-    let sample_sql = |from: String| {
-        format!(
-            "SELECT avg(octet_length(row_to_json(t.*)::text) + octet_length(concat({key})))::float8 FROM {from}",
-            key = crate::scan::key_json_values(table)
-        )
-    };
-    let sampled = Spi::get_one::<f64>(&sample_sql(format!("{relation} t TABLESAMPLE SYSTEM ({percent})")));
-    // A small or sparse table can yield an empty block sample; its first rows are as good.
-    let avg_row_json = match sampled {
-        Ok(Some(avg)) => avg,
-        _ => Spi::get_one::<f64>(&sample_sql(format!("(SELECT * FROM {relation} LIMIT {SAMPLE_ROWS}) t")))
-            .ok()
-            .flatten()
-            .unwrap_or(0.0),
-    };
-    // The envelope of a backfill's first ids; a few more digits later do not matter here.
-    let envelope = ReadMessage::new(1, None, table).envelope_len() + prefix_len;
-    let rows = rows.round() as i64;
-    Estimate { rows, bytes: (rows as f64 * (avg_row_json + envelope as f64)).round() as i64 }
 }
 
 #[cfg(any(test, feature = "pg_test"))]

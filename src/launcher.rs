@@ -1,0 +1,171 @@
+//! Starting workers: the registration of a backfill's workers and the cap on how many run, the
+//! launcher that runs after every server start when the library is preloaded, and the
+//! per-database resumer it starts.
+
+use crate::catalog;
+use crate::errors::raise;
+use crate::xact::in_transaction;
+use crate::{privilege, settings};
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+use std::time::Duration;
+
+/// Registers the worker of a backfill. It connects to this database and, before doing
+/// anything, waits for the transaction that recorded the backfill (which may not have
+/// committed yet; registration is not transactional) and gives up if that one rolled back.
+pub fn launch(job_id: i64, worker: i32, starter_xid: u64) -> bool {
+    register(unsafe { pg_sys::MyDatabaseId }, job_id, worker, starter_xid)
+}
+
+/// Registers a `backfill_worker_main` process in `database`: a backfill's worker, or with job
+/// id 0 the one that resumes a database's backfills after a restart.
+fn register(database: pg_sys::Oid, job_id: i64, worker: i32, starter_xid: u64) -> bool {
+    BackgroundWorkerBuilder::new(&worker_name(job_id, worker))
+        .set_type("pg_backfill")
+        .set_library("pg_backfill")
+        .set_function("backfill_worker_main")
+        .set_argument(job_id.into_datum())
+        .set_extra(&format!("{} {starter_xid} {worker}", database.to_u32()))
+        .enable_spi_access()
+        // A worker that is terminated or crashes exits with code 1 and is started again after
+        // this pause; one that finishes, fails or is cancelled exits with 0 and is not.
+        .set_restart_time(Some(Duration::from_secs(1)))
+        .load_dynamic()
+        .is_ok()
+}
+
+/// Backfill workers admitted now, in every database, other than this process: each sets its
+/// application_name (`pg_backfill 7`) when it is admitted; the resumer never is.
+fn admitted_workers() -> i32 {
+    Spi::get_one::<i32>(
+        "SELECT count(*)::int FROM pg_catalog.pg_stat_activity
+          WHERE backend_type OPERATOR(pg_catalog.=) 'pg_backfill'
+            AND application_name OPERATOR(pg_catalog.~~) 'pg_backfill %'
+            AND application_name OPERATOR(pg_catalog.<>) 'pg_backfill resume'
+            AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()",
+    )
+    .unwrap_or_else(|e| error!("could not count the backfill workers: {e}"))
+    .unwrap_or(0)
+}
+
+fn too_many_workers(running: i32, needed: i32) -> ! {
+    let cap = settings::MAX_WORKERS.get();
+    raise(
+        ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        "too many backfill workers",
+        format!(
+            "{running} backfill worker(s) run now and this backfill needs {needed} more; backfill.max_workers is {cap}."
+        ),
+        Some(
+            "Wait for a backfill to finish, use fewer parallel workers, or raise backfill.max_workers \
+             (it keeps background workers free for parallel query and logical replication)."
+                .into(),
+        ),
+    )
+}
+
+/// backfill_start() and backfill_resume(): refuses a backfill whose workers would take more
+/// than backfill.max_workers background workers in all. (Two calls at the same moment may both
+/// pass; each worker checks again when it starts, see [`admit_within_cap`].)
+pub fn require_worker_slots(needed: i32) {
+    let running = privilege::as_extension_owner(admitted_workers);
+    if running + needed > settings::MAX_WORKERS.get() {
+        too_many_workers(running, needed);
+    }
+}
+
+/// A starting worker is admitted only while fewer than backfill.max_workers are: checked under
+/// a cluster-wide lock, held until the worker's application_name (which counts it) commits.
+pub fn admit_within_cap() {
+    // A lock tag no PostgreSQL object uses: the shared catalog pg_database, object 0.
+    const CAP_LOCK: u16 = 0x6266;
+    // SAFETY: takes a heavyweight lock, released at the end of this transaction.
+    unsafe {
+        pg_sys::LockSharedObject(
+            pg_sys::DatabaseRelationId,
+            pg_sys::InvalidOid,
+            CAP_LOCK,
+            pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
+        );
+    }
+    let running = admitted_workers();
+    if running >= settings::MAX_WORKERS.get() {
+        too_many_workers(running, 1);
+    }
+}
+
+/// `pg_backfill 7` for a backfill's first worker, `pg_backfill 7/1` for its second: the
+/// application_name it shows in pg_stat_activity.
+pub fn worker_name(job_id: i64, worker: i32) -> String {
+    if job_id == 0 {
+        "pg_backfill resume".into()
+    } else if worker == 0 {
+        format!("pg_backfill {job_id}")
+    } else {
+        format!("pg_backfill {job_id}/{worker}")
+    }
+}
+
+/// After a server restart (the launcher starts one such worker per database): relaunches the
+/// workers of the database's running backfills, then exits.
+pub fn resume_database() {
+    let jobs = in_transaction(|| {
+        let installed = Spi::get_one::<bool>("SELECT pg_catalog.to_regclass('backfill.job') IS NOT NULL")
+            .ok()
+            .flatten()
+            .unwrap_or(false);
+        if installed {
+            catalog::jobs_to_resume().unwrap_or_else(|e| error!("{e}"))
+        } else {
+            Vec::new()
+        }
+    });
+    for (job_id, parallel) in jobs.unwrap_or_default() {
+        if (0..parallel).all(|worker| launch(job_id, worker, 0)) {
+            log!("pg_backfill {job_id}: resumed after the server restart");
+        } else {
+            warning!("pg_backfill {job_id}: could not resume it: no free background worker slot");
+        }
+    }
+}
+
+/// The launcher (with the library in shared_preload_libraries): after every server start, one
+/// worker per database looks for backfills to resume. Databases are listed from the `postgres`
+/// database, the only one a server can be assumed to have.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn backfill_launcher_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(Some("postgres"), None);
+    let databases = in_transaction(|| {
+        Spi::connect(|client| {
+            client
+                .select("SELECT oid FROM pg_catalog.pg_database WHERE datallowconn AND NOT datistemplate", None, &[])?
+                .map(|row| row.get::<pg_sys::Oid>(1).map(|oid| oid.unwrap_or(pg_sys::InvalidOid)))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .unwrap_or_else(|e| error!("{e}"))
+    });
+    for database in databases.unwrap_or_default() {
+        if !register(database, 0, 0, 0) {
+            warning!("pg_backfill launcher: no free background worker slot to resume backfills");
+        }
+    }
+}
+
+/// Registers the launcher; called from _PG_init while shared_preload_libraries loads.
+pub fn register_launcher() {
+    if unsafe { pg_sys::IsBinaryUpgrade } {
+        log!("pg_backfill: not resuming backfills in binary upgrade mode");
+        return;
+    }
+    BackgroundWorkerBuilder::new("pg_backfill launcher")
+        .set_type("pg_backfill launcher")
+        .set_library("pg_backfill")
+        .set_function("backfill_launcher_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(None)
+        .load();
+}

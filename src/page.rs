@@ -1,0 +1,354 @@
+//! One page is one transaction: a table's scan moves from its cursor to the page's last key,
+//! locking and reading the rows between, emitting one message per row, and advancing the cursor
+//! in the same transaction.
+//!
+//! Why the order is right: a page locks its rows (FOR SHARE) when it reads them and holds the
+//! locks until it commits, and its messages are transactional, so they are decoded at the
+//! page's commit. A change to a row that committed before the page read it is already in the
+//! row the page reads (read committed re-reads a row updated while it waited); a change after
+//! must wait for the page's commit, so it is decoded after the read. A consumer that applies
+//! reads as upserts therefore never sees an old version overwrite a newer one, nor a deleted
+//! row come back.
+//!
+//! Why a restart neither loses nor repeats a row: the cursor is updated in the same transaction
+//! as the page's messages, so both are committed, or neither.
+//!
+//! Why the backfill never makes a writer fail: a page of several rows locks them NOWAIT. If one
+//! is taken, the page rolls back (releasing every lock) and shrinks, so a page that holds row
+//! locks never waits for another. Only a one-row page, which holds nothing else, waits, and only
+//! for `backfill.lock_timeout`. A page therefore never closes a deadlock cycle with a writer.
+
+use crate::auth::Signer;
+use crate::catalog::{self, JobTable, DONE, RUNNING};
+use crate::delivery;
+use crate::errors::raise;
+use crate::json::RowJson;
+use crate::message::{self, ReadMessage};
+use crate::pacing::Pacer;
+use crate::scan::{Locking, ScanQueries};
+use crate::table::{self, Table};
+use crate::xact::{in_transaction, sqlstate_of, PageError};
+use crate::{pipeline, privilege, settings};
+use pgrx::prelude::*;
+use pgrx::spi::OwnedPreparedStatement;
+use pgrx::PgSqlErrorCode::*;
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::time::Instant;
+
+/// What a page did.
+pub enum Page {
+    /// Nothing: the slot's consumer is away or behind; try again in a second.
+    Waiting,
+    /// Delivered rows; the table has more.
+    More,
+    /// The table's scan ended (its end marker is sent).
+    TableDone,
+    /// The backfill is no longer running (paused by backfill_pause(), cancelled): the worker exits.
+    Stopped(String),
+}
+
+/// The scan of one table by the worker.
+pub struct TableScan<'a> {
+    pub(crate) job_id: i64,
+    /// Prepared once per scan: the page bound query (by whether a cursor exists) and the page
+    /// rows query (by that and the locking).
+    pub(crate) page_end_plans: HashMap<bool, OwnedPreparedStatement>,
+    pub(crate) page_rows_plans: HashMap<(bool, Locking), pg_sys::SPIPlanPtr>,
+    pub(crate) slot: Option<String>,
+    pub(crate) position: i32,
+    pub(crate) batch_size: i32,
+    pub(crate) pacer: Pacer,
+    /// None until the first page: it samples at once.
+    pub(crate) last_sample: Option<Instant>,
+    pub(crate) last_log: Instant,
+    pub(crate) prefix: &'a CString,
+    pub(crate) table: Table,
+    /// The table's owner when the page began: its queries run as this role.
+    pub(crate) owner: pg_sys::Oid,
+    pub(crate) queries: ScanQueries,
+    pub(crate) key_columns: Vec<usize>,
+    pub(crate) row: RowJson,
+    pub(crate) messages: ReadMessage,
+}
+
+impl<'a> TableScan<'a> {
+    pub fn open(job_id: i64, job: &catalog::Job, job_table: &JobTable, prefix: &'a CString) -> Result<Self, PageError> {
+        let relid = job_table.relid;
+        let inspected = in_transaction(|| table::inspect(relid))?;
+        let table = inspected.map_err(|why| PageError {
+            code: why.code,
+            sqlstate: sqlstate_of(why.code),
+            message: format!("table {relid:?} can no longer be backfilled: {}", why.reason),
+        })?;
+        let row = in_transaction(|| RowJson::new(&table.columns))?;
+        Ok(TableScan {
+            job_id,
+            page_end_plans: HashMap::new(),
+            page_rows_plans: HashMap::new(),
+            position: job_table.position,
+            batch_size: job.batch_size,
+            pacer: Pacer::new(job.rows_per_second),
+            last_sample: None,
+            last_log: Instant::now(),
+            prefix,
+            queries: ScanQueries::new(&table),
+            key_columns: table.key.iter().map(|k| k.position).collect(),
+            row,
+            messages: ReadMessage::new(job_id, job.slot_name.as_deref(), &table),
+            slot: job.slot_name.clone(),
+            owner: table.owner,
+            table,
+        })
+    }
+
+    /// One page, inside its own transaction.
+    pub fn page(&mut self, rows_per_page: i32) -> Page {
+        let job = catalog::job(self.job_id)
+            .unwrap_or_else(|e| error!("{e}"))
+            .unwrap_or_else(|| error!("backfill {} no longer exists", self.job_id));
+        if job.state != RUNNING && !job.is_waiting() {
+            return Page::Stopped(job.state);
+        }
+        // backfill_set() takes effect here.
+        self.batch_size = job.batch_size;
+        self.pacer.set_rate(job.rows_per_second);
+        if let Some(reason) = pipeline::blocker(&job) {
+            if catalog::set_waiting(self.job_id, Some(&reason)).unwrap_or_else(|e| error!("{e}")) {
+                log!("pg_backfill {}: paused, {reason}", self.job_id);
+            }
+            return Page::Waiting;
+        }
+        if job.is_waiting() && catalog::set_waiting(self.job_id, None).unwrap_or_else(|e| error!("{e}")) {
+            log!("pg_backfill {}: continues, the slot's consumer is back and caught up", self.job_id);
+        }
+        let progress = catalog::job_table(self.job_id, self.position)
+            .unwrap_or_else(|e| error!("{e}"))
+            .unwrap_or_else(|| error!("backfill {} lost its table {}", self.job_id, self.position));
+        self.owner = privilege::owner_of(self.table.relid);
+        privilege::require_starter_rights(&job.started_by, self.table.relid, &self.table.qualified_name());
+        let signer = Signer::for_this_transaction();
+        if progress.state == "pending" {
+            return self.start_scan(&progress, &signer);
+        }
+        let Some(upper_bound) = progress.upper_bound.clone() else {
+            return self.end_scan(progress.rows_done, &signer);
+        };
+        report_activity(&format!(
+            "backfill {}: {} after key ({})",
+            self.job_id,
+            self.table.qualified_name(),
+            progress.cursor.as_deref().map(|c| c.join(", ")).unwrap_or_default()
+        ));
+        if !self.row.describes(self.table.relid) {
+            self.reload_columns();
+        }
+        let cursor = progress.cursor.clone();
+        let Some(page_end) = self.page_end(cursor.as_deref(), &upper_bound, rows_per_page) else {
+            return self.end_scan(progress.rows_done, &signer);
+        };
+        let (rows, bytes) = self.deliver(cursor.as_deref(), &page_end, rows_per_page, &signer);
+        if page_end == upper_bound {
+            // The table's ranges are locked before this range's row is updated, as in every
+            // other end and start: always in the same order, so workers never deadlock.
+            let ranges = self.lock_table_ranges();
+            catalog::advance_cursor(self.job_id, self.position, page_end, rows, bytes)
+                .unwrap_or_else(|e| error!("{e}"));
+            return self.end_scan_locked(progress.rows_done + rows, &ranges, &signer);
+        }
+        catalog::advance_cursor(self.job_id, self.position, page_end.clone(), rows, bytes)
+            .unwrap_or_else(|e| error!("{e}"));
+        self.report_progress(&page_end, &progress, &upper_bound, progress.rows_done + rows);
+        Page::More
+    }
+
+    /// Fixes the upper bound (the greatest key now) and sends the start marker.
+    fn start_scan(&mut self, progress: &JobTable, signer: &Signer) -> Page {
+        let ranges = self.lock_table_ranges();
+        let first_range = ranges.iter().all(|(position, state, _)| *position == self.position || state == "pending");
+        // The greatest key now: the upper bound of a table scanned whole or of its last range,
+        // and what the start marker announces.
+        let greatest = (first_range || progress.upper_bound.is_none()).then(|| self.greatest_key()).flatten();
+        if first_range {
+            let json = greatest.as_ref().map(|(_, json)| json.as_slice());
+            let rows_estimated = ranges.len() as i64 * progress.rows_estimated;
+            let marker = message::table_start(self.job_id, self.slot.as_deref(), &self.table, json, rows_estimated);
+            message::emit_marker(self.prefix, signer, marker);
+        }
+        let upper_bound = progress.upper_bound.clone().or(greatest.map(|(key, _)| key));
+        catalog::start_table(self.job_id, self.position, upper_bound.clone()).unwrap_or_else(|e| error!("{e}"));
+        let bound = upper_bound
+            .as_deref()
+            .map(|k| format!("key ({})", k.join(", ")))
+            .unwrap_or_else(|| "nothing: it is empty".into());
+        log!("pg_backfill {}: scanning {} up to {bound}", self.job_id, self.table.qualified_name());
+        if upper_bound.is_none() {
+            return self.end_scan_locked(0, &ranges, signer);
+        }
+        Page::More
+    }
+
+    /// The greatest key of the table now, as text values and as JSON values; None if empty.
+    fn greatest_key(&self) -> Option<(Vec<String>, Vec<String>)> {
+        privilege::run_as(self.owner, || {
+            Spi::connect(|client| {
+                let rows = client.select(&self.queries.upper_bound(), None, &[])?;
+                if rows.is_empty() {
+                    return Ok::<_, pgrx::spi::Error>(None);
+                }
+                let row = rows.first();
+                let k = self.queries.key_len();
+                let column = |i: usize| row.get::<String>(i).map(|v| v.unwrap_or_default());
+                let key = (1..=k).map(column).collect::<Result<Vec<_>, _>>()?;
+                let json = (k + 1..=2 * k).map(column).collect::<Result<Vec<_>, _>>()?;
+                Ok(Some((key, json)))
+            })
+        })
+        .unwrap_or_else(|e| error!("{e}"))
+    }
+
+    /// Every range of this table in the backfill (one, unless parallel), locked in order.
+    fn lock_table_ranges(&self) -> Vec<(i32, String, i64)> {
+        catalog::lock_table_ranges(self.job_id, self.position).unwrap_or_else(|e| error!("{e}"))
+    }
+
+    /// Ends the scan of a range whose rows `ranges` are locked: marks it done and, if it is
+    /// the table's last range to end, sends the table's end marker with the table's row count.
+    fn end_scan_locked(&mut self, rows: i64, ranges: &[(i32, String, i64)], signer: &Signer) -> Page {
+        let others = ranges.iter().filter(|(position, _, _)| *position != self.position);
+        if others.clone().all(|(_, state, _)| state == DONE) {
+            let total = rows + others.map(|(_, _, rows)| rows).sum::<i64>();
+            let marker = message::table_end(self.job_id, self.slot.as_deref(), &self.table, total);
+            message::emit_marker(self.prefix, signer, marker);
+            log!("pg_backfill {}: {} done, {total} rows", self.job_id, self.table.qualified_name());
+        }
+        catalog::finish_table(self.job_id, self.position).unwrap_or_else(|e| error!("{e}"));
+        Page::TableDone
+    }
+
+    /// Ends the scan of this range when no key is left in it.
+    fn end_scan(&mut self, rows: i64, signer: &Signer) -> Page {
+        let ranges = self.lock_table_ranges();
+        self.end_scan_locked(rows, &ranges, signer)
+    }
+
+    /// The table's columns changed since the scan began (ALTER TABLE): rows are rendered, and
+    /// pages queried, as the table is now. Its key cannot change under a scan ordered by it.
+    fn reload_columns(&mut self) {
+        // The page's snapshot was taken before the ALTER TABLE committed (describes() waited
+        // for it): the catalog is read with a snapshot taken now.
+        unsafe {
+            pg_sys::PopActiveSnapshot();
+            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+        }
+        let table = table::require(self.table.relid);
+        // The same columns, types (a varchar may grow) and collations, in the same order.
+        let key = |t: &Table| {
+            t.key
+                .iter()
+                .map(|k| (k.name.clone(), t.columns[k.position].type_oid, k.collation.clone()))
+                .collect::<Vec<_>>()
+        };
+        if key(&table) != key(&self.table) {
+            raise(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("the key of table {} changed during its backfill", self.table.qualified_name()),
+                format!("The scan is ordered by ({}).", self.table.key_names().join(", ")),
+                Some("Start a new backfill of the table.".into()),
+            );
+        }
+        log!(
+            "pg_backfill {}: the columns of {} changed; rows are read as they are now",
+            self.job_id,
+            table.qualified_name()
+        );
+        for (_, plan) in self.page_rows_plans.drain() {
+            unsafe { pg_sys::SPI_freeplan(plan) };
+        }
+        self.page_end_plans.clear();
+        self.queries = ScanQueries::new(&table);
+        self.key_columns = table.key.iter().map(|k| k.position).collect();
+        self.row = RowJson::new(&table.columns);
+        self.messages = ReadMessage::new(self.job_id, self.slot.as_deref(), &table);
+        self.table = table;
+    }
+
+    /// A page query's parameters: the cursor (unless at the start), then `then`.
+    fn key_args(cursor: Option<&[String]>, then: &[String]) -> Vec<String> {
+        cursor.unwrap_or_default().iter().chain(then).cloned().collect()
+    }
+
+    /// The last key of the next page, or None when no key is left up to the upper bound.
+    fn page_end(&mut self, cursor: Option<&[String]>, upper_bound: &[String], rows: i32) -> Option<Vec<String>> {
+        let mut args: Vec<pgrx::datum::DatumWithOid> =
+            Self::key_args(cursor, upper_bound).into_iter().map(|v| v.into()).collect();
+        args.push(i64::from(rows).into());
+        let after_cursor = cursor.is_some();
+        let queries = &self.queries;
+        let types = args.len();
+        let plan = self.page_end_plans.entry(after_cursor).or_insert_with(|| {
+            let mut oids = vec![PgOid::BuiltIn(PgBuiltInOids::TEXTOID); types - 1];
+            oids.push(PgOid::BuiltIn(PgBuiltInOids::INT8OID));
+            Spi::connect(|client| client.prepare(queries.page_end(after_cursor).as_str(), &oids).map(|p| p.keep()))
+                .unwrap_or_else(|e| error!("could not prepare the page bound query: {e}"))
+        });
+        privilege::run_as(self.owner, || {
+            Spi::connect(|client| {
+                let result = client.select(&*plan, None, &args)?;
+                if result.is_empty() {
+                    return Ok::<_, pgrx::spi::Error>(None);
+                }
+                // No row, or max() of no rows (NULL): no key is left. Key columns are never NULL.
+                let row = result.first();
+                (0..self.queries.key_len()).map(|i| row.get::<String>(i + 1)).collect::<Result<Option<Vec<_>>, _>>()
+            })
+        })
+        .unwrap_or_else(|e| error!("{e}"))
+    }
+
+    /// Locks and reads every row from the cursor (exclusive) to the page's end (inclusive),
+    /// emitting one message per row. Returns rows and payload bytes delivered.
+    fn deliver(
+        &mut self,
+        cursor: Option<&[String]>,
+        page_end: &[String],
+        rows_per_page: i32,
+        signer: &Signer,
+    ) -> (i64, i64) {
+        let locking = if settings::TEST_SKIP_ROW_LOCKS.get() {
+            Locking::None
+        } else if rows_per_page == 1 {
+            let timeout = settings::LOCK_TIMEOUT_MS.get().to_string();
+            Spi::run_with_args("SELECT pg_catalog.set_config('lock_timeout', $1, true)", &[timeout.into()])
+                .unwrap_or_else(|e| error!("{e}"));
+            Locking::Wait
+        } else {
+            Locking::NoWait
+        };
+        let args = Self::key_args(cursor, page_end);
+        let queries = &self.queries;
+        let plan = *self
+            .page_rows_plans
+            .entry((cursor.is_some(), locking))
+            .or_insert_with(|| delivery::prepare(&queries.page_rows(cursor.is_some(), locking), args.len()));
+        let mut sink = delivery::Sink {
+            key_columns: &self.key_columns,
+            partitioned: self.table.partitioned,
+            row: &mut self.row,
+            messages: &mut self.messages,
+            prefix: self.prefix,
+            signer,
+            rows: 0,
+            bytes: 0,
+        };
+        // The rows' casts to json and the key's input functions are user code: as the owner.
+        privilege::run_as(self.owner, || delivery::run(plan, &args, &mut sink));
+        (sink.rows, sink.bytes)
+    }
+}
+
+pub fn report_activity(what: &str) {
+    if let Ok(what) = CString::new(what) {
+        unsafe { pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, what.as_ptr()) };
+    }
+}

@@ -1,0 +1,95 @@
+//! Planning a backfill: what it would deliver (the estimate), how a table splits into key ranges
+//! for parallel workers, and how many pages it takes.
+
+use crate::catalog;
+use crate::errors::raise;
+use crate::message::ReadMessage;
+use crate::privilege;
+use crate::table::Table;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+
+/// What a backfill of a table would deliver.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Estimate {
+    pub rows: i64,
+    pub bytes: i64,
+}
+
+/// Rows sampled to estimate the average message size.
+const SAMPLE_ROWS: f64 = 2000.0;
+
+/// Estimates rows from the planner (catalog statistics, or the relation size for a table never
+/// analyzed) and the average message size from a block sample: never a full scan.
+pub fn estimate(table: &Table, prefix_len: usize) -> Estimate {
+    // The sample renders rows with row_to_json, which runs the casts to json of user-defined
+    // types: as the table's owner, whoever asks.
+    privilege::run_as(table.owner, || sample(table, prefix_len))
+}
+
+fn sample(table: &Table, prefix_len: usize) -> Estimate {
+    let relation = table.qualified_name();
+    let plan = Spi::explain(&format!("SELECT * FROM {relation}"))
+        .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not estimate the table's rows", e.to_string(), None));
+    let rows = plan.0[0]["Plan"]["Plan Rows"].as_f64().unwrap_or(0.0).max(0.0);
+
+    let percent = (100.0 * SAMPLE_ROWS / rows.max(1.0)).clamp(0.0001, 100.0);
+    let sample_sql = |from: String| {
+        format!(
+            "SELECT avg(octet_length(row_to_json(t.*)::text) + octet_length(concat({key})))::float8 FROM {from}",
+            key = crate::scan::key_json_values(table)
+        )
+    };
+    let sampled = Spi::get_one::<f64>(&sample_sql(format!("{relation} t TABLESAMPLE SYSTEM ({percent})")));
+    // A small or sparse table can yield an empty block sample; its first rows are as good.
+    let avg_row_json = match sampled {
+        Ok(Some(avg)) => avg,
+        _ => Spi::get_one::<f64>(&sample_sql(format!("(SELECT * FROM {relation} LIMIT {SAMPLE_ROWS}) t")))
+            .ok()
+            .flatten()
+            .unwrap_or(0.0),
+    };
+    // The envelope of a backfill's first ids; a few more digits later do not matter here.
+    let envelope = ReadMessage::new(1, None, table).envelope_len() + prefix_len;
+    let rows = rows.round() as i64;
+    Estimate { rows, bytes: (rows as f64 * (avg_row_json + envelope as f64)).round() as i64 }
+}
+
+/// A table's key ranges, one per worker, split at quantiles of the key's histogram so that
+/// skewed keys still split into ranges of about equal rows. A table without statistics, or
+/// with a composite key, is scanned whole by one worker.
+pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<catalog::NewRange> {
+    let whole = || vec![catalog::NewRange { part: 0, lower_bound: None, upper_bound: None, rows_estimated: rows }];
+    if parallel == 1 || table.key.len() > 1 {
+        return whole();
+    }
+    // The bounds are cast to the key's type (a domain's check is user code): as the owner.
+    let bounds = privilege::run_as(table.owner, || {
+        Spi::get_one_with_args::<Vec<String>>(
+            &crate::scan::ScanQueries::new(table).histogram(),
+            &[table.schema.clone().into(), table.name.clone().into(), table.key[0].name.clone().into()],
+        )
+    })
+    .ok()
+    .flatten()
+    .unwrap_or_default();
+    if bounds.len() < parallel as usize * 2 {
+        notice!("table {} has no usable key statistics (ANALYZE it): one worker scans it", table.qualified_name());
+        return whole();
+    }
+    let splits: Vec<String> =
+        (1..parallel as usize).map(|i| bounds[i * (bounds.len() - 1) / parallel as usize].clone()).collect();
+    (0..parallel as usize)
+        .map(|part| catalog::NewRange {
+            part: part as i32,
+            lower_bound: part.checked_sub(1).map(|p| vec![splits[p].clone()]),
+            upper_bound: splits.get(part).map(|s| vec![s.clone()]),
+            rows_estimated: rows / i64::from(parallel),
+        })
+        .collect()
+}
+
+/// Pages (transactions) a backfill of `rows` rows takes.
+pub fn pages(rows: i64, batch_size: i32) -> i64 {
+    (rows + i64::from(batch_size) - 1) / i64::from(batch_size)
+}
