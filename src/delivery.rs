@@ -20,6 +20,10 @@ pub struct Sink<'a> {
     pub messages: &'a mut ReadMessage,
     pub prefix: &'a CString,
     pub signer: &'a Signer,
+    /// backfill.max_message_size: a larger message fails the backfill.
+    pub max_message_size: usize,
+    /// The table's name, for that error.
+    pub table: &'a str,
     pub rows: i64,
     pub bytes: i64,
 }
@@ -100,13 +104,35 @@ unsafe extern "C-unwind" fn receive(slot: *mut pg_sys::TupleTableSlot, receiver:
     let (columns, partition) =
         if sink.partitioned { (natts as usize - 1, values.last()) } else { (natts as usize, None) };
     let row = &mut *sink.row;
-    row.render(&values[..columns], &nulls[..columns]);
+    if !row.render(&values[..columns], &nulls[..columns], sink.max_message_size) {
+        too_large(sink.table, sink.max_message_size, &row.values_of(values, nulls, sink.key_columns), row.json().len());
+    }
     let key_values = sink.key_columns.iter().map(|&i| row.value(i));
     let content = sink.messages.build(key_values, row.json(), partition.map(|p| crate::json::text_of(*p)), sink.signer);
+    if content.len() > sink.max_message_size {
+        too_large(sink.table, sink.max_message_size, &row.values_of(values, nulls, sink.key_columns), content.len());
+    }
     message::emit(sink.prefix, content);
     sink.rows += 1;
     sink.bytes += content.len() as i64;
     true
+}
+
+/// A row whose message would pass backfill.max_message_size fails the backfill: PostgreSQL 15
+/// writes a logical message of any size, but cannot read back a WAL record of 1 GB or more, so
+/// every slot, and after a crash the server's own recovery, would fail on it.
+fn too_large(table: &str, max_message_size: usize, key: &str, at_least: usize) -> ! {
+    crate::errors::raise(
+        pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        format!("row ({key}) of table {table} is too large for a message"),
+        format!(
+            "Its message would take at least {at_least} bytes; backfill.max_message_size is {max_message_size} bytes."
+        ),
+        Some(format!(
+            "Raise backfill.max_message_size (at most {}), or shrink the row, then SELECT backfill_resume(...).",
+            crate::settings::MAX_MESSAGE_SIZE_CEILING
+        )),
+    )
 }
 
 #[pg_guard]

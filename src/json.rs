@@ -204,15 +204,18 @@ impl RowJson {
         }
     }
 
-    /// Renders one row from the page query's values (one per column, in order).
+    /// Renders one row from the page query's values (one per column, in order). Stops, and
+    /// returns false, as soon as the JSON grows past `max_len` bytes: a row too large to deliver
+    /// is never rendered whole, so the worker's memory stays within `max_len` and one column.
     ///
     /// # Safety
     /// `values` and `nulls` are the slot's, for a query made with [`select_list`].
-    pub unsafe fn render(&mut self, values: &[pg_sys::Datum], nulls: &[bool]) {
+    pub unsafe fn render(&mut self, values: &[pg_sys::Datum], nulls: &[bool], max_len: usize) -> bool {
         pg_sys::MemoryContextReset(self.memory);
         let caller = pg_sys::MemoryContextSwitchTo(self.memory);
         self.buf.clear();
         self.spans.clear();
+        let mut within = true;
         for (i, render) in self.renders.iter().enumerate() {
             self.buf.extend_from_slice(&self.labels[i]);
             let start = self.buf.len();
@@ -222,12 +225,36 @@ impl RowJson {
                 push_value(&mut self.buf, *render, self.outputs[i], values[i]);
             }
             self.spans.push((start, self.buf.len()));
+            if self.buf.len() > max_len {
+                within = false;
+                break;
+            }
         }
         if self.renders.is_empty() {
             self.buf.push(b'{');
         }
         self.buf.push(b'}');
         pg_sys::MemoryContextSwitchTo(caller);
+        within
+    }
+
+    /// Some columns' values of a row as JSON, `"a", 2`: the key of a row for an error message.
+    ///
+    /// # Safety
+    /// As for [`render`](Self::render).
+    pub unsafe fn values_of(&self, values: &[pg_sys::Datum], nulls: &[bool], columns: &[usize]) -> String {
+        let mut text = Vec::new();
+        for (n, &i) in columns.iter().enumerate() {
+            if n > 0 {
+                text.extend_from_slice(b", ");
+            }
+            if nulls[i] {
+                text.extend_from_slice(b"null");
+            } else {
+                push_value(&mut text, self.renders[i], self.outputs[i], values[i]);
+            }
+        }
+        String::from_utf8_lossy(&text).into_owned()
     }
 
     /// The last row rendered, as a JSON object.

@@ -331,6 +331,7 @@ impl<'a> TableScan<'a> {
             .page_rows_plans
             .entry((cursor.is_some(), locking))
             .or_insert_with(|| delivery::prepare(&queries.page_rows(cursor.is_some(), locking), args.len()));
+        let table_name = self.table.qualified_name();
         let mut sink = delivery::Sink {
             key_columns: &self.key_columns,
             partitioned: self.table.partitioned,
@@ -338,6 +339,8 @@ impl<'a> TableScan<'a> {
             messages: &mut self.messages,
             prefix: self.prefix,
             signer,
+            max_message_size: settings::MAX_MESSAGE_SIZE.get() as usize,
+            table: &table_name,
             rows: 0,
             bytes: 0,
         };

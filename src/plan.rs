@@ -34,9 +34,24 @@ fn sample(table: &Table, prefix_len: usize) -> Estimate {
     let rows = plan.0[0]["Plan"]["Plan Rows"].as_f64().unwrap_or(0.0).max(0.0);
 
     let percent = (100.0 * SAMPLE_ROWS / rows.max(1.0)).clamp(0.0001, 100.0);
+    // Each value's JSON is measured on its own: a row's whole JSON (row_to_json) can pass 1 GB
+    // and fail, when each of its values is far smaller. A value stored in more than 64 MB
+    // (compressed) is not rendered at all: twice its stored size stands for it.
+    let values: Vec<String> = table
+        .columns
+        .iter()
+        .map(|c| {
+            let column = format!("t.{}", spi::quote_identifier(&c.name));
+            format!(
+                "coalesce(CASE WHEN pg_column_size({column}) > 64 * 1024 * 1024 THEN 2 * pg_column_size({column})::bigint
+                               ELSE octet_length(to_json({column})::text) END, 4)"
+            )
+        })
+        .collect();
+    let values = if values.is_empty() { "0".to_string() } else { values.join(" + ") };
     let sample_sql = |from: String| {
         format!(
-            "SELECT avg(octet_length(row_to_json(t.*)::text) + octet_length(concat({key})))::float8 FROM {from}",
+            "SELECT avg({values} + octet_length(concat({key})))::float8 FROM {from}",
             key = crate::scan::key_json_values(table)
         )
     };
@@ -49,8 +64,11 @@ fn sample(table: &Table, prefix_len: usize) -> Estimate {
             .flatten()
             .unwrap_or(0.0),
     };
-    // The envelope of a backfill's first ids; a few more digits later do not matter here.
-    let envelope = ReadMessage::new(1, None, table).envelope_len() + prefix_len;
+    // The row's braces, labels and commas around its values, and the envelope of a backfill's
+    // first ids (a few more digits later do not matter here).
+    let punctuation = 2 + table.columns.iter().map(|c| crate::json::label(&c.name).len() + 1).sum::<usize>();
+    let punctuation = punctuation - usize::from(!table.columns.is_empty());
+    let envelope = ReadMessage::new(1, None, table).envelope_len() + prefix_len + punctuation;
     let rows = rows.round() as i64;
     Estimate { rows, bytes: (rows as f64 * (avg_row_json + envelope as f64)).round() as i64 }
 }

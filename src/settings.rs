@@ -21,6 +21,14 @@ pub static MAX_SLOT_LAG_KB: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024
 /// How often a running backfill logs a progress line (seconds; 0 turns it off).
 pub static LOG_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
 
+/// The largest message a backfill writes, in bytes.
+pub static MAX_MESSAGE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 * 1024);
+
+/// What backfill.max_message_size can be raised to. PostgreSQL reads a WAL record back only if
+/// it fits one allocation (1 GB minus one byte, headers included), and a decoder may need
+/// more than the message (wal2json escapes it into a JSON string: up to twice its size).
+pub const MAX_MESSAGE_SIZE_CEILING: i32 = 256 * 1024 * 1024;
+
 /// Background workers all backfills of the cluster may use at once.
 pub static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
 
@@ -80,6 +88,19 @@ pub fn define() {
         86_400,
         GucContext::Sighup,
         GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.max_message_size",
+        c"The largest message a backfill writes; a row whose message would be larger fails it.",
+        c"PostgreSQL 15 writes a logical message of any size but cannot read back a WAL record \
+          of 1 GB or more: every slot, and the server's recovery after a crash, would fail on \
+          it. The setting cannot exceed 256MB, so that even a decoder that escapes the message \
+          stays far from that limit.",
+        &MAX_MESSAGE_SIZE,
+        1024,
+        MAX_MESSAGE_SIZE_CEILING,
+        GucContext::Sighup,
+        GucFlags::UNIT_BYTE,
     );
     GucRegistry::define_int_guc(
         c"backfill.max_workers",

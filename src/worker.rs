@@ -143,9 +143,7 @@ fn run(job_id: i64, worker: i32) {
         }
     }
     let finished = in_transaction(|| {
-        // Pages commit without waiting for the WAL flush; this last commit waits for it, so
-        // that once the backfill shows done, every message is flushed and decodable.
-        Spi::run("SELECT pg_catalog.set_config('synchronous_commit', 'on', true)").unwrap_or_else(|e| error!("{e}"));
+        wait_for_flush_at_commit();
         if catalog::all_ranges_done(job_id)? {
             catalog::finish_job(job_id, DONE, None)
         } else {
@@ -223,9 +221,17 @@ fn reload_config_if_asked() {
     }
 }
 
+/// Pages commit without waiting for the WAL flush. The commit that ends a backfill (done or
+/// failed) waits for it, so that once the backfill shows it, every message it delivered is
+/// flushed and decodable.
+fn wait_for_flush_at_commit() {
+    Spi::run("SELECT pg_catalog.set_config('synchronous_commit', 'on', true)").unwrap_or_else(|e| error!("{e}"));
+}
+
 /// Stops the backfill in state failed, with the error, the table and the key it stopped at.
 fn record_failure(job_id: i64, table: Option<&JobTable>, e: &PageError) {
     let recorded = in_transaction(AssertUnwindSafe(|| {
+        wait_for_flush_at_commit();
         let place = table
             .map(|t| {
                 let cursor = t.cursor.as_deref().map(|c| c.join(", ")).unwrap_or_else(|| "(start)".into());
