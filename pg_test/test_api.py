@@ -184,3 +184,14 @@ def test_wal_level_must_be_logical(cluster):
             assert "wal_level = logical" in e.diag.message_hint
     finally:
         replica.stop()
+
+
+def test_reading_the_views_writes_nothing(orders):
+    backfill_id = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
+    assert wait_until_ended(orders, backfill_id) == "done"
+    with orders.transaction():
+        orders.execute("SELECT * FROM backfill_status").fetchall()
+        orders.execute("SELECT * FROM backfill_tables").fetchall()
+        orders.execute("SELECT backfill_wait(%s)", [backfill_id])
+        # No transaction id: no commit record, and it works on a standby as well.
+        assert orders.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()[0] is None

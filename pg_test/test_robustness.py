@@ -1,8 +1,11 @@
 """Robustness: sizes and events that must end in a defined state without taking the server down."""
 
+import subprocess
+import time
+
 import psycopg
 import pytest
-from conftest import Cluster, status, wait_until_ended
+from conftest import Cluster, status, wait_for, wait_until_ended
 
 
 def set_system(conn, setting, value):
@@ -78,3 +81,293 @@ def test_a_row_of_over_a_gigabyte_leaves_the_server_restartable_and_its_slot_dec
             assert any("table_start" in line for (line,) in decoded)
     finally:
         other.stop()
+
+
+def error_of(conn, sql, params=None) -> psycopg.Error:
+    with pytest.raises(psycopg.Error) as caught:
+        conn.execute(sql, params)
+    return caught.value
+
+
+@pytest.fixture
+def items(db):
+    db.execute(
+        """CREATE TABLE items (id int PRIMARY KEY, code text NOT NULL UNIQUE, label text);
+           INSERT INTO items SELECT g, 'c' || g, 'item ' || g FROM generate_series(1, 2000) g;"""
+    )
+    return db
+
+
+@pytest.mark.parametrize(
+    "call, argument",
+    [
+        ("SELECT backfill_start('items', confirm => NULL)", "confirm"),
+        ("SELECT backfill_start('items', confirm => true, batch_size => NULL)", "batch_size"),
+        ("SELECT backfill_start('items', confirm => true, parallel => NULL)", "parallel"),
+        ("SELECT * FROM backfill_estimate('items', batch_size => NULL)", "batch_size"),
+        ("SELECT backfill_cancel(NULL)", "id"),
+        ("SELECT backfill_pause(NULL)", "id"),
+        ("SELECT backfill_resume(NULL)", "id"),
+        ("SELECT backfill_set(NULL, batch_size => 10)", "id"),
+        ("SELECT backfill_wait(NULL)", "id"),
+        ("SELECT backfill_message_valid(NULL, 1)", "content"),
+        ("SELECT backfill_message_valid('{}', NULL)", "xid"),
+    ],
+)
+def test_a_null_argument_is_22004_naming_it(items, call, argument):
+    e = error_of(items, call)
+    assert e.sqlstate == "22004", (call, e)
+    assert f"argument {argument} of backfill_" in e.diag.message_primary
+
+
+def test_a_partition_listed_with_its_partitioned_table_is_refused(db):
+    db.execute(
+        """CREATE TABLE parent (id int PRIMARY KEY) PARTITION BY RANGE (id);
+           CREATE TABLE part_low PARTITION OF parent FOR VALUES FROM (0) TO (100);
+           INSERT INTO parent SELECT generate_series(0, 99)"""
+    )
+    e = error_of(db, "SELECT backfill_start(ARRAY['parent', 'part_low']::regclass[], confirm => true)")
+    assert e.sqlstate == "22023"
+    assert "part_low is listed with its partitioned table parent" in e.diag.message_primary
+    assert db.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+
+
+def slow_backfill(db, table="items"):
+    backfill_id = db.execute(
+        f"SELECT backfill_start('{table}', confirm => true, batch_size => 50, rows_per_second => 500)"
+    ).fetchone()[0]
+    wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) >= 100, what="a few pages")
+    return backfill_id
+
+
+@pytest.mark.parametrize(
+    "change, sqlstate, words",
+    [
+        ("DROP TABLE items", "42P01", "table public.items was dropped during its backfill"),
+        ("ALTER TABLE items SET UNLOGGED", "55000", "table public.items became unlogged during its backfill"),
+        (
+            "ALTER TABLE items DROP CONSTRAINT items_pkey; ALTER TABLE items ADD PRIMARY KEY (code)",
+            "55000",
+            "the key of table public.items changed during its backfill",
+        ),
+        ("ALTER TABLE items DROP CONSTRAINT items_pkey", "55000", "the key of table public.items changed"),
+    ],
+)
+def test_a_table_changed_under_its_backfill_fails_it_naming_the_table(items, change, sqlstate, words):
+    backfill_id = slow_backfill(items)
+    items.execute(change)
+    assert wait_until_ended(items, backfill_id, timeout=30) == "failed"
+    got_sqlstate, error = status(items, backfill_id, "last_error_sqlstate", "last_error")
+    assert (got_sqlstate, words in error) == (sqlstate, True), error
+    assert "stopped after key" in error
+
+
+def test_dump_and_restore_into_another_database_starts_with_no_backfills(cluster, items):
+    backfill_id = slow_backfill(items)
+    source = items.info.dbname
+    target = f"{source}_restored"[:63]
+    dump = f"/tmp/{source}.dump"
+    run = lambda *args: subprocess.run(  # noqa: E731
+        ["sudo", "-u", "postgres", *args, "-h", "127.0.0.1", "-p", str(cluster.port)], check=True, capture_output=True
+    )
+    run("/usr/lib/postgresql/15/bin/pg_dump", "-Fc", "-f", dump, "-d", source)
+    items.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    with cluster.connect() as admin:
+        admin.execute(f'CREATE DATABASE "{target}"')
+    try:
+        run("/usr/lib/postgresql/15/bin/pg_restore", "-d", target, dump)
+        with cluster.connect(target) as restored:
+            assert restored.execute("SELECT count(*) FROM items").fetchone()[0] == 2000
+            assert restored.execute("SELECT count(*) FROM backfill_status").fetchone()[0] == 0
+            new_id = restored.execute("SELECT backfill_start('items', confirm => true)").fetchone()[0]
+            assert wait_until_ended(restored, new_id) == "done"
+            assert status(restored, new_id, "rows_done") == 2000
+    finally:
+        with cluster.connect() as admin:
+            admin.execute(f'DROP DATABASE "{target}" WITH (FORCE)')
+
+
+def test_on_a_standby_functions_refuse_with_25006_and_the_views_work(cluster, items):
+    backfill_id = items.execute("SELECT backfill_start('items', confirm => true)").fetchone()[0]
+    assert wait_until_ended(items, backfill_id) == "done"
+    standby = Cluster(f"{cluster.dir}_standby", cluster.port + 4)
+    subprocess.run(["bash", "-c", f"rm -rf '{standby.dir}' && mkdir -p '{standby.dir}' && chown postgres: '{standby.dir}'"], check=True)
+    subprocess.run(
+        ["sudo", "-u", "postgres", "/usr/lib/postgresql/15/bin/pg_basebackup", "-h", "127.0.0.1", "-p", str(cluster.port),
+         "-U", "postgres", "-D", f"{standby.dir}/data", "-R", "-X", "stream"],
+        check=True, capture_output=True,
+    )
+    with open(f"{standby.dir}/data/postgresql.auto.conf", "a") as conf:
+        conf.write(f"port = {standby.port}\nunix_socket_directories = '{standby.dir}'\n")
+    standby.pg_ctl("start")
+    try:
+        with standby.connect(items.info.dbname) as conn:
+            assert conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]
+            for call in [
+                "SELECT backfill_start('items', confirm => true)",
+                f"SELECT backfill_cancel({backfill_id})",
+                f"SELECT backfill_pause({backfill_id})",
+                f"SELECT backfill_resume({backfill_id})",
+                f"SELECT backfill_set({backfill_id}, batch_size => 10)",
+            ]:
+                e = error_of(conn, call)
+                assert e.sqlstate == "25006" and "primary" in e.diag.message_hint, (call, e)
+            assert conn.execute("SELECT state, rows_done FROM backfill_status").fetchall() == [("done", 2000)]
+            assert conn.execute("SELECT count(*) FROM backfill_tables").fetchone()[0] == 1
+            assert conn.execute(f"SELECT backfill_wait({backfill_id})").fetchone()[0] is True
+    finally:
+        standby.stop()
+
+
+def cluster_admin(db):
+    return psycopg.connect(host="127.0.0.1", port=db.info.port, user="postgres", dbname="postgres", autocommit=True)
+
+
+def server_log(cluster) -> str:
+    return open(f"{cluster.dir}/server.log", errors="replace").read()
+
+
+@pytest.mark.parametrize("control, state", [("backfill_cancel", "cancelled"), ("backfill_pause", "paused")])
+def test_a_slow_backfill_stops_at_once_when_cancelled_or_paused(items, control, state):
+    backfill_id = items.execute("SELECT backfill_start('items', confirm => true, rows_per_second => 2)").fetchone()[0]
+    wait_for(lambda: status(items, backfill_id, "rows_done") > 0, what="first page")
+    items.execute(f"SELECT {control}(%s)", [backfill_id])
+    started = time.monotonic()
+    wait_for(lambda: status(items, backfill_id, "workers_running") == 0, timeout=5, what="the worker to exit")
+    assert time.monotonic() - started < 1.5
+    assert status(items, backfill_id, "state") == state
+
+
+def test_a_new_rate_takes_effect_at_once(items):
+    backfill_id = items.execute("SELECT backfill_start('items', confirm => true, rows_per_second => 2)").fetchone()[0]
+    wait_for(lambda: status(items, backfill_id, "rows_done") > 0, what="first page")
+    items.execute("SELECT backfill_set(%s, rows_per_second => 0)", [backfill_id])
+    assert wait_until_ended(items, backfill_id, timeout=5) == "done"
+
+
+def test_log_lines_name_the_database(cluster, items):
+    backfill_id = items.execute("SELECT backfill_start('items', confirm => true)").fetchone()[0]
+    assert wait_until_ended(items, backfill_id) == "done"
+    wait_for(lambda: f'pg_backfill {backfill_id} in database "{items.info.dbname}": done' in server_log(cluster))
+
+
+def test_a_database_dropped_with_force_leaves_no_worker_restarting(cluster):
+    name = "dropped_mid_run"
+    with cluster.connect() as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.execute(f"CREATE DATABASE {name}")
+    with cluster.connect(name) as conn:
+        conn.execute(
+            """CREATE EXTENSION pg_backfill; CREATE TABLE t (id int PRIMARY KEY);
+               INSERT INTO t SELECT generate_series(1, 1000)"""
+        )
+        oid = conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
+        backfill_id = conn.execute("SELECT backfill_start('t', confirm => true, rows_per_second => 10)").fetchone()[0]
+        wait_for(lambda: status(conn, backfill_id, "workers_running") == 1, what="the worker")
+    with cluster.connect() as admin:
+        admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    stopped = f"pg_backfill {backfill_id}: database {oid} no longer exists, its worker stops"
+    wait_for(lambda: stopped in server_log(cluster), timeout=10, what="the worker to stop")
+    time.sleep(3)
+    assert server_log(cluster).count(stopped) == 1
+
+
+def test_drop_extension_is_refused_while_a_backfill_runs(items):
+    backfill_id = slow_backfill(items)
+    e = error_of(items, "DROP EXTENSION pg_backfill")
+    assert e.sqlstate == "55006" and str(backfill_id) in e.diag.message_detail
+    assert "backfill_cancel" in e.diag.message_hint
+    items.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    items.execute("DROP EXTENSION pg_backfill")
+    assert items.execute("SELECT count(*) FROM pg_extension WHERE extname = 'pg_backfill'").fetchone()[0] == 0
+
+
+def test_a_stall_on_a_row_lock_shows_who_holds_it(cluster, items):
+    backfill_id = items.execute("SELECT backfill_start('items', confirm => true, rows_per_second => 1000, batch_size => 50)").fetchone()[0]
+    wait_for(lambda: (status(items, backfill_id, "rows_done") or 0) > 0, what="first page")
+    with cluster.connect(items.info.dbname) as writer:
+        writer.execute("BEGIN")
+        writer.execute("UPDATE items SET label = 'held' WHERE id > 200")
+        holder = writer.execute("SELECT pg_backend_pid()").fetchone()[0]
+        wait_for(lambda: status(items, backfill_id, "waiting_for") == f"a row lock held by pid {holder}",
+                 timeout=20, what="the stall to show")
+        writer.execute("ROLLBACK")
+    assert wait_until_ended(items, backfill_id) == "done"
+
+
+def test_the_starting_role_dropped_mid_run_fails_the_backfill_and_a_superuser_still_controls_it(items, roles):
+    role = roles.create("gone", "operator")
+    items.execute(f"GRANT SELECT, UPDATE ON items TO {role}")
+    as_role = roles.connect(role)
+    backfill_id = as_role.execute("SELECT backfill_start('items', confirm => true, rows_per_second => 200)").fetchone()[0]
+    wait_for(lambda: (status(items, backfill_id, "rows_done") or 0) > 0, what="first page")
+    as_role.close()
+    items.execute(f"REVOKE ALL ON items FROM {role}; REVOKE ALL ON SCHEMA public FROM {role}")
+    items.execute(f"DROP OWNED BY {role}")
+    with cluster_admin(items) as admin:
+        admin.execute(f"DROP ROLE {role}")
+    assert wait_until_ended(items, backfill_id, timeout=30) == "failed"
+    assert status(items, backfill_id, "last_error_sqlstate") == "42501"
+    assert items.execute("SELECT backfill_resume(%s)", [backfill_id]).fetchone()[0] is True
+    assert items.execute("SELECT backfill_cancel(%s)", [backfill_id]).fetchone()[0] is True
+    assert wait_until_ended(items, backfill_id) == "cancelled"
+
+
+def test_truncate_mid_run_ends_the_scan_with_the_rows_read_before(items):
+    items.execute("SELECT pg_create_logical_replication_slot('truncated', 'test_decoding')")
+    backfill_id = slow_backfill(items)
+    items.execute("TRUNCATE items")
+    assert wait_until_ended(items, backfill_id) == "done"
+    lines = [line for (line,) in items.execute("SELECT data FROM pg_logical_slot_get_changes('truncated', NULL, NULL)")]
+    truncate_at = next(i for i, line in enumerate(lines) if line.startswith("table public.items: TRUNCATE"))
+    # No read follows the TRUNCATE in the stream: a consumer ends with an empty table.
+    assert not any('"op":"read"' in line for line in lines[truncate_at:])
+    assert any('"op":"table_end"' in line for line in lines[truncate_at:])
+
+
+def test_the_slot_dropped_mid_run_fails_the_backfill_with_42704(items):
+    items.execute("SELECT pg_create_logical_replication_slot('doomed', 'test_decoding')")
+    # The slot must have an active consumer for the backfill to run: pg_recvlogical.
+    consumer = subprocess.Popen(
+        ["sudo", "-u", "postgres", "/usr/lib/postgresql/15/bin/pg_recvlogical", "-h", "127.0.0.1", "-p",
+         str(items.info.port), "-U", "postgres", "-d", items.info.dbname, "-S", "doomed", "--start", "-f", "/dev/null"]
+    )
+    try:
+        backfill_id = items.execute(
+            "SELECT backfill_start('items', confirm => true, slot => 'doomed', batch_size => 50, rows_per_second => 500)"
+        ).fetchone()[0]
+        wait_for(lambda: (status(items, backfill_id, "rows_done") or 0) > 0, what="first page")
+    finally:
+        consumer.terminate()
+        consumer.wait()
+    wait_for(lambda: items.execute("SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'doomed'").fetchone()[0])
+    items.execute("SELECT pg_drop_replication_slot('doomed')")
+    assert wait_until_ended(items, backfill_id, timeout=30) == "failed"
+    sqlstate, error = status(items, backfill_id, "last_error_sqlstate", "last_error")
+    assert sqlstate == "42704" and 'slot "doomed" no longer exists' in error
+
+
+def test_what_nowait_and_skip_locked_writers_see_while_a_page_holds_its_rows(cluster, db):
+    # Rendering each row takes 0.3 s (a slow cast to json), so the first page holds its row
+    # locks for about 3 s: long enough to look at them from an application.
+    db.execute(
+        """CREATE TYPE mood AS ENUM ('calm');
+           CREATE FUNCTION mood_json(mood) RETURNS json LANGUAGE plpgsql AS
+             $$ BEGIN PERFORM pg_sleep(0.3); RETURN '"calm"'::json; END $$;
+           CREATE CAST (mood AS json) WITH FUNCTION mood_json(mood);
+           CREATE TABLE slow (id int PRIMARY KEY, m mood);
+           INSERT INTO slow SELECT g, 'calm' FROM generate_series(1, 10) g;"""
+    )
+    backfill_id = db.execute("SELECT backfill_start('slow', confirm => true)").fetchone()[0]
+    with cluster.connect(db.info.dbname) as app:
+        wait_for(lambda: app.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+            "WHERE a.backend_type = 'pg_backfill' AND l.locktype = 'transactionid'").fetchone()[0] > 0,
+            what="the page to start")
+        time.sleep(0.5)
+        e = error_of(app, "SELECT id FROM slow WHERE id = 1 FOR UPDATE NOWAIT")
+        assert e.sqlstate == "55P03"
+        assert app.execute("SELECT id FROM slow WHERE id = 1 FOR UPDATE SKIP LOCKED").fetchall() == []
+        # A writer that waits is never failed: it goes on once the page commits.
+        app.execute("UPDATE slow SET m = 'calm' WHERE id = 1")
+    assert wait_until_ended(db, backfill_id) == "done"

@@ -12,7 +12,7 @@ from contextlib import suppress
 
 import psycopg
 import pytest
-from conftest import readme_grants, status, wait_for, wait_until_ended, worker_pid
+from conftest import ROOT, readme_grants, status, wait_for, wait_until_ended, worker_pid
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -433,15 +433,30 @@ def message_keys(db) -> dict:
     return dict(db.execute("SELECT id, key FROM backfill.message_key").fetchall())
 
 
+def readme_verifier():
+    """The README's Python check (`genuine`), run as printed there."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Authenticated messages") :]
+    code = re.search(r"```python\n(.*?)\n```", section, re.S)[1]
+    namespace = {}
+    exec(code, namespace)
+    return namespace["genuine"]
+
+
 def tag_is_valid(keys, content, xid) -> bool:
-    """The check, done here independently: HMAC-SHA256(key, "<xid>:" + content without its auth field)."""
+    """The check, done here independently: HMAC-SHA256(key, "<xid>:" + content without its auth
+    field); the README's code must give the same answer."""
     auth = AUTH.search(content)
     if not auth or int(auth[1]) not in keys:
-        return False
-    raw = content.encode()
-    body = raw[: raw.rindex(b',"auth":"')] + b"}"
-    expected = hmac.new(bytes(keys[int(auth[1])]), f"{xid}:".encode() + body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, auth[2])
+        independent = False
+    else:
+        raw = content.encode()
+        body = raw[: raw.rindex(b',"auth":"')] + b"}"
+        expected = hmac.new(bytes(keys[int(auth[1])]), f"{xid}:".encode() + body, hashlib.sha256).hexdigest()
+        independent = hmac.compare_digest(expected, auth[2])
+    readme = readme_verifier()(content.encode(), xid, {k: bytes(v) for k, v in keys.items()})
+    assert readme == independent, "the README's verification disagrees"
+    return independent
 
 
 def sql_valid(conn, content, xid) -> bool:

@@ -32,6 +32,9 @@ UNION ALL
 SELECT 'comment', pg_describe_object(ds.classoid, ds.objoid, ds.objsubid), ds.description, ''
   FROM pg_description ds JOIN member m ON m.classid = ds.classoid AND m.objid = ds.objoid
 UNION ALL
+SELECT 'configuration tables', coalesce(extconfig::regclass[]::text, ''), coalesce(array_to_string(extcondition, ','), ''), ''
+  FROM pg_extension WHERE extname = 'pg_backfill'
+UNION ALL
 SELECT 'schema', n.nspname, '', coalesce(n.nspacl::text, '')
   FROM pg_namespace n JOIN member m ON m.classid = 'pg_namespace'::regclass AND m.objid = n.oid
 ORDER BY 1, 2, 3
@@ -90,3 +93,23 @@ def test_a_backfill_running_across_the_update_delivers_every_row_once(db, versio
     assert len(reads) == 3000 and set(reads.values()) == {1}
     # Pages after the update are signed: the update reached the running worker.
     assert signed > 0
+
+
+def test_every_table_view_column_and_function_has_a_comment(db):
+    missing = db.execute(
+        """WITH member AS (
+               SELECT d.classid, d.objid FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+                WHERE e.extname = 'pg_backfill' AND d.deptype = 'e')
+           SELECT p.oid::regprocedure::text FROM pg_proc p JOIN member m ON m.classid = 'pg_proc'::regclass AND m.objid = p.oid
+            WHERE obj_description(p.oid, 'pg_proc') IS NULL
+           UNION ALL
+           SELECT c.oid::regclass::text FROM pg_class c JOIN member m ON m.classid = 'pg_class'::regclass AND m.objid = c.oid
+            WHERE c.relkind IN ('r', 'v') AND obj_description(c.oid, 'pg_class') IS NULL
+           UNION ALL
+           SELECT c.oid::regclass::text || '.' || a.attname FROM pg_class c
+             JOIN member m ON m.classid = 'pg_class'::regclass AND m.objid = c.oid
+             JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+            WHERE c.relkind IN ('r', 'v') AND col_description(c.oid, a.attnum) IS NULL
+           ORDER BY 1"""
+    ).fetchall()
+    assert missing == []

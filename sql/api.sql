@@ -121,11 +121,15 @@ SELECT j.id,
             THEN make_interval(secs => round(((1 - t.fraction_done) * t.rows_estimated / r.rows_per_second)::numeric))
        END AS time_left,
        j.slot_name,
-       pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS slot_lag_bytes,
+       -- (A standby has no current WAL position of its own: it shows what it has replayed.)
+       pg_catalog.pg_wal_lsn_diff(CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+                                       ELSE pg_catalog.pg_current_wal_lsn() END,
+                                  s.confirmed_flush_lsn)::bigint AS slot_lag_bytes,
        j.watermark_lsn,
        j.state = 'done' AND (j.slot_name IS NULL OR s.confirmed_flush_lsn >= j.watermark_lsn) AS delivered,
        a.pid AS worker_pid,
        backfill.workers_running(j.id) AS workers_running,
+       CASE WHEN j.state = 'running' THEN backfill.waiting_for(j.id) END AS waiting_for,
        j.parallel,
        j.batch_size,
        j.rows_per_second,
@@ -175,9 +179,22 @@ COMMENT ON COLUMN backfill_status.current_table IS 'Table being scanned now';
 COMMENT ON COLUMN backfill_status.rows_done IS 'Read messages delivered so far';
 COMMENT ON COLUMN backfill_status.rows_estimated IS 'Planner estimate of the rows when the backfill started';
 COMMENT ON COLUMN backfill_status.percent_done IS 'Share of the key ranges scanned (from pg_stats histograms; rows against the estimate without them); 100 once done';
+COMMENT ON COLUMN backfill_status.waiting_for IS 'What a running backfill''s workers wait for now, if anything: a row lock held by another process (its pid)';
 COMMENT ON COLUMN backfill_status.worker_pid IS 'Process id of the running background worker, if any';
 COMMENT ON COLUMN backfill_status.last_error_sqlstate IS 'SQLSTATE of the error that failed the backfill';
 COMMENT ON COLUMN backfill_status.last_error IS 'Message of the error that failed the backfill, with the table and key';
+COMMENT ON COLUMN backfill_status.id IS 'Backfill id, returned by backfill_start() and carried in every message';
+COMMENT ON COLUMN backfill_status.slot_name IS 'Replication slot of the consumer the backfill is for, if given';
+COMMENT ON COLUMN backfill_status.workers_running IS 'Background workers of the backfill running now';
+COMMENT ON COLUMN backfill_status.parallel IS 'Workers the backfill runs with (parallel => N)';
+COMMENT ON COLUMN backfill_status.batch_size IS 'Rows per page (one page is one transaction)';
+COMMENT ON COLUMN backfill_status.rows_per_second IS 'Pacing: most rows delivered per second; NULL for no limit';
+COMMENT ON COLUMN backfill_status.max_lag_bytes IS 'With a slot: the backfill waits while its consumer lags more than this';
+COMMENT ON COLUMN backfill_status.publication_name IS 'Publication of the consumer, if given';
+COMMENT ON COLUMN backfill_status.message_prefix IS 'Prefix of the backfill''s logical decoding messages';
+COMMENT ON COLUMN backfill_status.started_by IS 'Role that started the backfill';
+COMMENT ON COLUMN backfill_status.started_at IS 'When backfill_start() was called';
+COMMENT ON COLUMN backfill_status.finished_at IS 'When the backfill reached done, cancelled or failed';
 
 CREATE VIEW backfill_tables WITH (security_barrier) AS
 SELECT jt.job_id AS backfill_id,
@@ -206,6 +223,15 @@ COMMENT ON COLUMN backfill_tables.part IS 'Key range of the table (with parallel
 COMMENT ON COLUMN backfill_tables.cursor IS 'Last key delivered; the scan resumes after it';
 COMMENT ON COLUMN backfill_tables.upper_bound IS 'Greatest key when the scan started; rows inserted later arrive through the stream';
 COMMENT ON COLUMN backfill_tables.bytes_done IS 'Bytes of message payload delivered';
+COMMENT ON COLUMN backfill_tables.backfill_id IS 'The backfill (backfill_status.id)';
+COMMENT ON COLUMN backfill_tables.position IS 'Order in which the backfill scans its tables and ranges';
+COMMENT ON COLUMN backfill_tables.table_name IS 'The table';
+COMMENT ON COLUMN backfill_tables.key_columns IS 'Columns of the key the scan is ordered by';
+COMMENT ON COLUMN backfill_tables.rows_done IS 'Read messages delivered';
+COMMENT ON COLUMN backfill_tables.rows_estimated IS 'Planner estimate of the rows when the backfill started';
+COMMENT ON COLUMN backfill_tables.last_page_lsn IS 'WAL position at the end of the last delivered page';
+COMMENT ON COLUMN backfill_tables.started_at IS 'When the scan started (upper bound fixed, start marker sent)';
+COMMENT ON COLUMN backfill_tables.finished_at IS 'When the scan ended (end marker sent)';
 
 GRANT SELECT ON backfill_status, backfill_tables TO PUBLIC;
 
@@ -246,11 +272,30 @@ $$;
 COMMENT ON FUNCTION backfill_security_check() IS
 'Checks the privileges that keep the message stream trustworthy; each row that is not ok has the statement that fixes it.';
 
--- Nothing that starts, controls or reveals backfills is executable by PUBLIC: the README shows
--- the grants for operators and for consumers. The views' helpers stay executable by all.
-REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
-                          backfill.visible(name) TO PUBLIC;
+-- DROP EXTENSION while backfills run would leave their workers failing on missing tables and
+-- start ids again at 1 under consumers that hold the old ids: it is refused until they end.
+CREATE FUNCTION backfill.refuse_drop_while_running()
+RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    running bigint[];
+BEGIN
+    IF current_query() !~* 'drop\s+extension\s.*\mpg_backfill\M' THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(id ORDER BY id) INTO running FROM backfill.job WHERE state IN ('running', 'paused');
+    IF running IS NOT NULL THEN
+        RAISE EXCEPTION 'cannot drop extension pg_backfill while backfills run'
+            USING ERRCODE = 'object_in_use',
+                  DETAIL = format('Backfills %s are running or paused.', array_to_string(running, ', ')),
+                  HINT = 'Cancel them first: SELECT backfill_cancel(id) FROM backfill_status WHERE state IN (''running'', ''paused'');';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION backfill.refuse_drop_while_running() IS 'Event trigger: refuses DROP EXTENSION pg_backfill while backfills run or are paused';
+CREATE EVENT TRIGGER backfill_refuse_drop_while_running ON ddl_command_start WHEN TAG IN ('DROP EXTENSION')
+    EXECUTE FUNCTION backfill.refuse_drop_while_running();
 REVOKE EXECUTE ON FUNCTION
     backfill_estimate(regclass[], integer), backfill_estimate(regclass, integer), backfill_estimate(text, integer),
     backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer),
@@ -260,3 +305,24 @@ REVOKE EXECUTE ON FUNCTION
     backfill_set(bigint, integer, integer, bigint), backfill_wait(bigint, interval),
     backfill_key(), backfill_rotate_key(), backfill_message_valid(text, bigint), backfill_security_check()
   FROM PUBLIC;
+
+-- The entry points the wrappers above call, and the views' helpers.
+COMMENT ON FUNCTION backfill.estimate(oid[], integer) IS 'Entry point of backfill_estimate()';
+COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer) IS 'Entry point of backfill_start()';
+COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';
+COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
+COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';
+COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint) IS 'Entry point of backfill_set()';
+COMMENT ON FUNCTION backfill.wait(bigint, double precision) IS 'Entry point of backfill_wait() (timeout in milliseconds)';
+COMMENT ON FUNCTION backfill.max_slot_lag_bytes() IS 'backfill.max_slot_lag in bytes, for backfill_status';
+COMMENT ON FUNCTION backfill.auto_resume() IS 'Whether pg_backfill is preloaded, so that running backfills resume after a restart';
+COMMENT ON FUNCTION backfill.workers_running(bigint) IS 'Background workers of a backfill of this database running now';
+COMMENT ON FUNCTION backfill.waiting_for(bigint) IS 'What the workers of a backfill wait for now (a row lock held by a pid), or NULL';
+COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
+'Whether a message is genuine: its auth tag verifies for the transaction id its decoder reported (needs SELECT on backfill.message_key)';
+
+-- Nothing that starts, controls or reveals backfills is executable by PUBLIC: the README shows
+-- the grants for operators and for consumers. The views' helpers stay executable by all.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
+                          backfill.waiting_for(bigint), backfill.visible(name) TO PUBLIC;

@@ -95,11 +95,15 @@ CREATE TABLE backfill.job_progress (
     PRIMARY KEY (job_id, at)
 );
 COMMENT ON TABLE backfill.job_progress IS 'Progress samples of running backfills (the last two minutes), for their recent rate';
+COMMENT ON COLUMN backfill.job_table.job_id IS 'The backfill (backfill.job.id)';
+COMMENT ON COLUMN backfill.job_progress.job_id IS 'The backfill (backfill.job.id)';
+COMMENT ON COLUMN backfill.job_progress.at IS 'When the sample was taken';
+COMMENT ON COLUMN backfill.job_progress.rows_done IS 'Rows the backfill had delivered then, over all its tables';
 
--- Keep the state in pg_dump output, like pg_cron does for its jobs.
-SELECT pg_catalog.pg_extension_config_dump('backfill.job', '');
-SELECT pg_catalog.pg_extension_config_dump('backfill.job_table', '');
-SELECT pg_catalog.pg_extension_config_dump('backfill.job_progress', '');
+-- The state is not dumped. A dump is restored into another database: a cursor there would
+-- claim rows delivered through WAL that database never wrote, a restored running backfill
+-- would block its tables and resume from that cursor, and its id sequence would start over.
+-- A restored database starts with no backfills.
 
 -- Key values, errors and counts of every table: for the extension's owner and pg_monitor only.
 GRANT SELECT ON backfill.job, backfill.job_table, backfill.job_progress TO pg_monitor;

@@ -162,6 +162,7 @@ mod tests {
     #[pg_test]
     fn a_sealed_message_verifies_only_unchanged_and_in_its_own_transaction() {
         let signer = Signer::for_this_transaction();
+        // SAFETY: the transaction's id, assigned by the signer above.
         let xid = i64::from(u32::from(unsafe { pg_sys::GetTopTransactionId() }));
         let mut message = br#"{"op":"read","data":{"id":1}}"#.to_vec();
         signer.seal(&mut message);

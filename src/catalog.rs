@@ -13,17 +13,25 @@ thread_local! {
 
 /// Runs `sql`, prepared once per process (keyed by its text; the argument types come from the
 /// arguments): the worker runs these statements every page, and parsing and planning them
-/// each time would cost about as much as running them.
-fn run_prepared<R>(sql: &str, args: &[DatumWithOid], read: impl FnOnce(SpiTupleTable) -> SpiResult<R>) -> SpiResult<R> {
+/// each time would cost about as much as running them. A statement that `writes` marks the
+/// transaction as writing; a read does not (see `sql.rs`).
+fn run_prepared<R>(
+    sql: &str,
+    writes: bool,
+    args: &[DatumWithOid],
+    read: impl FnOnce(SpiTupleTable) -> SpiResult<R>,
+) -> SpiResult<R> {
     Spi::connect_mut(|client| {
         PREPARED.with(|prepared| {
             let mut prepared = prepared.borrow_mut();
             if !prepared.contains_key(sql) {
                 let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
-                let statement = client.prepare_mut(sql, &types)?.keep();
+                let statement =
+                    if writes { client.prepare_mut(sql, &types)? } else { client.prepare(sql, &types)? }.keep();
                 prepared.insert(sql.to_string(), statement);
             }
-            read(client.update(&prepared[sql], None, args)?)
+            let statement = &prepared[sql];
+            read(if writes { client.update(statement, None, args)? } else { client.select(statement, None, args)? })
         })
     })
 }
@@ -76,7 +84,7 @@ pub fn job(id: i64) -> SpiResult<Option<Job>> {
     let sql = "SELECT state, batch_size, message_prefix, started_by::text, rows_per_second, slot_name::text,
                       max_lag_bytes, pause_reason, parallel
                  FROM backfill.job WHERE id = $1";
-    run_prepared(sql, &[id.into()], |rows| {
+    run_prepared(sql, false, &[id.into()], |rows| {
         if rows.is_empty() {
             return Ok(None);
         }
@@ -97,16 +105,19 @@ pub fn job(id: i64) -> SpiResult<Option<Job>> {
 
 /// The transaction id that recorded (or last resumed) the backfill, as xmin shows it.
 pub fn recorded_by(id: i64) -> SpiResult<Option<i64>> {
-    Spi::get_one_with_args("SELECT xmin::text::bigint FROM backfill.job WHERE id = $1", &[id.into()])
+    crate::sql::select_one("SELECT xmin::text::bigint FROM backfill.job WHERE id = $1", &[id.into()])
 }
 
 /// Where a backfill stands for backfill_wait(): its state, whether its consumer confirmed the
 /// watermark (done, and without a slot or with the slot past it), and its error.
 pub fn outcome(id: i64) -> SpiResult<(String, bool, Option<String>)> {
-    // A fresh snapshot each time: the mutable SPI path takes one per statement.
-    Spi::connect_mut(|client| {
+    // A fresh snapshot each time, so that a loop sees the worker's commits. (A read in a
+    // transaction that writes nothing runs on the active snapshot.)
+    // SAFETY: pushed here and popped below, around the one query, whatever it returns.
+    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+    let outcome = Spi::connect(|client| {
         let row = client
-            .update(
+            .select(
                 "SELECT j.state, j.state = 'done' AND (j.slot_name IS NULL OR s.confirmed_flush_lsn >= j.watermark_lsn),
                         j.last_error
                    FROM backfill.job j LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
@@ -116,7 +127,10 @@ pub fn outcome(id: i64) -> SpiResult<(String, bool, Option<String>)> {
             )?
             .first();
         Ok((row.get::<String>(1)?.unwrap_or_default(), row.get::<bool>(2)?.unwrap_or(false), row.get::<String>(3)?))
-    })
+    });
+    // SAFETY: the snapshot pushed above (an error inside aborts the transaction, which pops it).
+    unsafe { pg_sys::PopActiveSnapshot() };
+    outcome
 }
 
 /// Runs an UPDATE ... RETURNING; whether it changed a row.
@@ -125,7 +139,7 @@ fn updated_any(sql: &str, args: &[pgrx::datum::DatumWithOid]) -> SpiResult<bool>
 }
 
 pub fn job_state(id: i64) -> SpiResult<Option<String>> {
-    Spi::get_one_with_args("SELECT state FROM backfill.job WHERE id = $1", &[id.into()])
+    crate::sql::select_one("SELECT state FROM backfill.job WHERE id = $1", &[id.into()])
 }
 
 /// Backfills of this database that workers should be running, with their number of workers:
@@ -150,7 +164,7 @@ const JOB_TABLE_COLUMNS: &str =
 
 fn job_tables_where(condition: &str, args: &[DatumWithOid]) -> SpiResult<Vec<JobTable>> {
     let sql = format!("SELECT {JOB_TABLE_COLUMNS} FROM backfill.job_table WHERE {condition} ORDER BY position");
-    run_prepared(&sql, args, |rows| {
+    run_prepared(&sql, false, args, |rows| {
         rows.map(|row| {
             Ok(JobTable {
                 position: row.get(1)?.unwrap_or_default(),
@@ -197,6 +211,7 @@ pub fn advance_cursor(job_id: i64, position: i32, cursor: Vec<String>, rows: i64
             SET cursor = $3, rows_done = rows_done + $4, bytes_done = bytes_done + $5,
                 last_page_lsn = pg_catalog.pg_current_wal_insert_lsn()
           WHERE job_id = $1 AND position = $2",
+        true,
         &[job_id.into(), position.into(), cursor.into(), rows.into(), bytes.into()],
         |_| Ok(()),
     )

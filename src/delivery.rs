@@ -39,6 +39,7 @@ struct Receiver {
 pub fn prepare(sql: &str, text_params: usize) -> pg_sys::SPIPlanPtr {
     let sql = CString::new(sql).expect("generated SQL has no NUL byte");
     let mut types = vec![pg_sys::TEXTOID; text_params];
+    // SAFETY: SPI is connected around the call; the types array has one entry per parameter.
     unsafe {
         pg_sys::SPI_connect();
         let plan = pg_sys::SPI_prepare(sql.as_ptr(), text_params as c_int, types.as_mut_ptr());
@@ -54,6 +55,8 @@ pub fn prepare(sql: &str, text_params: usize) -> pg_sys::SPIPlanPtr {
 
 /// Runs a prepared page query with text parameters; every row it returns goes to `sink`.
 pub fn run(plan: pg_sys::SPIPlanPtr, args: &[String], sink: &mut Sink) {
+    // SAFETY: `plan` is a kept plan of `prepare` with `args.len()` text parameters; the receiver
+    // and the sink it points to outlive the execution, which calls back into them only.
     unsafe {
         pg_sys::SPI_connect();
         let params = pg_sys::makeParamList(args.len() as c_int);

@@ -149,11 +149,13 @@ impl RowJson {
             .iter()
             .map(|c| {
                 let (mut function, mut varlena) = (pg_sys::InvalidOid, false);
+                // SAFETY: a catalog-cache lookup of the type's output function, in a transaction.
                 unsafe { pg_sys::getTypeOutputInfo(c.type_oid, &mut function, &mut varlena) };
                 function
             })
             .collect();
         // Last: nothing after it can fail and leave it behind.
+        // SAFETY: a child of TopMemoryContext, deleted when this is dropped.
         let memory = unsafe {
             pg_sys::AllocSetContextCreateInternal(
                 pg_sys::TopMemoryContext,
@@ -174,27 +176,23 @@ impl RowJson {
         }
     }
 
-    /// Whether the table's columns are still the ones rendered (no ALTER TABLE added, dropped
-    /// or retyped one). Locks the table as the page query does, until the transaction ends, so
-    /// that they stay so for the page.
-    pub fn describes(&self, relid: pg_sys::Oid) -> bool {
-        unsafe {
-            let relation = pg_sys::relation_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-            let descriptor = (*relation).rd_att;
-            let attributes = (*descriptor).attrs.as_slice((*descriptor).natts as usize);
-            let mut now = attributes.iter().filter(|a| !a.attisdropped);
-            let same =
-                self.columns.iter().all(|c| now.next().is_some_and(|a| a.atttypid == c.type_oid && a.name() == c.name))
-                    && now.next().is_none();
-            pg_sys::relation_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
-            same
-        }
+    /// Whether a relation's columns are still the ones rendered (no ALTER TABLE added, dropped
+    /// or retyped one).
+    ///
+    /// # Safety
+    /// `descriptor` is an open relation's.
+    pub unsafe fn describes(&self, descriptor: pg_sys::TupleDesc) -> bool {
+        let attributes = (*descriptor).attrs.as_slice((*descriptor).natts as usize);
+        let mut now = attributes.iter().filter(|a| !a.attisdropped);
+        self.columns.iter().all(|c| now.next().is_some_and(|a| a.atttypid == c.type_oid && a.name() == c.name))
+            && now.next().is_none()
     }
 
     /// Whether a page query's result has the columns rendered, in order: each in its own type,
     /// or as the text of its `to_json()`. Values are read by those types: a mismatch must never
     /// reach [`render`](Self::render).
     pub fn matches(&self, result: pg_sys::TupleDesc) -> bool {
+        // SAFETY: `result` is the descriptor the executor passes to the receiver's startup.
         unsafe {
             let attributes = (*result).attrs.as_slice((*result).natts as usize);
             attributes.len() >= self.columns.len()
@@ -271,6 +269,7 @@ impl RowJson {
 
 impl Drop for RowJson {
     fn drop(&mut self) {
+        // SAFETY: the context made in new(), deleted once.
         unsafe { pg_sys::MemoryContextDelete(self.memory) };
     }
 }

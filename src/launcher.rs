@@ -4,7 +4,8 @@
 
 use crate::catalog;
 use crate::errors::raise;
-use crate::xact::in_transaction;
+use crate::status::WORKERS_OF_BACKFILL;
+use crate::xact::{in_transaction, who};
 use crate::{privilege, settings};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::prelude::*;
@@ -15,6 +16,7 @@ use std::time::Duration;
 /// anything, waits for the transaction that recorded the backfill (which may not have
 /// committed yet; registration is not transactional) and gives up if that one rolled back.
 pub fn launch(job_id: i64, worker: i32, starter_xid: u64) -> bool {
+    // SAFETY: this backend's database, set when it connected.
     register(unsafe { pg_sys::MyDatabaseId }, job_id, worker, starter_xid)
 }
 
@@ -35,15 +37,30 @@ fn register(database: pg_sys::Oid, job_id: i64, worker: i32, starter_xid: u64) -
         .is_ok()
 }
 
+/// Launches a worker of backfill `id`, which first waits for this transaction to commit.
+pub fn launch_in_this_transaction(id: i64, worker: i32) {
+    // SAFETY: assigns (or returns) this transaction's id; the caller is in a transaction on a primary.
+    let starter_xid = unsafe { pg_sys::GetTopFullTransactionId() }.value;
+    if !launch(id, worker, starter_xid) {
+        raise(
+            ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            "could not start the backfill's background worker",
+            "Every background worker slot is in use (max_worker_processes).",
+            Some("Wait for a backfill to finish, or raise max_worker_processes and restart the server.".into()),
+        );
+    }
+}
+
 /// Backfill workers admitted now, in every database, other than this process: each sets its
 /// application_name (`pg_backfill 7`) when it is admitted; the resumer never is.
 fn admitted_workers() -> i32 {
-    Spi::get_one::<i32>(
+    crate::sql::select_one::<i32>(
         "SELECT count(*)::int FROM pg_catalog.pg_stat_activity
           WHERE backend_type OPERATOR(pg_catalog.=) 'pg_backfill'
             AND application_name OPERATOR(pg_catalog.~~) 'pg_backfill %'
             AND application_name OPERATOR(pg_catalog.<>) 'pg_backfill resume'
             AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()",
+        &[],
     )
     .unwrap_or_else(|e| error!("could not count the backfill workers: {e}"))
     .unwrap_or(0)
@@ -95,6 +112,38 @@ pub fn admit_within_cap() {
     }
 }
 
+/// Wakes the workers of a backfill of this database from their sleep (pacing, back-off,
+/// waiting for a consumer) when this transaction commits, so that a cancel, pause or new
+/// pacing takes effect at once.
+pub fn wake_workers_at_commit(job_id: i64) {
+    let pids = privilege::as_extension_owner(|| {
+        Spi::connect(|client| {
+            client
+                .select(
+                    &format!("SELECT a.pid FROM pg_catalog.pg_stat_activity a WHERE {WORKERS_OF_BACKFILL}"),
+                    None,
+                    &[job_id.into()],
+                )?
+                .map(|row| row.get::<i32>(1))
+                .collect::<Result<Vec<_>, _>>()
+        })
+    })
+    .unwrap_or_default();
+    let pids: Vec<i32> = pids.into_iter().flatten().collect();
+    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || {
+        for pid in pids {
+            // SAFETY: BackendPidGetProc returns a live process's PGPROC or null; setting
+            // another process's latch is how PostgreSQL itself wakes a backend.
+            unsafe {
+                let process = pg_sys::BackendPidGetProc(pid);
+                if !process.is_null() {
+                    pg_sys::SetLatch(&mut (*process).procLatch);
+                }
+            }
+        }
+    });
+}
+
 /// `pg_backfill 7` for a backfill's first worker, `pg_backfill 7/1` for its second: the
 /// application_name it shows in pg_stat_activity.
 pub fn worker_name(job_id: i64, worker: i32) -> String {
@@ -111,10 +160,11 @@ pub fn worker_name(job_id: i64, worker: i32) -> String {
 /// workers of the database's running backfills, then exits.
 pub fn resume_database() {
     let jobs = in_transaction(|| {
-        let installed = Spi::get_one::<bool>("SELECT pg_catalog.to_regclass('backfill.job') IS NOT NULL")
-            .ok()
-            .flatten()
-            .unwrap_or(false);
+        let installed =
+            crate::sql::select_one::<bool>("SELECT pg_catalog.to_regclass('backfill.job') IS NOT NULL", &[])
+                .ok()
+                .flatten()
+                .unwrap_or(false);
         if installed {
             catalog::jobs_to_resume().unwrap_or_else(|e| error!("{e}"))
         } else {
@@ -123,9 +173,9 @@ pub fn resume_database() {
     });
     for (job_id, parallel) in jobs.unwrap_or_default() {
         if (0..parallel).all(|worker| launch(job_id, worker, 0)) {
-            log!("pg_backfill {job_id}: resumed after the server restart");
+            log!("{}: resumed after the server restart", who(job_id));
         } else {
-            warning!("pg_backfill {job_id}: could not resume it: no free background worker slot");
+            warning!("{}: could not resume it: no free background worker slot", who(job_id));
         }
     }
 }
@@ -156,6 +206,7 @@ pub extern "C-unwind" fn backfill_launcher_main(_arg: pg_sys::Datum) {
 
 /// Registers the launcher; called from _PG_init while shared_preload_libraries loads.
 pub fn register_launcher() {
+    // SAFETY: a flag the postmaster sets at start.
     if unsafe { pg_sys::IsBinaryUpgrade } {
         log!("pg_backfill: not resuming backfills in binary upgrade mode");
         return;

@@ -2,7 +2,8 @@
 //! in key order, as transactional "read" messages, exactly once.
 //!
 //! Where to look:
-//! - `api.rs`: the SQL functions a DBA calls (estimate, start, cancel).
+//! - `api.rs`: the SQL functions that estimate and start backfills; `control.rs`: those that
+//!   pause, resume, change, wait for and cancel them; `args.rs`: checks of their arguments.
 //! - `table.rs`: a table as a backfill sees it: columns, key, owner; whether it can be backfilled.
 //! - `plan.rs`: the estimate, the key ranges of parallel workers, the page count.
 //! - `scan.rs`: the key-ordered page queries (keyset pagination, row locks).
@@ -20,13 +21,16 @@
 //! - `privilege.rs`: who runs what: the caller's checks, the table owner's queries, the state.
 //! - `auth.rs`: the messages' authentication tags.
 //! - `status.rs`: helpers of the monitoring views.
+//! - `sql.rs`: reads through SPI that leave the transaction read-only (views, standbys).
 //! - `errors.rs`: how user errors are raised (SQLSTATE, detail, hint).
 
 use pgrx::prelude::*;
 
 mod api;
+mod args;
 mod auth;
 mod catalog;
+mod control;
 mod delivery;
 mod errors;
 mod json;
@@ -40,6 +44,7 @@ mod privilege;
 mod progress;
 mod scan;
 mod settings;
+mod sql;
 mod status;
 mod table;
 mod worker;

@@ -1,7 +1,25 @@
-//! Pacing: `rows_per_second`.
+//! Pacing (`rows_per_second`), and every sleep of a worker (and of backfill_wait()).
 
-use pgrx::bgworkers::BackgroundWorker;
+use pgrx::pg_sys;
 use std::time::{Duration, Instant};
+
+/// The longest a worker sleeps before it looks at its backfill again (a cancel, pause or
+/// backfill_set() also wakes it at once: they set its latch).
+pub const LONGEST_SLEEP: Duration = Duration::from_secs(1);
+
+/// Every sleep of a worker: on its latch, so that a signal, backfill_cancel(), backfill_pause()
+/// and backfill_set() wake it; the process exits if the postmaster dies meanwhile.
+pub fn sleep(duration: Duration) {
+    let millis = duration.min(LONGEST_SLEEP).as_millis() as std::ffi::c_long;
+    let events = pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
+    // SAFETY: this process's own latch, waited on and reset as every backend does; an interrupt
+    // (termination) is then served.
+    unsafe {
+        pg_sys::WaitLatch(pg_sys::MyLatch, events as i32, millis, pg_sys::PG_WAIT_EXTENSION);
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+    pg_sys::check_for_interrupts!();
+}
 
 /// Paces a backfill to a rate with a token bucket: rows are allowed as time passes, and at most
 /// a page or a tenth of a second's worth can be saved up, so the rate holds over any window of a
@@ -23,17 +41,24 @@ impl Pacer {
         self.last = now;
     }
 
-    /// Sleeps until a page of `rows` fits the rate.
-    pub fn wait_for(&mut self, rows: i32) {
-        let Some(rate) = self.rows_per_second else { return };
+    /// The largest page the rate allows: a second's worth of rows, so that no page waits for
+    /// its turn longer than a second.
+    pub fn page_limit(&self) -> i32 {
+        self.rows_per_second.map_or(i32::MAX, |rate| rate.ceil().clamp(1.0, f64::from(i32::MAX)) as i32)
+    }
+
+    /// Whether a page of `rows` fits the rate now; if not, sleeps toward it (at most
+    /// [`LONGEST_SLEEP`]) and tells whether it fits after that.
+    pub fn ready_for(&mut self, rows: i32) -> bool {
+        let Some(rate) = self.rows_per_second else { return true };
         let needed = f64::from(rows);
         let capacity = needed.max(rate / 10.0);
         self.refill(rate, capacity);
-        while self.allowance < needed {
-            let wait = Duration::from_secs_f64((needed - self.allowance) / rate);
-            BackgroundWorker::wait_latch(Some(wait.max(Duration::from_millis(1))));
+        if self.allowance < needed {
+            sleep(Duration::from_secs_f64((needed - self.allowance) / rate).max(Duration::from_millis(1)));
             self.refill(rate, capacity);
         }
+        self.allowance >= needed
     }
 
     pub fn set_rate(&mut self, rows_per_second: Option<i32>) {
@@ -44,5 +69,30 @@ impl Pacer {
         if self.rows_per_second.is_some() {
             self.allowance -= f64::from(rows);
         }
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn a_page_is_at_most_a_second_of_the_rate() {
+        assert_eq!(Pacer::new(None).page_limit(), i32::MAX);
+        assert_eq!(Pacer::new(Some(2)).page_limit(), 2);
+        assert_eq!(Pacer::new(Some(5000)).page_limit(), 5000);
+    }
+
+    #[pg_test]
+    fn the_rate_allows_a_page_once_its_rows_are_earned() {
+        let mut pacer = Pacer::new(Some(1000));
+        // 1000 rows/s: a 100-row page is earned in 0.1 s, which one call sleeps for.
+        let started = Instant::now();
+        while !pacer.ready_for(100) {}
+        assert!(started.elapsed() >= Duration::from_millis(90));
+        pacer.spend(100);
+        assert!(!pacer.ready_for(1000) || started.elapsed() >= Duration::from_millis(990));
     }
 }

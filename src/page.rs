@@ -27,7 +27,7 @@ use crate::message::{self, ReadMessage};
 use crate::pacing::Pacer;
 use crate::scan::{Locking, ScanQueries};
 use crate::table::{self, Table};
-use crate::xact::{in_transaction, sqlstate_of, PageError};
+use crate::xact::{in_transaction, sqlstate_of, who, PageError};
 use crate::{pipeline, privilege, settings};
 use pgrx::prelude::*;
 use pgrx::spi::OwnedPreparedStatement;
@@ -102,30 +102,42 @@ impl<'a> TableScan<'a> {
         })
     }
 
-    /// One page, inside its own transaction.
-    pub fn page(&mut self, rows_per_page: i32) -> Page {
+    /// The backfill as it is now, with its pacing applied (backfill_set() takes effect here);
+    /// its state when it no longer runs (paused by backfill_pause(), cancelled).
+    pub fn refresh(&mut self) -> Result<catalog::Job, String> {
         let job = catalog::job(self.job_id)
             .unwrap_or_else(|e| error!("{e}"))
             .unwrap_or_else(|| error!("backfill {} no longer exists", self.job_id));
         if job.state != RUNNING && !job.is_waiting() {
-            return Page::Stopped(job.state);
+            return Err(job.state);
         }
-        // backfill_set() takes effect here.
         self.batch_size = job.batch_size;
         self.pacer.set_rate(job.rows_per_second);
+        Ok(job)
+    }
+
+    /// One page, inside its own transaction.
+    pub fn page(&mut self, rows_per_page: i32) -> Page {
+        let job = match self.refresh() {
+            Ok(job) => job,
+            Err(state) => return Page::Stopped(state),
+        };
         if let Some(reason) = pipeline::blocker(&job) {
             if catalog::set_waiting(self.job_id, Some(&reason)).unwrap_or_else(|e| error!("{e}")) {
-                log!("pg_backfill {}: paused, {reason}", self.job_id);
+                log!("{}: paused, {reason}", who(self.job_id));
             }
             return Page::Waiting;
         }
         if job.is_waiting() && catalog::set_waiting(self.job_id, None).unwrap_or_else(|e| error!("{e}")) {
-            log!("pg_backfill {}: continues, the slot's consumer is back and caught up", self.job_id);
+            log!("{}: continues, the slot's consumer is back and caught up", who(self.job_id));
         }
         let progress = catalog::job_table(self.job_id, self.position)
             .unwrap_or_else(|e| error!("{e}"))
             .unwrap_or_else(|| error!("backfill {} lost its table {}", self.job_id, self.position));
-        self.owner = privilege::owner_of(self.table.relid);
+        let row = &self.row;
+        // SAFETY: the descriptor is the open relation's.
+        let found = self.table.recheck(|descriptor| unsafe { row.describes(descriptor) });
+        self.owner = found.owner;
         privilege::require_starter_rights(&job.started_by, self.table.relid, &self.table.qualified_name());
         let signer = Signer::for_this_transaction();
         if progress.state == "pending" {
@@ -140,7 +152,7 @@ impl<'a> TableScan<'a> {
             self.table.qualified_name(),
             progress.cursor.as_deref().map(|c| c.join(", ")).unwrap_or_default()
         ));
-        if !self.row.describes(self.table.relid) {
+        if !found.same_columns {
             self.reload_columns();
         }
         let cursor = progress.cursor.clone();
@@ -181,7 +193,7 @@ impl<'a> TableScan<'a> {
             .as_deref()
             .map(|k| format!("key ({})", k.join(", ")))
             .unwrap_or_else(|| "nothing: it is empty".into());
-        log!("pg_backfill {}: scanning {} up to {bound}", self.job_id, self.table.qualified_name());
+        log!("{}: scanning {} up to {bound}", who(self.job_id), self.table.qualified_name());
         if upper_bound.is_none() {
             return self.end_scan_locked(0, &ranges, signer);
         }
@@ -220,7 +232,7 @@ impl<'a> TableScan<'a> {
             let total = rows + others.map(|(_, _, rows)| rows).sum::<i64>();
             let marker = message::table_end(self.job_id, self.slot.as_deref(), &self.table, total);
             message::emit_marker(self.prefix, signer, marker);
-            log!("pg_backfill {}: {} done, {total} rows", self.job_id, self.table.qualified_name());
+            log!("{}: {} done, {total} rows", who(self.job_id), self.table.qualified_name());
         }
         catalog::finish_table(self.job_id, self.position).unwrap_or_else(|e| error!("{e}"));
         Page::TableDone
@@ -237,6 +249,7 @@ impl<'a> TableScan<'a> {
     fn reload_columns(&mut self) {
         // The page's snapshot was taken before the ALTER TABLE committed (describes() waited
         // for it): the catalog is read with a snapshot taken now.
+        // SAFETY: replaces the page's active snapshot (pushed by in_transaction) with a new one.
         unsafe {
             pg_sys::PopActiveSnapshot();
             pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
@@ -257,12 +270,9 @@ impl<'a> TableScan<'a> {
                 Some("Start a new backfill of the table.".into()),
             );
         }
-        log!(
-            "pg_backfill {}: the columns of {} changed; rows are read as they are now",
-            self.job_id,
-            table.qualified_name()
-        );
+        log!("{}: the columns of {} changed; rows are read as they are now", who(self.job_id), table.qualified_name());
         for (_, plan) in self.page_rows_plans.drain() {
+            // SAFETY: a plan this scan prepared and kept, freed once (it leaves the map here).
             unsafe { pg_sys::SPI_freeplan(plan) };
         }
         self.page_end_plans.clear();
@@ -315,7 +325,7 @@ impl<'a> TableScan<'a> {
         rows_per_page: i32,
         signer: &Signer,
     ) -> (i64, i64) {
-        let locking = if settings::TEST_SKIP_ROW_LOCKS.get() {
+        let locking = if settings::skip_row_locks() {
             Locking::None
         } else if rows_per_page == 1 {
             let timeout = settings::LOCK_TIMEOUT_MS.get().to_string();
@@ -352,6 +362,7 @@ impl<'a> TableScan<'a> {
 
 pub fn report_activity(what: &str) {
     if let Ok(what) = CString::new(what) {
+        // SAFETY: copies the string into this backend's status entry.
         unsafe { pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, what.as_ptr()) };
     }
 }

@@ -11,7 +11,7 @@ use pgrx::PgSqlErrorCode::*;
 
 /// backfill_start(..., slot => ...): the slot must exist, be logical and belong to this database.
 pub fn require_slot(slot: &str) {
-    let found = Spi::get_one_with_args::<String>(
+    let found = crate::sql::select_one::<String>(
         "SELECT slot_type || ':' || coalesce(database::text, '') || ':' || coalesce((database = current_database())::text, 'false')
            FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
         &[slot.into()],
@@ -55,7 +55,7 @@ pub fn require_slot(slot: &str) {
 /// backfill_start(..., publication => ...): every table must be in the pipeline's publication:
 /// a snapshot of a table the pipeline does not capture would never be followed by its changes.
 pub fn require_published(publication: &str, table: &Table) {
-    let published = Spi::get_one_with_args::<bool>(
+    let published = crate::sql::select_one::<bool>(
         "SELECT bool_or(pt.schemaname = $2 AND pt.tablename = $3)
               OR bool_or(p.puballtables)
               OR bool_or(pt.schemaname = $2 AND pt.tablename IN (SELECT c.relname FROM pg_catalog.pg_partition_tree($4::regclass) pt2

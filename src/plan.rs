@@ -55,14 +55,17 @@ fn sample(table: &Table, prefix_len: usize) -> Estimate {
             key = crate::scan::key_json_values(table)
         )
     };
-    let sampled = Spi::get_one::<f64>(&sample_sql(format!("{relation} t TABLESAMPLE SYSTEM ({percent})")));
+    let sampled =
+        crate::sql::select_one::<f64>(&sample_sql(format!("{relation} t TABLESAMPLE SYSTEM ({percent})")), &[]);
     // A small or sparse table can yield an empty block sample; its first rows are as good.
     let avg_row_json = match sampled {
         Ok(Some(avg)) => avg,
-        _ => Spi::get_one::<f64>(&sample_sql(format!("(SELECT * FROM {relation} LIMIT {SAMPLE_ROWS}) t")))
-            .ok()
-            .flatten()
-            .unwrap_or(0.0),
+        _ => {
+            crate::sql::select_one::<f64>(&sample_sql(format!("(SELECT * FROM {relation} LIMIT {SAMPLE_ROWS}) t")), &[])
+                .ok()
+                .flatten()
+                .unwrap_or(0.0)
+        }
     };
     // The row's braces, labels and commas around its values, and the envelope of a backfill's
     // first ids (a few more digits later do not matter here).
@@ -83,7 +86,7 @@ pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<catalog::NewRa
     }
     // The bounds are cast to the key's type (a domain's check is user code): as the owner.
     let bounds = privilege::run_as(table.owner, || {
-        Spi::get_one_with_args::<Vec<String>>(
+        crate::sql::select_one::<Vec<String>>(
             &crate::scan::ScanQueries::new(table).histogram(),
             &[table.schema.clone().into(), table.name.clone().into(), table.key[0].name.clone().into()],
         )
@@ -110,4 +113,41 @@ pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<catalog::NewRa
 /// Pages (transactions) a backfill of `rows` rows takes.
 pub fn pages(rows: i64, batch_size: i32) -> i64 {
     (rows + i64::from(batch_size) - 1) / i64::from(batch_size)
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use super::*;
+
+    #[pg_test]
+    fn skewed_keys_split_into_ranges_of_about_equal_rows() {
+        // Half the rows below 1,000, the other half spread up to 10,000,000.
+        Spi::run(
+            "CREATE TABLE skew (id bigint PRIMARY KEY);
+             INSERT INTO skew SELECT g FROM generate_series(1, 5000) g;
+             INSERT INTO skew SELECT 10000 + 2000 * g FROM generate_series(1, 5000) g;
+             ANALYZE skew;",
+        )
+        .unwrap();
+        let relid = Spi::get_one::<pg_sys::Oid>("SELECT 'skew'::regclass::oid").unwrap().unwrap();
+        let ranges = key_ranges(&crate::table::inspect(relid).unwrap(), 10_000, 4);
+        assert_eq!(ranges.len(), 4);
+        assert!(ranges[0].lower_bound.is_none() && ranges[3].upper_bound.is_none());
+        for pair in ranges.windows(2) {
+            assert_eq!(pair[0].upper_bound, pair[1].lower_bound);
+        }
+        let count = |lower: &Option<Vec<String>>, upper: &Option<Vec<String>>| {
+            Spi::get_one_with_args::<i64>(
+                "SELECT count(*) FROM skew WHERE ($1::bigint IS NULL OR id > $1::bigint) AND ($2::bigint IS NULL OR id <= $2::bigint)",
+                &[lower.as_ref().map(|l| l[0].clone()).into(), upper.as_ref().map(|u| u[0].clone()).into()],
+            )
+            .unwrap()
+            .unwrap()
+        };
+        for range in &ranges {
+            let rows = count(&range.lower_bound, &range.upper_bound);
+            assert!((2000..=3000).contains(&rows), "a range of {rows} rows");
+        }
+    }
 }

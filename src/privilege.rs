@@ -56,8 +56,9 @@ pub fn run_as<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
 
 /// Runs `f` as the owner of pg_backfill's state tables: the extension's owner.
 pub fn as_extension_owner<R>(f: impl FnOnce() -> R) -> R {
-    let owner = Spi::get_one::<pg_sys::Oid>(
+    let owner = crate::sql::select_one::<pg_sys::Oid>(
         "SELECT extowner FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'pg_backfill'",
+        &[],
     )
     .ok()
     .flatten()
@@ -70,18 +71,6 @@ pub fn as_extension_owner<R>(f: impl FnOnce() -> R) -> R {
         )
     });
     run_as(owner, f)
-}
-
-/// The owner of a relation, as the relation cache knows it now.
-pub fn owner_of(relid: pg_sys::Oid) -> pg_sys::Oid {
-    // SAFETY: the relation is opened and closed here; the lock (the one every page query takes
-    // anyway) is kept until the transaction ends, so the owner cannot change under the page.
-    unsafe {
-        let relation = pg_sys::relation_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let owner = (*(*relation).rd_rel).relowner;
-        pg_sys::relation_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
-        owner
-    }
 }
 
 /// Binding a backfill to a slot makes it hold the slot's consumer back (back-pressure, pauses)

@@ -3,6 +3,7 @@
 
 use crate::catalog::{self, JobTable};
 use crate::page::TableScan;
+use crate::xact::who;
 use crate::{privilege, settings};
 use pgrx::prelude::*;
 use std::time::{Duration, Instant};
@@ -27,7 +28,7 @@ impl TableScan<'_> {
         catalog::record_progress(self.job_id).unwrap_or_else(|e| error!("{e}"));
         // The histogram's bounds are cast to the key's type: as the table's owner.
         let fraction = privilege::run_as(self.owner, || {
-            Spi::get_one_with_args::<f64>(
+            crate::sql::select_one::<f64>(
                 &self.queries.key_fraction(),
                 &[
                     cursor[0].clone().into(),
@@ -46,8 +47,8 @@ impl TableScan<'_> {
             self.last_log = Instant::now();
             let percent = fraction.map(|f| format!("{:.1}% of the key range, ", 100.0 * f)).unwrap_or_default();
             log!(
-                "pg_backfill {}: {} {percent}{rows_done} of about {} rows",
-                self.job_id,
+                "{}: {} {percent}{rows_done} of about {} rows",
+                who(self.job_id),
                 self.table.qualified_name(),
                 progress.rows_estimated
             );

@@ -203,3 +203,30 @@ impl ScanQueries {
         )
     }
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn page_queries_of_a_composite_collated_key_follow_the_index() {
+        Spi::run("CREATE TABLE q (region text, id int, v jsonb, PRIMARY KEY (region, id))").unwrap();
+        let relid = Spi::get_one::<pg_sys::Oid>("SELECT 'q'::regclass::oid").unwrap().unwrap();
+        let queries = ScanQueries::new(&crate::table::inspect(relid).unwrap());
+        let key = r#"ROW(t.region COLLATE pg_catalog."default", t.id)"#;
+        assert_eq!(
+            queries.page_rows(true, Locking::NoWait),
+            format!(
+                r#"SELECT t.region, t.id, t.v FROM ONLY public.q t WHERE {key} > ROW($1::text, $2::integer) AND {key} <= ROW($3::text, $4::integer) ORDER BY t.region COLLATE pg_catalog."default", t.id FOR SHARE OF t NOWAIT"#
+            )
+        );
+        assert_eq!(
+            queries.page_end(false),
+            format!(
+                r#"SELECT t.region::text, t.id::text FROM (SELECT t.region, t.id FROM ONLY public.q t WHERE {key} <= ROW($1::text, $2::integer) ORDER BY t.region COLLATE pg_catalog."default", t.id LIMIT $3) t ORDER BY t.region COLLATE pg_catalog."default" DESC, t.id DESC LIMIT 1"#
+            )
+        );
+    }
+}

@@ -33,6 +33,8 @@ pub const MAX_MESSAGE_SIZE_CEILING: i32 = 256 * 1024 * 1024;
 pub static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
 
 /// Test-only: read pages without row locks, to show that the ordering tests catch the race.
+/// Only in builds with the `test_hooks` feature, which the test suite installs.
+#[cfg(feature = "test_hooks")]
 pub static TEST_SKIP_ROW_LOCKS: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 pub fn define() {
@@ -114,6 +116,7 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+    #[cfg(feature = "test_hooks")]
     GucRegistry::define_bool_guc(
         c"backfill.test_skip_row_locks",
         c"For tests only: read pages without row locks (breaks the ordering guarantee).",
@@ -122,6 +125,14 @@ pub fn define() {
         GucContext::Suset,
         GucFlags::NO_SHOW_ALL,
     );
+}
+
+/// Whether pages skip their row locks: only ever in a test build that asks for it.
+pub fn skip_row_locks() -> bool {
+    #[cfg(feature = "test_hooks")]
+    return TEST_SKIP_ROW_LOCKS.get();
+    #[cfg(not(feature = "test_hooks"))]
+    false
 }
 
 /// Longest message prefix: a prefix is written into every message's WAL record.

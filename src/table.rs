@@ -24,6 +24,8 @@ pub struct Table {
     pub relid: pg_sys::Oid,
     /// As whom every query that reads the table runs (see `privilege.rs`).
     pub owner: pg_sys::Oid,
+    /// The index the key comes from (primary key, else replica identity index).
+    pub key_index: pg_sys::Oid,
     pub schema: String,
     pub name: String,
     pub partitioned: bool,
@@ -55,7 +57,7 @@ SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text
        pg_catalog.has_table_privilege(c.oid, 'SELECT'),
        n.nspname IN ('pg_catalog', 'information_schema', 'pg_toast', 'backfill'),
        k.names, k.types, k.collations, k.all_default_opclasses, cols.names, cols.types,
-       pg_catalog.has_any_column_privilege(c.oid, 'UPDATE'), pg_catalog.row_security_active(c.oid), c.relowner
+       pg_catalog.has_any_column_privilege(c.oid, 'UPDATE'), pg_catalog.row_security_active(c.oid), c.relowner, k.index
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
   LEFT JOIN LATERAL (
@@ -64,8 +66,9 @@ SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text
                array_agg(CASE WHEN coll.oid IS NOT NULL
                               THEN pg_catalog.quote_ident(cn.nspname) || '.' || pg_catalog.quote_ident(coll.collname)
                          END ORDER BY k.ord) AS collations,
-               bool_and(opc.opcdefault) AS all_default_opclasses
-          FROM (SELECT i.indrelid, i.indkey, i.indcollation, i.indclass, i.indnkeyatts
+               bool_and(opc.opcdefault) AS all_default_opclasses,
+               min(i.indexrelid) AS index
+          FROM (SELECT i.indexrelid, i.indrelid, i.indkey, i.indcollation, i.indclass, i.indnkeyatts
                   FROM pg_catalog.pg_index i
                  WHERE i.indrelid = c.oid AND (i.indisprimary OR i.indisreplident) AND i.indisvalid
                  ORDER BY i.indisprimary DESC
@@ -120,6 +123,7 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
             row.get::<bool>(13)?.unwrap_or(false),
             row.get::<bool>(14)?.unwrap_or(true),
             row.get::<pg_sys::Oid>(15)?.unwrap_or(pg_sys::InvalidOid),
+            row.get::<pg_sys::Oid>(16)?.unwrap_or(pg_sys::InvalidOid),
         )))
     })
     .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not inspect table", e.to_string(), None));
@@ -140,6 +144,7 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
         can_update,
         row_security,
         owner,
+        key_index,
     )) = row
     else {
         return Err(Ineligible {
@@ -239,7 +244,68 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
             collation: collations.get(i).cloned().flatten(),
         })
         .collect();
-    Ok(Table { relid, owner, schema, name, partitioned: relkind == "p", columns, key })
+    Ok(Table { relid, owner, key_index, schema, name, partitioned: relkind == "p", columns, key })
+}
+
+/// The table as a page finds it.
+pub struct Recheck {
+    /// Its owner now: the page's queries run as this role.
+    pub owner: pg_sys::Oid,
+    /// Whether its columns are still those the rows are rendered with (no ALTER TABLE added,
+    /// dropped or retyped one).
+    pub same_columns: bool,
+}
+
+impl Table {
+    /// Looks at the table as it is now, at the start of a page, and locks it as the page query
+    /// does until the transaction ends, so that it stays so for the page. Raises an error that
+    /// names it when it can no longer be backfilled as it was: dropped (42P01), made unlogged
+    /// (its changes no longer reach the stream; 55000) or given another key index, whose order
+    /// the cursor does not follow (55000).
+    pub fn recheck(&self, same_columns: impl FnOnce(pg_sys::TupleDesc) -> bool) -> Recheck {
+        let name = self.qualified_name();
+        // SAFETY: the relation is opened, read and closed here; the lock stays until the
+        // transaction ends.
+        unsafe {
+            let relation = pg_sys::try_relation_open(self.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            if relation.is_null() {
+                raise(
+                    ERRCODE_UNDEFINED_TABLE,
+                    format!("table {name} was dropped during its backfill"),
+                    format!("Its rows up to the cursor were delivered; table {name} no longer exists."),
+                    Some("Cancel the backfill, or resume it to go on with its other tables.".into()),
+                );
+            }
+            let form = &*(*relation).rd_rel;
+            let persistence = form.relpersistence as u8;
+            let primary = pg_sys::RelationGetPrimaryKeyIndex(relation);
+            let key_index =
+                if primary != pg_sys::InvalidOid { primary } else { pg_sys::RelationGetReplicaIndex(relation) };
+            let found = Recheck { owner: form.relowner, same_columns: same_columns((*relation).rd_att) };
+            pg_sys::relation_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
+            if persistence != pg_sys::RELPERSISTENCE_PERMANENT {
+                raise(
+                    ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    format!("table {name} became unlogged during its backfill"),
+                    "The changes of an unlogged table are never written to WAL, so no consumer could follow them.",
+                    Some(format!("Make it logged again (ALTER TABLE {name} SET LOGGED;) and start a new backfill.")),
+                );
+            }
+            if key_index != self.key_index {
+                raise(
+                    ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    format!("the key of table {name} changed during its backfill"),
+                    format!(
+                        "The scan is ordered by ({}), the key it had when the backfill started; its primary \
+                         key or replica identity index was dropped or replaced since.",
+                        self.key_names().join(", ")
+                    ),
+                    Some("Start a new backfill of the table.".into()),
+                );
+            }
+            found
+        }
+    }
 }
 
 /// Like [`inspect`], but an ineligible table is an error that names it.
@@ -257,7 +323,7 @@ pub fn require(relid: pg_sys::Oid) -> Table {
 
 /// The relation's name as regclass prints it (qualified when not on the search path).
 pub fn relation_name(relid: pg_sys::Oid) -> String {
-    Spi::get_one_with_args::<String>("SELECT $1::regclass::text", &[relid.into()])
+    crate::sql::select_one::<String>("SELECT $1::regclass::text", &[relid.into()])
         .ok()
         .flatten()
         .unwrap_or_else(|| format!("{relid:?}"))

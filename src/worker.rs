@@ -5,9 +5,9 @@
 use crate::catalog::{self, JobTable, DONE, FAILED, RUNNING};
 use crate::launcher::{self, admit_within_cap, worker_name};
 use crate::page::{Page, TableScan};
-use crate::settings;
 use crate::table;
-use crate::xact::{in_transaction, PageError};
+use crate::xact::{in_transaction, who, PageError};
+use crate::{pacing, settings};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
@@ -24,9 +24,11 @@ unsafe extern "C-unwind" {
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
+    // SAFETY: the argument is the backfill id, registered as an int8 datum by launcher::launch.
     let job_id = unsafe { i64::from_datum(arg, false) }.unwrap_or_default();
     // SIGTERM (pg_terminate_backend, shutdown) ends the worker at once, as for any backend:
     // the open page rolls back, the process exits with code 1, and the postmaster restarts it.
+    // SAFETY: installs PostgreSQL's own handler, as any backend has it.
     unsafe {
         pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(postgres_die));
     }
@@ -36,7 +38,19 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
     let database = extra.next().and_then(|d| d.parse::<u32>().ok()).unwrap_or_default();
     let starter_xid = extra.next().and_then(|x| x.parse::<u64>().ok()).unwrap_or_default();
     let worker = extra.next().and_then(|w| w.parse::<i32>().ok()).unwrap_or_default();
+    // A worker of a database dropped since (DROP DATABASE ... WITH (FORCE) terminates it) would
+    // fail to connect and be restarted every second for ever: it stops for good instead. Its
+    // backfills went with the database. (Before connecting, the database's directory is the
+    // one thing a process can look at.)
+    if !std::path::Path::new(&format!("base/{database}")).exists() {
+        log!("pg_backfill {job_id}: database {database} no longer exists, its worker stops");
+        // SAFETY: a clean exit, before the process has touched any shared state: the
+        // postmaster does not restart a worker that exits with 0.
+        unsafe { pg_sys::proc_exit(0) };
+    }
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
+    // Log lines name the database; its name is read once, in a transaction.
+    let _ = in_transaction(|| who(job_id));
 
     if job_id == 0 {
         return launcher::resume_database();
@@ -55,7 +69,9 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
         admit_within_cap();
         configure_session(&worker_name(job_id, worker));
         if worker == 0 {
-            catalog::set_worker_pid(job_id, Some(unsafe { pg_sys::MyProcPid })).unwrap_or_else(|e| error!("{e}"));
+            // SAFETY: this process's pid.
+            let pid = unsafe { pg_sys::MyProcPid };
+            catalog::set_worker_pid(job_id, Some(pid)).unwrap_or_else(|e| error!("{e}"));
         }
     });
     match started {
@@ -105,7 +121,7 @@ fn wait_for_starter(starter_xid: u64) -> bool {
     }
     loop {
         let status = in_transaction(|| {
-            Spi::get_one_with_args::<String>(
+            crate::sql::select_one::<String>(
                 "SELECT pg_catalog.pg_xact_status($1::text::xid8)",
                 &[starter_xid.to_string().into()],
             )
@@ -114,7 +130,7 @@ fn wait_for_starter(starter_xid: u64) -> bool {
         });
         match status.ok().flatten().as_deref() {
             Some("in progress") => {
-                BackgroundWorker::wait_latch(Some(Duration::from_millis(50)));
+                pacing::sleep(Duration::from_millis(50));
             }
             Some("committed") => return true,
             _ => return false,
@@ -151,7 +167,7 @@ fn run(job_id: i64, worker: i32) {
         }
     });
     if matches!(finished, Ok(Ok(true))) {
-        log!("pg_backfill {job_id}: done");
+        log!("{}: done", who(job_id));
     }
 }
 
@@ -161,13 +177,22 @@ fn scan_table(scan: &mut TableScan) -> bool {
     let mut failures = 0;
     loop {
         reload_config_if_asked();
-        rows_per_page = rows_per_page.min(scan.batch_size);
-        scan.pacer.wait_for(rows_per_page);
+        rows_per_page = rows_per_page.min(scan.batch_size).min(scan.pacer.page_limit());
+        if !scan.pacer.ready_for(rows_per_page) {
+            // Not its turn yet: look at the backfill again (cancelled, paused, paced anew?).
+            match in_transaction(AssertUnwindSafe(|| scan.refresh())) {
+                Ok(Err(state)) => {
+                    log!("{}: {state}, its worker exits", who(scan.job_id));
+                    return false;
+                }
+                Ok(Ok(_)) | Err(_) => continue,
+            }
+        }
         let rows = rows_per_page;
         let result = in_transaction(AssertUnwindSafe(|| scan.page(rows)));
         match result {
             Ok(Page::Waiting) => {
-                BackgroundWorker::wait_latch(Some(Duration::from_secs(1)));
+                pacing::sleep(pacing::LONGEST_SLEEP);
             }
             Ok(Page::More) => {
                 scan.pacer.spend(rows_per_page);
@@ -177,7 +202,7 @@ fn scan_table(scan: &mut TableScan) -> bool {
             }
             Ok(Page::TableDone) => return true,
             Ok(Page::Stopped(state)) => {
-                log!("pg_backfill {}: {state}, its worker exits", scan.job_id);
+                log!("{}: {state}, its worker exits", who(scan.job_id));
                 return false;
             }
             Err(e) if e.code == ERRCODE_LOCK_NOT_AVAILABLE && rows_per_page > 1 => {
@@ -202,7 +227,7 @@ fn scan_table(scan: &mut TableScan) -> bool {
 /// Sleeps before a retry: 50 ms, doubling, at most one second. False if cancelled meanwhile.
 fn back_off(scan: &TableScan, failures: i32) -> bool {
     let millis = 50u64 << failures.clamp(0, 5);
-    BackgroundWorker::wait_latch(Some(Duration::from_millis(millis.min(1000))));
+    pacing::sleep(Duration::from_millis(millis));
     matches!(in_transaction(|| catalog::job_state(scan.job_id)), Ok(Ok(Some(s))) if s == RUNNING)
 }
 
@@ -213,6 +238,7 @@ fn fail(scan: &TableScan, e: &PageError) {
 }
 
 fn reload_config_if_asked() {
+    // SAFETY: the flag the SIGHUP handler sets, read and cleared by this process alone.
     unsafe {
         if pg_sys::ConfigReloadPending != 0 {
             pg_sys::ConfigReloadPending = 0;
@@ -239,10 +265,10 @@ fn record_failure(job_id: i64, table: Option<&JobTable>, e: &PageError) {
             })
             .unwrap_or_default();
         let message = format!("{}{place}", e.message);
-        warning!("pg_backfill {job_id} failed: {} {message}", e.sqlstate);
+        warning!("{} failed: {} {message}", who(job_id), e.sqlstate);
         catalog::finish_job(job_id, FAILED, Some((&e.sqlstate, &message))).unwrap_or_else(|e| error!("{e}"));
     }));
     if let Err(e) = recorded {
-        warning!("pg_backfill {job_id}: could not record its failure: {}", e.message);
+        warning!("{}: could not record its failure: {}", who(job_id), e.message);
     }
 }

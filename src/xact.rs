@@ -1,5 +1,6 @@
 //! The worker's transactions: each unit of work runs in a transaction of its own, and the error
-//! it raises becomes a value that can be classified (transient or not), logged and stored.
+//! it raises becomes a value that can be classified (transient or not), logged and stored; and
+//! how a worker names its backfill in the server log.
 
 use pgrx::pg_sys::panic::{CaughtError, ErrorReportWithLevel};
 use pgrx::prelude::*;
@@ -57,6 +58,7 @@ fn report_of(e: CaughtError) -> ErrorReportWithLevel {
 /// Runs `body` in a transaction of its own: commits when it returns, rolls back and returns the
 /// error when it raises one. An error therefore never ends the worker by itself.
 pub fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe) -> Result<R, PageError> {
+    // SAFETY: the worker is between transactions here: it starts one, with a snapshot.
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
         pg_sys::StartTransactionCommand();
@@ -64,6 +66,7 @@ pub fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe) -> Result<R, Pag
     }
     PgTryBuilder::new(move || {
         let result = body();
+        // SAFETY: ends the transaction started above, whose snapshot is still the active one.
         unsafe {
             pg_sys::PopActiveSnapshot();
             pg_sys::CommitTransactionCommand();
@@ -71,8 +74,53 @@ pub fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe) -> Result<R, Pag
         Ok(result)
     })
     .catch_others(|e| {
+        // SAFETY: the error left the transaction aborted-in-progress: this cleans it up.
         unsafe { pg_sys::AbortCurrentTransaction() };
         Err(PageError::from_report(&report_of(e)))
     })
     .execute()
+}
+
+/// How a worker names its backfill in log lines: `pg_backfill 7 in database "shop"` (a server
+/// runs backfills of several databases, and ids are per database).
+pub fn who(job_id: i64) -> String {
+    thread_local! {
+        static DATABASE: String = {
+            // SAFETY: the worker is connected to its database; the name is copied out at once.
+            let name = unsafe { pg_sys::get_database_name(pg_sys::MyDatabaseId) };
+            if name.is_null() {
+                String::new()
+            } else {
+                // SAFETY: a NUL-terminated name, just returned by get_database_name.
+                unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned()
+            }
+        };
+    }
+    DATABASE.with(|database| format!("pg_backfill {job_id} in database \"{database}\""))
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use super::*;
+
+    fn error(code: PgSqlErrorCode) -> PageError {
+        PageError { code, sqlstate: sqlstate_of(code), message: String::new() }
+    }
+
+    #[pg_test]
+    fn only_lock_deadlock_serialization_and_timeout_failures_are_retried() {
+        for code in [
+            ERRCODE_LOCK_NOT_AVAILABLE,
+            ERRCODE_T_R_DEADLOCK_DETECTED,
+            ERRCODE_T_R_SERIALIZATION_FAILURE,
+            ERRCODE_QUERY_CANCELED,
+        ] {
+            assert!(error(code).is_transient(), "{code:?}");
+        }
+        for code in [ERRCODE_UNDEFINED_TABLE, ERRCODE_INSUFFICIENT_PRIVILEGE, ERRCODE_PROGRAM_LIMIT_EXCEEDED] {
+            assert!(!error(code).is_transient(), "{code:?}");
+        }
+        assert_eq!(error(ERRCODE_T_R_DEADLOCK_DETECTED).sqlstate, "40P01");
+    }
 }

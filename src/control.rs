@@ -1,0 +1,205 @@
+//! The SQL functions that control a running backfill: pause, resume, change, wait, cancel.
+//! Their public signatures are declared in `sql/api.sql`.
+
+use crate::args::{check_batch_size, require_primary, required};
+use crate::catalog::{self, CANCELLED, FAILED, PAUSED, RUNNING};
+use crate::errors::raise;
+use crate::launcher;
+use crate::privilege::{self, as_extension_owner};
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+
+/// backfill_cancel(): stops a running or paused backfill at its next page. What it delivered
+/// stays delivered; its state becomes cancelled.
+#[pg_extern(schema = "backfill", name = "cancel")]
+fn cancel(id: Option<i64>) -> bool {
+    require_primary("cancel a backfill");
+    let id = required(id, "backfill_cancel", "id");
+    control(id, "cancel", &[RUNNING, PAUSED], CANCELLED, None);
+    true
+}
+
+/// backfill_pause(): the worker stops at its next page and exits; nothing is held meanwhile.
+#[pg_extern(schema = "backfill", name = "pause")]
+fn pause(id: Option<i64>) -> bool {
+    require_primary("pause a backfill");
+    let id = required(id, "backfill_pause", "id");
+    // A backfill waiting for its slot's consumer can still be paused for good.
+    let waiting = as_extension_owner(|| catalog::job(id)).ok().flatten().is_some_and(|job| job.is_waiting());
+    let from: &[&str] = if waiting { &[RUNNING, PAUSED] } else { &[RUNNING] };
+    control(id, "pause", from, PAUSED, Some(catalog::PAUSED_BY_USER));
+    true
+}
+
+/// backfill_resume(): a paused or failed backfill continues from its cursor with a new worker;
+/// so does a running one whose worker was lost to a server restart without preloading.
+#[pg_extern(schema = "backfill", name = "resume")]
+fn resume(id: Option<i64>) -> bool {
+    require_primary("resume a backfill");
+    let id = required(id, "backfill_resume", "id");
+    let lost = as_extension_owner(|| catalog::worker_lost_to_restart(id)).unwrap_or(false);
+    let from: &[&str] = if lost { &[PAUSED, FAILED, RUNNING] } else { &[PAUSED, FAILED] };
+    let job = control(id, "resume", from, RUNNING, None);
+    // A backfill waiting for its slot's consumer still has its workers.
+    if !job.is_waiting() {
+        launcher::require_worker_slots(job.parallel);
+        for worker in 0..job.parallel {
+            launcher::launch_in_this_transaction(id, worker);
+        }
+    }
+    true
+}
+
+/// backfill_set(): changes the pacing of a backfill while it runs; the worker applies it at its
+/// next page. NULL keeps a value; 0 removes a limit.
+#[pg_extern(schema = "backfill", name = "set")]
+fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag: Option<i64>) -> bool {
+    require_primary("change a backfill");
+    let id = required(id, "backfill_set", "id");
+    if let Some(batch_size) = batch_size {
+        check_batch_size(batch_size);
+    }
+    for (name, value) in [("rows_per_second", rows_per_second.map(i64::from)), ("max_lag", max_lag)] {
+        if let Some(value) = value.filter(|v| *v < 0) {
+            raise(
+                ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("{name} {value} is out of range"),
+                format!("{name} must be positive, or 0 to remove the limit."),
+                None,
+            );
+        }
+    }
+    let job = control(id, "change", &[RUNNING, PAUSED], "", None);
+    if max_lag.is_some_and(|lag| lag > 0) && job.slot_name.is_none() {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "max_lag needs a slot",
+            format!("Backfill {id} was started without a slot, so no consumer lag limits it."),
+            None,
+        );
+    }
+    as_extension_owner(|| catalog::set_pacing(id, batch_size, rows_per_second, max_lag))
+        .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not change the backfill", e.to_string(), None));
+    launcher::wake_workers_at_commit(id);
+    true
+}
+
+/// backfill_wait(): blocks until the backfill is done and, with a slot, delivered (true), or
+/// until the timeout passes (false). A backfill that fails or is cancelled is an error, so that
+/// a migration script stops there.
+#[pg_extern(schema = "backfill", name = "wait")]
+fn wait(id: Option<i64>, timeout_ms: Option<f64>) -> bool {
+    let id = required(id, "backfill_wait", "id");
+    let deadline =
+        timeout_ms.map(|ms| std::time::Instant::now() + std::time::Duration::from_secs_f64(ms.max(0.0) / 1000.0));
+    require_controller(id, "wait for");
+    let xmin = as_extension_owner(|| catalog::recorded_by(id)).ok().flatten().unwrap_or_default();
+    // SAFETY: asks whether an xid is this transaction's (or a subtransaction's); no side effect.
+    let started_here = unsafe { pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin as u32)) };
+    if started_here {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("backfill {id} cannot start before this transaction commits"),
+            "Its worker waits for the transaction that started or resumed it; waiting for the \
+             worker in that same transaction would never end.",
+            Some("Commit first, then wait: in psql, SELECT backfill_start(...) \\gset then SELECT backfill_wait(:backfill_start);".into()),
+        );
+    }
+    loop {
+        let (state, delivered, error) = as_extension_owner(|| catalog::outcome(id)).unwrap_or_else(|e| {
+            raise(ERRCODE_INTERNAL_ERROR, "could not read the backfill's state", e.to_string(), None)
+        });
+        match state.as_str() {
+            "done" if delivered => return true,
+            "failed" | "cancelled" => raise(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("backfill {id} {state}"),
+                error
+                    .map(|e| format!("Backfill {id} {state}: {e}"))
+                    .unwrap_or_else(|| format!("Backfill {id} was {state}.")),
+                Some(if state == "failed" {
+                    format!("Fix the cause, then SELECT backfill_resume({id}); continues from its cursor.")
+                } else {
+                    "Start a new backfill to deliver the rest.".into()
+                }),
+            ),
+            _ => {}
+        }
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            return false;
+        }
+        crate::pacing::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Checks that backfill `id` exists, is in one of the states `from`, and that the caller may
+/// control it (see [`require_controller`]); then moves it to `to` (unless `to` is empty).
+/// Returns the backfill as it was.
+fn control(id: i64, verb: &str, from: &[&str], to: &str, pause_reason: Option<&str>) -> catalog::Job {
+    let job = require_controller(id, verb);
+    let not_in_state = |state: &str| -> ! {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("cannot {verb} backfill {id}"),
+            format!(
+                "Backfill {id} is {state}; only a {} backfill can be {}.",
+                from.join(" or "),
+                past_participle(verb)
+            ),
+            None,
+        )
+    };
+    if !from.contains(&job.state.as_str()) {
+        not_in_state(&job.state);
+    }
+    if to.is_empty() {
+        return job;
+    }
+    let moved = as_extension_owner(|| catalog::set_state(id, from, to, pause_reason)).unwrap_or_else(|e| {
+        raise(ERRCODE_INTERNAL_ERROR, format!("could not {verb} the backfill"), e.to_string(), None)
+    });
+    if !moved {
+        not_in_state("changing state concurrently");
+    }
+    launcher::wake_workers_at_commit(id);
+    job
+}
+
+/// Backfill `id`, which the caller may `verb`: the role that started it, a member of that role,
+/// or a superuser (the only one left once that role is dropped).
+fn require_controller(id: i64, verb: &str) -> catalog::Job {
+    let job = as_extension_owner(|| catalog::job(id)).unwrap_or(None).unwrap_or_else(|| {
+        raise(
+            ERRCODE_UNDEFINED_OBJECT,
+            format!("backfill {id} does not exist"),
+            format!("No backfill has id {id}."),
+            Some("SELECT id, state FROM backfill_status; lists the backfills.".into()),
+        )
+    });
+    let allowed = privilege::is_superuser()
+        || crate::sql::select_one::<bool>(
+            "SELECT pg_catalog.pg_has_role(r.oid, 'MEMBER') FROM pg_catalog.pg_roles r
+              WHERE r.rolname OPERATOR(pg_catalog.=) $1::name",
+            &[job.started_by.clone().into()],
+        )
+        .ok()
+        .flatten()
+        .unwrap_or(false);
+    if !allowed {
+        raise(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied to {verb} backfill {id}"),
+            format!("Backfill {id} was started by role {}.", job.started_by),
+            Some(format!("Do it as {} (or a member of that role) or as a superuser.", job.started_by)),
+        );
+    }
+    job
+}
+
+fn past_participle(verb: &str) -> String {
+    match verb {
+        "cancel" => "cancelled".into(),
+        "change" => "changed".into(),
+        _ => format!("{verb}d"),
+    }
+}
