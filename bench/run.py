@@ -175,6 +175,7 @@ def main():
     try:
         conn = connect()
         conn.execute("CREATE EXTENSION pg_backfill")
+        server = conn.execute("SELECT version()").fetchone()[0]
         for shape in args.shapes.split(","):
             for size in map(int, args.sizes.split(",")):
                 table = f"bench_{shape}_{size}"
@@ -217,7 +218,12 @@ def main():
     out.mkdir(exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "repeat": args.repeat}
-    (out / f"{stamp}.json").write_text(json.dumps({"machine": machine, "results": results, "load": load}, indent=2))
+    # What was measured: the commit (with a mark if the tree had changes) and the server.
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    code = {"commit": commit, "server": server}
+    (out / f"{stamp}.json").write_text(
+        json.dumps({"code": code, "machine": machine, "results": results, "load": load}, indent=2)
+    )
     print(f"\nwritten to bench/results/{stamp}.json")
 
 

@@ -195,3 +195,8 @@ def test_reading_the_views_writes_nothing(orders):
         orders.execute("SELECT backfill_wait(%s)", [backfill_id])
         # No transaction id: no commit record, and it works on a standby as well.
         assert orders.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()[0] is None
+
+
+def test_an_error_reports_where_it_was_raised(orders):
+    e = sqlstate_of(orders, "SELECT backfill_start('orders')")
+    assert e.sqlstate == "22023" and e.diag.source_file.endswith("api.rs"), e.diag.source_file

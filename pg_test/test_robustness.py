@@ -371,3 +371,42 @@ def test_what_nowait_and_skip_locked_writers_see_while_a_page_holds_its_rows(clu
         # A writer that waits is never failed: it goes on once the page commits.
         app.execute("UPDATE slow SET m = 'calm' WHERE id = 1")
     assert wait_until_ended(db, backfill_id) == "done"
+
+
+def test_a_parallel_backfill_waiting_for_its_consumer_finishes_once_it_attaches(items):
+    items.execute("ANALYZE items")
+    items.execute("SELECT pg_create_logical_replication_slot('later', 'test_decoding')")
+    backfill_id = items.execute(
+        "SELECT backfill_start('items', confirm => true, slot => 'later', parallel => 4)"
+    ).fetchone()[0]
+    wait_for(lambda: status(items, backfill_id, "state", "workers_running") == ("paused", 4), what="4 waiting workers")
+    consumer = subprocess.Popen(
+        ["sudo", "-u", "postgres", "/usr/lib/postgresql/15/bin/pg_recvlogical", "-h", "127.0.0.1", "-p",
+         str(items.info.port), "-U", "postgres", "-d", items.info.dbname, "-S", "later", "--start", "-f", "/dev/null"]
+    )
+    try:
+        assert wait_until_ended(items, backfill_id, timeout=60) == "done"
+        assert status(items, backfill_id, "rows_done") == 2000
+        assert items.execute(
+            "SELECT count(*) FROM backfill_tables WHERE backfill_id = %s AND state = 'done'", [backfill_id]
+        ).fetchone()[0] == 4
+    finally:
+        consumer.terminate()
+        consumer.wait()
+
+
+def test_a_database_not_in_utf8_is_refused_with_0a000(cluster):
+    name = "latin1_db"
+    with cluster.connect() as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.execute(f"CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+    try:
+        with cluster.connect(name) as conn:
+            conn.execute("CREATE EXTENSION pg_backfill; CREATE TABLE t (id int PRIMARY KEY, \"clé\" text)")
+            conn.execute("INSERT INTO t VALUES (1, 'café')")
+            e = error_of(conn, "SELECT backfill_start('t', confirm => true)")
+            assert e.sqlstate == "0A000" and "LATIN1" in e.diag.message_detail
+            assert conn.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+    finally:
+        with cluster.connect() as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")

@@ -1,7 +1,7 @@
 //! The SQL functions. Their public signatures (regclass arguments, named defaults) are
 //! declared in `sql/api.sql`, which calls these entry points in schema `backfill`.
 
-use crate::args::{check_batch_size, check_rate, require_primary, required};
+use crate::args::{check_batch_size, check_rate, require_primary, require_utf8_database, required};
 use crate::catalog;
 use crate::errors::raise;
 use crate::plan::{self, Estimate};
@@ -66,6 +66,7 @@ fn start(
     parallel: Option<i32>,
 ) -> i64 {
     require_primary("start a backfill");
+    require_utf8_database();
     let confirm = required(confirm, "backfill_start", "confirm");
     let batch_size = required(batch_size, "backfill_start", "batch_size");
     let parallel = required(parallel, "backfill_start", "parallel");

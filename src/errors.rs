@@ -5,9 +5,11 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 
-/// Raises an ERROR; never returns.
+/// Raises an ERROR; never returns. The error's LOCATION is the caller's (track_caller), not
+/// this helper's.
+#[track_caller]
 pub fn raise(code: PgSqlErrorCode, message: impl Into<String>, detail: impl Into<String>, hint: Option<String>) -> ! {
-    let mut report = ErrorReport::new(code, message.into(), function_name!()).set_detail(detail.into());
+    let mut report = ErrorReport::new(code, message.into(), "pg_backfill").set_detail(detail.into());
     if let Some(hint) = hint {
         report = report.set_hint(hint);
     }

@@ -145,7 +145,9 @@ fn run(job_id: i64, worker: i32) {
     let Ok(Some((job, tables))) = loaded else {
         return;
     };
-    if job.state != RUNNING {
+    // A backfill whose other workers found its slot's consumer away is paused "waiting": this
+    // worker waits with them, it does not leave its range unscanned.
+    if job.state != RUNNING && !job.is_waiting() {
         return;
     }
     let prefix = CString::new(job.message_prefix.clone()).unwrap_or_else(|_| c"backfill".into());
