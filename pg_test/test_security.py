@@ -554,3 +554,97 @@ def test_security_check_flags_emit_message_for_public_until_revoked(db):
     assert value(db, public_may_emit) is False
     [(ok, _)] = db.execute(check).fetchall()
     assert ok is True
+
+
+# --- found by a hostile review: the worker's own connection, the resumer, pg_temp types ---------
+
+TRAP = """CREATE FUNCTION {schema}.{name}({args}) RETURNS {returns} LANGUAGE plpgsql AS $$
+BEGIN
+    BEGIN EXECUTE 'ALTER ROLE {role} SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+    RETURN {body};
+END $$"""
+
+
+def test_a_database_owners_search_path_does_not_reach_the_worker(cluster, roles):
+    """The worker connects as the bootstrap superuser with its database's settings: an owner's
+    ALTER DATABASE ... SET search_path must not make the worker use the owner's operators."""
+    name = "owned_by_attacker"
+    atk = roles.create("dbowner")
+    with cluster.connect() as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.execute(f"CREATE DATABASE {name} OWNER {atk}")
+    try:
+        with cluster.connect(name) as su:
+            su.execute("CREATE EXTENSION pg_backfill")
+            su.execute(readme_grants("operator", atk))
+        with psycopg.connect(host="127.0.0.1", port=cluster.port, user=atk, dbname=name, autocommit=True) as conn:
+            conn.execute("CREATE SCHEMA evil")
+            conn.execute(TRAP.format(schema="evil", name="plus", args="a int, b int", returns="int", role=atk,
+                                     body="a OPERATOR(pg_catalog.+) b"))
+            conn.execute("CREATE OPERATOR evil.+ (LEFTARG = int, RIGHTARG = int, FUNCTION = evil.plus)")
+            conn.execute(f"ALTER DATABASE {name} SET search_path = evil, pg_catalog, public")
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t SELECT generate_series(1, 100)")
+        with psycopg.connect(host="127.0.0.1", port=cluster.port, user=atk, dbname=name, autocommit=True) as conn:
+            assert conn.execute("SELECT 1 + 1").fetchone()[0] == 2  # the trap is in the path
+            backfill_id = start(conn, "t")
+            assert wait_until_ended(conn, backfill_id) == "done"
+        with cluster.connect() as admin:
+            assert not is_superuser(admin, atk)
+    finally:
+        with cluster.connect() as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_a_key_type_the_caller_shadows_in_pg_temp_is_not_used(db, roles):
+    """Key types are schema-qualified: a domain the caller makes in pg_temp under the key type's
+    name never stands in for it while the table's owner (here a superuser) runs the query."""
+    atk = roles.create("shadow", "operator")
+    db.execute(
+        """CREATE DOMAIN qty AS int;
+           CREATE TABLE moods (m qty PRIMARY KEY, n int);
+           INSERT INTO moods SELECT g, 1 FROM generate_series(1, 1000) g;
+           ANALYZE moods;"""
+    )
+    db.execute(f"GRANT SELECT, UPDATE ON moods TO {atk}; CREATE SCHEMA {atk} AUTHORIZATION {atk}")
+    conn = roles.connect(atk)
+    conn.execute(TRAP.format(schema=atk, name="shadow_check", args="v text", returns="boolean", role=atk,
+                             body="true"))
+    conn.execute(f"CREATE DOMAIN pg_temp.qty AS int CHECK ({atk}.shadow_check(VALUE::text))")
+    # pg_temp last: public.qty stays visible to the caller, so an unqualified name would be
+    # "qty", which under the owner's path (pg_catalog, pg_temp) is the caller's domain.
+    conn.execute("SET search_path = public, pg_temp")
+    backfill_id = start(conn, "moods", parallel=2)
+    assert wait_until_ended(db, backfill_id) == "done"
+    assert not is_superuser(db, atk)
+    conn.execute("SELECT '1'::pg_temp.qty")  # the trap works when it is run: as the caller
+    assert not is_superuser(db, atk)
+
+
+def test_after_a_restart_the_resumer_trusts_no_table_but_the_extensions_own(cluster, roles, db):
+    """With preloading, the resumer visits every database as the bootstrap superuser; a fake
+    backfill.job in a database without the extension must run nothing."""
+    from conftest import Cluster
+
+    other = Cluster(f"{cluster.dir}_resumer", cluster.port + 5)
+    other.start("shared_preload_libraries = 'pg_backfill'")
+    try:
+        with other.connect() as admin:
+            admin.execute("CREATE ROLE fake_owner LOGIN")
+            admin.execute("CREATE DATABASE decoy OWNER fake_owner")
+        with psycopg.connect(host="127.0.0.1", port=other.port, user="fake_owner", dbname="decoy", autocommit=True) as conn:
+            conn.execute(TRAP.format(schema="public", name="pwn", args="", returns="bigint", role="fake_owner", body="1"))
+            conn.execute(
+                """CREATE SCHEMA backfill;
+                   CREATE VIEW backfill.job AS SELECT public.pwn() AS id, 1 AS parallel,
+                          'running'::text AS state, NULL::text AS pause_reason"""
+            )
+        other.pg_ctl("-m fast restart")
+        time.sleep(3)  # the launcher starts a resumer per database once recovery is done
+        with other.connect() as admin:
+            wait_for(lambda: admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_backfill'").fetchone()[0] == 0,
+                what="the resumers to finish")
+            time.sleep(1)
+            assert not is_superuser(admin, "fake_owner")
+    finally:
+        other.stop()

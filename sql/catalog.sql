@@ -126,3 +126,17 @@ COMMENT ON COLUMN backfill.message_key.key IS '32 random bytes';
 COMMENT ON COLUMN backfill.message_key.created_at IS 'When the key was made (CREATE EXTENSION or backfill_rotate_key())';
 -- Not dumped: a restored database is another database, with a key of its own.
 INSERT INTO backfill.message_key DEFAULT VALUES;
+-- Only the extension's owner reads the key: privileges that ALTER DEFAULT PRIVILEGES gave the
+-- new table are taken back; the README shows the grant for consumers.
+DO $$
+DECLARE
+    grantee oid;
+BEGIN
+    FOR grantee IN SELECT DISTINCT a.grantee FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+                    WHERE c.oid = 'backfill.message_key'::pg_catalog.regclass AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON backfill.message_key FROM %s',
+                                  CASE grantee WHEN 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(grantee::regrole::text) END);
+    END LOOP;
+END
+$$;

@@ -46,6 +46,20 @@ COMMENT ON COLUMN backfill.message_key.key IS '32 random bytes';
 COMMENT ON COLUMN backfill.message_key.created_at IS 'When the key was made (CREATE EXTENSION or backfill_rotate_key())';
 -- Not dumped: a restored database is another database, with a key of its own.
 INSERT INTO backfill.message_key DEFAULT VALUES;
+-- Only the extension's owner reads the key: privileges that ALTER DEFAULT PRIVILEGES gave the
+-- new table are taken back; the README shows the grant for consumers.
+DO $$
+DECLARE
+    grantee oid;
+BEGIN
+    FOR grantee IN SELECT DISTINCT a.grantee FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+                    WHERE c.oid = 'backfill.message_key'::pg_catalog.regclass AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON backfill.message_key FROM %s',
+                                  CASE grantee WHEN 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(grantee::regrole::text) END);
+    END LOOP;
+END
+$$;
 
 -- New entry points in the library.
 CREATE  FUNCTION "backfill_message_valid"(
@@ -224,12 +238,14 @@ AS $$ SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1 $$;
 COMMENT ON FUNCTION backfill_key() IS
 'The key that signs new messages, for consumers that verify them (needs SELECT on backfill.message_key).';
 
-CREATE FUNCTION backfill_rotate_key()
+CREATE FUNCTION backfill_rotate_key(retire_old_keys boolean DEFAULT false)
 RETURNS integer
 LANGUAGE sql VOLATILE
-AS $$ INSERT INTO backfill.message_key DEFAULT VALUES RETURNING id $$;
-COMMENT ON FUNCTION backfill_rotate_key() IS
-'Makes a new message key, which signs every page from the next one on; returns its id. Old keys still verify old messages.';
+AS $$ WITH made AS (INSERT INTO backfill.message_key DEFAULT VALUES RETURNING id),
+           retired AS (DELETE FROM backfill.message_key WHERE retire_old_keys AND id < (SELECT id FROM made))
+      SELECT id FROM made $$;
+COMMENT ON FUNCTION backfill_rotate_key(boolean) IS
+'Makes a new message key, which signs every page from the next one on; returns its id. Old keys still verify old messages, unless retire_old_keys => true deletes them (for a key that leaked).';
 
 CREATE FUNCTION backfill_security_check()
 RETURNS TABLE (item text, ok boolean, detail text, fix text)
@@ -244,7 +260,7 @@ UNION ALL
 SELECT 'the message key is readable by PUBLIC',
        NOT pg_catalog.has_table_privilege('public', 'backfill.message_key', 'SELECT'),
        'A role that can read the key can forge messages that verify.',
-       'REVOKE ALL ON backfill.message_key FROM PUBLIC; SELECT backfill_rotate_key();'
+       'REVOKE ALL ON backfill.message_key FROM PUBLIC; SELECT backfill_rotate_key(retire_old_keys => true);'
 UNION ALL
 SELECT 'backfills can be started by PUBLIC',
        NOT pg_catalog.has_function_privilege('public', 'backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer)', 'EXECUTE'),
@@ -285,7 +301,7 @@ REVOKE EXECUTE ON FUNCTION
     backfill_start(text, boolean, integer, integer, name, name, bigint, integer),
     backfill_cancel(bigint), backfill_pause(bigint), backfill_resume(bigint),
     backfill_set(bigint, integer, integer, bigint), backfill_wait(bigint, interval),
-    backfill_key(), backfill_rotate_key(), backfill_message_valid(text, bigint), backfill_security_check()
+    backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_security_check()
   FROM PUBLIC;
 
 -- The entry points the wrappers above call, and the views' helpers.

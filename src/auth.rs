@@ -16,6 +16,7 @@
 //!
 //! Keys are kept after a rotation, so messages written before it still verify by their key id.
 
+use crate::catalog;
 use hmac::{Hmac, Mac};
 use pgrx::prelude::*;
 use sha2::Sha256;
@@ -27,9 +28,6 @@ const AUTH_FIELD: &[u8] = b",\"auth\":\"";
 
 /// Bytes a seal adds to a message signed with a key of a one-digit id (the estimate's figure).
 pub const SEAL_LEN: usize = AUTH_FIELD.len() + "1:".len() + 64 + "\"}".len() - "}".len();
-
-/// The key messages are signed with now: the newest one.
-const CURRENT_KEY_SQL: &str = "SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1";
 
 /// Signs the messages of one transaction.
 pub struct Signer {
@@ -45,16 +43,11 @@ impl Signer {
     /// The signer of the current transaction's messages, with the current key. Assigns the
     /// transaction its id, which its first message would do anyway.
     pub fn for_this_transaction() -> Self {
-        let key = Spi::connect(|client| {
-            let installed = client
-                .select("SELECT pg_catalog.to_regclass('backfill.message_key') IS NOT NULL", None, &[])?
-                .first()
-                .get::<bool>(1)?;
-            if installed != Some(true) {
-                return Ok(None);
-            }
-            let rows = client.select(CURRENT_KEY_SQL, Some(1), &[])?;
-            if rows.is_empty() {
+        let installed =
+            catalog::message_key_installed().unwrap_or_else(|e| error!("could not read the message key: {e}"));
+        let key = if installed {
+            let key = catalog::current_message_key().unwrap_or_else(|e| error!("could not read the message key: {e}"));
+            if key.is_none() {
                 crate::errors::raise(
                     pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                     "pg_backfill has no message key",
@@ -62,10 +55,10 @@ impl Signer {
                     Some("Make one: SELECT backfill_rotate_key();".into()),
                 );
             }
-            let row = rows.first();
-            Ok::<_, pgrx::spi::Error>(row.get::<i32>(1)?.zip(row.get::<Vec<u8>>(2)?))
-        })
-        .unwrap_or_else(|e| error!("could not read the message key: {e}"));
+            key
+        } else {
+            None
+        };
         // SAFETY: assigns (or returns) the top-level transaction id; the worker is in a
         // transaction, never in recovery.
         let xid = unsafe { pg_sys::GetTopTransactionId() };

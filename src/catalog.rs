@@ -458,3 +458,22 @@ pub fn running_backfill_of_slot(slot: &str) -> SpiResult<Option<i64>> {
         &[slot.into()],
     )
 }
+
+/// Whether the database's extension has its message key table (0.1.0 had none).
+pub fn message_key_installed() -> SpiResult<bool> {
+    run_prepared("SELECT pg_catalog.to_regclass('backfill.message_key') IS NOT NULL", false, &[], |rows| {
+        Ok(rows.first().get::<bool>(1)?.unwrap_or(false))
+    })
+}
+
+/// The key messages are signed with now, the newest: (id, key). Read every page (prepared), so
+/// that a rotation takes effect at the next one.
+pub fn current_message_key() -> SpiResult<Option<(i32, Vec<u8>)>> {
+    run_prepared("SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1", false, &[], |rows| {
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let row = rows.first();
+        Ok(row.get::<i32>(1)?.zip(row.get::<Vec<u8>>(2)?))
+    })
+}

@@ -144,6 +144,22 @@ pub fn wake_workers_at_commit(job_id: i64) {
     });
 }
 
+/// A worker connects as the bootstrap superuser, with its database's settings: a database
+/// owner may have set a search_path (ALTER DATABASE ... SET) that puts its own functions,
+/// operators and types first. Before any statement, the path is fixed to the catalog, with a
+/// priority no setting of the database, role or session can override.
+pub fn override_search_path() {
+    // SAFETY: sets a GUC of this process, before any query runs.
+    unsafe {
+        pg_sys::SetConfigOption(
+            c"search_path".as_ptr(),
+            c"pg_catalog, pg_temp".as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
+        );
+    }
+}
+
 /// `pg_backfill 7` for a backfill's first worker, `pg_backfill 7/1` for its second: the
 /// application_name it shows in pg_stat_activity.
 pub fn worker_name(job_id: i64, worker: i32) -> String {
@@ -160,11 +176,20 @@ pub fn worker_name(job_id: i64, worker: i32) -> String {
 /// workers of the database's running backfills, then exits.
 pub fn resume_database() {
     let jobs = in_transaction(|| {
-        let installed =
-            crate::sql::select_one::<bool>("SELECT pg_catalog.to_regclass('backfill.job') IS NOT NULL", &[])
-                .ok()
-                .flatten()
-                .unwrap_or(false);
+        // Only the extension's own table, not one a database owner made under its name: this
+        // worker runs as the bootstrap superuser, in every database.
+        let installed = crate::sql::select_one::<bool>(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_depend d
+                              JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+                             WHERE e.extname OPERATOR(pg_catalog.=) 'pg_backfill'
+                               AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                               AND d.objid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('backfill.job')
+                               AND d.deptype OPERATOR(pg_catalog.=) 'e')",
+            &[],
+        )
+        .ok()
+        .flatten()
+        .unwrap_or(false);
         if installed {
             catalog::jobs_to_resume().unwrap_or_else(|e| error!("{e}"))
         } else {
@@ -188,6 +213,7 @@ pub fn resume_database() {
 pub extern "C-unwind" fn backfill_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(Some("postgres"), None);
+    override_search_path();
     let databases = in_transaction(|| {
         Spi::connect(|client| {
             client

@@ -219,13 +219,13 @@ mod tests {
         assert_eq!(
             queries.page_rows(true, Locking::NoWait),
             format!(
-                r#"SELECT t.region, t.id, t.v FROM ONLY public.q t WHERE {key} > ROW($1::text, $2::integer) AND {key} <= ROW($3::text, $4::integer) ORDER BY t.region COLLATE pg_catalog."default", t.id FOR SHARE OF t NOWAIT"#
+                r#"SELECT t.region, t.id, t.v FROM ONLY public.q t WHERE {key} > ROW($1::pg_catalog.text, $2::integer) AND {key} <= ROW($3::pg_catalog.text, $4::integer) ORDER BY t.region COLLATE pg_catalog."default", t.id FOR SHARE OF t NOWAIT"#
             )
         );
         assert_eq!(
             queries.page_end(false),
             format!(
-                r#"SELECT t.region::text, t.id::text FROM (SELECT t.region, t.id FROM ONLY public.q t WHERE {key} <= ROW($1::text, $2::integer) ORDER BY t.region COLLATE pg_catalog."default", t.id LIMIT $3) t ORDER BY t.region COLLATE pg_catalog."default" DESC, t.id DESC LIMIT 1"#
+                r#"SELECT t.region::text, t.id::text FROM (SELECT t.region, t.id FROM ONLY public.q t WHERE {key} <= ROW($1::pg_catalog.text, $2::integer) ORDER BY t.region COLLATE pg_catalog."default", t.id LIMIT $3) t ORDER BY t.region COLLATE pg_catalog."default" DESC, t.id DESC LIMIT 1"#
             )
         );
     }

@@ -20,14 +20,28 @@ pub const WORKERS_OF_BACKFILL: &str = "a.backend_type OPERATOR(pg_catalog.=) 'pg
     AND a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
     AND pg_catalog.split_part(a.application_name, '/', 1) OPERATOR(pg_catalog.=) ('pg_backfill ' OPERATOR(pg_catalog.||) $1)";
 
+/// Whether the caller ($2) sees backfill $1 (as the views decide, see backfill.visible): the
+/// helpers below run as the extension's owner, and answer only about such a backfill.
+const VISIBLE_TO_CALLER: &str = "(pg_catalog.pg_has_role($2, 'pg_monitor', 'MEMBER')
+    OR EXISTS (SELECT FROM backfill.job j JOIN pg_catalog.pg_roles r ON r.rolname OPERATOR(pg_catalog.=) j.started_by
+                WHERE j.id OPERATOR(pg_catalog.=) $1 AND pg_catalog.pg_has_role($2, r.oid, 'MEMBER')))";
+
+fn caller() -> pg_sys::Oid {
+    // SAFETY: the current user, read before the switch to the extension's owner.
+    unsafe { pg_sys::GetUserId() }
+}
+
 /// Background workers of a backfill of this database running now. pg_stat_activity hides
 /// other roles' application names, so they are counted as the extension's owner.
 #[pg_extern(schema = "backfill", stable)]
 fn workers_running(backfill_id: i64) -> i32 {
+    let caller = caller();
     privilege::as_extension_owner(|| {
         crate::sql::select_one::<i32>(
-            &format!("SELECT count(*)::int FROM pg_catalog.pg_stat_activity a WHERE {WORKERS_OF_BACKFILL}"),
-            &[backfill_id.into()],
+            &format!(
+                "SELECT count(*)::int FROM pg_catalog.pg_stat_activity a WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}"
+            ),
+            &[backfill_id.into(), caller.into()],
         )
     })
     .ok()
@@ -39,14 +53,15 @@ fn workers_running(backfill_id: i64) -> i32 {
 /// page waits up to backfill.lock_timeout for it, then retries), or nothing (NULL).
 #[pg_extern(schema = "backfill", stable)]
 fn waiting_for(backfill_id: i64) -> Option<String> {
+    let caller = caller();
     privilege::as_extension_owner(|| {
         crate::sql::select_one::<String>(
             &format!(
                 "SELECT 'a row lock held by pid ' OPERATOR(pg_catalog.||) pg_catalog.string_agg(DISTINCT b::text, ', ')
                    FROM pg_catalog.pg_stat_activity a, pg_catalog.unnest(pg_catalog.pg_blocking_pids(a.pid)) b
-                  WHERE {WORKERS_OF_BACKFILL}"
+                  WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}"
             ),
-            &[backfill_id.into()],
+            &[backfill_id.into(), caller.into()],
         )
     })
     .ok()

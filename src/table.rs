@@ -12,7 +12,8 @@ pub struct KeyColumn {
     pub name: String,
     /// Its index in the table's columns.
     pub position: usize,
-    /// `format_type()` of the column: the type the cursor's text form is cast back to.
+    /// The column's type, schema-qualified whatever the search_path (see [`qualified_type`]): the
+    /// type the cursor's text form is cast back to.
     pub type_name: String,
     /// The index's collation, qualified and quoted, so that the scan sorts as the index does.
     pub collation: Option<String>,
@@ -62,11 +63,13 @@ SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
   LEFT JOIN LATERAL (
         SELECT array_agg(a.attname::text ORDER BY k.ord) AS names,
-               array_agg(pg_catalog.format_type(a.atttypid, a.atttypmod) ORDER BY k.ord) AS types,
+               array_agg(a.atttypid::pg_catalog.text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) a.atttypmod
+                         ORDER BY k.ord) AS types,
                array_agg(CASE WHEN coll.oid IS NOT NULL
                               THEN pg_catalog.quote_ident(cn.nspname) || '.' || pg_catalog.quote_ident(coll.collname)
                          END ORDER BY k.ord) AS collations,
-               bool_and(opc.opcdefault) AS all_default_opclasses,
+               bool_and(opc.opcdefault AND opc.opcnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace)
+                   AS all_default_opclasses,
                min(i.indexrelid) AS index
           FROM (SELECT i.indexrelid, i.indrelid, i.indkey, i.indcollation, i.indclass, i.indnkeyatts
                   FROM pg_catalog.pg_index i
@@ -224,8 +227,11 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
     if default_opclasses != Some(true) {
         return ineligible(
             ERRCODE_FEATURE_NOT_SUPPORTED,
-            "its key index uses a non-default operator class, whose order the scan cannot follow".into(),
-            Some("Use a primary key or replica identity index with the default operator classes.".into()),
+            "its key index uses an operator class that is not a default one of PostgreSQL's own \
+             (pg_catalog), whose order the scan cannot follow: the scan compares keys with \
+             pg_catalog's operators only, so that no operator of another schema runs"
+                .into(),
+            Some("Use a primary key or replica identity index on columns of built-in types (or enums and domains over them).".into()),
         );
     }
     let collations = collations.unwrap_or_default();
@@ -240,7 +246,7 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
             // never a primary key or a replica identity).
             position: columns.iter().position(|c| c.name == name).unwrap_or_default(),
             name,
-            type_name,
+            type_name: qualified_type(&type_name),
             collation: collations.get(i).cloned().flatten(),
         })
         .collect();
@@ -308,6 +314,19 @@ impl Table {
     }
 }
 
+/// A type as SQL text, schema-qualified (`public.mood`, `integer`) from `<oid>:<typmod>`.
+/// format_type() leaves a type unqualified when the caller's search_path shows it, and the
+/// name is later resolved under another path (`pg_catalog, pg_temp`), where it could be a
+/// type the caller created in pg_temp.
+fn qualified_type(oid_and_typmod: &str) -> String {
+    let (oid, typmod) = oid_and_typmod.split_once(':').unwrap_or((oid_and_typmod, "-1"));
+    let oid = pg_sys::Oid::from(oid.parse::<u32>().unwrap_or_default());
+    let typmod = typmod.parse::<i32>().unwrap_or(-1);
+    let flags = (pg_sys::FORMAT_TYPE_TYPEMOD_GIVEN | pg_sys::FORMAT_TYPE_FORCE_QUALIFY) as u16;
+    // SAFETY: formats a type named by a catalog row; the string is palloc'd and copied out.
+    unsafe { std::ffi::CStr::from_ptr(pg_sys::format_type_extended(oid, typmod, flags)) }.to_string_lossy().into_owned()
+}
+
 /// Like [`inspect`], but an ineligible table is an error that names it.
 pub fn require(relid: pg_sys::Oid) -> Table {
     inspect(relid).unwrap_or_else(|why| {
@@ -343,7 +362,7 @@ mod tests {
     fn primary_key_columns_come_in_index_order_with_their_types() {
         let table = inspect_table("CREATE TABLE elig_t (a int, b numeric(10,2), c text, PRIMARY KEY (c, a))").unwrap();
         let key: Vec<(String, String)> = table.key.iter().map(|k| (k.name.clone(), k.type_name.clone())).collect();
-        assert_eq!(key, vec![("c".into(), "text".into()), ("a".into(), "integer".into())]);
+        assert_eq!(key, vec![("c".into(), "pg_catalog.text".into()), ("a".into(), "integer".into())]);
         assert!(table.key[0].collation.as_deref().unwrap().contains("default"));
     }
 

@@ -49,6 +49,7 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
         unsafe { pg_sys::proc_exit(0) };
     }
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
+    launcher::override_search_path();
     // Log lines name the database; its name is read once, in a transaction.
     let _ = in_transaction(|| who(job_id));
 
@@ -62,7 +63,8 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
         // One process per worker of a backfill: one launched by backfill_resume() while the
         // paused one is still finishing its page waits here until that one has exited.
         Spi::run_with_args(
-            "SELECT pg_catalog.pg_advisory_lock(pg_catalog.hashtext('pg_backfill.worker') + $2, $1::int)",
+            "SELECT pg_catalog.pg_advisory_lock(pg_catalog.hashtext('pg_backfill.worker') OPERATOR(pg_catalog.+) $2,
+                                                $1::pg_catalog.int4)",
             &[job_id.into(), worker.into()],
         )
         .unwrap_or_else(|e| error!("{e}"));
@@ -122,7 +124,7 @@ fn wait_for_starter(starter_xid: u64) -> bool {
     loop {
         let status = in_transaction(|| {
             crate::sql::select_one::<String>(
-                "SELECT pg_catalog.pg_xact_status($1::text::xid8)",
+                "SELECT pg_catalog.pg_xact_status($1::pg_catalog.text::pg_catalog.xid8)",
                 &[starter_xid.to_string().into()],
             )
             .ok()
