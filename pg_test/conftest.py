@@ -101,6 +101,13 @@ def backfill_messages(changes, prefix="backfill"):
     return [json.loads(c["content"]) for c in changes if c.get("action") == "M" and c.get("prefix") == prefix]
 
 
+def error_of(conn, sql, params=None) -> psycopg.Error:
+    """The error a statement raises (the test fails if it raises none)."""
+    with pytest.raises(psycopg.Error) as caught:
+        conn.execute(sql, params)
+    return caught.value
+
+
 def wait_for(predicate, timeout=30, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

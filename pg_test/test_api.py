@@ -2,13 +2,7 @@
 
 import psycopg
 import pytest
-from conftest import wait_until_ended
-
-
-def sqlstate_of(conn, sql, params=None):
-    with pytest.raises(psycopg.Error) as caught:
-        conn.execute(sql, params)
-    return caught.value
+from conftest import wait_until_ended, error_of
 
 
 @pytest.fixture
@@ -53,7 +47,7 @@ def test_estimate_explains_each_ineligible_table(orders):
 
 
 def test_start_without_confirm_states_the_estimate_and_how_to_confirm(orders):
-    e = sqlstate_of(orders, "SELECT backfill_start('orders')")
+    e = error_of(orders, "SELECT backfill_start('orders')")
     assert e.sqlstate == "22023"
     assert "confirm => true" in e.diag.message_primary
     assert "5000 rows" in e.diag.message_detail
@@ -80,7 +74,7 @@ def test_start_returns_id_and_the_views_show_the_backfill(orders):
 
 def test_start_is_all_or_nothing(orders):
     orders.execute("CREATE TABLE no_key (a int)")
-    e = sqlstate_of(orders, "SELECT backfill_start(ARRAY['orders', 'no_key']::regclass[], confirm => true)")
+    e = error_of(orders, "SELECT backfill_start(ARRAY['orders', 'no_key']::regclass[], confirm => true)")
     assert e.sqlstate == "55000"
     assert "no_key" in e.diag.message_primary
     assert "no primary key" in e.diag.message_detail
@@ -112,7 +106,7 @@ def test_start_is_all_or_nothing(orders):
 def test_bad_input_gets_a_clear_error(orders, setup, call, sqlstate, words):
     if setup:
         orders.execute(setup)
-    e = sqlstate_of(orders, call)
+    e = error_of(orders, call)
     assert e.sqlstate == sqlstate, e.diag.message_primary
     text = " ".join(filter(None, [e.diag.message_primary, e.diag.message_detail]))
     assert words in text
@@ -121,7 +115,7 @@ def test_bad_input_gets_a_clear_error(orders, setup, call, sqlstate, words):
 
 def test_operator_without_select_cannot_start(orders, roles):
     reader_less = roles.connect(roles.create("reader_less", "operator"))
-    e = sqlstate_of(reader_less, "SELECT backfill_start('orders', confirm => true)")
+    e = error_of(reader_less, "SELECT backfill_start('orders', confirm => true)")
     assert e.sqlstate == "42501"
     assert "GRANT SELECT ON public.orders" in e.diag.message_hint
 
@@ -133,7 +127,7 @@ def test_operator_with_select_and_update_starts_and_only_it_may_cancel(orders, r
     backfill_id = as_starter.execute(
         "SELECT backfill_start('orders', confirm => true, rows_per_second => 100)"
     ).fetchone()[0]
-    e = sqlstate_of(as_other, "SELECT backfill_cancel(%s)", [backfill_id])
+    e = error_of(as_other, "SELECT backfill_cancel(%s)", [backfill_id])
     assert e.sqlstate == "42501" and starter in e.diag.message_detail
     assert as_starter.execute("SELECT backfill_cancel(%s)", [backfill_id]).fetchone()[0] is True
     assert wait_until_ended(orders, backfill_id) == "cancelled"
@@ -141,7 +135,7 @@ def test_operator_with_select_and_update_starts_and_only_it_may_cancel(orders, r
 
 def test_second_backfill_of_a_running_table_is_refused(orders):
     first = orders.execute("SELECT backfill_start('orders', confirm => true, rows_per_second => 100)").fetchone()[0]
-    e = sqlstate_of(orders, "SELECT backfill_start('orders', confirm => true)")
+    e = error_of(orders, "SELECT backfill_start('orders', confirm => true)")
     assert e.sqlstate == "55006"
     assert f"Backfill {first}" in e.diag.message_detail
     assert f"backfill_cancel({first})" in e.diag.message_hint
@@ -151,7 +145,7 @@ def test_second_backfill_of_a_running_table_is_refused(orders):
 def test_cancelling_a_finished_backfill_is_an_error(orders):
     backfill_id = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
     assert wait_until_ended(orders, backfill_id) == "done"
-    e = sqlstate_of(orders, "SELECT backfill_cancel(%s)", [backfill_id])
+    e = error_of(orders, "SELECT backfill_cancel(%s)", [backfill_id])
     assert e.sqlstate == "55000"
     assert "done" in e.diag.message_detail
 
@@ -178,7 +172,7 @@ def test_wal_level_must_be_logical(cluster):
     try:
         with replica.connect() as conn:
             conn.execute("CREATE EXTENSION pg_backfill; CREATE TABLE t (id int PRIMARY KEY)")
-            e = sqlstate_of(conn, "SELECT backfill_start('t', confirm => true)")
+            e = error_of(conn, "SELECT backfill_start('t', confirm => true)")
             assert e.sqlstate == "55000"
             assert "replica" in e.diag.message_detail
             assert "wal_level = logical" in e.diag.message_hint
@@ -198,5 +192,5 @@ def test_reading_the_views_writes_nothing(orders):
 
 
 def test_an_error_reports_where_it_was_raised(orders):
-    e = sqlstate_of(orders, "SELECT backfill_start('orders')")
+    e = error_of(orders, "SELECT backfill_start('orders')")
     assert e.sqlstate == "22023" and e.diag.source_file.endswith("api.rs"), e.diag.source_file

@@ -11,7 +11,7 @@ from collections import Counter
 
 import psycopg
 import pytest
-from conftest import Cluster, backfill_messages, status, wait_for, wait_until_ended, wal2json_changes, worker_pid
+from conftest import Cluster, backfill_messages, status, wait_for, wait_until_ended, wal2json_changes, worker_pid, error_of
 
 PG_RECVLOGICAL = "/usr/lib/postgresql/15/bin/pg_recvlogical"
 
@@ -52,12 +52,6 @@ def events(db):
            CREATE PUBLICATION pipeline FOR TABLE events;"""
     )
     return db
-
-
-def error_of(db, sql, params=None):
-    with pytest.raises(psycopg.Error) as caught:
-        db.execute(sql, params)
-    return caught.value
 
 
 def test_slot_and_publication_are_checked(cluster, events):

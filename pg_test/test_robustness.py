@@ -5,7 +5,7 @@ import time
 
 import psycopg
 import pytest
-from conftest import Cluster, status, wait_for, wait_until_ended
+from conftest import Cluster, error_of, status, wait_for, wait_until_ended
 
 
 def set_system(conn, setting, value):
@@ -82,11 +82,6 @@ def test_a_row_of_over_a_gigabyte_leaves_the_server_restartable_and_its_slot_dec
     finally:
         other.stop()
 
-
-def error_of(conn, sql, params=None) -> psycopg.Error:
-    with pytest.raises(psycopg.Error) as caught:
-        conn.execute(sql, params)
-    return caught.value
 
 
 @pytest.fixture

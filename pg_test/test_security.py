@@ -12,15 +12,10 @@ from contextlib import suppress
 
 import psycopg
 import pytest
-from conftest import ROOT, readme_grants, status, wait_for, wait_until_ended, worker_pid
+from conftest import ROOT, error_of, readme_grants, status, wait_for, wait_until_ended, worker_pid
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-def error_of(conn, sql, params=None) -> psycopg.Error:
-    with pytest.raises(psycopg.Error) as caught:
-        conn.execute(sql, params)
-    return caught.value
 
 
 def value(conn, sql, params=None):

@@ -345,21 +345,9 @@ pub fn all_ranges_done(job_id: i64) -> SpiResult<bool> {
     })
 }
 
-/// The first column of the first row of a query returning ids, if it returns any.
-fn first_id(sql: &str, args: &[pgrx::datum::DatumWithOid]) -> SpiResult<Option<i64>> {
-    Spi::connect(|client| {
-        let rows = client.select(sql, Some(1), args)?;
-        if rows.is_empty() {
-            Ok(None)
-        } else {
-            rows.first().get::<i64>(1)
-        }
-    })
-}
-
 /// The running backfill that already covers one of these tables, if any.
 pub fn running_backfill_of(relid: pg_sys::Oid) -> SpiResult<Option<i64>> {
-    first_id(
+    crate::sql::select_one::<i64>(
         "SELECT j.id FROM backfill.job j JOIN backfill.job_table t ON t.job_id = j.id
           WHERE j.state IN ('running', 'paused') AND t.relid = $1::oid::regclass
           LIMIT 1",
@@ -453,7 +441,7 @@ pub fn set_key_fraction(job_id: i64, position: i32, fraction: Option<f64>) -> Sp
 
 /// The running backfill that already serves this slot, if any.
 pub fn running_backfill_of_slot(slot: &str) -> SpiResult<Option<i64>> {
-    first_id(
+    crate::sql::select_one::<i64>(
         "SELECT id FROM backfill.job WHERE slot_name = $1 AND state IN ('running', 'paused') LIMIT 1",
         &[slot.into()],
     )
