@@ -107,6 +107,7 @@ def items(db):
         ("SELECT backfill_wait(NULL)", "id"),
         ("SELECT backfill_message_valid(NULL, 1)", "content"),
         ("SELECT backfill_message_valid('{}', NULL)", "xid"),
+        ("SELECT backfill_rotate_key(retire_old_keys => NULL)", "retire_old_keys"),
     ],
 )
 def test_a_null_argument_is_22004_naming_it(items, call, argument):

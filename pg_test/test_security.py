@@ -520,6 +520,14 @@ def test_after_a_key_rotation_old_messages_still_verify_and_new_ones_use_the_new
     assert moved != content and sql_valid(db, moved, xid) is False
 
 
+def test_retiring_old_keys_makes_what_they_signed_fail(db, signed):
+    _, old = signed
+    assert old and all(sql_valid(db, content, xid) for xid, content in old)
+    new_key = value(db, "SELECT backfill_rotate_key(retire_old_keys => true)")
+    assert [key_id for key_id, in db.execute("SELECT id FROM backfill.message_key")] == [new_key]
+    assert not any(sql_valid(db, content, xid) for xid, content in old)
+
+
 def test_consumer_grants_allow_reading_the_key_and_verifying_and_nothing_less_does(db, roles, signed):
     _, messages = signed
     xid, content = messages[1]

@@ -244,10 +244,24 @@ COMMENT ON FUNCTION backfill_key() IS
 
 CREATE FUNCTION backfill_rotate_key(retire_old_keys boolean DEFAULT false)
 RETURNS integer
-LANGUAGE sql VOLATILE
-AS $$ WITH made AS (INSERT INTO backfill.message_key DEFAULT VALUES RETURNING id),
-           retired AS (DELETE FROM backfill.message_key WHERE retire_old_keys AND id < (SELECT id FROM made))
-      SELECT id FROM made $$;
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    made integer;
+BEGIN
+    IF retire_old_keys IS NULL THEN
+        RAISE EXCEPTION 'argument retire_old_keys of backfill_rotate_key must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed',
+                  DETAIL = 'backfill_rotate_key was called with retire_old_keys => NULL.',
+                  HINT = 'Pass true to delete the old keys (a key leaked), or leave it out to keep them.';
+    END IF;
+    INSERT INTO backfill.message_key DEFAULT VALUES RETURNING id INTO made;
+    IF retire_old_keys THEN
+        DELETE FROM backfill.message_key WHERE id < made;
+    END IF;
+    RETURN made;
+END
+$$;
 COMMENT ON FUNCTION backfill_rotate_key(boolean) IS
 'Makes a new message key, which signs every page from the next one on; returns its id. Old keys still verify old messages, unless retire_old_keys => true deletes them (for a key that leaked).';
 
