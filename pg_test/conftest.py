@@ -8,7 +8,9 @@ import itertools
 import json
 import os
 import re
+import signal
 import subprocess
+import tempfile
 import time
 from contextlib import suppress
 from pathlib import Path
@@ -181,3 +183,33 @@ def roles(cluster, db):
     r = Roles(cluster, db)
     yield r
     r.drop()
+
+
+PG_RECVLOGICAL = "/usr/lib/postgresql/15/bin/pg_recvlogical"
+
+
+class Consumer:
+    """A real streaming consumer of a test_decoding slot: pg_recvlogical, confirming every second."""
+
+    def __init__(self, cluster, dbname, slot):
+        self.output = tempfile.NamedTemporaryFile(mode="r", suffix=".log", delete=False)
+        self.process = subprocess.Popen(
+            [PG_RECVLOGICAL, "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres", "-d", dbname,
+             "--slot", slot, "--start", "-s", "1", "-F", "1", "-f", self.output.name],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+    def pause(self):
+        self.process.send_signal(signal.SIGSTOP)
+
+    def carry_on(self):
+        self.process.send_signal(signal.SIGCONT)
+
+    def stop(self):
+        self.process.send_signal(signal.SIGCONT)
+        self.process.terminate()
+        self.process.wait(10)
+
+    def messages(self):
+        with open(self.output.name) as f:
+            return [json.loads(line.split(" content:", 1)[1]) for line in f if line.startswith("message: transactional: 1 prefix: backfill,")]

@@ -11,37 +11,8 @@ from collections import Counter
 
 import psycopg
 import pytest
-from conftest import Cluster, backfill_messages, status, wait_for, wait_until_ended, wal2json_changes, worker_pid, error_of
-
-PG_RECVLOGICAL = "/usr/lib/postgresql/15/bin/pg_recvlogical"
-
-
-class Consumer:
-    """A real streaming consumer of a test_decoding slot: pg_recvlogical, confirming every second."""
-
-    def __init__(self, cluster, dbname, slot):
-        self.output = tempfile.NamedTemporaryFile(mode="r", suffix=".log", delete=False)
-        self.process = subprocess.Popen(
-            [PG_RECVLOGICAL, "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres", "-d", dbname,
-             "--slot", slot, "--start", "-s", "1", "-F", "1", "-f", self.output.name],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-
-    def pause(self):
-        self.process.send_signal(signal.SIGSTOP)
-
-    def carry_on(self):
-        self.process.send_signal(signal.SIGCONT)
-
-    def stop(self):
-        self.process.send_signal(signal.SIGCONT)
-        self.process.terminate()
-        self.process.wait(10)
-
-    def messages(self):
-        with open(self.output.name) as f:
-            return [json.loads(line.split(" content:", 1)[1]) for line in f if line.startswith("message: transactional: 1 prefix: backfill,")]
-
+from conftest import (Cluster, Consumer, backfill_messages, error_of, status, wait_for, wait_until_ended,
+                      wal2json_changes, worker_pid)
 
 @pytest.fixture
 def events(db):

@@ -5,7 +5,7 @@ import time
 
 import psycopg
 import pytest
-from conftest import Cluster, error_of, status, wait_for, wait_until_ended
+from conftest import Cluster, Consumer, error_of, status, wait_for, wait_until_ended
 
 
 def set_system(conn, setting, value):
@@ -321,21 +321,17 @@ def test_truncate_mid_run_ends_the_scan_with_the_rows_read_before(items):
     assert any('"op":"table_end"' in line for line in lines[truncate_at:])
 
 
-def test_the_slot_dropped_mid_run_fails_the_backfill_with_42704(items):
+def test_the_slot_dropped_mid_run_fails_the_backfill_with_42704(cluster, items):
     items.execute("SELECT pg_create_logical_replication_slot('doomed', 'test_decoding')")
     # The slot must have an active consumer for the backfill to run: pg_recvlogical.
-    consumer = subprocess.Popen(
-        ["sudo", "-u", "postgres", "/usr/lib/postgresql/15/bin/pg_recvlogical", "-h", "127.0.0.1", "-p",
-         str(items.info.port), "-U", "postgres", "-d", items.info.dbname, "-S", "doomed", "--start", "-f", "/dev/null"]
-    )
+    consumer = Consumer(cluster, items.info.dbname, "doomed")
     try:
         backfill_id = items.execute(
             "SELECT backfill_start('items', confirm => true, slot => 'doomed', batch_size => 50, rows_per_second => 500)"
         ).fetchone()[0]
         wait_for(lambda: (status(items, backfill_id, "rows_done") or 0) > 0, what="first page")
     finally:
-        consumer.terminate()
-        consumer.wait()
+        consumer.stop()
     wait_for(lambda: items.execute("SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'doomed'").fetchone()[0])
     items.execute("SELECT pg_drop_replication_slot('doomed')")
     assert wait_until_ended(items, backfill_id, timeout=30) == "failed"
@@ -369,17 +365,14 @@ def test_what_nowait_and_skip_locked_writers_see_while_a_page_holds_its_rows(clu
     assert wait_until_ended(db, backfill_id) == "done"
 
 
-def test_a_parallel_backfill_waiting_for_its_consumer_finishes_once_it_attaches(items):
+def test_a_parallel_backfill_waiting_for_its_consumer_finishes_once_it_attaches(cluster, items):
     items.execute("ANALYZE items")
     items.execute("SELECT pg_create_logical_replication_slot('later', 'test_decoding')")
     backfill_id = items.execute(
         "SELECT backfill_start('items', confirm => true, slot => 'later', parallel => 4)"
     ).fetchone()[0]
     wait_for(lambda: status(items, backfill_id, "state", "workers_running") == ("paused", 4), what="4 waiting workers")
-    consumer = subprocess.Popen(
-        ["sudo", "-u", "postgres", "/usr/lib/postgresql/15/bin/pg_recvlogical", "-h", "127.0.0.1", "-p",
-         str(items.info.port), "-U", "postgres", "-d", items.info.dbname, "-S", "later", "--start", "-f", "/dev/null"]
-    )
+    consumer = Consumer(cluster, items.info.dbname, "later")
     try:
         assert wait_until_ended(items, backfill_id, timeout=60) == "done"
         assert status(items, backfill_id, "rows_done") == 2000
@@ -387,8 +380,7 @@ def test_a_parallel_backfill_waiting_for_its_consumer_finishes_once_it_attaches(
             "SELECT count(*) FROM backfill_tables WHERE backfill_id = %s AND state = 'done'", [backfill_id]
         ).fetchone()[0] == 4
     finally:
-        consumer.terminate()
-        consumer.wait()
+        consumer.stop()
 
 
 def test_a_database_not_in_utf8_is_refused_with_0a000(cluster):
