@@ -72,6 +72,30 @@ def db(cluster, request):
         admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
+@pytest.fixture
+def scratch_database(cluster):
+    """Makes databases of the test's own name and options (`scratch_database("x", "ENCODING ...")`),
+    each dropped at teardown with whatever slots it has."""
+    made = []
+
+    def make(name: str, options: str = "") -> str:
+        with cluster.connect() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{name}" {options}')
+        made.append(name)
+        return name
+
+    yield make
+    with cluster.connect() as admin:
+        for name in made:
+            for slot, in admin.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", [name]).fetchall():
+                with suppress(psycopg.Error):
+                    admin.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s AND active_pid IS NOT NULL", [slot])
+                    wait_for(lambda: admin.execute("SELECT active_pid IS NULL FROM pg_replication_slots WHERE slot_name = %s", [slot]).fetchone()[0], what="the slot's consumer to go")
+                    admin.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def status(conn, backfill_id: int, *columns: str):
     """Columns (or expressions) of the backfill's row in backfill_status: one value, or a tuple."""
     row = conn.execute(f"SELECT {', '.join(columns)} FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()
@@ -211,5 +235,11 @@ class Consumer:
         self.process.wait(10)
 
     def messages(self):
-        with open(self.output.name) as f:
-            return [json.loads(line.split(" content:", 1)[1]) for line in f if line.startswith("message: transactional: 1 prefix: backfill,")]
+        """The backfill's messages, parsed. Each must be UTF-8 (json.loads of bytes insists), while
+        test_decoding's lines for table changes are in the database's encoding."""
+        with open(self.output.name, "rb") as f:
+            return [
+                json.loads(line.split(b" content:", 1)[1])
+                for line in f
+                if line.startswith(b"message: transactional: 1 prefix: backfill,")
+            ]

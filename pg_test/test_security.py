@@ -568,34 +568,27 @@ BEGIN
 END $$"""
 
 
-def test_a_database_owners_search_path_does_not_reach_the_worker(cluster, roles):
+def test_a_database_owners_search_path_does_not_reach_the_worker(cluster, roles, scratch_database):
     """The worker connects as the bootstrap superuser with its database's settings: an owner's
     ALTER DATABASE ... SET search_path must not make the worker use the owner's operators."""
-    name = "owned_by_attacker"
     atk = roles.create("dbowner")
+    name = scratch_database("owned_by_attacker", f"OWNER {atk}")
+    with cluster.connect(name) as su:
+        su.execute("CREATE EXTENSION pg_backfill")
+        su.execute(readme_grants("operator", atk))
+    with psycopg.connect(host="127.0.0.1", port=cluster.port, user=atk, dbname=name, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA evil")
+        conn.execute(TRAP.format(schema="evil", name="plus", args="a int, b int", returns="int", role=atk,
+                                 body="a OPERATOR(pg_catalog.+) b"))
+        conn.execute("CREATE OPERATOR evil.+ (LEFTARG = int, RIGHTARG = int, FUNCTION = evil.plus)")
+        conn.execute(f"ALTER DATABASE {name} SET search_path = evil, pg_catalog, public")
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t SELECT generate_series(1, 100)")
+    with psycopg.connect(host="127.0.0.1", port=cluster.port, user=atk, dbname=name, autocommit=True) as conn:
+        assert conn.execute("SELECT 1 + 1").fetchone()[0] == 2  # the trap is in the path
+        backfill_id = start(conn, "t")
+        assert wait_until_ended(conn, backfill_id) == "done"
     with cluster.connect() as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {name}")
-        admin.execute(f"CREATE DATABASE {name} OWNER {atk}")
-    try:
-        with cluster.connect(name) as su:
-            su.execute("CREATE EXTENSION pg_backfill")
-            su.execute(readme_grants("operator", atk))
-        with psycopg.connect(host="127.0.0.1", port=cluster.port, user=atk, dbname=name, autocommit=True) as conn:
-            conn.execute("CREATE SCHEMA evil")
-            conn.execute(TRAP.format(schema="evil", name="plus", args="a int, b int", returns="int", role=atk,
-                                     body="a OPERATOR(pg_catalog.+) b"))
-            conn.execute("CREATE OPERATOR evil.+ (LEFTARG = int, RIGHTARG = int, FUNCTION = evil.plus)")
-            conn.execute(f"ALTER DATABASE {name} SET search_path = evil, pg_catalog, public")
-            conn.execute("CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t SELECT generate_series(1, 100)")
-        with psycopg.connect(host="127.0.0.1", port=cluster.port, user=atk, dbname=name, autocommit=True) as conn:
-            assert conn.execute("SELECT 1 + 1").fetchone()[0] == 2  # the trap is in the path
-            backfill_id = start(conn, "t")
-            assert wait_until_ended(conn, backfill_id) == "done"
-        with cluster.connect() as admin:
-            assert not is_superuser(admin, atk)
-    finally:
-        with cluster.connect() as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        assert not is_superuser(admin, atk)
 
 
 def test_a_key_type_the_caller_shadows_in_pg_temp_is_not_used(db, roles):

@@ -1,8 +1,9 @@
 //! The SQL functions. Their public signatures (regclass arguments, named defaults) are
 //! declared in `sql/api.sql`, which calls these entry points in schema `backfill`.
 
-use crate::args::{check_batch_size, check_rate, require_primary, require_utf8_database, required};
+use crate::args::{check_batch_size, check_rate, require_primary, required};
 use crate::catalog;
+use crate::encoding::Text;
 use crate::errors::raise;
 use crate::plan::{self, Estimate};
 use crate::privilege::{self, as_extension_owner};
@@ -13,7 +14,8 @@ use pgrx::PgSqlErrorCode::*;
 
 const MAX_PARALLEL: i32 = 16;
 
-type EstimateRow = (pg_sys::Oid, bool, Option<String>, Option<Vec<String>>, Option<i64>, Option<i64>, Option<i64>);
+// Texts, not Strings: names and reasons go back to the database in its own encoding.
+type EstimateRow = (pg_sys::Oid, bool, Option<Text>, Option<Vec<Text>>, Option<i64>, Option<i64>, Option<i64>);
 
 /// backfill_estimate(): what a backfill of each table would deliver, or why it cannot run.
 // The row type must be spelled out here for pgrx to name the result columns.
@@ -27,8 +29,8 @@ fn estimate(
     (
         name!(table_name, pg_sys::Oid),
         name!(eligible, bool),
-        name!(reason, Option<String>),
-        name!(key_columns, Option<Vec<String>>),
+        name!(reason, Option<Text>),
+        name!(key_columns, Option<Vec<Text>>),
         name!(rows_estimated, Option<i64>),
         name!(bytes_estimated, Option<i64>),
         name!(pages, Option<i64>),
@@ -43,9 +45,10 @@ fn estimate(
             Ok(table) => {
                 let estimate = plan::estimate(&table, prefix_len);
                 let pages = plan::pages(estimate.rows, batch_size);
-                (relid, true, None, Some(table.key_names()), Some(estimate.rows), Some(estimate.bytes), Some(pages))
+                let key = crate::encoding::texts(&table.key_names());
+                (relid, true, None, Some(key), Some(estimate.rows), Some(estimate.bytes), Some(pages))
             }
-            Err(why) => (relid, false, Some(why.reason), None, None, None, None),
+            Err(why) => (relid, false, Some(Text(why.reason)), None, None, None, None),
         })
         .collect();
     TableIterator::new(rows)
@@ -66,7 +69,6 @@ fn start(
     parallel: Option<i32>,
 ) -> i64 {
     require_primary("start a backfill");
-    require_utf8_database();
     let confirm = required(confirm, "backfill_start", "confirm");
     let batch_size = required(batch_size, "backfill_start", "batch_size");
     let parallel = required(parallel, "backfill_start", "parallel");
@@ -157,8 +159,11 @@ fn start(
     }
 
     launcher::require_worker_slots(parallel);
-    let started_by =
-        crate::sql::select_one::<String>("SELECT current_user::text", &[]).ok().flatten().unwrap_or_default();
+    let started_by = crate::sql::select_one::<Text>("SELECT current_user::text", &[])
+        .ok()
+        .flatten()
+        .map(|t| t.0)
+        .unwrap_or_default();
     let job_id = as_extension_owner(|| {
         let job_id = catalog::insert_job(&catalog::NewJob {
             started_by: &started_by,
@@ -243,7 +248,7 @@ fn refuse_partitions_of_listed_tables(relids: &[pg_sys::Oid]) {
             return Ok::<_, pgrx::spi::Error>(None);
         }
         let row = rows.first();
-        Ok(row.get::<String>(1)?.zip(row.get::<String>(2)?))
+        Ok(row.get::<Text>(1)?.map(|t| t.0).zip(row.get::<Text>(2)?.map(|t| t.0)))
     })
     .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not read the partition tree", e.to_string(), None));
     if let Some((partition, parent)) = nested {

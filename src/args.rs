@@ -19,24 +19,6 @@ pub fn required<T>(value: Option<T>, function: &str, argument: &str) -> T {
     })
 }
 
-/// Messages are UTF-8 JSON: a database in another encoding would need every value and name
-/// converted, which pg_backfill does not do yet. It refuses such a database instead of
-/// delivering bytes no consumer could read as UTF-8.
-pub fn require_utf8_database() {
-    // SAFETY: reads the database's encoding, fixed at connection.
-    let encoding = unsafe { pg_sys::GetDatabaseEncoding() };
-    if encoding != pg_sys::pg_enc::PG_UTF8 as i32 {
-        // SAFETY: the name of a valid encoding id, a static string.
-        let name = unsafe { std::ffi::CStr::from_ptr(pg_sys::GetDatabaseEncodingName()) }.to_string_lossy();
-        raise(
-            ERRCODE_FEATURE_NOT_SUPPORTED,
-            "pg_backfill needs a UTF-8 database",
-            format!("This database's encoding is {name}; backfill messages are UTF-8 JSON and pg_backfill does not convert values yet."),
-            Some("Backfill a UTF-8 database (its consumers can convert what they receive).".into()),
-        )
-    }
-}
-
 /// Backfills write WAL: a standby cannot start or change one. (Its views show the primary's
 /// backfills as they replicate, and backfill_wait() waits for them.)
 pub fn require_primary(what: &str) {

@@ -1,6 +1,7 @@
 //! The state tables `backfill.job` and `backfill.job_table`: every read and write of them.
 //! The worker and the SQL API share these; nothing else writes them.
 
+use crate::encoding::{strings, texts, Text};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiResult, SpiTupleTable};
@@ -93,11 +94,11 @@ pub fn job(id: i64) -> SpiResult<Option<Job>> {
             state: row.get(1)?.unwrap_or_default(),
             batch_size: row.get(2)?.unwrap_or(1000),
             message_prefix: row.get(3)?.unwrap_or_default(),
-            started_by: row.get(4)?.unwrap_or_default(),
+            started_by: row.get::<Text>(4)?.map(|t| t.0).unwrap_or_default(),
             rows_per_second: row.get(5)?,
             slot_name: row.get(6)?,
             max_lag_bytes: row.get(7)?,
-            pause_reason: row.get(8)?,
+            pause_reason: row.get::<Text>(8)?.map(|t| t.0),
             parallel: row.get(9)?.unwrap_or(1),
         }))
     })
@@ -170,12 +171,12 @@ fn job_tables_where(condition: &str, args: &[DatumWithOid]) -> SpiResult<Vec<Job
                 position: row.get(1)?.unwrap_or_default(),
                 relid: row.get(2)?.unwrap_or(pg_sys::InvalidOid),
                 state: row.get(3)?.unwrap_or_default(),
-                cursor: row.get(4)?,
-                upper_bound: row.get(5)?,
+                cursor: row.get::<Vec<Text>>(4)?.map(strings),
+                upper_bound: row.get::<Vec<Text>>(5)?.map(strings),
                 rows_done: row.get(6)?.unwrap_or(0),
                 rows_estimated: row.get(7)?.unwrap_or(0),
                 worker: row.get(8)?.unwrap_or(0),
-                lower_bound: row.get(9)?,
+                lower_bound: row.get::<Vec<Text>>(9)?.map(strings),
             })
         })
         .collect()
@@ -200,7 +201,7 @@ pub fn start_table(job_id: i64, position: i32, upper_bound: Option<Vec<String>>)
     Spi::run_with_args(
         "UPDATE backfill.job_table SET state = 'running', upper_bound = $3, started_at = clock_timestamp()
           WHERE job_id = $1 AND position = $2",
-        &[job_id.into(), position.into(), upper_bound.into()],
+        &[job_id.into(), position.into(), upper_bound.as_deref().map(texts).into()],
     )
 }
 
@@ -212,7 +213,7 @@ pub fn advance_cursor(job_id: i64, position: i32, cursor: Vec<String>, rows: i64
                 last_page_lsn = pg_catalog.pg_current_wal_insert_lsn()
           WHERE job_id = $1 AND position = $2",
         true,
-        &[job_id.into(), position.into(), cursor.into(), rows.into(), bytes.into()],
+        &[job_id.into(), position.into(), texts(&cursor).into(), rows.into(), bytes.into()],
         |_| Ok(()),
     )
 }
@@ -260,7 +261,7 @@ pub fn insert_job(job: &NewJob) -> SpiResult<i64> {
                                    publication_name, max_lag_bytes, parallel)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
         &[
-            job.started_by.into(),
+            Text::from(job.started_by).into(),
             job.batch_size.into(),
             job.rows_per_second.into(),
             job.message_prefix.into(),
@@ -298,9 +299,9 @@ pub fn insert_job_table(
             position.into(),
             relid.into(),
             range.part.into(),
-            key_columns.into(),
-            range.lower_bound.into(),
-            range.upper_bound.into(),
+            texts(&key_columns).into(),
+            range.lower_bound.as_deref().map(texts).into(),
+            range.upper_bound.as_deref().map(texts).into(),
             range.rows_estimated.into(),
         ],
     )

@@ -180,7 +180,7 @@ fn require_controller(id: i64, verb: &str) -> catalog::Job {
         || crate::sql::select_one::<bool>(
             "SELECT pg_catalog.pg_has_role(r.oid, 'MEMBER') FROM pg_catalog.pg_roles r
               WHERE r.rolname OPERATOR(pg_catalog.=) $1::name",
-            &[job.started_by.clone().into()],
+            &[crate::encoding::Text(job.started_by.clone()).into()],
         )
         .ok()
         .flatten()

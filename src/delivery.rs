@@ -6,7 +6,8 @@
 //! function or SPI call runs per row, and nothing per row is allocated in Rust.
 
 use crate::auth::Signer;
-use crate::json::RowJson;
+use crate::encoding::Text;
+use crate::json::{Rendered, RowJson};
 use crate::message::{self, ReadMessage};
 use pgrx::prelude::*;
 use std::ffi::{c_int, CString};
@@ -62,7 +63,8 @@ pub fn run(plan: pg_sys::SPIPlanPtr, args: &[String], sink: &mut Sink) {
         let params = pg_sys::makeParamList(args.len() as c_int);
         let slots = (*params).params.as_mut_slice(args.len());
         for (param, arg) in slots.iter_mut().zip(args) {
-            param.value = arg.as_str().into_datum().unwrap_or(pg_sys::Datum::from(0));
+            // In the database's encoding (see encoding.rs).
+            param.value = Text(arg.clone()).into_datum().unwrap_or(pg_sys::Datum::from(0));
             param.isnull = false;
             param.pflags = pg_sys::PARAM_FLAG_CONST as u16;
             param.ptype = pg_sys::TEXTOID;
@@ -107,11 +109,22 @@ unsafe extern "C-unwind" fn receive(slot: *mut pg_sys::TupleTableSlot, receiver:
     let (columns, partition) =
         if sink.partitioned { (natts as usize - 1, values.last()) } else { (natts as usize, None) };
     let row = &mut *sink.row;
-    if !row.render(&values[..columns], &nulls[..columns], sink.max_message_size) {
-        too_large(sink.table, sink.max_message_size, &row.values_of(values, nulls, sink.key_columns), row.json().len());
+    match row.render(&values[..columns], &nulls[..columns], sink.max_message_size) {
+        Rendered::Row => {}
+        Rendered::TooLarge => too_large(
+            sink.table,
+            sink.max_message_size,
+            &row.values_of(values, nulls, sink.key_columns),
+            row.json().len(),
+        ),
+        Rendered::NotUtf8 { column } => {
+            not_utf8(sink.table, row.column_name(column), &row.values_of(values, nulls, sink.key_columns))
+        }
     }
     let key_values = sink.key_columns.iter().map(|&i| row.value(i));
-    let content = sink.messages.build(key_values, row.json(), partition.map(|p| crate::json::text_of(*p)), sink.signer);
+    // A partition's name, like a value, reaches the message in UTF-8.
+    let partition = partition.map(|p| crate::encoding::to_utf8(crate::encoding::text_of(*p)).unwrap_or_default());
+    let content = sink.messages.build(key_values, row.json(), partition.as_deref(), sink.signer);
     if content.len() > sink.max_message_size {
         too_large(sink.table, sink.max_message_size, &row.values_of(values, nulls, sink.key_columns), content.len());
     }
@@ -135,6 +148,23 @@ fn too_large(table: &str, max_message_size: usize, key: &str, at_least: usize) -
             "Raise backfill.max_message_size (at most {}), or shrink the row, then SELECT backfill_resume(...).",
             crate::settings::MAX_MESSAGE_SIZE_CEILING
         )),
+    )
+}
+
+/// A value with no UTF-8 form (bytes that are not UTF-8 in a SQL_ASCII database, or a character
+/// UTF-8 lacks) fails the backfill, as `convert_to(value, 'UTF8')` would fail: messages are UTF-8.
+fn not_utf8(table: &str, column: &str, key: &str) -> ! {
+    crate::errors::raise(
+        pgrx::PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE,
+        format!("column {column} of row ({key}) of table {table} has no UTF-8 form"),
+        format!(
+            "Backfill messages are UTF-8; the value is not valid in this database's encoding ({}) converted to UTF-8.",
+            crate::encoding::database_encoding_name()
+        ),
+        Some(
+            "Correct the value (in a SQL_ASCII database, store text as UTF-8), then SELECT backfill_resume(...)."
+                .into(),
+        ),
     )
 }
 

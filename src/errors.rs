@@ -4,15 +4,39 @@
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
+use std::borrow::Cow;
+use std::fmt::Write;
 
 /// Raises an ERROR; never returns. The error's LOCATION is the caller's (track_caller), not
 /// this helper's.
 #[track_caller]
 pub fn raise(code: PgSqlErrorCode, message: impl Into<String>, detail: impl Into<String>, hint: Option<String>) -> ! {
-    let mut report = ErrorReport::new(code, message.into(), "pg_backfill").set_detail(detail.into());
+    let text = |text: String| for_server(&text).into_owned();
+    let mut report = ErrorReport::new(code, text(message.into()), "pg_backfill").set_detail(text(detail.into()));
     if let Some(hint) = hint {
-        report = report.set_hint(hint);
+        report = report.set_hint(text(hint));
     }
     report.report(PgLogLevel::ERROR);
     unreachable!("ERROR does not return")
+}
+
+/// A message for the server's log or an error: as it is in a UTF-8 database; elsewhere with
+/// every non-ASCII character written `\uXXXX`, since pgrx would pass its UTF-8 bytes to a
+/// server that reads them in its own encoding.
+fn for_server(message: &str) -> Cow<'_, str> {
+    // SAFETY: reads the session's database encoding.
+    if message.is_ascii() || unsafe { pg_sys::GetDatabaseEncoding() } == pg_sys::pg_enc::PG_UTF8 as i32 {
+        return Cow::Borrowed(message);
+    }
+    let mut escaped = String::with_capacity(message.len() + 16);
+    for c in message.chars() {
+        if c.is_ascii() {
+            escaped.push(c);
+        } else {
+            for unit in c.encode_utf16(&mut [0; 2]) {
+                let _ = write!(escaped, "\\u{unit:04x}");
+            }
+        }
+    }
+    Cow::Owned(escaped)
 }

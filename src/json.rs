@@ -9,9 +9,9 @@
 //! columns (dates and times, arrays, composites, domains, types with a cast to json), whose
 //! rules are PostgreSQL's own. The text is the same byte for byte: the tests compare the two.
 
+use crate::encoding::quote_ident as quote_identifier;
+use crate::encoding::text_of;
 use pgrx::prelude::*;
-use pgrx::spi::quote_identifier;
-use pgrx::varlena::{vardata_any, varsize_any_exhdr};
 use std::ffi::CStr;
 
 /// A column of the table, in attribute order (dropped columns left out, as row_to_json does).
@@ -70,8 +70,8 @@ pub fn select_list(columns: &[Column]) -> String {
         .join(", ")
 }
 
-/// Appends `value` as a JSON string, escaped as json.c's escape_json does. Values are bytes in
-/// the database's encoding, as row_to_json's are: only ASCII bytes are ever escaped.
+/// Appends `value` as a JSON string, escaped as json.c's escape_json does. Values are UTF-8
+/// (see [`render`](RowJson::render)): only ASCII bytes are ever escaped.
 pub fn push_quoted(buf: &mut Vec<u8>, value: &[u8]) {
     buf.reserve(value.len() + 2);
     buf.push(b'"');
@@ -113,12 +113,6 @@ pub fn label(name: &str) -> Vec<u8> {
     push_quoted(&mut label, name.as_bytes());
     label.push(b':');
     label
-}
-
-/// A text datum's bytes (detoasted, when it must be, in the current memory context).
-pub unsafe fn text_of<'a>(datum: pg_sys::Datum) -> &'a [u8] {
-    let value = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
-    std::slice::from_raw_parts(vardata_any(value).cast::<u8>(), varsize_any_exhdr(value))
 }
 
 /// Renders the rows of one table into one reused buffer.
@@ -184,7 +178,12 @@ impl RowJson {
     pub unsafe fn describes(&self, descriptor: pg_sys::TupleDesc) -> bool {
         let attributes = (*descriptor).attrs.as_slice((*descriptor).natts as usize);
         let mut now = attributes.iter().filter(|a| !a.attisdropped);
-        self.columns.iter().all(|c| now.next().is_some_and(|a| a.atttypid == c.type_oid && a.name() == c.name))
+        // Names compared as UTF-8, as they were read (see encoding.rs).
+        let named = |a: &pg_sys::FormData_pg_attribute, name: &str| {
+            crate::encoding::to_utf8(CStr::from_ptr(a.attname.data.as_ptr()).to_bytes()).as_deref()
+                == Some(name.as_bytes())
+        };
+        self.columns.iter().all(|c| now.next().is_some_and(|a| a.atttypid == c.type_oid && named(a, &c.name)))
             && now.next().is_none()
     }
 
@@ -202,29 +201,31 @@ impl RowJson {
         }
     }
 
-    /// Renders one row from the page query's values (one per column, in order). Stops, and
-    /// returns false, as soon as the JSON grows past `max_len` bytes: a row too large to deliver
-    /// is never rendered whole, so the worker's memory stays within `max_len` and one column.
+    /// Renders one row from the page query's values (one per column, in order), in UTF-8
+    /// whatever the database's encoding (converted as `convert_to(value, 'UTF8')` would). Stops
+    /// as soon as the JSON grows past `max_len` bytes: a row too large to deliver is never
+    /// rendered whole, so the worker's memory stays within `max_len` and one column.
     ///
     /// # Safety
     /// `values` and `nulls` are the slot's, for a query made with [`select_list`].
-    pub unsafe fn render(&mut self, values: &[pg_sys::Datum], nulls: &[bool], max_len: usize) -> bool {
+    pub unsafe fn render(&mut self, values: &[pg_sys::Datum], nulls: &[bool], max_len: usize) -> Rendered {
         pg_sys::MemoryContextReset(self.memory);
         let caller = pg_sys::MemoryContextSwitchTo(self.memory);
         self.buf.clear();
         self.spans.clear();
-        let mut within = true;
+        let mut rendered = Rendered::Row;
         for (i, render) in self.renders.iter().enumerate() {
             self.buf.extend_from_slice(&self.labels[i]);
             let start = self.buf.len();
             if nulls[i] {
                 self.buf.extend_from_slice(b"null");
-            } else {
-                push_value(&mut self.buf, *render, self.outputs[i], values[i]);
+            } else if push_value(&mut self.buf, *render, self.outputs[i], values[i]).is_none() {
+                rendered = Rendered::NotUtf8 { column: i };
+                break;
             }
             self.spans.push((start, self.buf.len()));
             if self.buf.len() > max_len {
-                within = false;
+                rendered = Rendered::TooLarge;
                 break;
             }
         }
@@ -233,10 +234,16 @@ impl RowJson {
         }
         self.buf.push(b'}');
         pg_sys::MemoryContextSwitchTo(caller);
-        within
+        rendered
+    }
+
+    /// A column's name.
+    pub fn column_name(&self, column: usize) -> &str {
+        &self.columns[column].name
     }
 
     /// Some columns' values of a row as JSON, `"a", 2`: the key of a row for an error message.
+    /// (A value with no UTF-8 form shows its bytes, with U+FFFD for those that are not UTF-8.)
     ///
     /// # Safety
     /// As for [`render`](Self::render).
@@ -248,8 +255,8 @@ impl RowJson {
             }
             if nulls[i] {
                 text.extend_from_slice(b"null");
-            } else {
-                push_value(&mut text, self.renders[i], self.outputs[i], values[i]);
+            } else if push_value(&mut text, self.renders[i], self.outputs[i], values[i]).is_none() {
+                push_quoted(&mut text, text_of(values[i]));
             }
         }
         String::from_utf8_lossy(&text).into_owned()
@@ -274,19 +281,39 @@ impl Drop for RowJson {
     }
 }
 
-unsafe fn push_value(buf: &mut Vec<u8>, render: Render, output_function: pg_sys::Oid, value: pg_sys::Datum) {
+/// What [`RowJson::render`] made of a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rendered {
+    Row,
+    /// The JSON passed the limit; rendering stopped there.
+    TooLarge,
+    /// This column's value has no UTF-8 form; rendering stopped there.
+    NotUtf8 {
+        column: usize,
+    },
+}
+
+/// Appends a value as JSON; None, with `buf` partly written, when it has no UTF-8 form.
+unsafe fn push_value(
+    buf: &mut Vec<u8>,
+    render: Render,
+    output_function: pg_sys::Oid,
+    value: pg_sys::Datum,
+) -> Option<()> {
     let mut digits = itoa::Buffer::new();
+    // Text in the database's encoding (values and output functions' results) as UTF-8.
+    let utf8 = |bytes| crate::encoding::to_utf8(bytes);
     let output = || CStr::from_ptr(pg_sys::OidOutputFunctionCall(output_function, value)).to_bytes();
     match render {
         Render::Int2 => buf.extend_from_slice(digits.format(value.value() as i16).as_bytes()),
         Render::Int4 => buf.extend_from_slice(digits.format(value.value() as i32).as_bytes()),
         Render::Int8 => buf.extend_from_slice(digits.format(value.value() as i64).as_bytes()),
         Render::Bool => buf.extend_from_slice(if value.value() != 0 { b"true" } else { b"false" }),
-        Render::Text => push_quoted(buf, text_of(value)),
-        Render::Json => buf.extend_from_slice(text_of(value)),
+        Render::Text => push_quoted(buf, &utf8(text_of(value))?),
+        Render::Json => buf.extend_from_slice(&utf8(text_of(value))?),
         Render::Number => {
             // Finite values print as JSON numbers, which end in a digit; NaN and the
-            // infinities do not, and json.c quotes them.
+            // infinities do not, and json.c quotes them. (Numbers are ASCII in every encoding.)
             let text = output();
             if text.last().is_some_and(u8::is_ascii_digit) {
                 buf.extend_from_slice(text);
@@ -294,9 +321,10 @@ unsafe fn push_value(buf: &mut Vec<u8>, render: Render, output_function: pg_sys:
                 push_quoted(buf, text);
             }
         }
-        Render::Raw => buf.extend_from_slice(output()),
-        Render::Quoted => push_quoted(buf, output()),
+        Render::Raw => buf.extend_from_slice(&utf8(output())?),
+        Render::Quoted => push_quoted(buf, &utf8(output())?),
     }
+    Some(())
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -32,6 +32,7 @@ mod auth;
 mod catalog;
 mod control;
 mod delivery;
+mod encoding;
 mod errors;
 mod json;
 mod launcher;

@@ -21,6 +21,7 @@
 use crate::auth::Signer;
 use crate::catalog::{self, JobTable, DONE, RUNNING};
 use crate::delivery;
+use crate::encoding::Text;
 use crate::errors::raise;
 use crate::json::RowJson;
 use crate::message::{self, ReadMessage};
@@ -210,7 +211,7 @@ impl<'a> TableScan<'a> {
                 }
                 let row = rows.first();
                 let k = self.queries.key_len();
-                let column = |i: usize| row.get::<String>(i).map(|v| v.unwrap_or_default());
+                let column = |i: usize| row.get::<Text>(i).map(|v| v.map(|t| t.0).unwrap_or_default());
                 let key = (1..=k).map(column).collect::<Result<Vec<_>, _>>()?;
                 let json = (k + 1..=2 * k).map(column).collect::<Result<Vec<_>, _>>()?;
                 Ok(Some((key, json)))
@@ -291,7 +292,7 @@ impl<'a> TableScan<'a> {
     /// The last key of the next page, or None when no key is left up to the upper bound.
     fn page_end(&mut self, cursor: Option<&[String]>, upper_bound: &[String], rows: i32) -> Option<Vec<String>> {
         let mut args: Vec<pgrx::datum::DatumWithOid> =
-            Self::key_args(cursor, upper_bound).into_iter().map(|v| v.into()).collect();
+            Self::key_args(cursor, upper_bound).into_iter().map(|v| Text(v).into()).collect();
         args.push(i64::from(rows).into());
         let after_cursor = cursor.is_some();
         let queries = &self.queries;
@@ -310,7 +311,9 @@ impl<'a> TableScan<'a> {
                 }
                 // No row, or max() of no rows (NULL): no key is left. Key columns are never NULL.
                 let row = result.first();
-                (0..self.queries.key_len()).map(|i| row.get::<String>(i + 1)).collect::<Result<Option<Vec<_>>, _>>()
+                (0..self.queries.key_len())
+                    .map(|i| row.get::<Text>(i + 1).map(|t| t.map(|t| t.0)))
+                    .collect::<Result<Option<Vec<_>>, _>>()
             })
         })
         .unwrap_or_else(|e| error!("{e}"))

@@ -3,6 +3,7 @@
 //! never makes the server retain WAL that nobody reads.
 
 use crate::catalog::{Job, WAITING};
+use crate::encoding::Text;
 use crate::errors::raise;
 use crate::settings;
 use crate::table::Table;
@@ -63,7 +64,7 @@ pub fn require_published(publication: &str, table: &Table) {
            FROM pg_catalog.pg_publication p
            LEFT JOIN pg_catalog.pg_publication_tables pt ON pt.pubname = p.pubname
           WHERE p.pubname = $1",
-        &[publication.into(), table.schema.clone().into(), table.name.clone().into(), table.relid.into()],
+        &[Text::from(publication).into(), Text(table.schema.clone()).into(), Text(table.name.clone()).into(), table.relid.into()],
     )
     .ok()
     .flatten();
@@ -78,7 +79,7 @@ pub fn require_published(publication: &str, table: &Table) {
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("table {} is not in publication \"{publication}\"", table.qualified_name()),
             "A backfill delivers only the pipeline's own tables: the consumer would never receive the changes that follow the snapshot.",
-            Some(format!("Add it first: ALTER PUBLICATION {} ADD TABLE {};", spi::quote_identifier(publication), table.qualified_name())),
+            Some(format!("Add it first: ALTER PUBLICATION {} ADD TABLE {};", crate::encoding::quote_ident(publication), table.qualified_name())),
         ),
         Some(true) => {}
     }

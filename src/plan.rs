@@ -2,6 +2,7 @@
 //! for parallel workers, and how many pages it takes.
 
 use crate::catalog;
+use crate::encoding::Text;
 use crate::errors::raise;
 use crate::message::ReadMessage;
 use crate::privilege;
@@ -29,21 +30,28 @@ pub fn estimate(table: &Table, prefix_len: usize) -> Estimate {
 
 fn sample(table: &Table, prefix_len: usize) -> Estimate {
     let relation = table.qualified_name();
-    let plan = Spi::explain(&format!("SELECT * FROM {relation}"))
-        .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not estimate the table's rows", e.to_string(), None));
-    let rows = plan.0[0]["Plan"]["Plan Rows"].as_f64().unwrap_or(0.0).max(0.0);
+    let rows = crate::sql::planned_rows(&format!("SELECT * FROM {relation}"))
+        .unwrap_or_else(|| raise(ERRCODE_INTERNAL_ERROR, "could not estimate the table's rows", relation.clone(), None))
+        .max(0.0);
 
     let percent = (100.0 * SAMPLE_ROWS / rows.max(1.0)).clamp(0.0001, 100.0);
     // Each value's JSON is measured on its own: a row's whole JSON (row_to_json) can pass 1 GB
-    // and fail, when each of its values is far smaller. A value stored in more than 64 MB
-    // (compressed) is not rendered at all: twice its stored size stands for it.
+    // and fail, when each of its values is far smaller. A value stored in more than 512 kB is
+    // not rendered at all, since one compressed 255 to 1 can hold more than 128 MB, whose JSON
+    // (up to six bytes a character) could pass 1 GB: a text stands for its length (read
+    // without decompressing it), anything else for four times its stored size.
     let values: Vec<String> = table
         .columns
         .iter()
         .map(|c| {
-            let column = format!("t.{}", spi::quote_identifier(&c.name));
+            let column = format!("t.{}", crate::encoding::quote_ident(&c.name));
+            let large = if [pg_sys::TEXTOID, pg_sys::VARCHAROID, pg_sys::BPCHAROID].contains(&c.type_oid) {
+                format!("octet_length({column})::bigint + 2")
+            } else {
+                format!("4 * pg_column_size({column})::bigint")
+            };
             format!(
-                "coalesce(CASE WHEN pg_column_size({column}) > 64 * 1024 * 1024 THEN 2 * pg_column_size({column})::bigint
+                "coalesce(CASE WHEN pg_column_size({column}) > 512 * 1024 THEN {large}
                                ELSE octet_length(to_json({column})::text) END, 4)"
             )
         })
@@ -86,13 +94,18 @@ pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<catalog::NewRa
     }
     // The bounds are cast to the key's type (a domain's check is user code): as the owner.
     let bounds = privilege::run_as(table.owner, || {
-        crate::sql::select_one::<Vec<String>>(
+        crate::sql::select_one::<Vec<Text>>(
             &crate::scan::ScanQueries::new(table).histogram(),
-            &[table.schema.clone().into(), table.name.clone().into(), table.key[0].name.clone().into()],
+            &[
+                Text(table.schema.clone()).into(),
+                Text(table.name.clone()).into(),
+                Text(table.key[0].name.clone()).into(),
+            ],
         )
     })
     .ok()
     .flatten()
+    .map(crate::encoding::strings)
     .unwrap_or_default();
     if bounds.len() < parallel as usize * 2 {
         notice!("table {} has no usable key statistics (ANALYZE it): one worker scans it", table.qualified_name());
@@ -140,7 +153,7 @@ mod tests {
         let count = |lower: &Option<Vec<String>>, upper: &Option<Vec<String>>| {
             Spi::get_one_with_args::<i64>(
                 "SELECT count(*) FROM skew WHERE ($1::bigint IS NULL OR id > $1::bigint) AND ($2::bigint IS NULL OR id <= $2::bigint)",
-                &[lower.as_ref().map(|l| l[0].clone()).into(), upper.as_ref().map(|u| u[0].clone()).into()],
+                &[lower.as_ref().map(|l| Text(l[0].clone())).into(), upper.as_ref().map(|u| Text(u[0].clone())).into()],
             )
             .unwrap()
             .unwrap()

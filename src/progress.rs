@@ -2,6 +2,7 @@
 //! scanned (for the time left), and the periodic log line.
 
 use crate::catalog::{self, JobTable};
+use crate::encoding::Text;
 use crate::page::TableScan;
 use crate::xact::who;
 use crate::{privilege, settings};
@@ -31,12 +32,12 @@ impl TableScan<'_> {
             crate::sql::select_one::<f64>(
                 &self.queries.key_fraction(),
                 &[
-                    cursor[0].clone().into(),
-                    upper_bound[0].clone().into(),
-                    progress.lower_bound.as_ref().map(|l| l[0].clone()).into(),
-                    self.table.schema.clone().into(),
-                    self.table.name.clone().into(),
-                    self.table.key[0].name.clone().into(),
+                    Text(cursor[0].clone()).into(),
+                    Text(upper_bound[0].clone()).into(),
+                    progress.lower_bound.as_ref().map(|l| Text(l[0].clone())).into(),
+                    Text(self.table.schema.clone()).into(),
+                    Text(self.table.name.clone()).into(),
+                    Text(self.table.key[0].name.clone()).into(),
                 ],
             )
         })

@@ -9,8 +9,8 @@
 //! would not give this: rows re-checked after a concurrent update drop out of a LIMIT's count
 //! or come back out of order.
 
+use crate::encoding::quote_ident as quote_identifier;
 use crate::table::Table;
-use pgrx::spi::quote_identifier;
 
 /// How a page's rows are locked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,6 +1,7 @@
 //! A table as a backfill sees it: its columns, the key its scan is ordered by, its owner, and
 //! whether the current role may backfill it. Shared by the SQL functions and the worker.
 
+use crate::encoding::{strings, Text};
 use crate::errors::raise;
 use crate::json::Column;
 use pgrx::prelude::*;
@@ -45,7 +46,7 @@ pub struct Ineligible {
 impl Table {
     /// `schema.table`, quoted where needed.
     pub fn qualified_name(&self) -> String {
-        spi::quote_qualified_identifier(&self.schema, &self.name)
+        crate::encoding::quote_qualified(&self.schema, &self.name)
     }
 
     pub fn key_names(&self) -> Vec<String> {
@@ -58,16 +59,16 @@ SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text
        pg_catalog.has_table_privilege(c.oid, 'SELECT'),
        n.nspname IN ('pg_catalog', 'information_schema', 'pg_toast', 'backfill'),
        k.names, k.types, k.collations, k.all_default_opclasses, cols.names, cols.types,
-       pg_catalog.has_any_column_privilege(c.oid, 'UPDATE'), pg_catalog.row_security_active(c.oid), c.relowner, k.index
+       pg_catalog.has_any_column_privilege(c.oid, 'UPDATE'), pg_catalog.row_security_active(c.oid), c.relowner, k.index,
+       k.collation_schemas
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
   LEFT JOIN LATERAL (
         SELECT array_agg(a.attname::text ORDER BY k.ord) AS names,
                array_agg(a.atttypid::pg_catalog.text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) a.atttypmod
                          ORDER BY k.ord) AS types,
-               array_agg(CASE WHEN coll.oid IS NOT NULL
-                              THEN pg_catalog.quote_ident(cn.nspname) || '.' || pg_catalog.quote_ident(coll.collname)
-                         END ORDER BY k.ord) AS collations,
+               array_agg(cn.nspname::text ORDER BY k.ord) AS collation_schemas,
+               array_agg(coll.collname::text ORDER BY k.ord) AS collations,
                bool_and(opc.opcdefault AND opc.opcnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace)
                    AS all_default_opclasses,
                min(i.indexrelid) AS index
@@ -88,6 +89,17 @@ SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text
           FROM pg_catalog.pg_attribute a
          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) cols ON true
  WHERE c.oid = $1";
+
+/// Each key column's collation, qualified and quoted, where the index has one.
+fn collations(schemas: Option<Vec<Option<Text>>>, names: Option<Vec<Option<Text>>>) -> Vec<Option<String>> {
+    let schemas = schemas.unwrap_or_default();
+    names
+        .unwrap_or_default()
+        .into_iter()
+        .zip(schemas)
+        .map(|(name, schema)| Some(crate::encoding::quote_qualified(&schema?.0, &name?.0)))
+        .collect()
+}
 
 fn relkind_name(relkind: &str) -> &'static str {
     match relkind {
@@ -111,17 +123,17 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
         }
         let row = rows.first();
         Ok::<_, spi::Error>(Some((
-            row.get::<String>(1)?.unwrap_or_default(),
-            row.get::<String>(2)?.unwrap_or_default(),
+            row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(),
+            row.get::<Text>(2)?.map(|t| t.0).unwrap_or_default(),
             row.get::<String>(3)?.unwrap_or_default(),
             row.get::<String>(4)?.unwrap_or_default(),
             row.get::<bool>(5)?.unwrap_or(false),
             row.get::<bool>(6)?.unwrap_or(false),
-            row.get::<Vec<String>>(7)?,
+            row.get::<Vec<Text>>(7)?.map(strings),
             row.get::<Vec<String>>(8)?,
-            row.get::<Vec<Option<String>>>(9)?,
+            collations(row.get::<Vec<Option<Text>>>(17)?, row.get::<Vec<Option<Text>>>(9)?),
             row.get::<bool>(10)?,
-            row.get::<Vec<String>>(11)?.unwrap_or_default(),
+            row.get::<Vec<Text>>(11)?.map(strings).unwrap_or_default(),
             row.get::<Vec<pg_sys::Oid>>(12)?.unwrap_or_default(),
             row.get::<bool>(13)?.unwrap_or(false),
             row.get::<bool>(14)?.unwrap_or(true),
@@ -156,7 +168,7 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
             hint: None,
         });
     };
-    let qualified = spi::quote_qualified_identifier(&schema, &name);
+    let qualified = crate::encoding::quote_qualified(&schema, &name);
     let ineligible = |code, reason: String, hint: Option<String>| Err(Ineligible { code, reason, hint });
 
     if relkind != "r" && relkind != "p" {
@@ -234,7 +246,6 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
             Some("Use a primary key or replica identity index on columns of built-in types (or enums and domains over them).".into()),
         );
     }
-    let collations = collations.unwrap_or_default();
     let columns: Vec<Column> =
         column_names.into_iter().zip(column_types).map(|(name, type_oid)| Column { name, type_oid }).collect();
     let key = names
@@ -323,8 +334,22 @@ fn qualified_type(oid_and_typmod: &str) -> String {
     let oid = pg_sys::Oid::from(oid.parse::<u32>().unwrap_or_default());
     let typmod = typmod.parse::<i32>().unwrap_or(-1);
     let flags = (pg_sys::FORMAT_TYPE_TYPEMOD_GIVEN | pg_sys::FORMAT_TYPE_FORCE_QUALIFY) as u16;
-    // SAFETY: formats a type named by a catalog row; the string is palloc'd and copied out.
-    unsafe { std::ffi::CStr::from_ptr(pg_sys::format_type_extended(oid, typmod, flags)) }.to_string_lossy().into_owned()
+    // SAFETY: formats a type named by a catalog row; the string is palloc'd and read at once.
+    let formatted = unsafe { std::ffi::CStr::from_ptr(pg_sys::format_type_extended(oid, typmod, flags)) };
+    if formatted.to_bytes().is_ascii() || crate::encoding::database_is_utf8() {
+        return formatted.to_string_lossy().into_owned();
+    }
+    // A name that is not ASCII, in a database whose SQL pg_backfill writes in ASCII: the type's
+    // own qualified name (a key type's typmod never changes how its values compare).
+    crate::sql::select_one::<Vec<Text>>(
+        "SELECT ARRAY[n.nspname::text, t.typname::text] FROM pg_catalog.pg_type t
+           JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = $1",
+        &[oid.into()],
+    )
+    .ok()
+    .flatten()
+    .map(|parts| crate::encoding::quote_qualified(&parts[0].0, &parts[1].0))
+    .unwrap_or_else(|| formatted.to_string_lossy().into_owned())
 }
 
 /// Like [`inspect`], but an ineligible table is an error that names it.
@@ -342,9 +367,10 @@ pub fn require(relid: pg_sys::Oid) -> Table {
 
 /// The relation's name as regclass prints it (qualified when not on the search path).
 pub fn relation_name(relid: pg_sys::Oid) -> String {
-    crate::sql::select_one::<String>("SELECT $1::regclass::text", &[relid.into()])
+    crate::sql::select_one::<Text>("SELECT $1::regclass::text", &[relid.into()])
         .ok()
         .flatten()
+        .map(|t| t.0)
         .unwrap_or_else(|| format!("{relid:?}"))
 }
 

@@ -1,0 +1,299 @@
+//! The database's encoding and UTF-8.
+//!
+//! Messages are UTF-8 JSON whatever the database's encoding, and Rust strings are UTF-8, but
+//! PostgreSQL hands out text (values, names, errors) in the database's encoding. pgrx converts
+//! no text: in a LATIN1 database it panics on a non-ASCII `String`, and a Rust string passed as
+//! a parameter arrives as UTF-8 bytes the server takes for LATIN1. So text crosses here:
+//!
+//! - from the server: [`to_utf8`] (values being rendered) and [`Text`] (names, keys, anything
+//!   read through SPI), converted as `convert_to(value, 'UTF8')` converts;
+//! - to the server: [`Text`] as a parameter, converted back, byte for byte what was read;
+//! - into SQL text: [`quote_ident`] writes a non-ASCII name as a Unicode escape
+//!   (`U&"cl\00e9"`) in a database that is neither UTF-8 nor SQL_ASCII, so that the statements
+//!   pg_backfill writes are ASCII, the same bytes in every such encoding;
+//! - into error messages: `errors::raise` escapes what is not ASCII when the database is not
+//!   UTF-8, since pgrx passes a message's bytes through as they are.
+//!
+//! In a UTF-8 database every conversion here is a no-op that borrows.
+
+use pgrx::datum::{FromDatum, IntoDatum, UnboxDatum};
+use pgrx::pg_sys;
+use pgrx::varlena::{vardata_any, varsize_any_exhdr};
+use std::borrow::Cow;
+use std::fmt::Write;
+use std::sync::OnceLock;
+
+/// The database's encoding (fixed for a session), and how its text becomes UTF-8.
+#[derive(Clone, Copy)]
+enum Server {
+    Utf8,
+    /// SQL_ASCII: bytes with no declared encoding. As convert_to does, they pass if they are
+    /// valid UTF-8 and are refused if not.
+    SqlAscii,
+    /// Any other encoding, converted by its default conversion to UTF-8.
+    Other {
+        encoding: i32,
+        to_utf8: pg_sys::Oid,
+    },
+}
+
+fn server() -> Server {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    *SERVER.get_or_init(|| {
+        // SAFETY: the session's database encoding, fixed once connected; the conversion's
+        // lookup is a catalog read, and the first text converted is always read in a transaction.
+        unsafe {
+            match pg_sys::GetDatabaseEncoding() as u32 {
+                pg_sys::pg_enc::PG_UTF8 => Server::Utf8,
+                pg_sys::pg_enc::PG_SQL_ASCII => Server::SqlAscii,
+                encoding => Server::Other {
+                    encoding: encoding as i32,
+                    to_utf8: pg_sys::FindDefaultConversionProc(encoding as i32, pg_sys::pg_enc::PG_UTF8 as i32),
+                },
+            }
+        }
+    })
+}
+
+pub fn database_encoding_name() -> String {
+    // SAFETY: the name of the session's encoding, a static string.
+    unsafe { std::ffi::CStr::from_ptr(pg_sys::GetDatabaseEncodingName()) }.to_string_lossy().into_owned()
+}
+
+pub fn database_is_utf8() -> bool {
+    matches!(server(), Server::Utf8)
+}
+
+/// Text in the database's encoding as UTF-8, or None when it has no UTF-8 form (bytes that are
+/// not UTF-8 in a SQL_ASCII database, or a character with no Unicode mapping).
+pub fn to_utf8(bytes: &[u8]) -> Option<Cow<'_, [u8]>> {
+    match server() {
+        Server::Utf8 => Some(Cow::Borrowed(bytes)),
+        Server::SqlAscii => std::str::from_utf8(bytes).ok().map(|_| Cow::Borrowed(bytes)),
+        Server::Other { encoding, to_utf8 } if !bytes.is_ascii() => convert(bytes, encoding, to_utf8).map(Cow::Owned),
+        Server::Other { .. } => Some(Cow::Borrowed(bytes)),
+    }
+}
+
+/// Converts in chunks, so that the output buffer's size stays an `int` whatever the value's.
+fn convert(mut bytes: &[u8], encoding: i32, proc_: pg_sys::Oid) -> Option<Vec<u8>> {
+    const CHUNK: usize = 64 * 1024;
+    let growth = pg_sys::MAX_CONVERSION_GROWTH as usize;
+    let mut out = Vec::with_capacity(bytes.len() + bytes.len() / 2);
+    let mut buffer = vec![0u8; CHUNK * growth + 1];
+    while !bytes.is_empty() {
+        let chunk = &bytes[..bytes.len().min(CHUNK)];
+        // SAFETY: `buffer` holds the worst-case growth of `chunk` plus the terminating NUL; with
+        // noError the conversion stops at the first character it cannot convert (or that the
+        // chunk cuts) instead of raising, and returns how many input bytes it converted. The
+        // function reads `chunk` and does not write it (its parameter is not const in C).
+        let converted = unsafe {
+            pg_sys::pg_do_encoding_conversion_buf(
+                proc_,
+                encoding,
+                pg_sys::pg_enc::PG_UTF8 as i32,
+                chunk.as_ptr().cast_mut(),
+                chunk.len() as i32,
+                buffer.as_mut_ptr(),
+                buffer.len() as i32,
+                true,
+            )
+        } as usize;
+        if converted == 0 {
+            return None;
+        }
+        let written = buffer.iter().position(|&b| b == 0).unwrap_or(0);
+        out.extend_from_slice(&buffer[..written]);
+        bytes = &bytes[converted..];
+    }
+    Some(out)
+}
+
+/// UTF-8 text in the database's encoding. Only text that came from this database goes back
+/// to it, so the conversion cannot fail (PostgreSQL raises 22P05 if it ever does).
+pub fn to_server(text: &str) -> Cow<'_, [u8]> {
+    // SQL_ASCII too: its text was read as UTF-8 bytes, and goes back as the same bytes.
+    if text.is_ascii() || !matches!(server(), Server::Other { .. }) {
+        return Cow::Borrowed(text.as_bytes());
+    }
+    // SAFETY: pg_any_to_server reads `len` bytes and returns them, or a palloc'd NUL-terminated
+    // conversion of them, in the current memory context; it is copied out at once.
+    unsafe {
+        let converted =
+            pg_sys::pg_any_to_server(text.as_ptr().cast(), text.len() as i32, pg_sys::pg_enc::PG_UTF8 as i32);
+        if converted.cast_const() == text.as_ptr().cast() {
+            Cow::Borrowed(text.as_bytes())
+        } else {
+            Cow::Owned(std::ffi::CStr::from_ptr(converted).to_bytes().to_vec())
+        }
+    }
+}
+
+/// An identifier quoted for SQL that pg_backfill writes, as quote_ident quotes it; in a database
+/// that is neither UTF-8 nor SQL_ASCII, a name with a character that is not ASCII is written as a Unicode-escaped
+/// identifier (`U&"cl\00e9"`), which PostgreSQL reads in any server encoding that has the
+/// character.
+pub fn quote_ident(name: &str) -> String {
+    // (A SQL_ASCII database reads no Unicode escape, but takes a name's UTF-8 bytes as they are.)
+    if name.is_ascii() || !matches!(server(), Server::Other { .. }) {
+        return pgrx::spi::quote_identifier(name);
+    }
+    quote_ident_escaped(name)
+}
+
+/// `U&"..."`, every character that is not ASCII escaped.
+fn quote_ident_escaped(name: &str) -> String {
+    let mut quoted = String::from("U&\"");
+    for c in name.chars() {
+        match c {
+            '"' => quoted.push_str("\"\""),
+            '\\' => quoted.push_str("\\\\"),
+            c if c.is_ascii() => quoted.push(c),
+            c if (c as u32) <= 0xffff => {
+                let _ = write!(quoted, "\\{:04x}", c as u32);
+            }
+            c => {
+                let _ = write!(quoted, "\\+{:06x}", c as u32);
+            }
+        }
+    }
+    quoted.push('"');
+    quoted
+}
+
+/// `schema.name`, each quoted by [`quote_ident`].
+pub fn quote_qualified(schema: &str, name: &str) -> String {
+    format!("{}.{}", quote_ident(schema), quote_ident(name))
+}
+
+/// A text datum's bytes (detoasted, when it must be, in the current memory context).
+///
+/// # Safety
+/// `datum` is a non-null varlena datum.
+pub unsafe fn text_of<'a>(datum: pg_sys::Datum) -> &'a [u8] {
+    // SAFETY: as the caller promises.
+    let value = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+    std::slice::from_raw_parts(vardata_any(value).cast::<u8>(), varsize_any_exhdr(value))
+}
+
+/// Text read from, or passed to, SPI and converted between the database's encoding and UTF-8:
+/// use it instead of `String` wherever a value may not be ASCII.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Text(pub String);
+
+impl Text {
+    /// # Safety
+    /// `datum` is a non-null text (or varchar, or bpchar) datum.
+    unsafe fn from_text_datum(datum: pg_sys::Datum) -> Text {
+        let bytes = text_of(datum);
+        let utf8 = to_utf8(bytes).unwrap_or_else(|| not_utf8(bytes));
+        match String::from_utf8(utf8.into_owned()) {
+            Ok(text) => Text(text),
+            Err(e) => not_utf8(e.as_bytes()),
+        }
+    }
+}
+
+/// Text of this database that has no UTF-8 form: what convert_to raises.
+fn not_utf8(bytes: &[u8]) -> ! {
+    crate::errors::raise(
+        pgrx::PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE,
+        "text has no UTF-8 form",
+        format!(
+            "The text begins {:?}; pg_backfill works in UTF-8.",
+            String::from_utf8_lossy(&bytes[..bytes.len().min(40)])
+        ),
+        Some("Store the text in this database's encoding (in SQL_ASCII, as UTF-8).".into()),
+    )
+}
+
+impl FromDatum for Text {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _typoid: pg_sys::Oid) -> Option<Text> {
+        // SAFETY: a non-null text datum, as the caller promises for its type.
+        (!is_null).then(|| unsafe { Text::from_text_datum(datum) })
+    }
+}
+
+// SAFETY: unboxes a text datum (an array's element) the way FromDatum does.
+unsafe impl UnboxDatum for Text {
+    type As<'src> = Text;
+    unsafe fn unbox<'src>(datum: pgrx::datum::Datum<'src>) -> Text
+    where
+        Self: 'src,
+    {
+        // SAFETY: an array element of type text is never null here (nulls are not unboxed).
+        unsafe { Text::from_text_datum(datum.sans_lifetime()) }
+    }
+}
+
+impl IntoDatum for Text {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        let bytes = to_server(&self.0);
+        // SAFETY: copies `len` bytes into a new text datum in the current memory context.
+        Some(pg_sys::Datum::from(unsafe {
+            pg_sys::cstring_to_text_with_len(bytes.as_ptr().cast(), bytes.len() as i32)
+        }))
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::TEXTOID
+    }
+
+    fn is_compatible_with(other: pg_sys::Oid) -> bool {
+        [pg_sys::TEXTOID, pg_sys::VARCHAROID, pg_sys::BPCHAROID].contains(&other)
+    }
+}
+
+// A Text returned by a SQL function is text, converted to the database's encoding.
+pgrx::impl_sql_translatable!(Text, "text");
+
+// SAFETY: returns the datum into_datum makes, or SQL NULL, as pgrx does for String.
+unsafe impl pgrx::callconv::BoxRet for Text {
+    unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
+        match self.into_datum() {
+            // SAFETY: a datum of the function's declared return type, text.
+            Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
+            None => fcinfo.return_null(),
+        }
+    }
+}
+
+impl From<&str> for Text {
+    fn from(text: &str) -> Text {
+        Text(text.to_string())
+    }
+}
+
+/// Rust strings as [`Text`] parameters.
+pub fn texts(values: &[String]) -> Vec<Text> {
+    values.iter().map(|v| Text(v.clone())).collect()
+}
+
+/// [`Text`]s read back as strings.
+pub fn strings(values: Vec<Text>) -> Vec<String> {
+    values.into_iter().map(|t| t.0).collect()
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn non_ascii_names_are_quoted_in_ascii_that_postgresql_reads_back() {
+        for name in ["clé", "a\"b\\c", "日本", "emoji😀", "plain", "Mixed Case"] {
+            let quoted = quote_ident_escaped(name);
+            assert!(quoted.is_ascii(), "{quoted}");
+            let named = crate::sql::select_one::<String>(
+                &format!(
+                    "SELECT (pg_catalog.json_object_keys(pg_catalog.row_to_json(s))) FROM (SELECT 1 AS {quoted}) s"
+                ),
+                &[],
+            )
+            .unwrap()
+            .unwrap();
+            assert_eq!(named, name);
+        }
+    }
+}
