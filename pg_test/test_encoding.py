@@ -17,6 +17,19 @@ ENCODINGS = [
 ]
 
 
+def signed_messages(consumer):
+    """(xid, content) of each backfill message pg_recvlogical wrote (test_decoding names each
+    transaction's xid in its BEGIN line)."""
+    xid, messages = None, []
+    with open(consumer.output.name, "rb") as f:
+        for line in f:
+            if line.startswith(b"BEGIN "):
+                xid = int(line.split()[1])
+            elif line.startswith(b"message: transactional: 1 prefix: backfill,"):
+                messages.append((xid, line.rstrip(b"\n").split(b" content:", 1)[1]))
+    return messages
+
+
 def encoded_database(scratch_database, cluster, encoding):
     name = scratch_database(f"enc_{encoding.lower()}", f"ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
     conn = cluster.connect(name)
@@ -40,6 +53,8 @@ def test_messages_are_utf8_in_every_server_encoding(cluster, scratch_database, e
         [prefix, value, column, value, value],
     )
     conn.execute(f"ANALYZE {qualified}")
+    publication = f"pub_{value.split()[0]}"
+    conn.execute(f'CREATE PUBLICATION "{publication}" FOR TABLE {qualified}')
     # The estimate names the key column as the database has it.
     eligible, keys = conn.execute(f"SELECT eligible, key_columns FROM backfill_estimate('{qualified}')").fetchone()
     assert eligible and keys == [key]
@@ -49,7 +64,9 @@ def test_messages_are_utf8_in_every_server_encoding(cluster, scratch_database, e
         # Small pages and two ranges: cursors and range bounds with non-ASCII keys are stored
         # and read back between pages.
         backfill_id = conn.execute(
-            f"SELECT backfill_start('{qualified}', slot => 'enc', batch_size => 200, parallel => 2, confirm => true)"
+            f"""SELECT backfill_start('{qualified}', slot => 'enc', publication => %s, batch_size => 200,
+                                     parallel => 2, confirm => true)""",
+            [publication],
         ).fetchone()[0]
         assert wait_until_ended(conn, backfill_id) == "done", status(conn, backfill_id, "last_error")
         # The rows as convert_to(row_to_json(t)::text, 'UTF8') gives them.
@@ -63,6 +80,10 @@ def test_messages_are_utf8_in_every_server_encoding(cluster, scratch_database, e
         assert all(m["schema"] == schema and m["table"] == table for m in consumer.messages())
         starts = [m for m in consumer.messages() if m["op"] == "table_start"]
         assert starts and starts[0]["key_columns"] == [key]
+        # A message checks out as the consumer received it (its tag covers its UTF-8 bytes).
+        xid, content = signed_messages(consumer)[1]
+        assert conn.execute("SELECT backfill_message_valid(%s, %s)", [content.decode(), xid]).fetchone()[0]
+        assert not conn.execute("SELECT backfill_message_valid(%s, %s)", [content.decode().replace(value, "x"), xid]).fetchone()[0]
     finally:
         consumer.stop()
 
@@ -89,3 +110,25 @@ def test_errors_about_non_ascii_names_are_legible_in_any_encoding(cluster, scrat
     e = error_of(conn, """SELECT backfill_start('"tablé"', confirm => true)""")
     assert e.sqlstate == "55000"
     assert r'U&"tabl\00e9"' in e.diag.message_primary + (e.diag.message_hint or ""), e.diag.message_primary
+
+
+def test_keys_go_back_to_the_server_byte_for_byte(cluster, scratch_database):
+    """EUC_JP's 0xADF0 (NEC's ≒) becomes U+2252 in UTF-8, which converts back to 0xA2E2, JIS's
+    ≒. A cursor or upper bound taken through UTF-8 would be another key: the greatest key, as
+    the scan's upper bound, would end the scan before its own row."""
+    conn = encoded_database(scratch_database, cluster, "EUC_JP")
+    conn.execute(
+        """CREATE TABLE t (k text COLLATE "C" PRIMARY KEY, n int);
+           INSERT INTO t SELECT 'k' || lpad(g::text, 4, '0'), g FROM generate_series(1, 500) g;
+           INSERT INTO t VALUES ('z' || convert_from('\\xadf0'::bytea, 'EUC_JP'), 501);"""
+    )
+    conn.execute("SELECT pg_create_logical_replication_slot('bytes', 'test_decoding')")
+    consumer = Consumer(cluster, conn.info.dbname, "bytes")
+    try:
+        backfill_id = conn.execute("SELECT backfill_start('t', slot => 'bytes', batch_size => 100, confirm => true)").fetchone()[0]
+        assert wait_until_ended(conn, backfill_id) == "done"
+        assert status(conn, backfill_id, "rows_done") == 501
+        wait_for(lambda: any(m["op"] == "table_end" for m in consumer.messages()), what="the end marker")
+        assert {m["key"]["k"] for m in consumer.messages() if m["op"] == "read"} >= {"z\u2252"}
+    finally:
+        consumer.stop()

@@ -246,3 +246,42 @@ def test_without_preloading_a_restart_leaves_it_to_backfill_resume(cluster):
             exactly_once(conn)
     finally:
         other.stop()
+
+
+def test_a_native_subscriber_of_a_for_all_tables_publication_keeps_applying(cluster, scratch_database):
+    """A FOR ALL TABLES publication includes pg_backfill's state tables. The README's setup: the
+    subscriber has the extension too, whose replica triggers discard the publisher's state rows;
+    its subscription keeps applying, and its own backfills, ids and keys stay its own."""
+    pub, sub = scratch_database("pub_all"), scratch_database("sub_all")
+    with cluster.connect(pub) as p, cluster.connect(sub) as s:
+        for conn in (p, s):
+            conn.execute("CREATE EXTENSION pg_backfill; CREATE TABLE items (id int PRIMARY KEY, label text)")
+        p.execute("INSERT INTO items SELECT g, 'v' || g FROM generate_series(1, 5000) g")
+        p.execute("CREATE PUBLICATION everything FOR ALL TABLES")
+        # A subscription to the same cluster must use a slot made beforehand.
+        p.execute("SELECT pg_create_logical_replication_slot('sub_all', 'pgoutput')")
+        s.execute(
+            f"""CREATE SUBSCRIPTION sub_all
+                CONNECTION 'host=127.0.0.1 port={cluster.port} user=postgres dbname={pub}'
+                PUBLICATION everything WITH (create_slot = false, slot_name = 'sub_all')"""
+        )
+        try:
+            same = "SELECT count(*), md5(string_agg(id || ':' || label, ',' ORDER BY id)) FROM items"
+            wait_for(lambda: s.execute(same).fetchone()[0] == 5000, timeout=60, what="the initial copy")
+            backfill_id = p.execute("SELECT backfill_start('items', confirm => true, batch_size => 500)").fetchone()[0]
+            p.execute("UPDATE items SET label = 'changed' WHERE id % 100 = 0")
+            assert wait_until_ended(p, backfill_id) == "done"
+            p.execute("SELECT backfill_rotate_key()")
+            p.execute("INSERT INTO items VALUES (5001, 'after the backfill')")
+            # Everything after the state rows still applies; the subscriber receives the tables'
+            # changes (pgoutput sends a native subscription no logical messages).
+            wait_for(lambda: s.execute(same).fetchone() == p.execute(same).fetchone(), timeout=60, what="catch-up")
+            assert s.execute("SELECT count(*) FROM pg_stat_subscription WHERE subname = 'sub_all' AND pid IS NOT NULL").fetchone()[0] == 1
+            assert s.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+            assert s.execute("SELECT count(*) FROM backfill.message_key").fetchone()[0] == 1
+            own = s.execute("SELECT backfill_start('items', confirm => true)").fetchone()[0]
+            assert own == 1 and wait_until_ended(s, own) == "done"
+        finally:
+            s.execute("ALTER SUBSCRIPTION sub_all DISABLE")
+            s.execute("ALTER SUBSCRIPTION sub_all SET (slot_name = NONE)")
+            s.execute("DROP SUBSCRIPTION sub_all")

@@ -291,6 +291,11 @@ def test_a_database_dropped_with_force_leaves_no_worker_restarting(cluster, scra
     wait_for(lambda: stopped in server_log(cluster), timeout=10, what="the worker to stop")
     time.sleep(3)
     assert server_log(cluster).count(stopped) == 1
+    # Its background worker slot is free again: no process of it is left, restarting or not.
+    with cluster.connect() as admin:
+        assert admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [f"pg_backfill {backfill_id}"]
+        ).fetchone()[0] == 0
 
 
 def test_drop_extension_is_refused_while_a_backfill_runs(items):

@@ -140,3 +140,26 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- A FOR ALL TABLES publication publishes these tables too: a native subscriber applies their
+-- rows into tables of the same names, or stops ("relation backfill.job does not exist"). A
+-- subscriber with the extension installed has the tables, and these triggers, which fire only
+-- in a subscription's apply worker (session_replication_role = replica), discard the
+-- publisher's rows there: the subscriber's backfills, ids and keys stay its own.
+CREATE FUNCTION backfill.discard_replicated_row() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN RETURN NULL; END $$;
+COMMENT ON FUNCTION backfill.discard_replicated_row() IS 'Trigger that discards the rows a subscription applies to pg_backfill''s state tables (replica triggers only)';
+REVOKE ALL ON FUNCTION backfill.discard_replicated_row() FROM PUBLIC;
+DO $$
+DECLARE
+    state_table text;
+BEGIN
+    FOREACH state_table IN ARRAY ARRAY['job', 'job_table', 'job_progress', 'message_key'] LOOP
+        EXECUTE pg_catalog.format(
+            'CREATE TRIGGER discard_replicated_row BEFORE INSERT OR UPDATE OR DELETE ON backfill.%I
+                 FOR EACH ROW EXECUTE FUNCTION backfill.discard_replicated_row()', state_table);
+        EXECUTE pg_catalog.format('ALTER TABLE backfill.%I ENABLE REPLICA TRIGGER discard_replicated_row', state_table);
+    END LOOP;
+END
+$$;

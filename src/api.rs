@@ -63,11 +63,13 @@ fn start(
     confirm: Option<bool>,
     batch_size: Option<i32>,
     rows_per_second: Option<i32>,
-    slot: Option<String>,
-    publication: Option<String>,
+    slot: Option<Text>,
+    publication: Option<Text>,
     max_lag: Option<i64>,
     parallel: Option<i32>,
 ) -> i64 {
+    // Text, not String: names in the database's encoding, converted (see encoding.rs).
+    let (slot, publication) = (slot.map(|t| t.0), publication.map(|t| t.0));
     require_primary("start a backfill");
     let confirm = required(confirm, "backfill_start", "confirm");
     let batch_size = required(batch_size, "backfill_start", "batch_size");

@@ -134,7 +134,10 @@ pub fn verify(content: &[u8], xid: i64) -> bool {
 
 /// backfill_message_valid(): whether a message is genuine, checked as a consumer checks it.
 #[pg_extern(name = "backfill_message_valid", stable)]
-fn message_valid(content: Option<&str>, xid: Option<i64>) -> bool {
+fn message_valid(content: Option<crate::encoding::Text>, xid: Option<i64>) -> bool {
+    // Text: the message in UTF-8, the bytes its tag covers, whatever the database's encoding.
+    let content = content.map(|t| t.0);
+    let content = content.as_deref();
     let (Some(content), Some(xid)) = (content, xid) else {
         let argument = if content.is_none() { "content" } else { "xid" };
         crate::errors::raise(

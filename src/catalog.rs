@@ -1,7 +1,7 @@
 //! The state tables `backfill.job` and `backfill.job_table`: every read and write of them.
 //! The worker and the SQL API share these; nothing else writes them.
 
-use crate::encoding::{strings, texts, Text};
+use crate::encoding::{texts, KeyText, Text};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiResult, SpiTupleTable};
@@ -73,10 +73,10 @@ pub struct JobTable {
     pub position: i32,
     pub relid: pg_sys::Oid,
     pub worker: i32,
-    pub lower_bound: Option<Vec<String>>,
+    pub lower_bound: Option<Vec<KeyText>>,
     pub state: String,
-    pub cursor: Option<Vec<String>>,
-    pub upper_bound: Option<Vec<String>>,
+    pub cursor: Option<Vec<KeyText>>,
+    pub upper_bound: Option<Vec<KeyText>>,
     pub rows_done: i64,
     pub rows_estimated: i64,
 }
@@ -127,7 +127,11 @@ pub fn outcome(id: i64) -> SpiResult<(String, bool, Option<String>)> {
                 &[id.into()],
             )?
             .first();
-        Ok((row.get::<String>(1)?.unwrap_or_default(), row.get::<bool>(2)?.unwrap_or(false), row.get::<String>(3)?))
+        Ok((
+            row.get::<String>(1)?.unwrap_or_default(),
+            row.get::<bool>(2)?.unwrap_or(false),
+            row.get::<Text>(3)?.map(|t| t.0),
+        ))
     });
     // SAFETY: the snapshot pushed above (an error inside aborts the transaction, which pops it).
     unsafe { pg_sys::PopActiveSnapshot() };
@@ -171,12 +175,12 @@ fn job_tables_where(condition: &str, args: &[DatumWithOid]) -> SpiResult<Vec<Job
                 position: row.get(1)?.unwrap_or_default(),
                 relid: row.get(2)?.unwrap_or(pg_sys::InvalidOid),
                 state: row.get(3)?.unwrap_or_default(),
-                cursor: row.get::<Vec<Text>>(4)?.map(strings),
-                upper_bound: row.get::<Vec<Text>>(5)?.map(strings),
+                cursor: row.get::<Vec<KeyText>>(4)?,
+                upper_bound: row.get::<Vec<KeyText>>(5)?,
                 rows_done: row.get(6)?.unwrap_or(0),
                 rows_estimated: row.get(7)?.unwrap_or(0),
                 worker: row.get(8)?.unwrap_or(0),
-                lower_bound: row.get::<Vec<Text>>(9)?.map(strings),
+                lower_bound: row.get::<Vec<KeyText>>(9)?,
             })
         })
         .collect()
@@ -197,23 +201,23 @@ pub fn set_worker_pid(job_id: i64, pid: Option<i32>) -> SpiResult<()> {
 }
 
 /// The scan of a table starts: its upper bound is fixed.
-pub fn start_table(job_id: i64, position: i32, upper_bound: Option<Vec<String>>) -> SpiResult<()> {
+pub fn start_table(job_id: i64, position: i32, upper_bound: Option<Vec<KeyText>>) -> SpiResult<()> {
     Spi::run_with_args(
         "UPDATE backfill.job_table SET state = 'running', upper_bound = $3, started_at = clock_timestamp()
           WHERE job_id = $1 AND position = $2",
-        &[job_id.into(), position.into(), upper_bound.as_deref().map(texts).into()],
+        &[job_id.into(), position.into(), upper_bound.into()],
     )
 }
 
 /// A page was delivered: the cursor moves to its last key, in the page's own transaction.
-pub fn advance_cursor(job_id: i64, position: i32, cursor: Vec<String>, rows: i64, bytes: i64) -> SpiResult<()> {
+pub fn advance_cursor(job_id: i64, position: i32, cursor: Vec<KeyText>, rows: i64, bytes: i64) -> SpiResult<()> {
     run_prepared(
         "UPDATE backfill.job_table
             SET cursor = $3, rows_done = rows_done + $4, bytes_done = bytes_done + $5,
                 last_page_lsn = pg_catalog.pg_current_wal_insert_lsn()
           WHERE job_id = $1 AND position = $2",
         true,
-        &[job_id.into(), position.into(), texts(&cursor).into(), rows.into(), bytes.into()],
+        &[job_id.into(), position.into(), cursor.into(), rows.into(), bytes.into()],
         |_| Ok(()),
     )
 }
@@ -266,7 +270,7 @@ pub fn insert_job(job: &NewJob) -> SpiResult<i64> {
             job.rows_per_second.into(),
             job.message_prefix.into(),
             job.slot_name.into(),
-            job.publication_name.into(),
+            job.publication_name.map(Text::from).into(),
             job.max_lag_bytes.into(),
             job.parallel.into(),
         ],
@@ -278,8 +282,8 @@ pub fn insert_job(job: &NewJob) -> SpiResult<i64> {
 /// `lower_bound` up to `upper_bound` (None for the last: fixed when its scan starts).
 pub struct NewRange {
     pub part: i32,
-    pub lower_bound: Option<Vec<String>>,
-    pub upper_bound: Option<Vec<String>>,
+    pub lower_bound: Option<Vec<KeyText>>,
+    pub upper_bound: Option<Vec<KeyText>>,
     pub rows_estimated: i64,
 }
 
@@ -300,8 +304,8 @@ pub fn insert_job_table(
             relid.into(),
             range.part.into(),
             texts(&key_columns).into(),
-            range.lower_bound.as_deref().map(texts).into(),
-            range.upper_bound.as_deref().map(texts).into(),
+            range.lower_bound.into(),
+            range.upper_bound.into(),
             range.rows_estimated.into(),
         ],
     )

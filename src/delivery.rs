@@ -6,7 +6,7 @@
 //! function or SPI call runs per row, and nothing per row is allocated in Rust.
 
 use crate::auth::Signer;
-use crate::encoding::Text;
+use crate::encoding::KeyText;
 use crate::json::{Rendered, RowJson};
 use crate::message::{self, ReadMessage};
 use pgrx::prelude::*;
@@ -55,7 +55,7 @@ pub fn prepare(sql: &str, text_params: usize) -> pg_sys::SPIPlanPtr {
 }
 
 /// Runs a prepared page query with text parameters; every row it returns goes to `sink`.
-pub fn run(plan: pg_sys::SPIPlanPtr, args: &[String], sink: &mut Sink) {
+pub fn run(plan: pg_sys::SPIPlanPtr, args: &[KeyText], sink: &mut Sink) {
     // SAFETY: `plan` is a kept plan of `prepare` with `args.len()` text parameters; the receiver
     // and the sink it points to outlive the execution, which calls back into them only.
     unsafe {
@@ -63,8 +63,7 @@ pub fn run(plan: pg_sys::SPIPlanPtr, args: &[String], sink: &mut Sink) {
         let params = pg_sys::makeParamList(args.len() as c_int);
         let slots = (*params).params.as_mut_slice(args.len());
         for (param, arg) in slots.iter_mut().zip(args) {
-            // In the database's encoding (see encoding.rs).
-            param.value = Text(arg.clone()).into_datum().unwrap_or(pg_sys::Datum::from(0));
+            param.value = arg.clone().into_datum().unwrap_or(pg_sys::Datum::from(0));
             param.isnull = false;
             param.pflags = pg_sys::PARAM_FLAG_CONST as u16;
             param.ptype = pg_sys::TEXTOID;
@@ -123,7 +122,11 @@ unsafe extern "C-unwind" fn receive(slot: *mut pg_sys::TupleTableSlot, receiver:
     }
     let key_values = sink.key_columns.iter().map(|&i| row.value(i));
     // A partition's name, like a value, reaches the message in UTF-8.
-    let partition = partition.map(|p| crate::encoding::to_utf8(crate::encoding::text_of(*p)).unwrap_or_default());
+    let partition = partition.map(|p| {
+        crate::encoding::to_utf8(crate::encoding::text_of(*p)).unwrap_or_else(|| {
+            not_utf8(sink.table, "(its partition's name)", &row.values_of(values, nulls, sink.key_columns))
+        })
+    });
     let content = sink.messages.build(key_values, row.json(), partition.as_deref(), sink.signer);
     if content.len() > sink.max_message_size {
         too_large(sink.table, sink.max_message_size, &row.values_of(values, nulls, sink.key_columns), content.len());

@@ -7,7 +7,9 @@
 //!
 //! - from the server: [`to_utf8`] (values being rendered) and [`Text`] (names, keys, anything
 //!   read through SPI), converted as `convert_to(value, 'UTF8')` converts;
-//! - to the server: [`Text`] as a parameter, converted back, byte for byte what was read;
+//! - to the server: [`Text`] as a parameter, converted back; key values (cursors and range
+//!   bounds) stay in the database's encoding as [`KeyText`], so that they go back byte for
+//!   byte as they came;
 //! - into SQL text: [`quote_ident`] writes a non-ASCII name as a Unicode escape
 //!   (`U&"cl\00e9"`) in a database that is neither UTF-8 nor SQL_ASCII, so that the statements
 //!   pg_backfill writes are ASCII, the same bytes in every such encoding;
@@ -80,7 +82,7 @@ fn convert(mut bytes: &[u8], encoding: i32, proc_: pg_sys::Oid) -> Option<Vec<u8
     const CHUNK: usize = 64 * 1024;
     let growth = pg_sys::MAX_CONVERSION_GROWTH as usize;
     let mut out = Vec::with_capacity(bytes.len() + bytes.len() / 2);
-    let mut buffer = vec![0u8; CHUNK * growth + 1];
+    let mut buffer = vec![0u8; bytes.len().min(CHUNK) * growth + 1];
     while !bytes.is_empty() {
         let chunk = &bytes[..bytes.len().min(CHUNK)];
         // SAFETY: `buffer` holds the worst-case growth of `chunk` plus the terminating NUL; with
@@ -95,7 +97,7 @@ fn convert(mut bytes: &[u8], encoding: i32, proc_: pg_sys::Oid) -> Option<Vec<u8
                 chunk.as_ptr().cast_mut(),
                 chunk.len() as i32,
                 buffer.as_mut_ptr(),
-                buffer.len() as i32,
+                (chunk.len() * growth + 1) as i32,
                 true,
             )
         } as usize;
@@ -258,10 +260,83 @@ unsafe impl pgrx::callconv::BoxRet for Text {
     }
 }
 
+// SAFETY: unboxes a text argument through FromDatum, as pgrx does for String.
+unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for Text {
+    unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
+        // SAFETY: the argument is declared text (impl_sql_translatable above).
+        unsafe { arg.unbox_arg_using_from_datum() }.unwrap_or_else(|| Text(String::new()))
+    }
+
+    unsafe fn unbox_nullable_arg(arg: pgrx::callconv::Arg<'_, 'fcx>) -> pgrx::nullable::Nullable<Self> {
+        // SAFETY: as above; SQL NULL becomes Null.
+        unsafe { arg.unbox_arg_using_from_datum() }.into()
+    }
+}
+
 impl From<&str> for Text {
     fn from(text: &str) -> Text {
         Text(text.to_string())
     }
+}
+
+/// A key value's text form, kept in the database's encoding: cursors and range bounds go back
+/// to the server in the very bytes they came in, since a conversion to UTF-8 and back is not
+/// the identity in every encoding (EUC_JP maps some characters one way only). Shown as UTF-8.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyText(Vec<u8>);
+
+impl KeyText {
+    /// # Safety
+    /// `datum` is a non-null text datum.
+    unsafe fn from_text_datum(datum: pg_sys::Datum) -> KeyText {
+        KeyText(text_of(datum).to_vec())
+    }
+}
+
+impl std::fmt::Display for KeyText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match to_utf8(&self.0) {
+            Some(utf8) => f.write_str(&String::from_utf8_lossy(&utf8)),
+            None => f.write_str(&String::from_utf8_lossy(&self.0)),
+        }
+    }
+}
+
+impl FromDatum for KeyText {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _typoid: pg_sys::Oid) -> Option<KeyText> {
+        // SAFETY: a non-null text datum, as the caller promises for its type.
+        (!is_null).then(|| unsafe { KeyText::from_text_datum(datum) })
+    }
+}
+
+// SAFETY: unboxes a text datum (an array's element) the way FromDatum does.
+unsafe impl UnboxDatum for KeyText {
+    type As<'src> = KeyText;
+    unsafe fn unbox<'src>(datum: pgrx::datum::Datum<'src>) -> KeyText
+    where
+        Self: 'src,
+    {
+        // SAFETY: an array element of type text is never null here (nulls are not unboxed).
+        unsafe { KeyText::from_text_datum(datum.sans_lifetime()) }
+    }
+}
+
+impl IntoDatum for KeyText {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        // SAFETY: copies `len` bytes into a new text datum in the current memory context.
+        Some(pg_sys::Datum::from(unsafe {
+            pg_sys::cstring_to_text_with_len(self.0.as_ptr().cast(), self.0.len() as i32)
+        }))
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::TEXTOID
+    }
+}
+
+/// A key's values, shown `a, b`.
+pub fn show_key(key: &[KeyText]) -> String {
+    key.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 
 /// Rust strings as [`Text`] parameters.

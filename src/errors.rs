@@ -23,7 +23,7 @@ pub fn raise(code: PgSqlErrorCode, message: impl Into<String>, detail: impl Into
 /// A message for the server's log or an error: as it is in a UTF-8 database; elsewhere with
 /// every non-ASCII character written `\uXXXX`, since pgrx would pass its UTF-8 bytes to a
 /// server that reads them in its own encoding.
-fn for_server(message: &str) -> Cow<'_, str> {
+pub fn for_server(message: &str) -> Cow<'_, str> {
     // SAFETY: reads the session's database encoding.
     if message.is_ascii() || unsafe { pg_sys::GetDatabaseEncoding() } == pg_sys::pg_enc::PG_UTF8 as i32 {
         return Cow::Borrowed(message);

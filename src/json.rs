@@ -256,7 +256,11 @@ impl RowJson {
             if nulls[i] {
                 text.extend_from_slice(b"null");
             } else if push_value(&mut text, self.renders[i], self.outputs[i], values[i]).is_none() {
-                push_quoted(&mut text, text_of(values[i]));
+                // The output function's text, as it is (any type: a name is not a varlena).
+                push_quoted(
+                    &mut text,
+                    CStr::from_ptr(pg_sys::OidOutputFunctionCall(self.outputs[i], values[i])).to_bytes(),
+                );
             }
         }
         String::from_utf8_lossy(&text).into_owned()

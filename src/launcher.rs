@@ -10,6 +10,7 @@ use crate::{privilege, settings};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Registers the worker of a backfill. It connects to this database and, before doing
@@ -17,18 +18,58 @@ use std::time::Duration;
 /// committed yet; registration is not transactional) and gives up if that one rolled back.
 pub fn launch(job_id: i64, worker: i32, starter_xid: u64) -> bool {
     // SAFETY: this backend's database, set when it connected.
-    register(unsafe { pg_sys::MyDatabaseId }, job_id, worker, starter_xid)
+    let database = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    register(Task::Backfill { database, backfill_id: job_id, worker, starter_xid })
 }
 
-/// Registers a `backfill_worker_main` process in `database`: a backfill's worker, or with job
-/// id 0 the one that resumes a database's backfills after a restart.
-fn register(database: pg_sys::Oid, job_id: i64, worker: i32, starter_xid: u64) -> bool {
-    BackgroundWorkerBuilder::new(&worker_name(job_id, worker))
+/// What a `backfill_worker_main` process is started for: its typed start argument, passed
+/// as JSON in the worker's `bgw_extra` (at most 127 bytes; the longest task takes about 100).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Task {
+    /// Scan worker `worker` of a backfill's ranges, once transaction `starter_xid` (the one
+    /// that recorded or resumed it; 0 after a restart) has committed.
+    Backfill {
+        #[serde(rename = "db")]
+        database: u32,
+        #[serde(rename = "id")]
+        backfill_id: i64,
+        worker: i32,
+        #[serde(rename = "xid")]
+        starter_xid: u64,
+    },
+    /// After a server restart: relaunch the workers of a database's running backfills.
+    Resume {
+        #[serde(rename = "db")]
+        database: u32,
+    },
+}
+
+impl Task {
+    pub fn database(&self) -> u32 {
+        match *self {
+            Task::Backfill { database, .. } | Task::Resume { database } => database,
+        }
+    }
+
+    /// The task a worker was started with.
+    pub fn of_this_worker() -> Option<Task> {
+        serde_json::from_str(BackgroundWorker::get_extra()).ok()
+    }
+}
+
+/// Registers a `backfill_worker_main` process for a task.
+fn register(task: Task) -> bool {
+    let name = match task {
+        Task::Backfill { backfill_id, worker, .. } => worker_name(backfill_id, worker),
+        Task::Resume { .. } => "pg_backfill resume".into(),
+    };
+    let extra = serde_json::to_string(&task).expect("a task serializes");
+    debug_assert!(extra.len() < pg_sys::BGW_EXTRALEN as usize, "{extra}");
+    BackgroundWorkerBuilder::new(&name)
         .set_type("pg_backfill")
         .set_library("pg_backfill")
         .set_function("backfill_worker_main")
-        .set_argument(job_id.into_datum())
-        .set_extra(&format!("{} {starter_xid} {worker}", database.to_u32()))
+        .set_extra(&extra)
         .enable_spi_access()
         // A worker that is terminated or crashes exits with code 1 and is started again after
         // this pause; one that finishes, fails or is cancelled exits with 0 and is not.
@@ -163,9 +204,7 @@ pub fn override_search_path() {
 /// `pg_backfill 7` for a backfill's first worker, `pg_backfill 7/1` for its second: the
 /// application_name it shows in pg_stat_activity.
 pub fn worker_name(job_id: i64, worker: i32) -> String {
-    if job_id == 0 {
-        "pg_backfill resume".into()
-    } else if worker == 0 {
+    if worker == 0 {
         format!("pg_backfill {job_id}")
     } else {
         format!("pg_backfill {job_id}/{worker}")
@@ -224,7 +263,7 @@ pub extern "C-unwind" fn backfill_launcher_main(_arg: pg_sys::Datum) {
         .unwrap_or_else(|e| error!("{e}"))
     });
     for database in databases.unwrap_or_default() {
-        if !register(database, 0, 0, 0) {
+        if !register(Task::Resume { database: database.to_u32() }) {
             warning!("pg_backfill launcher: no free background worker slot to resume backfills");
         }
     }

@@ -21,7 +21,7 @@
 use crate::auth::Signer;
 use crate::catalog::{self, JobTable, DONE, RUNNING};
 use crate::delivery;
-use crate::encoding::Text;
+use crate::encoding::{show_key, KeyText, Text};
 use crate::errors::raise;
 use crate::json::RowJson;
 use crate::message::{self, ReadMessage};
@@ -151,7 +151,7 @@ impl<'a> TableScan<'a> {
             "backfill {}: {} after key ({})",
             self.job_id,
             self.table.qualified_name(),
-            progress.cursor.as_deref().map(|c| c.join(", ")).unwrap_or_default()
+            progress.cursor.as_deref().map(show_key).unwrap_or_default()
         ));
         if !found.same_columns {
             self.reload_columns();
@@ -192,7 +192,7 @@ impl<'a> TableScan<'a> {
         catalog::start_table(self.job_id, self.position, upper_bound.clone()).unwrap_or_else(|e| error!("{e}"));
         let bound = upper_bound
             .as_deref()
-            .map(|k| format!("key ({})", k.join(", ")))
+            .map(|k| format!("key ({})", show_key(k)))
             .unwrap_or_else(|| "nothing: it is empty".into());
         log!("{}: scanning {} up to {bound}", who(self.job_id), self.table.qualified_name());
         if upper_bound.is_none() {
@@ -202,7 +202,7 @@ impl<'a> TableScan<'a> {
     }
 
     /// The greatest key of the table now, as text values and as JSON values; None if empty.
-    fn greatest_key(&self) -> Option<(Vec<String>, Vec<String>)> {
+    fn greatest_key(&self) -> Option<(Vec<KeyText>, Vec<String>)> {
         privilege::run_as(self.owner, || {
             Spi::connect(|client| {
                 let rows = client.select(&self.queries.upper_bound(), None, &[])?;
@@ -211,9 +211,13 @@ impl<'a> TableScan<'a> {
                 }
                 let row = rows.first();
                 let k = self.queries.key_len();
-                let column = |i: usize| row.get::<Text>(i).map(|v| v.map(|t| t.0).unwrap_or_default());
-                let key = (1..=k).map(column).collect::<Result<Vec<_>, _>>()?;
-                let json = (k + 1..=2 * k).map(column).collect::<Result<Vec<_>, _>>()?;
+                // Key columns are never NULL.
+                let key = (1..=k)
+                    .map(|i| row.get::<KeyText>(i).map(Option::unwrap_or_default))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let json = (k + 1..=2 * k)
+                    .map(|i| row.get::<Text>(i).map(|v| v.map(|t| t.0).unwrap_or_default()))
+                    .collect::<Result<Vec<_>, _>>()?;
                 Ok(Some((key, json)))
             })
         })
@@ -285,14 +289,14 @@ impl<'a> TableScan<'a> {
     }
 
     /// A page query's parameters: the cursor (unless at the start), then `then`.
-    fn key_args(cursor: Option<&[String]>, then: &[String]) -> Vec<String> {
+    fn key_args(cursor: Option<&[KeyText]>, then: &[KeyText]) -> Vec<KeyText> {
         cursor.unwrap_or_default().iter().chain(then).cloned().collect()
     }
 
     /// The last key of the next page, or None when no key is left up to the upper bound.
-    fn page_end(&mut self, cursor: Option<&[String]>, upper_bound: &[String], rows: i32) -> Option<Vec<String>> {
+    fn page_end(&mut self, cursor: Option<&[KeyText]>, upper_bound: &[KeyText], rows: i32) -> Option<Vec<KeyText>> {
         let mut args: Vec<pgrx::datum::DatumWithOid> =
-            Self::key_args(cursor, upper_bound).into_iter().map(|v| Text(v).into()).collect();
+            Self::key_args(cursor, upper_bound).into_iter().map(|v| v.into()).collect();
         args.push(i64::from(rows).into());
         let after_cursor = cursor.is_some();
         let queries = &self.queries;
@@ -311,9 +315,7 @@ impl<'a> TableScan<'a> {
                 }
                 // No row, or max() of no rows (NULL): no key is left. Key columns are never NULL.
                 let row = result.first();
-                (0..self.queries.key_len())
-                    .map(|i| row.get::<Text>(i + 1).map(|t| t.map(|t| t.0)))
-                    .collect::<Result<Option<Vec<_>>, _>>()
+                (0..self.queries.key_len()).map(|i| row.get::<KeyText>(i + 1)).collect::<Result<Option<Vec<_>>, _>>()
             })
         })
         .unwrap_or_else(|e| error!("{e}"))
@@ -323,8 +325,8 @@ impl<'a> TableScan<'a> {
     /// emitting one message per row. Returns rows and payload bytes delivered.
     fn deliver(
         &mut self,
-        cursor: Option<&[String]>,
-        page_end: &[String],
+        cursor: Option<&[KeyText]>,
+        page_end: &[KeyText],
         rows_per_page: i32,
         signer: &Signer,
     ) -> (i64, i64) {
@@ -364,7 +366,8 @@ impl<'a> TableScan<'a> {
 }
 
 pub fn report_activity(what: &str) {
-    if let Ok(what) = CString::new(what) {
+    // pg_stat_activity shows it to clients in the database's encoding.
+    if let Ok(what) = CString::new(crate::encoding::to_server(what).into_owned()) {
         // SAFETY: copies the string into this backend's status entry.
         unsafe { pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, what.as_ptr()) };
     }

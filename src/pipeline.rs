@@ -12,13 +12,14 @@ use pgrx::PgSqlErrorCode::*;
 
 /// backfill_start(..., slot => ...): the slot must exist, be logical and belong to this database.
 pub fn require_slot(slot: &str) {
-    let found = crate::sql::select_one::<String>(
+    let found = crate::sql::select_one::<Text>(
         "SELECT slot_type || ':' || coalesce(database::text, '') || ':' || coalesce((database = current_database())::text, 'false')
            FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
         &[slot.into()],
     )
     .ok()
-    .flatten();
+    .flatten()
+    .map(|t| t.0);
     let Some(found) = found else {
         raise(
             ERRCODE_UNDEFINED_OBJECT,

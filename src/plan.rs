@@ -2,7 +2,7 @@
 //! for parallel workers, and how many pages it takes.
 
 use crate::catalog;
-use crate::encoding::Text;
+use crate::encoding::{KeyText, Text};
 use crate::errors::raise;
 use crate::message::ReadMessage;
 use crate::privilege;
@@ -94,7 +94,7 @@ pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<catalog::NewRa
     }
     // The bounds are cast to the key's type (a domain's check is user code): as the owner.
     let bounds = privilege::run_as(table.owner, || {
-        crate::sql::select_one::<Vec<Text>>(
+        crate::sql::select_one::<Vec<KeyText>>(
             &crate::scan::ScanQueries::new(table).histogram(),
             &[
                 Text(table.schema.clone()).into(),
@@ -105,13 +105,12 @@ pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<catalog::NewRa
     })
     .ok()
     .flatten()
-    .map(crate::encoding::strings)
     .unwrap_or_default();
     if bounds.len() < parallel as usize * 2 {
         notice!("table {} has no usable key statistics (ANALYZE it): one worker scans it", table.qualified_name());
         return whole();
     }
-    let splits: Vec<String> =
+    let splits: Vec<KeyText> =
         (1..parallel as usize).map(|i| bounds[i * (bounds.len() - 1) / parallel as usize].clone()).collect();
     (0..parallel as usize)
         .map(|part| catalog::NewRange {
@@ -150,10 +149,10 @@ mod tests {
         for pair in ranges.windows(2) {
             assert_eq!(pair[0].upper_bound, pair[1].lower_bound);
         }
-        let count = |lower: &Option<Vec<String>>, upper: &Option<Vec<String>>| {
+        let count = |lower: &Option<Vec<KeyText>>, upper: &Option<Vec<KeyText>>| {
             Spi::get_one_with_args::<i64>(
                 "SELECT count(*) FROM skew WHERE ($1::bigint IS NULL OR id > $1::bigint) AND ($2::bigint IS NULL OR id <= $2::bigint)",
-                &[lower.as_ref().map(|l| Text(l[0].clone())).into(), upper.as_ref().map(|u| Text(u[0].clone())).into()],
+                &[lower.as_ref().map(|l| l[0].clone()).into(), upper.as_ref().map(|u| u[0].clone()).into()],
             )
             .unwrap()
             .unwrap()

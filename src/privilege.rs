@@ -100,7 +100,8 @@ pub fn is_superuser() -> bool {
 /// revoked grant or a dropped role stops the backfill instead of leaving it locking rows for a
 /// role that could not lock them itself.
 pub fn require_starter_rights(started_by: &str, relid: pg_sys::Oid, table: &str) {
-    let Ok(name) = std::ffi::CString::new(started_by) else { return };
+    // The role's name in the database's encoding, as the catalog has it.
+    let Ok(name) = std::ffi::CString::new(crate::encoding::to_server(started_by).into_owned()) else { return };
     // SAFETY: catalog-cache lookups of a role by name and of a relation's privileges; the
     // relation is locked by the page.
     let allowed = unsafe {

@@ -2,7 +2,7 @@
 //! scanned (for the time left), and the periodic log line.
 
 use crate::catalog::{self, JobTable};
-use crate::encoding::Text;
+use crate::encoding::{KeyText, Text};
 use crate::page::TableScan;
 use crate::xact::who;
 use crate::{privilege, settings};
@@ -17,9 +17,9 @@ impl TableScan<'_> {
     /// of the key range scanned (for the time left); at backfill.log_interval, a log line.
     pub(crate) fn report_progress(
         &mut self,
-        cursor: &[String],
+        cursor: &[KeyText],
         progress: &JobTable,
-        upper_bound: &[String],
+        upper_bound: &[KeyText],
         rows_done: i64,
     ) {
         if self.last_sample.is_some_and(|at| at.elapsed() < PROGRESS_SAMPLE_INTERVAL) {
@@ -32,9 +32,9 @@ impl TableScan<'_> {
             crate::sql::select_one::<f64>(
                 &self.queries.key_fraction(),
                 &[
-                    Text(cursor[0].clone()).into(),
-                    Text(upper_bound[0].clone()).into(),
-                    progress.lower_bound.as_ref().map(|l| Text(l[0].clone())).into(),
+                    cursor[0].clone().into(),
+                    upper_bound[0].clone().into(),
+                    progress.lower_bound.as_ref().map(|l| l[0].clone()).into(),
                     Text(self.table.schema.clone()).into(),
                     Text(self.table.name.clone()).into(),
                     Text(self.table.key[0].name.clone()).into(),

@@ -23,9 +23,7 @@ unsafe extern "C-unwind" {
 
 #[pg_guard]
 #[unsafe(no_mangle)]
-pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
-    // SAFETY: the argument is the backfill id, registered as an int8 datum by launcher::launch.
-    let job_id = unsafe { i64::from_datum(arg, false) }.unwrap_or_default();
+pub extern "C-unwind" fn backfill_worker_main(_arg: pg_sys::Datum) {
     // SIGTERM (pg_terminate_backend, shutdown) ends the worker at once, as for any backend:
     // the open page rolls back, the process exits with code 1, and the postmaster restarts it.
     // SAFETY: installs PostgreSQL's own handler, as any backend has it.
@@ -34,10 +32,16 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
     }
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
 
-    let mut extra = BackgroundWorker::get_extra().split(' ');
-    let database = extra.next().and_then(|d| d.parse::<u32>().ok()).unwrap_or_default();
-    let starter_xid = extra.next().and_then(|x| x.parse::<u64>().ok()).unwrap_or_default();
-    let worker = extra.next().and_then(|w| w.parse::<i32>().ok()).unwrap_or_default();
+    let Some(task) = launcher::Task::of_this_worker() else {
+        log!("pg_backfill: a worker with unreadable start arguments ({:?}) stops", BackgroundWorker::get_extra());
+        // SAFETY: a clean exit before touching shared state; 0, so it is not restarted.
+        unsafe { pg_sys::proc_exit(0) }
+    };
+    let database = task.database();
+    let (job_id, worker, starter_xid) = match task {
+        launcher::Task::Backfill { backfill_id, worker, starter_xid, .. } => (backfill_id, worker, starter_xid),
+        launcher::Task::Resume { .. } => (0, 0, 0),
+    };
     // A worker of a database dropped since (DROP DATABASE ... WITH (FORCE) terminates it) would
     // fail to connect and be restarted every second for ever: it stops for good instead. Its
     // backfills went with the database. (Before connecting, the database's directory is the
@@ -53,7 +57,7 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
     // Log lines name the database; its name is read once, in a transaction.
     let _ = in_transaction(|| who(job_id));
 
-    if job_id == 0 {
+    if let launcher::Task::Resume { .. } = task {
         return launcher::resume_database();
     }
     if !wait_for_starter(starter_xid) {
@@ -264,11 +268,12 @@ fn record_failure(job_id: i64, table: Option<&JobTable>, e: &PageError) {
         wait_for_flush_at_commit();
         let place = table
             .map(|t| {
-                let cursor = t.cursor.as_deref().map(|c| c.join(", ")).unwrap_or_else(|| "(start)".into());
+                let cursor = t.cursor.as_deref().map(crate::encoding::show_key).unwrap_or_else(|| "(start)".into());
                 format!(" [table {}, stopped after key {cursor}]", table::relation_name(t.relid))
             })
             .unwrap_or_default();
-        let message = format!("{}{place}", e.message);
+        // Stored as errors are reported (see errors::for_server): it names tables and keys.
+        let message = crate::errors::for_server(&format!("{}{place}", e.message)).into_owned();
         warning!("{} failed: {} {message}", who(job_id), e.sqlstate);
         catalog::finish_job(job_id, FAILED, Some((&e.sqlstate, &message))).unwrap_or_else(|e| error!("{e}"));
     }));
