@@ -401,7 +401,8 @@ def test_a_parallel_backfill_waiting_for_its_consumer_finishes_once_it_attaches(
     backfill_id = items.execute(
         "SELECT backfill_start('items', confirm => true, slot => 'later', parallel => 4)"
     ).fetchone()[0]
-    wait_for(lambda: status(items, backfill_id, "state", "workers_running") == ("paused", 4), what="4 waiting workers")
+    wait_for(lambda: status(items, backfill_id, "workers_running") == 4 and "none is connected" in (status(items, backfill_id, "waiting_for") or ""),
+             what="4 waiting workers")
     consumer = Consumer(cluster, items.info.dbname, "later")
     try:
         assert wait_until_ended(items, backfill_id, timeout=60) == "done"

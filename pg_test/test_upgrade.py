@@ -35,12 +35,16 @@ UNION ALL
 SELECT 'configuration tables', coalesce(extconfig::regclass[]::text, ''), coalesce(array_to_string(extcondition, ','), ''), ''
   FROM pg_extension WHERE extname = 'pg_backfill'
 UNION ALL
+SELECT 'trigger', t.tgrelid::regclass::text || ' ' || t.tgname, pg_get_triggerdef(t.oid), t.tgenabled::text
+  FROM pg_trigger t JOIN member m ON m.classid = 'pg_class'::regclass AND m.objid = t.tgrelid
+ WHERE NOT t.tgisinternal
+UNION ALL
 SELECT 'schema', n.nspname, '', coalesce(n.nspacl::text, '')
   FROM pg_namespace n JOIN member m ON m.classid = 'pg_namespace'::regclass AND m.objid = n.oid
 ORDER BY 1, 2, 3
 """
 
-EARLIER_VERSIONS = ["0.1.0"]
+EARLIER_VERSIONS = ["0.1.0", "0.2.0"]
 
 
 def shape(conn):

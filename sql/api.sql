@@ -166,8 +166,8 @@ SELECT j.id,
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = j.worker_pid AND j.state IN ('running', 'paused')
  WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_status IS 'One row per backfill: state, progress, who started it and why it failed';
-COMMENT ON COLUMN backfill_status.state IS 'running, paused, done, cancelled or failed';
-COMMENT ON COLUMN backfill_status.pause_reason IS 'Why it is paused: by backfill_pause(), or waiting for the slot''s consumer (inactive, or lagging past max_lag_bytes)';
+COMMENT ON COLUMN backfill_status.state IS 'running (waiting_for says if it waits, and for what), paused (by backfill_pause), done, cancelled or failed';
+COMMENT ON COLUMN backfill_status.pause_reason IS 'Why it is paused: by backfill_pause()';
 COMMENT ON COLUMN backfill_status.rows_per_second_last_minute IS 'Delivery rate over the last minute';
 COMMENT ON COLUMN backfill_status.time_left IS 'Estimated from the share of the key range still to scan and the last minute''s rate';
 COMMENT ON COLUMN backfill_status.slot_lag_bytes IS 'WAL the slot''s consumer has not confirmed yet';
@@ -179,7 +179,7 @@ COMMENT ON COLUMN backfill_status.current_table IS 'Table being scanned now';
 COMMENT ON COLUMN backfill_status.rows_done IS 'Read messages delivered so far';
 COMMENT ON COLUMN backfill_status.rows_estimated IS 'Planner estimate of the rows when the backfill started';
 COMMENT ON COLUMN backfill_status.percent_done IS 'Share of the key ranges scanned (from pg_stats histograms; rows against the estimate without them); 100 once done';
-COMMENT ON COLUMN backfill_status.waiting_for IS 'What a running backfill''s workers wait for now, if anything: a row lock held by another process (its pid)';
+COMMENT ON COLUMN backfill_status.waiting_for IS 'What a running backfill''s workers wait for now, if anything: a row lock held by another process (its pid), or the slot''s consumer (none connected, or lagging past max_lag_bytes)';
 COMMENT ON COLUMN backfill_status.worker_pid IS 'Process id of the running background worker, if any';
 COMMENT ON COLUMN backfill_status.last_error_sqlstate IS 'SQLSTATE of the error that failed the backfill';
 COMMENT ON COLUMN backfill_status.last_error IS 'Message of the error that failed the backfill, with the table and key';
@@ -333,7 +333,7 @@ COMMENT ON FUNCTION backfill.wait(bigint, double precision) IS 'Entry point of b
 COMMENT ON FUNCTION backfill.max_slot_lag_bytes() IS 'backfill.max_slot_lag in bytes, for backfill_status';
 COMMENT ON FUNCTION backfill.auto_resume() IS 'Whether pg_backfill is preloaded, so that running backfills resume after a restart';
 COMMENT ON FUNCTION backfill.workers_running(bigint) IS 'Background workers of a backfill of this database running now';
-COMMENT ON FUNCTION backfill.waiting_for(bigint) IS 'What the workers of a backfill wait for now (a row lock held by a pid), or NULL';
+COMMENT ON FUNCTION backfill.waiting_for(bigint) IS 'What the workers of a backfill wait for now (a row lock held by a pid, or the slot''s consumer), or NULL';
 COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 'Whether a message is genuine: its auth tag verifies for the transaction id its decoder reported (needs SELECT on backfill.message_key)';
 

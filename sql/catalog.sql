@@ -31,7 +31,7 @@ CREATE TABLE backfill.job (
 );
 COMMENT ON TABLE backfill.job IS 'One row per backfill started with backfill_start()';
 COMMENT ON COLUMN backfill.job.id IS 'Backfill id, returned by backfill_start() and carried in every message';
-COMMENT ON COLUMN backfill.job.state IS 'running, paused, done, cancelled or failed';
+COMMENT ON COLUMN backfill.job.state IS 'running (also while it waits for its slot''s consumer), paused (by backfill_pause), done, cancelled or failed';
 COMMENT ON COLUMN backfill.job.started_by IS 'Role that called backfill_start(); it or a member of it may cancel';
 COMMENT ON COLUMN backfill.job.batch_size IS 'Rows per page (one page is one transaction)';
 COMMENT ON COLUMN backfill.job.rows_per_second IS 'Pacing: most rows delivered per second, on average over a few seconds; NULL for no limit';
@@ -40,7 +40,7 @@ COMMENT ON COLUMN backfill.job.message_prefix IS 'Prefix of the logical decoding
 COMMENT ON COLUMN backfill.job.slot_name IS 'Logical replication slot of the consumer the backfill is for, if given';
 COMMENT ON COLUMN backfill.job.publication_name IS 'Publication of that consumer, if given: every table is in it';
 COMMENT ON COLUMN backfill.job.max_lag_bytes IS 'Back-pressure: the backfill waits while the slot lags more than this (NULL: backfill.max_slot_lag)';
-COMMENT ON COLUMN backfill.job.pause_reason IS 'Why a paused backfill is paused: by backfill_pause(), or waiting for the slot''s consumer';
+COMMENT ON COLUMN backfill.job.pause_reason IS 'Why a paused backfill is paused: by backfill_pause()';
 COMMENT ON COLUMN backfill.job.watermark_lsn IS 'WAL position after the last page: the stream holds every read once its consumer confirms past it';
 COMMENT ON COLUMN backfill.job.worker_pid IS 'Process id of the background worker while one runs';
 COMMENT ON COLUMN backfill.job.started_at IS 'When backfill_start() was called';

@@ -4,7 +4,6 @@
 --   cannot SELECT.
 -- - No function is executable by PUBLIC but the views' helpers: the README shows the grants.
 -- - Every message carries an authentication tag keyed with backfill.message_key.
--- - A subscription of a FOR ALL TABLES publication discards the state tables' rows (replica triggers).
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.2.0'" to load this file. \quit
 
 -- The state is no longer dumped (see sql/catalog.sql): the tables stay members of the
@@ -89,29 +88,6 @@ AS 'MODULE_PATHNAME', 'waiting_for_wrapper';
 
 -- The views are made anew (columns change from plain to filtered).
 DROP VIEW backfill_status, backfill_tables;
-
--- A FOR ALL TABLES publication publishes these tables too: a native subscriber applies their
--- rows into tables of the same names, or stops ("relation backfill.job does not exist"). A
--- subscriber with the extension installed has the tables, and these triggers, which fire only
--- in a subscription's apply worker (session_replication_role = replica), discard the
--- publisher's rows there: the subscriber's backfills, ids and keys stay its own.
-CREATE FUNCTION backfill.discard_replicated_row() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
-AS $$ BEGIN RETURN NULL; END $$;
-COMMENT ON FUNCTION backfill.discard_replicated_row() IS 'Trigger that discards the rows a subscription applies to pg_backfill''s state tables (replica triggers only)';
-REVOKE ALL ON FUNCTION backfill.discard_replicated_row() FROM PUBLIC;
-DO $$
-DECLARE
-    state_table text;
-BEGIN
-    FOREACH state_table IN ARRAY ARRAY['job', 'job_table', 'job_progress', 'message_key'] LOOP
-        EXECUTE pg_catalog.format(
-            'CREATE TRIGGER discard_replicated_row BEFORE INSERT OR UPDATE OR DELETE ON backfill.%I
-                 FOR EACH ROW EXECUTE FUNCTION backfill.discard_replicated_row()', state_table);
-        EXECUTE pg_catalog.format('ALTER TABLE backfill.%I ENABLE REPLICA TRIGGER discard_replicated_row', state_table);
-    END LOOP;
-END
-$$;
 
 CREATE FUNCTION backfill.visible(started_by name)
 RETURNS boolean

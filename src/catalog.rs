@@ -2,6 +2,7 @@
 //! The worker and the SQL API share these; nothing else writes them.
 
 use crate::encoding::{texts, KeyText, Text};
+use crate::state::{JobState, RangeState};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiResult, SpiTupleTable};
@@ -37,20 +38,12 @@ fn run_prepared<R>(
     })
 }
 
-pub const RUNNING: &str = "running";
-pub const PAUSED: &str = "paused";
-pub const DONE: &str = "done";
-pub const CANCELLED: &str = "cancelled";
-pub const FAILED: &str = "failed";
-
-/// Pause reasons that the worker sets and clears by itself start with this.
-pub const WAITING: &str = "waiting";
 /// The pause reason of backfill_pause().
 pub const PAUSED_BY_USER: &str = "paused by backfill_pause()";
 
 /// A backfill as the worker and the API need it.
 pub struct Job {
-    pub state: String,
+    pub state: JobState,
     pub batch_size: i32,
     pub rows_per_second: Option<i32>,
     pub parallel: i32,
@@ -58,14 +51,6 @@ pub struct Job {
     pub started_by: String,
     pub slot_name: Option<String>,
     pub max_lag_bytes: Option<i64>,
-    pub pause_reason: Option<String>,
-}
-
-impl Job {
-    /// Paused by the worker itself while the slot's consumer is away or behind.
-    pub fn is_waiting(&self) -> bool {
-        self.state == PAUSED && self.pause_reason.as_deref().is_some_and(|r| r.starts_with(WAITING))
-    }
 }
 
 /// One table of a backfill: where its scan stands.
@@ -74,7 +59,7 @@ pub struct JobTable {
     pub relid: pg_sys::Oid,
     pub worker: i32,
     pub lower_bound: Option<Vec<KeyText>>,
-    pub state: String,
+    pub state: RangeState,
     pub cursor: Option<Vec<KeyText>>,
     pub upper_bound: Option<Vec<KeyText>>,
     pub rows_done: i64,
@@ -83,7 +68,7 @@ pub struct JobTable {
 
 pub fn job(id: i64) -> SpiResult<Option<Job>> {
     let sql = "SELECT state, batch_size, message_prefix, started_by::text, rows_per_second, slot_name::text,
-                      max_lag_bytes, pause_reason, parallel
+                      max_lag_bytes, parallel
                  FROM backfill.job WHERE id = $1";
     run_prepared(sql, false, &[id.into()], |rows| {
         if rows.is_empty() {
@@ -91,15 +76,14 @@ pub fn job(id: i64) -> SpiResult<Option<Job>> {
         }
         let row = rows.first();
         Ok(Some(Job {
-            state: row.get(1)?.unwrap_or_default(),
+            state: JobState::parse(&row.get::<String>(1)?.unwrap_or_default()),
             batch_size: row.get(2)?.unwrap_or(1000),
             message_prefix: row.get(3)?.unwrap_or_default(),
             started_by: row.get::<Text>(4)?.map(|t| t.0).unwrap_or_default(),
             rows_per_second: row.get(5)?,
             slot_name: row.get(6)?,
             max_lag_bytes: row.get(7)?,
-            pause_reason: row.get::<Text>(8)?.map(|t| t.0),
-            parallel: row.get(9)?.unwrap_or(1),
+            parallel: row.get(8)?.unwrap_or(1),
         }))
     })
 }
@@ -111,7 +95,7 @@ pub fn recorded_by(id: i64) -> SpiResult<Option<i64>> {
 
 /// Where a backfill stands for backfill_wait(): its state, whether its consumer confirmed the
 /// watermark (done, and without a slot or with the slot past it), and its error.
-pub fn outcome(id: i64) -> SpiResult<(String, bool, Option<String>)> {
+pub fn outcome(id: i64) -> SpiResult<(JobState, bool, Option<String>)> {
     // A fresh snapshot each time, so that a loop sees the worker's commits. (A read in a
     // transaction that writes nothing runs on the active snapshot.)
     // SAFETY: pushed here and popped below, around the one query, whatever it returns.
@@ -128,7 +112,7 @@ pub fn outcome(id: i64) -> SpiResult<(String, bool, Option<String>)> {
             )?
             .first();
         Ok((
-            row.get::<String>(1)?.unwrap_or_default(),
+            JobState::parse(&row.get::<String>(1)?.unwrap_or_default()),
             row.get::<bool>(2)?.unwrap_or(false),
             row.get::<Text>(3)?.map(|t| t.0),
         ))
@@ -143,8 +127,9 @@ fn updated_any(sql: &str, args: &[pgrx::datum::DatumWithOid]) -> SpiResult<bool>
     Spi::connect_mut(|client| Ok(!client.update(sql, None, args)?.is_empty()))
 }
 
-pub fn job_state(id: i64) -> SpiResult<Option<String>> {
-    crate::sql::select_one("SELECT state FROM backfill.job WHERE id = $1", &[id.into()])
+pub fn job_state(id: i64) -> SpiResult<Option<JobState>> {
+    let state = crate::sql::select_one::<String>("SELECT state FROM backfill.job WHERE id = $1", &[id.into()])?;
+    Ok(state.as_deref().map(JobState::parse))
 }
 
 /// Backfills of this database that workers should be running, with their number of workers:
@@ -154,7 +139,7 @@ pub fn jobs_to_resume() -> SpiResult<Vec<(i64, i32)>> {
         client
             .select(
                 "SELECT id, parallel FROM backfill.job
-                  WHERE state = 'running' OR (state = 'paused' AND pause_reason LIKE 'waiting%')
+                  WHERE state = 'running'
                   ORDER BY id",
                 None,
                 &[],
@@ -174,7 +159,7 @@ fn job_tables_where(condition: &str, args: &[DatumWithOid]) -> SpiResult<Vec<Job
             Ok(JobTable {
                 position: row.get(1)?.unwrap_or_default(),
                 relid: row.get(2)?.unwrap_or(pg_sys::InvalidOid),
-                state: row.get(3)?.unwrap_or_default(),
+                state: RangeState::parse(&row.get::<String>(3)?.unwrap_or_default()),
                 cursor: row.get::<Vec<KeyText>>(4)?,
                 upper_bound: row.get::<Vec<KeyText>>(5)?,
                 rows_done: row.get(6)?.unwrap_or(0),
@@ -200,12 +185,17 @@ pub fn set_worker_pid(job_id: i64, pid: Option<i32>) -> SpiResult<()> {
     Spi::run_with_args("UPDATE backfill.job SET worker_pid = $2 WHERE id = $1", &[job_id.into(), pid.into()])
 }
 
-/// The scan of a table starts: its upper bound is fixed.
-pub fn start_table(job_id: i64, position: i32, upper_bound: Option<Vec<KeyText>>) -> SpiResult<()> {
+/// The one way a range changes state: running, with its upper bound fixed, when its scan
+/// starts; done when it ends.
+pub fn move_range(job_id: i64, position: i32, to: RangeState, upper_bound: Option<Vec<KeyText>>) -> SpiResult<()> {
     Spi::run_with_args(
-        "UPDATE backfill.job_table SET state = 'running', upper_bound = $3, started_at = clock_timestamp()
+        "UPDATE backfill.job_table
+            SET state = $3,
+                upper_bound = CASE WHEN $3 = 'running' THEN $4 ELSE upper_bound END,
+                started_at = CASE WHEN $3 = 'running' THEN clock_timestamp() ELSE started_at END,
+                finished_at = CASE WHEN $3 = 'done' THEN clock_timestamp() END
           WHERE job_id = $1 AND position = $2",
-        &[job_id.into(), position.into(), upper_bound.into()],
+        &[job_id.into(), position.into(), to.as_str().into(), upper_bound.into()],
     )
 }
 
@@ -219,30 +209,6 @@ pub fn advance_cursor(job_id: i64, position: i32, cursor: Vec<KeyText>, rows: i6
         true,
         &[job_id.into(), position.into(), cursor.into(), rows.into(), bytes.into()],
         |_| Ok(()),
-    )
-}
-
-pub fn finish_table(job_id: i64, position: i32) -> SpiResult<()> {
-    Spi::run_with_args(
-        "UPDATE backfill.job_table SET state = 'done', finished_at = clock_timestamp()
-          WHERE job_id = $1 AND position = $2",
-        &[job_id.into(), position.into()],
-    )
-}
-
-/// Moves a running backfill to a final state. Returns false when it was no longer running
-/// (cancelled meanwhile): a final state is never overwritten. Done records the watermark: the
-/// WAL position after every page, which the slot's consumer must confirm for delivery.
-pub fn finish_job(job_id: i64, state: &str, error: Option<(&str, &str)>) -> SpiResult<bool> {
-    let (sqlstate, message) = error.unzip();
-    updated_any(
-        "UPDATE backfill.job
-            SET state = $2, finished_at = clock_timestamp(), worker_pid = NULL, pause_reason = NULL,
-                last_error_sqlstate = $3, last_error = $4,
-                watermark_lsn = CASE WHEN $2 = 'done' THEN pg_catalog.pg_current_wal_insert_lsn() END
-          WHERE id = $1 AND state IN ('running', 'paused')
-         RETURNING id",
-        &[job_id.into(), state.into(), sqlstate.into(), message.into()],
     )
 }
 
@@ -311,10 +277,17 @@ pub fn insert_job_table(
     )
 }
 
-/// Every range of the same table in this backfill (position, state, rows_done), locked in
-/// position order, so that the ranges' workers decide in turn which of them sends the table's
-/// start and end markers. A table scanned whole has one range: itself.
-pub fn lock_table_ranges(job_id: i64, position: i32) -> SpiResult<Vec<(i32, String, i64)>> {
+/// One key range of a table, as the workers that share the table see it.
+pub struct Range {
+    pub position: i32,
+    pub state: RangeState,
+    pub rows_done: i64,
+}
+
+/// Every range of the same table in this backfill, locked in position order, so that the
+/// ranges' workers decide in turn which of them sends the table's start and end markers. A
+/// table scanned whole has one range: itself.
+pub fn lock_table_ranges(job_id: i64, position: i32) -> SpiResult<Vec<Range>> {
     Spi::connect_mut(|client| {
         client
             .update(
@@ -326,11 +299,11 @@ pub fn lock_table_ranges(job_id: i64, position: i32) -> SpiResult<Vec<(i32, Stri
                 &[job_id.into(), position.into()],
             )?
             .map(|row| {
-                Ok((
-                    row.get::<i32>(1)?.unwrap_or_default(),
-                    row.get::<String>(2)?.unwrap_or_default(),
-                    row.get::<i64>(3)?.unwrap_or(0),
-                ))
+                Ok(Range {
+                    position: row.get::<i32>(1)?.unwrap_or_default(),
+                    state: RangeState::parse(&row.get::<String>(2)?.unwrap_or_default()),
+                    rows_done: row.get::<i64>(3)?.unwrap_or(0),
+                })
             })
             .collect()
     })
@@ -360,21 +333,35 @@ pub fn running_backfill_of(relid: pg_sys::Oid) -> SpiResult<Option<i64>> {
     )
 }
 
-/// Moves a backfill from one of the states `from` to `to` (with a pause reason when paused);
-/// false when it was in none of them (it moved meanwhile). A final state records when; running
-/// again clears the last outcome.
-pub fn set_state(job_id: i64, from: &[&str], to: &str, pause_reason: Option<&str>) -> SpiResult<bool> {
-    let from: Vec<String> = from.iter().map(|s| s.to_string()).collect();
+/// The one way a backfill changes state: from one of `from` to `to`; false when it was in
+/// none of them (it moved meanwhile, and a final state is never overwritten). Running again
+/// counts as a launch and clears the last outcome. A final state records when, and frees the
+/// worker's pid; done records the watermark (the WAL position after every page, which the
+/// slot's consumer must confirm for delivery), failed its error.
+pub fn move_job(
+    job_id: i64,
+    from: &[JobState],
+    to: JobState,
+    pause_reason: Option<&str>,
+    error: Option<(&str, &str)>,
+) -> SpiResult<bool> {
+    let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
+    let (sqlstate, message) = error.unzip();
     updated_any(
         "UPDATE backfill.job
             SET state = $3, pause_reason = $4,
                 launched_at = CASE WHEN $3 = 'running' THEN clock_timestamp() ELSE launched_at END,
                 finished_at = CASE WHEN $3 IN ('done', 'cancelled', 'failed') THEN clock_timestamp() END,
-                last_error_sqlstate = CASE WHEN $3 = 'running' THEN NULL ELSE last_error_sqlstate END,
-                last_error = CASE WHEN $3 = 'running' THEN NULL ELSE last_error END
+                worker_pid = CASE WHEN $3 IN ('done', 'cancelled', 'failed') THEN NULL ELSE worker_pid END,
+                watermark_lsn = CASE WHEN $3 = 'done' THEN pg_catalog.pg_current_wal_insert_lsn()
+                                     WHEN $3 IN ('cancelled', 'failed') THEN NULL ELSE watermark_lsn END,
+                last_error_sqlstate = CASE WHEN $3 IN ('running', 'done') THEN NULL
+                                           WHEN $3 = 'failed' THEN $5 ELSE last_error_sqlstate END,
+                last_error = CASE WHEN $3 IN ('running', 'done') THEN NULL
+                                  WHEN $3 = 'failed' THEN $6 ELSE last_error END
           WHERE id = $1 AND state = ANY ($2)
          RETURNING id",
-        &[job_id.into(), from.into(), to.into(), pause_reason.into()],
+        &[job_id.into(), from.into(), to.as_str().into(), pause_reason.into(), sqlstate.into(), message.into()],
     )
 }
 
@@ -386,25 +373,6 @@ pub fn worker_lost_to_restart(job_id: i64) -> SpiResult<bool> {
         &[job_id.into()],
     )
     .map(|lost| lost.unwrap_or(false))
-}
-
-/// The worker pauses a running backfill while its slot's consumer is away or behind (reason
-/// Some), and resumes it when it is back (None). A pause by backfill_pause() is never touched.
-pub fn set_waiting(job_id: i64, reason: Option<&str>) -> SpiResult<bool> {
-    let sql = match reason {
-        Some(_) => {
-            "UPDATE backfill.job SET state = 'paused', pause_reason = $2
-              WHERE id = $1 AND (state = 'running' OR (state = 'paused' AND pause_reason LIKE 'waiting%'))
-                AND pause_reason IS DISTINCT FROM $2
-             RETURNING id"
-        }
-        None => {
-            "UPDATE backfill.job SET state = 'running', pause_reason = NULL
-              WHERE id = $1 AND state = 'paused' AND pause_reason LIKE 'waiting%' AND $2::text IS NULL
-             RETURNING id"
-        }
-    };
-    updated_any(sql, &[job_id.into(), reason.into()])
 }
 
 /// backfill_set(): new pacing for a running backfill; NULL keeps a value, 0 removes a limit.

@@ -2,10 +2,11 @@
 //! Their public signatures are declared in `sql/api.sql`.
 
 use crate::args::{check_batch_size, require_primary, required};
-use crate::catalog::{self, CANCELLED, FAILED, PAUSED, RUNNING};
+use crate::catalog;
 use crate::errors::raise;
 use crate::launcher;
 use crate::privilege::{self, as_extension_owner};
+use crate::state::JobState::{self, *};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
@@ -15,7 +16,7 @@ use pgrx::PgSqlErrorCode::*;
 fn cancel(id: Option<i64>) -> bool {
     require_primary("cancel a backfill");
     let id = required(id, "backfill_cancel", "id");
-    control(id, "cancel", &[RUNNING, PAUSED], CANCELLED, None);
+    control(id, "cancel", &[Running, Paused], Some(Cancelled), None);
     true
 }
 
@@ -24,10 +25,7 @@ fn cancel(id: Option<i64>) -> bool {
 fn pause(id: Option<i64>) -> bool {
     require_primary("pause a backfill");
     let id = required(id, "backfill_pause", "id");
-    // A backfill waiting for its slot's consumer can still be paused for good.
-    let waiting = as_extension_owner(|| catalog::job(id)).ok().flatten().is_some_and(|job| job.is_waiting());
-    let from: &[&str] = if waiting { &[RUNNING, PAUSED] } else { &[RUNNING] };
-    control(id, "pause", from, PAUSED, Some(catalog::PAUSED_BY_USER));
+    control(id, "pause", &[Running], Some(Paused), Some(catalog::PAUSED_BY_USER));
     true
 }
 
@@ -38,14 +36,11 @@ fn resume(id: Option<i64>) -> bool {
     require_primary("resume a backfill");
     let id = required(id, "backfill_resume", "id");
     let lost = as_extension_owner(|| catalog::worker_lost_to_restart(id)).unwrap_or(false);
-    let from: &[&str] = if lost { &[PAUSED, FAILED, RUNNING] } else { &[PAUSED, FAILED] };
-    let job = control(id, "resume", from, RUNNING, None);
-    // A backfill waiting for its slot's consumer still has its workers.
-    if !job.is_waiting() {
-        launcher::require_worker_slots(job.parallel);
-        for worker in 0..job.parallel {
-            launcher::launch_in_this_transaction(id, worker);
-        }
+    let from: &[JobState] = if lost { &[Paused, Failed, Running] } else { &[Paused, Failed] };
+    let job = control(id, "resume", from, Some(Running), None);
+    launcher::require_worker_slots(job.parallel);
+    for worker in 0..job.parallel {
+        launcher::launch_in_this_transaction(id, worker);
     }
     true
 }
@@ -69,7 +64,7 @@ fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, m
             );
         }
     }
-    let job = control(id, "change", &[RUNNING, PAUSED], "", None);
+    let job = control(id, "change", &[Running, Paused], None, None);
     if max_lag.is_some_and(|lag| lag > 0) && job.slot_name.is_none() {
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,
@@ -109,15 +104,15 @@ fn wait(id: Option<i64>, timeout_ms: Option<f64>) -> bool {
         let (state, delivered, error) = as_extension_owner(|| catalog::outcome(id)).unwrap_or_else(|e| {
             raise(ERRCODE_INTERNAL_ERROR, "could not read the backfill's state", e.to_string(), None)
         });
-        match state.as_str() {
-            "done" if delivered => return true,
-            "failed" | "cancelled" => raise(
+        match state {
+            Done if delivered => return true,
+            Failed | Cancelled => raise(
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 format!("backfill {id} {state}"),
                 error
                     .map(|e| format!("Backfill {id} {state}: {e}"))
                     .unwrap_or_else(|| format!("Backfill {id} was {state}.")),
-                Some(if state == "failed" {
+                Some(if state == Failed {
                     format!("Fix the cause, then SELECT backfill_resume({id}); continues from its cursor.")
                 } else {
                     "Start a new backfill to deliver the rest.".into()
@@ -133,9 +128,9 @@ fn wait(id: Option<i64>, timeout_ms: Option<f64>) -> bool {
 }
 
 /// Checks that backfill `id` exists, is in one of the states `from`, and that the caller may
-/// control it (see [`require_controller`]); then moves it to `to` (unless `to` is empty).
-/// Returns the backfill as it was.
-fn control(id: i64, verb: &str, from: &[&str], to: &str, pause_reason: Option<&str>) -> catalog::Job {
+/// control it (see [`require_controller`]); then moves it to `to`, if any. Returns the
+/// backfill as it was.
+fn control(id: i64, verb: &str, from: &[JobState], to: Option<JobState>, pause_reason: Option<&str>) -> catalog::Job {
     let job = require_controller(id, verb);
     let not_in_state = |state: &str| -> ! {
         raise(
@@ -143,19 +138,17 @@ fn control(id: i64, verb: &str, from: &[&str], to: &str, pause_reason: Option<&s
             format!("cannot {verb} backfill {id}"),
             format!(
                 "Backfill {id} is {state}; only a {} backfill can be {}.",
-                from.join(" or "),
+                from.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" or "),
                 past_participle(verb)
             ),
             None,
         )
     };
-    if !from.contains(&job.state.as_str()) {
-        not_in_state(&job.state);
+    if !from.contains(&job.state) {
+        not_in_state(job.state.as_str());
     }
-    if to.is_empty() {
-        return job;
-    }
-    let moved = as_extension_owner(|| catalog::set_state(id, from, to, pause_reason)).unwrap_or_else(|e| {
+    let Some(to) = to else { return job };
+    let moved = as_extension_owner(|| catalog::move_job(id, from, to, pause_reason, None)).unwrap_or_else(|e| {
         raise(ERRCODE_INTERNAL_ERROR, format!("could not {verb} the backfill"), e.to_string(), None)
     });
     if !moved {

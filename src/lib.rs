@@ -46,6 +46,7 @@ mod progress;
 mod scan;
 mod settings;
 mod sql;
+mod state;
 mod status;
 mod table;
 mod worker;

@@ -19,7 +19,7 @@
 //! for `backfill.lock_timeout`. A page therefore never closes a deadlock cycle with a writer.
 
 use crate::auth::Signer;
-use crate::catalog::{self, JobTable, DONE, RUNNING};
+use crate::catalog::{self, JobTable, Range};
 use crate::delivery;
 use crate::encoding::{show_key, KeyText, Text};
 use crate::errors::raise;
@@ -27,6 +27,7 @@ use crate::json::RowJson;
 use crate::message::{self, ReadMessage};
 use crate::pacing::Pacer;
 use crate::scan::{Locking, ScanQueries};
+use crate::state::{JobState, RangeState};
 use crate::table::{self, Table};
 use crate::xact::{in_transaction, sqlstate_of, who, PageError};
 use crate::{pipeline, privilege, settings};
@@ -46,7 +47,7 @@ pub enum Page {
     /// The table's scan ended (its end marker is sent).
     TableDone,
     /// The backfill is no longer running (paused by backfill_pause(), cancelled): the worker exits.
-    Stopped(String),
+    Stopped(JobState),
 }
 
 /// The scan of one table by the worker.
@@ -57,6 +58,9 @@ pub struct TableScan<'a> {
     pub(crate) page_end_plans: HashMap<bool, OwnedPreparedStatement>,
     pub(crate) page_rows_plans: HashMap<(bool, Locking), pg_sys::SPIPlanPtr>,
     pub(crate) slot: Option<String>,
+    /// What the backfill waits for now (its slot's consumer), if anything: it shows in
+    /// pg_stat_activity, where backfill_status.waiting_for reads it.
+    pub(crate) waiting_for: Option<String>,
     pub(crate) position: i32,
     pub(crate) batch_size: i32,
     pub(crate) pacer: Pacer,
@@ -98,6 +102,7 @@ impl<'a> TableScan<'a> {
             row,
             messages: ReadMessage::new(job_id, job.slot_name.as_deref(), &table),
             slot: job.slot_name.clone(),
+            waiting_for: None,
             owner: table.owner,
             table,
         })
@@ -105,11 +110,11 @@ impl<'a> TableScan<'a> {
 
     /// The backfill as it is now, with its pacing applied (backfill_set() takes effect here);
     /// its state when it no longer runs (paused by backfill_pause(), cancelled).
-    pub fn refresh(&mut self) -> Result<catalog::Job, String> {
+    pub fn refresh(&mut self) -> Result<catalog::Job, JobState> {
         let job = catalog::job(self.job_id)
             .unwrap_or_else(|e| error!("{e}"))
             .unwrap_or_else(|| error!("backfill {} no longer exists", self.job_id));
-        if job.state != RUNNING && !job.is_waiting() {
+        if job.state != JobState::Running {
             return Err(job.state);
         }
         self.batch_size = job.batch_size;
@@ -123,13 +128,17 @@ impl<'a> TableScan<'a> {
             Ok(job) => job,
             Err(state) => return Page::Stopped(state),
         };
+        // Waiting is not a state: the backfill still runs, as a backend waiting on a lock is
+        // still active. What it waits for shows in pg_stat_activity (no write, no commit).
         if let Some(reason) = pipeline::blocker(&job) {
-            if catalog::set_waiting(self.job_id, Some(&reason)).unwrap_or_else(|e| error!("{e}")) {
-                log!("{}: paused, {reason}", who(self.job_id));
+            if self.waiting_for.as_deref() != Some(reason.as_str()) {
+                log!("{}: waits for {reason}", who(self.job_id));
             }
+            report_activity(&format!("{WAITING_FOR}{reason}"));
+            self.waiting_for = Some(reason);
             return Page::Waiting;
         }
-        if job.is_waiting() && catalog::set_waiting(self.job_id, None).unwrap_or_else(|e| error!("{e}")) {
+        if self.waiting_for.take().is_some() {
             log!("{}: continues, the slot's consumer is back and caught up", who(self.job_id));
         }
         let progress = catalog::job_table(self.job_id, self.position)
@@ -141,7 +150,7 @@ impl<'a> TableScan<'a> {
         self.owner = found.owner;
         privilege::require_starter_rights(&job.started_by, self.table.relid, &self.table.qualified_name());
         let signer = Signer::for_this_transaction();
-        if progress.state == "pending" {
+        if progress.state == RangeState::Pending {
             return self.start_scan(&progress, &signer);
         }
         let Some(upper_bound) = progress.upper_bound.clone() else {
@@ -178,7 +187,7 @@ impl<'a> TableScan<'a> {
     /// Fixes the upper bound (the greatest key now) and sends the start marker.
     fn start_scan(&mut self, progress: &JobTable, signer: &Signer) -> Page {
         let ranges = self.lock_table_ranges();
-        let first_range = ranges.iter().all(|(position, state, _)| *position == self.position || state == "pending");
+        let first_range = ranges.iter().all(|r| r.position == self.position || r.state == RangeState::Pending);
         // The greatest key now: the upper bound of a table scanned whole or of its last range,
         // and what the start marker announces.
         let greatest = (first_range || progress.upper_bound.is_none()).then(|| self.greatest_key()).flatten();
@@ -189,7 +198,8 @@ impl<'a> TableScan<'a> {
             message::emit_marker(self.prefix, signer, marker);
         }
         let upper_bound = progress.upper_bound.clone().or(greatest.map(|(key, _)| key));
-        catalog::start_table(self.job_id, self.position, upper_bound.clone()).unwrap_or_else(|e| error!("{e}"));
+        catalog::move_range(self.job_id, self.position, RangeState::Running, upper_bound.clone())
+            .unwrap_or_else(|e| error!("{e}"));
         let bound = upper_bound
             .as_deref()
             .map(|k| format!("key ({})", show_key(k)))
@@ -225,21 +235,21 @@ impl<'a> TableScan<'a> {
     }
 
     /// Every range of this table in the backfill (one, unless parallel), locked in order.
-    fn lock_table_ranges(&self) -> Vec<(i32, String, i64)> {
+    fn lock_table_ranges(&self) -> Vec<Range> {
         catalog::lock_table_ranges(self.job_id, self.position).unwrap_or_else(|e| error!("{e}"))
     }
 
     /// Ends the scan of a range whose rows `ranges` are locked: marks it done and, if it is
     /// the table's last range to end, sends the table's end marker with the table's row count.
-    fn end_scan_locked(&mut self, rows: i64, ranges: &[(i32, String, i64)], signer: &Signer) -> Page {
-        let others = ranges.iter().filter(|(position, _, _)| *position != self.position);
-        if others.clone().all(|(_, state, _)| state == DONE) {
-            let total = rows + others.map(|(_, _, rows)| rows).sum::<i64>();
+    fn end_scan_locked(&mut self, rows: i64, ranges: &[Range], signer: &Signer) -> Page {
+        let others = ranges.iter().filter(|r| r.position != self.position);
+        if others.clone().all(|r| r.state == RangeState::Done) {
+            let total = rows + others.map(|r| r.rows_done).sum::<i64>();
             let marker = message::table_end(self.job_id, self.slot.as_deref(), &self.table, total);
             message::emit_marker(self.prefix, signer, marker);
             log!("{}: {} done, {total} rows", who(self.job_id), self.table.qualified_name());
         }
-        catalog::finish_table(self.job_id, self.position).unwrap_or_else(|e| error!("{e}"));
+        catalog::move_range(self.job_id, self.position, RangeState::Done, None).unwrap_or_else(|e| error!("{e}"));
         Page::TableDone
     }
 
@@ -364,6 +374,9 @@ impl<'a> TableScan<'a> {
         (sink.rows, sink.bytes)
     }
 }
+
+/// How a worker's activity starts while it waits for its slot's consumer (status.rs reads it).
+pub const WAITING_FOR: &str = "waiting for ";
 
 pub fn report_activity(what: &str) {
     // pg_stat_activity shows it to clients in the database's encoding.

@@ -2,7 +2,7 @@
 //! pauses while the slot has no active consumer and waits while the consumer lags, so that it
 //! never makes the server retain WAL that nobody reads.
 
-use crate::catalog::{Job, WAITING};
+use crate::catalog::Job;
 use crate::encoding::Text;
 use crate::errors::raise;
 use crate::settings;
@@ -112,8 +112,8 @@ pub fn blocker(job: &Job) -> Option<String> {
         );
     };
     if !active {
-        return Some(format!("{WAITING}: slot \"{slot}\" has no active consumer"));
+        return Some(format!("the consumer of slot \"{slot}\": none is connected"));
     }
     let limit = job.max_lag_bytes.unwrap_or(i64::from(settings::MAX_SLOT_LAG_KB.get()) * 1024);
-    (lag > limit).then(|| format!("{WAITING}: slot \"{slot}\" lags {lag} bytes, more than max_lag {limit}"))
+    (lag > limit).then(|| format!("the consumer of slot \"{slot}\": it lags {lag} bytes, more than max_lag {limit}"))
 }

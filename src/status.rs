@@ -1,6 +1,7 @@
 //! Helpers of the monitoring views that must work for every role (the views themselves are in
 //! `sql/api.sql`).
 
+use crate::encoding::Text;
 use crate::privilege;
 use pgrx::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,17 +50,25 @@ fn workers_running(backfill_id: i64) -> i32 {
     .unwrap_or(0)
 }
 
-/// What the workers of a backfill wait for now: a row lock another process holds (a one-row
-/// page waits up to backfill.lock_timeout for it, then retries), or nothing (NULL).
+/// What the workers of a running backfill wait for now: a row lock another process holds (a
+/// one-row page waits up to backfill.lock_timeout for it, then retries), the slot's consumer
+/// (away, or lagging past max_lag: the workers say so in pg_stat_activity), or nothing (NULL).
 #[pg_extern(schema = "backfill", stable)]
-fn waiting_for(backfill_id: i64) -> Option<String> {
+fn waiting_for(backfill_id: i64) -> Option<Text> {
     let caller = caller();
+    let skip = crate::page::WAITING_FOR.len() + 1;
     privilege::as_extension_owner(|| {
-        crate::sql::select_one::<String>(
+        crate::sql::select_one::<Text>(
             &format!(
-                "SELECT 'a row lock held by pid ' OPERATOR(pg_catalog.||) pg_catalog.string_agg(DISTINCT b::text, ', ')
-                   FROM pg_catalog.pg_stat_activity a, pg_catalog.unnest(pg_catalog.pg_blocking_pids(a.pid)) b
-                  WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}"
+                "SELECT coalesce(
+                    (SELECT 'a row lock held by pid ' OPERATOR(pg_catalog.||) pg_catalog.string_agg(DISTINCT b::text, ', ')
+                       FROM pg_catalog.pg_stat_activity a, pg_catalog.unnest(pg_catalog.pg_blocking_pids(a.pid)) b
+                      WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}),
+                    (SELECT pg_catalog.string_agg(DISTINCT pg_catalog.substr(a.query, {skip}), '; ')
+                       FROM pg_catalog.pg_stat_activity a
+                      WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}
+                        AND pg_catalog.starts_with(a.query, '{waiting}')))",
+                waiting = crate::page::WAITING_FOR,
             ),
             &[backfill_id.into(), caller.into()],
         )

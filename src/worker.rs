@@ -2,9 +2,10 @@
 //! its tables in order, one page per transaction (`page.rs`), retries transient failures with
 //! back-off, and records why it stops.
 
-use crate::catalog::{self, JobTable, DONE, FAILED, RUNNING};
+use crate::catalog::{self, JobTable};
 use crate::launcher::{self, admit_within_cap, worker_name};
 use crate::page::{Page, TableScan};
+use crate::state::{JobState, RangeState};
 use crate::table;
 use crate::xact::{in_transaction, who, PageError};
 use crate::{pacing, settings};
@@ -151,13 +152,11 @@ fn run(job_id: i64, worker: i32) {
     let Ok(Some((job, tables))) = loaded else {
         return;
     };
-    // A backfill whose other workers found its slot's consumer away is paused "waiting": this
-    // worker waits with them, it does not leave its range unscanned.
-    if job.state != RUNNING && !job.is_waiting() {
+    if job.state != JobState::Running {
         return;
     }
     let prefix = CString::new(job.message_prefix.clone()).unwrap_or_else(|_| c"backfill".into());
-    for table in tables.iter().filter(|t| t.state != DONE && t.worker == worker) {
+    for table in tables.iter().filter(|t| t.state != RangeState::Done && t.worker == worker) {
         let mut scan = match TableScan::open(job_id, &job, table, &prefix) {
             Ok(scan) => scan,
             Err(e) => return record_failure(job_id, Some(table), &e),
@@ -169,7 +168,7 @@ fn run(job_id: i64, worker: i32) {
     let finished = in_transaction(|| {
         wait_for_flush_at_commit();
         if catalog::all_ranges_done(job_id)? {
-            catalog::finish_job(job_id, DONE, None)
+            catalog::move_job(job_id, &[JobState::Running], JobState::Done, None, None)
         } else {
             Ok(false)
         }
@@ -236,7 +235,7 @@ fn scan_table(scan: &mut TableScan) -> bool {
 fn back_off(scan: &TableScan, failures: i32) -> bool {
     let millis = 50u64 << failures.clamp(0, 5);
     pacing::sleep(Duration::from_millis(millis));
-    matches!(in_transaction(|| catalog::job_state(scan.job_id)), Ok(Ok(Some(s))) if s == RUNNING)
+    matches!(in_transaction(|| catalog::job_state(scan.job_id)), Ok(Ok(Some(JobState::Running))))
 }
 
 fn fail(scan: &TableScan, e: &PageError) {
@@ -275,7 +274,8 @@ fn record_failure(job_id: i64, table: Option<&JobTable>, e: &PageError) {
         // Stored as errors are reported (see errors::for_server): it names tables and keys.
         let message = crate::errors::for_server(&format!("{}{place}", e.message)).into_owned();
         warning!("{} failed: {} {message}", who(job_id), e.sqlstate);
-        catalog::finish_job(job_id, FAILED, Some((&e.sqlstate, &message))).unwrap_or_else(|e| error!("{e}"));
+        catalog::move_job(job_id, &[JobState::Running], JobState::Failed, None, Some((&e.sqlstate, &message)))
+            .unwrap_or_else(|e| error!("{e}"));
     }));
     if let Err(e) = recorded {
         warning!("{}: could not record its failure: {}", who(job_id), e.message);
