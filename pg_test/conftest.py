@@ -12,6 +12,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from contextlib import suppress
 from pathlib import Path
 
@@ -125,6 +126,17 @@ def wal2json_changes(conn, slot: str):
 def backfill_messages(changes, prefix="backfill"):
     """The pg_backfill messages among decoded changes, parsed."""
     return [json.loads(c["content"]) for c in changes if c.get("action") == "M" and c.get("prefix") == prefix]
+
+
+def assert_each_row_read_once(messages, ids, markers=("table_start", "table_end")):
+    """The delivery guarantee, checked on a backfill's parsed messages: every id in `ids` read
+    exactly once and no other, and each marker once (a cancelled scan has no end marker)."""
+    reads = Counter(m["data"]["id"] for m in messages if m["op"] == "read")
+    ids = set(ids)
+    assert not ids - set(reads), f"{len(ids - set(reads))} rows never read, e.g. {sorted(ids - set(reads))[:5]}"
+    assert not set(reads) - ids, f"rows read that should not be: {sorted(set(reads) - ids)[:5]}"
+    assert [k for k, n in reads.items() if n > 1] == [], "a row was read twice"
+    assert Counter(m["op"] for m in messages if m["op"] != "read") == Counter(markers)
 
 
 def error_of(conn, sql, params=None) -> psycopg.Error:

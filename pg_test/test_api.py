@@ -1,8 +1,9 @@
 """The SQL API: estimates, the confirm step, the views, and every error a user can cause."""
 
-import psycopg
+import time
+
 import pytest
-from conftest import wait_until_ended, error_of
+from conftest import error_of, status, wait_for, wait_until_ended, worker_pid
 
 
 @pytest.fixture
@@ -150,18 +151,23 @@ def test_cancelling_a_finished_backfill_is_an_error(orders):
     assert "done" in e.diag.message_detail
 
 
-def test_start_rolled_back_leaves_no_backfill_and_no_worker(orders):
+def test_a_worker_waits_for_the_transaction_that_starts_it(orders):
+    """A worker is registered at once, but the backfill's row commits with the caller's
+    transaction: a worker that looked before the commit would find nothing and exit, leaving a
+    running backfill with no worker. It waits: committed, it runs; rolled back, it exits."""
     orders.execute("BEGIN")
     backfill_id = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
-    orders.execute("ROLLBACK")
-    # The worker waits for the starting transaction, sees it rolled back, and exits.
-    import time
+    time.sleep(1.5)  # the worker is up long before the commit
+    orders.execute("COMMIT")
+    assert wait_until_ended(orders, backfill_id) == "done"
+    assert status(orders, backfill_id, "rows_done") == orders.execute("SELECT count(*) FROM orders").fetchone()[0]
 
-    time.sleep(1.5)
-    assert orders.execute("SELECT count(*) FROM backfill_status").fetchone()[0] == 0
-    assert orders.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [f"pg_backfill {backfill_id}"]
-    ).fetchone()[0] == 0
+    orders.execute("BEGIN")
+    rolled_back = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
+    time.sleep(1.0)
+    orders.execute("ROLLBACK")
+    wait_for(lambda: worker_pid(orders, rolled_back) is None, timeout=5, what="the worker to exit")
+    assert orders.execute("SELECT count(*) FROM backfill_status WHERE id = %s", [rolled_back]).fetchone()[0] == 0
 
 
 def test_wal_level_must_be_logical(cluster):

@@ -1,18 +1,11 @@
 """Operations: pipelines (slot and publication), pausing with the consumer, back-pressure,
 pacing, retries, failures, waiting for delivery, and surviving server restarts."""
 
-import json
-import os
-import signal
-import subprocess
-import tempfile
 import time
-from collections import Counter
 
-import psycopg
 import pytest
-from conftest import (Cluster, Consumer, backfill_messages, error_of, status, wait_for, wait_until_ended,
-                      wal2json_changes, worker_pid)
+from conftest import (Cluster, Consumer, assert_each_row_read_once, backfill_messages, error_of, status, wait_for,
+                      wait_until_ended, wal2json_changes, worker_pid)
 
 @pytest.fixture
 def events(db):
@@ -139,8 +132,7 @@ def test_a_row_locked_longer_than_a_page_waits_is_retried(cluster, events):
         assert status(events, backfill_id, "rows_done") < 10000
         writer.execute("COMMIT")  # the writer never failed
     assert wait_until_ended(events, backfill_id) == "done"
-    reads = Counter(m["data"]["id"] for m in backfill_messages(wal2json_changes(events, "consumer")) if m["op"] == "read")
-    assert set(reads) == set(range(1, 20001)) and max(reads.values()) == 1
+    assert_each_row_read_once(backfill_messages(wal2json_changes(events, "consumer")), range(1, 20001))
 
 
 def test_a_non_transient_failure_is_recorded_with_key_and_sqlstate_and_resume_retries(events):
@@ -161,8 +153,7 @@ def test_a_non_transient_failure_is_recorded_with_key_and_sqlstate_and_resume_re
     assert e.sqlstate == "55000" and "backfill_resume" in e.diag.message_hint
     events.execute("SELECT backfill_resume(%s)", [backfill_id])
     assert events.execute("SELECT backfill_wait(%s, '60 seconds')", [backfill_id]).fetchone()[0] is True
-    reads = Counter(m["data"]["id"] for m in backfill_messages(wal2json_changes(events, "consumer")) if m["op"] == "read")
-    assert set(reads) == set(range(1, 20001)) and max(reads.values()) == 1
+    assert_each_row_read_once(backfill_messages(wal2json_changes(events, "consumer")), range(1, 20001))
 
 
 def test_backfill_wait_times_out_refuses_its_own_transaction_and_sees_delivery(cluster, events):
@@ -214,13 +205,6 @@ def restart_scenario(cluster, name, preload):
     return other, backfill_id
 
 
-def exactly_once(conn, rows=60000):
-    messages = backfill_messages(wal2json_changes(conn, "consumer"))
-    reads = Counter(m["data"]["id"] for m in messages if m["op"] == "read")
-    assert set(reads) == set(range(1, rows + 1)) and max(reads.values()) == 1
-    assert Counter(m["op"] for m in messages if m["op"] != "read") == {"table_start": 1, "table_end": 1}
-
-
 def test_preloaded_backfill_resumes_by_itself_after_an_immediate_stop(cluster):
     other, backfill_id = restart_scenario(cluster, "preload", preload=True)
     try:
@@ -229,7 +213,7 @@ def test_preloaded_backfill_resumes_by_itself_after_an_immediate_stop(cluster):
         with other.connect() as conn:
             assert status(conn, backfill_id, "auto_resume") is True
             assert wait_until_ended(conn, backfill_id) == "done"
-            exactly_once(conn)
+            assert_each_row_read_once(backfill_messages(wal2json_changes(conn, "consumer")), range(1, 60001))
     finally:
         other.stop()
 
@@ -244,7 +228,7 @@ def test_without_preloading_a_restart_leaves_it_to_backfill_resume(cluster):
             assert worker_pid(conn, backfill_id) is None
             assert conn.execute("SELECT backfill_resume(%s)", [backfill_id]).fetchone()[0] is True
             assert wait_until_ended(conn, backfill_id) == "done"
-            exactly_once(conn)
+            assert_each_row_read_once(backfill_messages(wal2json_changes(conn, "consumer")), range(1, 60001))
     finally:
         other.stop()
 
