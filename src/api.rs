@@ -166,8 +166,8 @@ fn start(
         .flatten()
         .map(|t| t.0)
         .unwrap_or_default();
-    let job_id = as_extension_owner(|| {
-        let job_id = catalog::insert_job(&catalog::NewJob {
+    let backfill_id = as_extension_owner(|| {
+        let backfill_id = catalog::insert_job(&catalog::NewJob {
             started_by: &started_by,
             batch_size,
             rows_per_second,
@@ -181,19 +181,19 @@ fn start(
         for (table, estimate) in tables.iter().zip(&estimates) {
             for range in plan::key_ranges(table, estimate.rows, parallel) {
                 position += 1;
-                catalog::insert_job_table(job_id, position, table.relid, table.key_names(), range)?;
+                catalog::insert_job_table(backfill_id, position, table.relid, table.key_names(), range)?;
             }
         }
-        Ok(job_id)
+        Ok(backfill_id)
     })
     .unwrap_or_else(|e: pgrx::spi::Error| {
         raise(ERRCODE_INTERNAL_ERROR, "could not record the backfill", e.to_string(), None)
     });
 
     for worker in 0..parallel {
-        launcher::launch_in_this_transaction(job_id, worker);
+        launcher::launch_in_this_transaction(backfill_id, worker);
     }
-    job_id
+    backfill_id
 }
 
 /// The tables named, each once; NULLs and an empty list are errors.

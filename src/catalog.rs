@@ -173,21 +173,21 @@ fn job_tables_where(condition: &str, args: &[DatumWithOid]) -> SpiResult<Vec<Job
 }
 
 /// The tables of a backfill, in scan order.
-pub fn job_tables(job_id: i64) -> SpiResult<Vec<JobTable>> {
-    job_tables_where("job_id = $1", &[job_id.into()])
+pub fn job_tables(backfill_id: i64) -> SpiResult<Vec<JobTable>> {
+    job_tables_where("job_id = $1", &[backfill_id.into()])
 }
 
-pub fn job_table(job_id: i64, position: i32) -> SpiResult<Option<JobTable>> {
-    Ok(job_tables_where("job_id = $1 AND position = $2", &[job_id.into(), position.into()])?.pop())
+pub fn job_table(backfill_id: i64, position: i32) -> SpiResult<Option<JobTable>> {
+    Ok(job_tables_where("job_id = $1 AND position = $2", &[backfill_id.into(), position.into()])?.pop())
 }
 
-pub fn set_worker_pid(job_id: i64, pid: Option<i32>) -> SpiResult<()> {
-    Spi::run_with_args("UPDATE backfill.job SET worker_pid = $2 WHERE id = $1", &[job_id.into(), pid.into()])
+pub fn set_worker_pid(backfill_id: i64, pid: Option<i32>) -> SpiResult<()> {
+    Spi::run_with_args("UPDATE backfill.job SET worker_pid = $2 WHERE id = $1", &[backfill_id.into(), pid.into()])
 }
 
 /// The one way a range changes state: running, with its upper bound fixed, when its scan
 /// starts; done when it ends.
-pub fn move_range(job_id: i64, position: i32, to: RangeState, upper_bound: Option<Vec<KeyText>>) -> SpiResult<()> {
+pub fn move_range(backfill_id: i64, position: i32, to: RangeState, upper_bound: Option<Vec<KeyText>>) -> SpiResult<()> {
     Spi::run_with_args(
         "UPDATE backfill.job_table
             SET state = $3,
@@ -195,19 +195,19 @@ pub fn move_range(job_id: i64, position: i32, to: RangeState, upper_bound: Optio
                 started_at = CASE WHEN $3 = 'running' THEN clock_timestamp() ELSE started_at END,
                 finished_at = CASE WHEN $3 = 'done' THEN clock_timestamp() END
           WHERE job_id = $1 AND position = $2",
-        &[job_id.into(), position.into(), to.as_str().into(), upper_bound.into()],
+        &[backfill_id.into(), position.into(), to.as_str().into(), upper_bound.into()],
     )
 }
 
 /// A page was delivered: the cursor moves to its last key, in the page's own transaction.
-pub fn advance_cursor(job_id: i64, position: i32, cursor: Vec<KeyText>, rows: i64, bytes: i64) -> SpiResult<()> {
+pub fn advance_cursor(backfill_id: i64, position: i32, cursor: Vec<KeyText>, rows: i64, bytes: i64) -> SpiResult<()> {
     run_prepared(
         "UPDATE backfill.job_table
             SET cursor = $3, rows_done = rows_done + $4, bytes_done = bytes_done + $5,
                 last_page_lsn = pg_catalog.pg_current_wal_insert_lsn()
           WHERE job_id = $1 AND position = $2",
         true,
-        &[job_id.into(), position.into(), cursor.into(), rows.into(), bytes.into()],
+        &[backfill_id.into(), position.into(), cursor.into(), rows.into(), bytes.into()],
         |_| Ok(()),
     )
 }
@@ -254,7 +254,7 @@ pub struct NewRange {
 }
 
 pub fn insert_job_table(
-    job_id: i64,
+    backfill_id: i64,
     position: i32,
     relid: pg_sys::Oid,
     key_columns: Vec<String>,
@@ -265,7 +265,7 @@ pub fn insert_job_table(
                                          upper_bound, rows_estimated)
          VALUES ($1, $2, $3::oid::regclass, $4, $4, $5::name[], $6, $6, $7, $8)",
         &[
-            job_id.into(),
+            backfill_id.into(),
             position.into(),
             relid.into(),
             range.part.into(),
@@ -287,7 +287,7 @@ pub struct Range {
 /// Every range of the same table in this backfill, locked in position order, so that the
 /// ranges' workers decide in turn which of them sends the table's start and end markers. A
 /// table scanned whole has one range: itself.
-pub fn lock_table_ranges(job_id: i64, position: i32) -> SpiResult<Vec<Range>> {
+pub fn lock_table_ranges(backfill_id: i64, position: i32) -> SpiResult<Vec<Range>> {
     Spi::connect_mut(|client| {
         client
             .update(
@@ -296,7 +296,7 @@ pub fn lock_table_ranges(job_id: i64, position: i32) -> SpiResult<Vec<Range>> {
                     AND r.relid = (SELECT relid FROM backfill.job_table WHERE job_id = $1 AND position = $2)
                   ORDER BY r.position FOR UPDATE",
                 None,
-                &[job_id.into(), position.into()],
+                &[backfill_id.into(), position.into()],
             )?
             .map(|row| {
                 Ok(Range {
@@ -311,13 +311,13 @@ pub fn lock_table_ranges(job_id: i64, position: i32) -> SpiResult<Vec<Range>> {
 
 /// Whether every range of the backfill is done, with the backfill locked: of several workers,
 /// the last to finish sees it, and marks the backfill done.
-pub fn all_ranges_done(job_id: i64) -> SpiResult<bool> {
+pub fn all_ranges_done(backfill_id: i64) -> SpiResult<bool> {
     Spi::connect_mut(|client| {
-        client.update("SELECT 1 FROM backfill.job WHERE id = $1 FOR UPDATE", None, &[job_id.into()])?;
+        client.update("SELECT 1 FROM backfill.job WHERE id = $1 FOR UPDATE", None, &[backfill_id.into()])?;
         let pending = client.update(
             "SELECT 1 FROM backfill.job_table WHERE job_id = $1 AND state <> 'done' LIMIT 1",
             None,
-            &[job_id.into()],
+            &[backfill_id.into()],
         )?;
         Ok(pending.is_empty())
     })
@@ -339,7 +339,7 @@ pub fn running_backfill_of(relid: pg_sys::Oid) -> SpiResult<Option<i64>> {
 /// worker's pid; done records the watermark (the WAL position after every page, which the
 /// slot's consumer must confirm for delivery), failed its error.
 pub fn move_job(
-    job_id: i64,
+    backfill_id: i64,
     from: &[JobState],
     to: JobState,
     pause_reason: Option<&str>,
@@ -361,23 +361,23 @@ pub fn move_job(
                                   WHEN $3 = 'failed' THEN $6 ELSE last_error END
           WHERE id = $1 AND state = ANY ($2)
          RETURNING id",
-        &[job_id.into(), from.into(), to.as_str().into(), pause_reason.into(), sqlstate.into(), message.into()],
+        &[backfill_id.into(), from.into(), to.as_str().into(), pause_reason.into(), sqlstate.into(), message.into()],
     )
 }
 
 /// A running backfill whose worker was launched before the server last started: without
 /// shared_preload_libraries nothing relaunched it.
-pub fn worker_lost_to_restart(job_id: i64) -> SpiResult<bool> {
+pub fn worker_lost_to_restart(backfill_id: i64) -> SpiResult<bool> {
     Spi::get_one_with_args::<bool>(
         "SELECT state = 'running' AND launched_at < pg_catalog.pg_postmaster_start_time() FROM backfill.job WHERE id = $1",
-        &[job_id.into()],
+        &[backfill_id.into()],
     )
     .map(|lost| lost.unwrap_or(false))
 }
 
 /// backfill_set(): new pacing for a running backfill; NULL keeps a value, 0 removes a limit.
 pub fn set_pacing(
-    job_id: i64,
+    backfill_id: i64,
     batch_size: Option<i32>,
     rows_per_second: Option<i32>,
     max_lag_bytes: Option<i64>,
@@ -388,12 +388,12 @@ pub fn set_pacing(
                 rows_per_second = CASE WHEN $3 IS NULL THEN rows_per_second ELSE nullif($3, 0) END,
                 max_lag_bytes = CASE WHEN $4 IS NULL THEN max_lag_bytes ELSE nullif($4, 0) END
           WHERE id = $1",
-        &[job_id.into(), batch_size.into(), rows_per_second.into(), max_lag_bytes.into()],
+        &[backfill_id.into(), batch_size.into(), rows_per_second.into(), max_lag_bytes.into()],
     )
 }
 
 /// A progress sample, for the rate over the last minute; samples older than two minutes go.
-pub fn record_progress(job_id: i64) -> SpiResult<()> {
+pub fn record_progress(backfill_id: i64) -> SpiResult<()> {
     Spi::run_with_args(
         "WITH sample AS (
              INSERT INTO backfill.job_progress (job_id, at, rows_done)
@@ -401,14 +401,14 @@ pub fn record_progress(job_id: i64) -> SpiResult<()> {
              -- Parallel workers sample the same total: two in the same microsecond are one.
              ON CONFLICT DO NOTHING)
          DELETE FROM backfill.job_progress WHERE job_id = $1 AND at < clock_timestamp() - interval '2 minutes'",
-        &[job_id.into()],
+        &[backfill_id.into()],
     )
 }
 
-pub fn set_key_fraction(job_id: i64, position: i32, fraction: Option<f64>) -> SpiResult<()> {
+pub fn set_key_fraction(backfill_id: i64, position: i32, fraction: Option<f64>) -> SpiResult<()> {
     Spi::run_with_args(
         "UPDATE backfill.job_table SET key_fraction_done = $3 WHERE job_id = $1 AND position = $2",
-        &[job_id.into(), position.into(), fraction.into()],
+        &[backfill_id.into(), position.into(), fraction.into()],
     )
 }
 

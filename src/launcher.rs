@@ -16,10 +16,10 @@ use std::time::Duration;
 /// Registers the worker of a backfill. It connects to this database and, before doing
 /// anything, waits for the transaction that recorded the backfill (which may not have
 /// committed yet; registration is not transactional) and gives up if that one rolled back.
-pub fn launch(job_id: i64, worker: i32, starter_xid: u64) -> bool {
+pub fn launch(backfill_id: i64, worker: i32, starter_xid: u64) -> bool {
     // SAFETY: this backend's database, set when it connected.
     let database = unsafe { pg_sys::MyDatabaseId }.to_u32();
-    register(Task::Backfill { database, backfill_id: job_id, worker, starter_xid })
+    register(Task::Backfill { database, backfill_id: backfill_id, worker, starter_xid })
 }
 
 /// What a `backfill_worker_main` process is started for: its typed start argument, passed
@@ -156,14 +156,14 @@ pub fn admit_within_cap() {
 /// Wakes the workers of a backfill of this database from their sleep (pacing, back-off,
 /// waiting for a consumer) when this transaction commits, so that a cancel, pause or new
 /// pacing takes effect at once.
-pub fn wake_workers_at_commit(job_id: i64) {
+pub fn wake_workers_at_commit(backfill_id: i64) {
     let pids = privilege::as_extension_owner(|| {
         Spi::connect(|client| {
             client
                 .select(
                     &format!("SELECT a.pid FROM pg_catalog.pg_stat_activity a WHERE {WORKERS_OF_BACKFILL}"),
                     None,
-                    &[job_id.into()],
+                    &[backfill_id.into()],
                 )?
                 .map(|row| row.get::<i32>(1))
                 .collect::<Result<Vec<_>, _>>()
@@ -203,11 +203,11 @@ pub fn override_search_path() {
 
 /// `pg_backfill 7` for a backfill's first worker, `pg_backfill 7/1` for its second: the
 /// application_name it shows in pg_stat_activity.
-pub fn worker_name(job_id: i64, worker: i32) -> String {
+pub fn worker_name(backfill_id: i64, worker: i32) -> String {
     if worker == 0 {
-        format!("pg_backfill {job_id}")
+        format!("pg_backfill {backfill_id}")
     } else {
-        format!("pg_backfill {job_id}/{worker}")
+        format!("pg_backfill {backfill_id}/{worker}")
     }
 }
 
@@ -235,11 +235,11 @@ pub fn resume_database() {
             Vec::new()
         }
     });
-    for (job_id, parallel) in jobs.unwrap_or_default() {
-        if (0..parallel).all(|worker| launch(job_id, worker, 0)) {
-            log!("{}: resumed after the server restart", who(job_id));
+    for (backfill_id, parallel) in jobs.unwrap_or_default() {
+        if (0..parallel).all(|worker| launch(backfill_id, worker, 0)) {
+            log!("{}: resumed after the server restart", who(backfill_id));
         } else {
-            warning!("{}: could not resume it: no free background worker slot", who(job_id));
+            warning!("{}: could not resume it: no free background worker slot", who(backfill_id));
         }
     }
 }

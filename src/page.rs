@@ -52,7 +52,7 @@ pub enum Page {
 
 /// The scan of one table by the worker.
 pub struct TableScan<'a> {
-    pub(crate) job_id: i64,
+    pub(crate) backfill_id: i64,
     /// Prepared once per scan: the page bound query (by whether a cursor exists) and the page
     /// rows query (by that and the locking).
     pub(crate) page_end_plans: HashMap<bool, OwnedPreparedStatement>,
@@ -78,7 +78,12 @@ pub struct TableScan<'a> {
 }
 
 impl<'a> TableScan<'a> {
-    pub fn open(job_id: i64, job: &catalog::Job, job_table: &JobTable, prefix: &'a CString) -> Result<Self, PageError> {
+    pub fn open(
+        backfill_id: i64,
+        job: &catalog::Job,
+        job_table: &JobTable,
+        prefix: &'a CString,
+    ) -> Result<Self, PageError> {
         let relid = job_table.relid;
         let inspected = in_transaction(|| table::inspect(relid))?;
         let table = inspected.map_err(|why| PageError {
@@ -88,7 +93,7 @@ impl<'a> TableScan<'a> {
         })?;
         let row = in_transaction(|| RowJson::new(&table.columns))?;
         Ok(TableScan {
-            job_id,
+            backfill_id,
             page_end_plans: HashMap::new(),
             page_rows_plans: HashMap::new(),
             position: job_table.position,
@@ -100,7 +105,7 @@ impl<'a> TableScan<'a> {
             queries: ScanQueries::new(&table),
             key_columns: table.key.iter().map(|k| k.position).collect(),
             row,
-            messages: ReadMessage::new(job_id, job.slot_name.as_deref(), &table),
+            messages: ReadMessage::new(backfill_id, job.slot_name.as_deref(), &table),
             slot: job.slot_name.clone(),
             waiting_for: None,
             owner: table.owner,
@@ -111,9 +116,9 @@ impl<'a> TableScan<'a> {
     /// The backfill as it is now, with its pacing applied (backfill_set() takes effect here);
     /// its state when it no longer runs (paused by backfill_pause(), cancelled).
     pub fn refresh(&mut self) -> Result<catalog::Job, JobState> {
-        let job = catalog::job(self.job_id)
+        let job = catalog::job(self.backfill_id)
             .unwrap_or_else(|e| error!("{e}"))
-            .unwrap_or_else(|| error!("backfill {} no longer exists", self.job_id));
+            .unwrap_or_else(|| error!("backfill {} no longer exists", self.backfill_id));
         if job.state != JobState::Running {
             return Err(job.state);
         }
@@ -132,18 +137,18 @@ impl<'a> TableScan<'a> {
         // still active. What it waits for shows in pg_stat_activity (no write, no commit).
         if let Some(reason) = pipeline::blocker(&job) {
             if self.waiting_for.as_deref() != Some(reason.as_str()) {
-                log!("{}: waits for {reason}", who(self.job_id));
+                log!("{}: waits for {reason}", who(self.backfill_id));
             }
             report_activity(&format!("{WAITING_FOR}{reason}"));
             self.waiting_for = Some(reason);
             return Page::Waiting;
         }
         if self.waiting_for.take().is_some() {
-            log!("{}: continues, the slot's consumer is back and caught up", who(self.job_id));
+            log!("{}: continues, the slot's consumer is back and caught up", who(self.backfill_id));
         }
-        let progress = catalog::job_table(self.job_id, self.position)
+        let progress = catalog::job_table(self.backfill_id, self.position)
             .unwrap_or_else(|e| error!("{e}"))
-            .unwrap_or_else(|| error!("backfill {} lost its table {}", self.job_id, self.position));
+            .unwrap_or_else(|| error!("backfill {} lost its table {}", self.backfill_id, self.position));
         let row = &self.row;
         // SAFETY: the descriptor is the open relation's.
         let found = self.table.recheck(|descriptor| unsafe { row.describes(descriptor) });
@@ -158,7 +163,7 @@ impl<'a> TableScan<'a> {
         };
         report_activity(&format!(
             "backfill {}: {} after key ({})",
-            self.job_id,
+            self.backfill_id,
             self.table.qualified_name(),
             progress.cursor.as_deref().map(show_key).unwrap_or_default()
         ));
@@ -174,11 +179,11 @@ impl<'a> TableScan<'a> {
             // The table's ranges are locked before this range's row is updated, as in every
             // other end and start: always in the same order, so workers never deadlock.
             let ranges = self.lock_table_ranges();
-            catalog::advance_cursor(self.job_id, self.position, page_end, rows, bytes)
+            catalog::advance_cursor(self.backfill_id, self.position, page_end, rows, bytes)
                 .unwrap_or_else(|e| error!("{e}"));
             return self.end_scan_locked(progress.rows_done + rows, &ranges, &signer);
         }
-        catalog::advance_cursor(self.job_id, self.position, page_end.clone(), rows, bytes)
+        catalog::advance_cursor(self.backfill_id, self.position, page_end.clone(), rows, bytes)
             .unwrap_or_else(|e| error!("{e}"));
         self.report_progress(&page_end, &progress, &upper_bound, progress.rows_done + rows);
         Page::More
@@ -194,17 +199,18 @@ impl<'a> TableScan<'a> {
         if first_range {
             let json = greatest.as_ref().map(|(_, json)| json.as_slice());
             let rows_estimated = ranges.len() as i64 * progress.rows_estimated;
-            let marker = message::table_start(self.job_id, self.slot.as_deref(), &self.table, json, rows_estimated);
+            let marker =
+                message::table_start(self.backfill_id, self.slot.as_deref(), &self.table, json, rows_estimated);
             message::emit_marker(self.prefix, signer, marker);
         }
         let upper_bound = progress.upper_bound.clone().or(greatest.map(|(key, _)| key));
-        catalog::move_range(self.job_id, self.position, RangeState::Running, upper_bound.clone())
+        catalog::move_range(self.backfill_id, self.position, RangeState::Running, upper_bound.clone())
             .unwrap_or_else(|e| error!("{e}"));
         let bound = upper_bound
             .as_deref()
             .map(|k| format!("key ({})", show_key(k)))
             .unwrap_or_else(|| "nothing: it is empty".into());
-        log!("{}: scanning {} up to {bound}", who(self.job_id), self.table.qualified_name());
+        log!("{}: scanning {} up to {bound}", who(self.backfill_id), self.table.qualified_name());
         if upper_bound.is_none() {
             return self.end_scan_locked(0, &ranges, signer);
         }
@@ -236,7 +242,7 @@ impl<'a> TableScan<'a> {
 
     /// Every range of this table in the backfill (one, unless parallel), locked in order.
     fn lock_table_ranges(&self) -> Vec<Range> {
-        catalog::lock_table_ranges(self.job_id, self.position).unwrap_or_else(|e| error!("{e}"))
+        catalog::lock_table_ranges(self.backfill_id, self.position).unwrap_or_else(|e| error!("{e}"))
     }
 
     /// Ends the scan of a range whose rows `ranges` are locked: marks it done and, if it is
@@ -245,11 +251,11 @@ impl<'a> TableScan<'a> {
         let others = ranges.iter().filter(|r| r.position != self.position);
         if others.clone().all(|r| r.state == RangeState::Done) {
             let total = rows + others.map(|r| r.rows_done).sum::<i64>();
-            let marker = message::table_end(self.job_id, self.slot.as_deref(), &self.table, total);
+            let marker = message::table_end(self.backfill_id, self.slot.as_deref(), &self.table, total);
             message::emit_marker(self.prefix, signer, marker);
-            log!("{}: {} done, {total} rows", who(self.job_id), self.table.qualified_name());
+            log!("{}: {} done, {total} rows", who(self.backfill_id), self.table.qualified_name());
         }
-        catalog::move_range(self.job_id, self.position, RangeState::Done, None).unwrap_or_else(|e| error!("{e}"));
+        catalog::move_range(self.backfill_id, self.position, RangeState::Done, None).unwrap_or_else(|e| error!("{e}"));
         Page::TableDone
     }
 
@@ -285,7 +291,11 @@ impl<'a> TableScan<'a> {
                 Some("Start a new backfill of the table.".into()),
             );
         }
-        log!("{}: the columns of {} changed; rows are read as they are now", who(self.job_id), table.qualified_name());
+        log!(
+            "{}: the columns of {} changed; rows are read as they are now",
+            who(self.backfill_id),
+            table.qualified_name()
+        );
         for (_, plan) in self.page_rows_plans.drain() {
             // SAFETY: a plan this scan prepared and kept, freed once (it leaves the map here).
             unsafe { pg_sys::SPI_freeplan(plan) };
@@ -294,7 +304,7 @@ impl<'a> TableScan<'a> {
         self.queries = ScanQueries::new(&table);
         self.key_columns = table.key.iter().map(|k| k.position).collect();
         self.row = RowJson::new(&table.columns);
-        self.messages = ReadMessage::new(self.job_id, self.slot.as_deref(), &table);
+        self.messages = ReadMessage::new(self.backfill_id, self.slot.as_deref(), &table);
         self.table = table;
     }
 

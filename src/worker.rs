@@ -39,7 +39,7 @@ pub extern "C-unwind" fn backfill_worker_main(_arg: pg_sys::Datum) {
         unsafe { pg_sys::proc_exit(0) }
     };
     let database = task.database();
-    let (job_id, worker, starter_xid) = match task {
+    let (backfill_id, worker, starter_xid) = match task {
         launcher::Task::Backfill { backfill_id, worker, starter_xid, .. } => (backfill_id, worker, starter_xid),
         launcher::Task::Resume { .. } => (0, 0, 0),
     };
@@ -48,7 +48,7 @@ pub extern "C-unwind" fn backfill_worker_main(_arg: pg_sys::Datum) {
     // backfills went with the database. (Before connecting, the database's directory is the
     // one thing a process can look at.)
     if !std::path::Path::new(&format!("base/{database}")).exists() {
-        log!("pg_backfill {job_id}: database {database} no longer exists, its worker stops");
+        log!("pg_backfill {backfill_id}: database {database} no longer exists, its worker stops");
         // SAFETY: a clean exit, before the process has touched any shared state: the
         // postmaster does not restart a worker that exits with 0.
         unsafe { pg_sys::proc_exit(0) };
@@ -56,7 +56,7 @@ pub extern "C-unwind" fn backfill_worker_main(_arg: pg_sys::Datum) {
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
     launcher::override_search_path();
     // Log lines name the database; its name is read once, in a transaction.
-    let _ = in_transaction(|| who(job_id));
+    let _ = in_transaction(|| who(backfill_id));
 
     if let launcher::Task::Resume { .. } = task {
         return launcher::resume_database();
@@ -70,20 +70,20 @@ pub extern "C-unwind" fn backfill_worker_main(_arg: pg_sys::Datum) {
         Spi::run_with_args(
             "SELECT pg_catalog.pg_advisory_lock(pg_catalog.hashtext('pg_backfill.worker') OPERATOR(pg_catalog.+) $2,
                                                 $1::pg_catalog.int4)",
-            &[job_id.into(), worker.into()],
+            &[backfill_id.into(), worker.into()],
         )
         .unwrap_or_else(|e| error!("{e}"));
         admit_within_cap();
-        configure_session(&worker_name(job_id, worker));
+        configure_session(&worker_name(backfill_id, worker));
         if worker == 0 {
             // SAFETY: this process's pid.
             let pid = unsafe { pg_sys::MyProcPid };
-            catalog::set_worker_pid(job_id, Some(pid)).unwrap_or_else(|e| error!("{e}"));
+            catalog::set_worker_pid(backfill_id, Some(pid)).unwrap_or_else(|e| error!("{e}"));
         }
     });
     match started {
-        Ok(()) => run(job_id, worker),
-        Err(e) => record_failure(job_id, None, &e),
+        Ok(()) => run(backfill_id, worker),
+        Err(e) => record_failure(backfill_id, None, &e),
     }
 }
 
@@ -147,8 +147,8 @@ fn wait_for_starter(starter_xid: u64) -> bool {
 
 /// Scans every range of the backfill's tables that is this worker's and not done yet; the last
 /// worker to finish marks the backfill done.
-fn run(job_id: i64, worker: i32) {
-    let loaded = in_transaction(|| catalog::job(job_id).ok().flatten().zip(catalog::job_tables(job_id).ok()));
+fn run(backfill_id: i64, worker: i32) {
+    let loaded = in_transaction(|| catalog::job(backfill_id).ok().flatten().zip(catalog::job_tables(backfill_id).ok()));
     let Ok(Some((job, tables))) = loaded else {
         return;
     };
@@ -157,9 +157,9 @@ fn run(job_id: i64, worker: i32) {
     }
     let prefix = CString::new(job.message_prefix.clone()).unwrap_or_else(|_| c"backfill".into());
     for table in tables.iter().filter(|t| t.state != RangeState::Done && t.worker == worker) {
-        let mut scan = match TableScan::open(job_id, &job, table, &prefix) {
+        let mut scan = match TableScan::open(backfill_id, &job, table, &prefix) {
             Ok(scan) => scan,
-            Err(e) => return record_failure(job_id, Some(table), &e),
+            Err(e) => return record_failure(backfill_id, Some(table), &e),
         };
         if !scan_table(&mut scan) {
             return;
@@ -167,14 +167,14 @@ fn run(job_id: i64, worker: i32) {
     }
     let finished = in_transaction(|| {
         wait_for_flush_at_commit();
-        if catalog::all_ranges_done(job_id)? {
-            catalog::move_job(job_id, &[JobState::Running], JobState::Done, None, None)
+        if catalog::all_ranges_done(backfill_id)? {
+            catalog::move_job(backfill_id, &[JobState::Running], JobState::Done, None, None)
         } else {
             Ok(false)
         }
     });
     if matches!(finished, Ok(Ok(true))) {
-        log!("{}: done", who(job_id));
+        log!("{}: done", who(backfill_id));
     }
 }
 
@@ -189,7 +189,7 @@ fn scan_table(scan: &mut TableScan) -> bool {
             // Not its turn yet: look at the backfill again (cancelled, paused, paced anew?).
             match in_transaction(AssertUnwindSafe(|| scan.refresh())) {
                 Ok(Err(state)) => {
-                    log!("{}: {state}, its worker exits", who(scan.job_id));
+                    log!("{}: {state}, its worker exits", who(scan.backfill_id));
                     return false;
                 }
                 Ok(Ok(_)) | Err(_) => continue,
@@ -209,7 +209,7 @@ fn scan_table(scan: &mut TableScan) -> bool {
             }
             Ok(Page::TableDone) => return true,
             Ok(Page::Stopped(state)) => {
-                log!("{}: {state}, its worker exits", who(scan.job_id));
+                log!("{}: {state}, its worker exits", who(scan.backfill_id));
                 return false;
             }
             Err(e) if e.code == ERRCODE_LOCK_NOT_AVAILABLE && rows_per_page > 1 => {
@@ -235,13 +235,13 @@ fn scan_table(scan: &mut TableScan) -> bool {
 fn back_off(scan: &TableScan, failures: i32) -> bool {
     let millis = 50u64 << failures.clamp(0, 5);
     pacing::sleep(Duration::from_millis(millis));
-    matches!(in_transaction(|| catalog::job_state(scan.job_id)), Ok(Ok(Some(JobState::Running))))
+    matches!(in_transaction(|| catalog::job_state(scan.backfill_id)), Ok(Ok(Some(JobState::Running))))
 }
 
 fn fail(scan: &TableScan, e: &PageError) {
     let job_table =
-        in_transaction(|| catalog::job_table(scan.job_id, scan.position)).ok().and_then(|r| r.ok()).flatten();
-    record_failure(scan.job_id, job_table.as_ref(), e);
+        in_transaction(|| catalog::job_table(scan.backfill_id, scan.position)).ok().and_then(|r| r.ok()).flatten();
+    record_failure(scan.backfill_id, job_table.as_ref(), e);
 }
 
 fn reload_config_if_asked() {
@@ -262,7 +262,7 @@ fn wait_for_flush_at_commit() {
 }
 
 /// Stops the backfill in state failed, with the error, the table and the key it stopped at.
-fn record_failure(job_id: i64, table: Option<&JobTable>, e: &PageError) {
+fn record_failure(backfill_id: i64, table: Option<&JobTable>, e: &PageError) {
     let recorded = in_transaction(AssertUnwindSafe(|| {
         wait_for_flush_at_commit();
         let place = table
@@ -273,11 +273,11 @@ fn record_failure(job_id: i64, table: Option<&JobTable>, e: &PageError) {
             .unwrap_or_default();
         // Stored as errors are reported (see errors::for_server): it names tables and keys.
         let message = crate::errors::for_server(&format!("{}{place}", e.message)).into_owned();
-        warning!("{} failed: {} {message}", who(job_id), e.sqlstate);
-        catalog::move_job(job_id, &[JobState::Running], JobState::Failed, None, Some((&e.sqlstate, &message)))
+        warning!("{} failed: {} {message}", who(backfill_id), e.sqlstate);
+        catalog::move_job(backfill_id, &[JobState::Running], JobState::Failed, None, Some((&e.sqlstate, &message)))
             .unwrap_or_else(|e| error!("{e}"));
     }));
     if let Err(e) = recorded {
-        warning!("{}: could not record its failure: {}", who(job_id), e.message);
+        warning!("{}: could not record its failure: {}", who(backfill_id), e.message);
     }
 }

@@ -83,7 +83,7 @@ pub fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe) -> Result<R, Pag
 
 /// How a worker names its backfill in log lines: `pg_backfill 7 in database "shop"` (a server
 /// runs backfills of several databases, and ids are per database).
-pub fn who(job_id: i64) -> String {
+pub fn who(backfill_id: i64) -> String {
     thread_local! {
         static DATABASE: String = {
             // SAFETY: the worker is connected to its database; the name is copied out at once.
@@ -96,7 +96,7 @@ pub fn who(job_id: i64) -> String {
             }
         };
     }
-    DATABASE.with(|database| format!("pg_backfill {job_id} in database \"{database}\""))
+    DATABASE.with(|database| format!("pg_backfill {backfill_id} in database \"{database}\""))
 }
 
 #[cfg(any(test, feature = "pg_test"))]
