@@ -5,6 +5,7 @@ use crate::args::{check_batch_size, check_rate, require_primary, required};
 use crate::catalog;
 use crate::encoding::Text;
 use crate::errors::raise;
+use crate::errors::OrInternal;
 use crate::plan::{self, Estimate};
 use crate::privilege::{self, as_extension_owner};
 use crate::table::{self, Table};
@@ -116,11 +117,10 @@ fn start(
 
     // Two starts of the same table must not both pass the check below: serialize them.
     Spi::run("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pg_backfill.start'))")
-        .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not lock", e.to_string(), None));
-    if let Some(running) = slot.as_deref().and_then(|slot| {
-        as_extension_owner(|| catalog::running_backfill_of_slot(slot))
-            .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not read backfills", e.to_string(), None))
-    }) {
+        .or_internal("serialize backfill starts");
+    if let Some(running) =
+        slot.as_deref().and_then(|slot| as_extension_owner(|| catalog::running_backfill_of_slot(slot)))
+    {
         raise(
             ERRCODE_OBJECT_IN_USE,
             format!("slot {} already has a running backfill", slot.as_deref().unwrap_or_default()),
@@ -129,9 +129,7 @@ fn start(
         );
     }
     for table in &tables {
-        if let Some(running) = as_extension_owner(|| catalog::running_backfill_of(table.relid))
-            .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not read backfills", e.to_string(), None))
-        {
+        if let Some(running) = as_extension_owner(|| catalog::running_backfill_of(table.relid)) {
             raise(
                 ERRCODE_OBJECT_IN_USE,
                 format!("table {} already has a running backfill", table.qualified_name()),
@@ -176,18 +174,15 @@ fn start(
             publication_name: publication.as_deref(),
             max_lag_bytes: max_lag,
             parallel,
-        })?;
+        });
         let mut position = 0;
         for (table, estimate) in tables.iter().zip(&estimates) {
             for range in plan::key_ranges(table, estimate.rows, parallel) {
                 position += 1;
-                catalog::insert_job_table(backfill_id, position, table.relid, table.key_names(), range)?;
+                catalog::insert_job_table(backfill_id, position, table.relid, table.key_names(), range);
             }
         }
-        Ok(backfill_id)
-    })
-    .unwrap_or_else(|e: pgrx::spi::Error| {
-        raise(ERRCODE_INTERNAL_ERROR, "could not record the backfill", e.to_string(), None)
+        backfill_id
     });
 
     for worker in 0..parallel {
@@ -252,7 +247,7 @@ fn refuse_partitions_of_listed_tables(relids: &[pg_sys::Oid]) {
         let row = rows.first();
         Ok(row.get::<Text>(1)?.map(|t| t.0).zip(row.get::<Text>(2)?.map(|t| t.0)))
     })
-    .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not read the partition tree", e.to_string(), None));
+    .or_internal("read the partition tree");
     if let Some((partition, parent)) = nested {
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,

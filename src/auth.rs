@@ -17,6 +17,7 @@
 //! Keys are kept after a rotation, so messages written before it still verify by their key id.
 
 use crate::catalog;
+use crate::errors::OrInternal;
 use hmac::{Hmac, Mac};
 use pgrx::prelude::*;
 use sha2::Sha256;
@@ -43,10 +44,8 @@ impl Signer {
     /// The signer of the current transaction's messages, with the current key. Assigns the
     /// transaction its id, which its first message would do anyway.
     pub fn for_this_transaction() -> Self {
-        let installed =
-            catalog::message_key_installed().unwrap_or_else(|e| error!("could not read the message key: {e}"));
-        let key = if installed {
-            let key = catalog::current_message_key().unwrap_or_else(|e| error!("could not read the message key: {e}"));
+        let key = if catalog::message_key_installed() {
+            let key = catalog::current_message_key();
             if key.is_none() {
                 crate::errors::raise(
                     pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -123,7 +122,7 @@ pub fn verify(content: &[u8], xid: i64) -> bool {
         }
         rows.first().get::<Vec<u8>>(1)
     })
-    .unwrap_or_else(|e: pgrx::spi::Error| error!("could not read the message key: {e}"));
+    .or_internal("read the message key");
     let Some(key) = key else { return false };
     let mut mac = keyed(&key);
     mac.update(format!("{xid}:").as_bytes());

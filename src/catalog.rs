@@ -2,41 +2,12 @@
 //! The worker and the SQL API share these; nothing else writes them.
 
 use crate::encoding::{texts, KeyText, Text};
+use crate::errors::OrInternal;
+use crate::sql::run_prepared;
 use crate::state::{JobState, RangeState};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
-use pgrx::spi::{OwnedPreparedStatement, SpiResult, SpiTupleTable};
-use std::cell::RefCell;
-use std::collections::HashMap;
-
-thread_local! {
-    static PREPARED: RefCell<HashMap<String, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
-}
-
-/// Runs `sql`, prepared once per process (keyed by its text; the argument types come from the
-/// arguments): the worker runs these statements every page, and parsing and planning them
-/// each time would cost about as much as running them. A statement that `writes` marks the
-/// transaction as writing; a read does not (see `sql.rs`).
-fn run_prepared<R>(
-    sql: &str,
-    writes: bool,
-    args: &[DatumWithOid],
-    read: impl FnOnce(SpiTupleTable) -> SpiResult<R>,
-) -> SpiResult<R> {
-    Spi::connect_mut(|client| {
-        PREPARED.with(|prepared| {
-            let mut prepared = prepared.borrow_mut();
-            if !prepared.contains_key(sql) {
-                let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
-                let statement =
-                    if writes { client.prepare_mut(sql, &types)? } else { client.prepare(sql, &types)? }.keep();
-                prepared.insert(sql.to_string(), statement);
-            }
-            let statement = &prepared[sql];
-            read(if writes { client.update(statement, None, args)? } else { client.select(statement, None, args)? })
-        })
-    })
-}
+use pgrx::spi::SpiResult;
 
 /// The pause reason of backfill_pause().
 pub const PAUSED_BY_USER: &str = "paused by backfill_pause()";
@@ -66,7 +37,7 @@ pub struct JobTable {
     pub rows_estimated: i64,
 }
 
-pub fn job(id: i64) -> SpiResult<Option<Job>> {
+pub fn job(id: i64) -> Option<Job> {
     let sql = "SELECT state, batch_size, message_prefix, started_by::text, rows_per_second, slot_name::text,
                       max_lag_bytes, parallel
                  FROM backfill.job WHERE id = $1";
@@ -86,21 +57,23 @@ pub fn job(id: i64) -> SpiResult<Option<Job>> {
             parallel: row.get(8)?.unwrap_or(1),
         }))
     })
+    .or_internal("read the backfill")
 }
 
 /// The transaction id that recorded (or last resumed) the backfill, as xmin shows it.
-pub fn recorded_by(id: i64) -> SpiResult<Option<i64>> {
+pub fn recorded_by(id: i64) -> Option<i64> {
     crate::sql::select_one("SELECT xmin::text::bigint FROM backfill.job WHERE id = $1", &[id.into()])
+        .or_internal("read the backfill")
 }
 
 /// Where a backfill stands for backfill_wait(): its state, whether its consumer confirmed the
 /// watermark (done, and without a slot or with the slot past it), and its error.
-pub fn outcome(id: i64) -> SpiResult<(JobState, bool, Option<String>)> {
+pub fn outcome(id: i64) -> (JobState, bool, Option<String>) {
     // A fresh snapshot each time, so that a loop sees the worker's commits. (A read in a
     // transaction that writes nothing runs on the active snapshot.)
     // SAFETY: pushed here and popped below, around the one query, whatever it returns.
     unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
-    let outcome = Spi::connect(|client| {
+    let outcome: SpiResult<(JobState, bool, Option<String>)> = Spi::connect(|client| {
         let row = client
             .select(
                 "SELECT j.state, j.state = 'done' AND (j.slot_name IS NULL OR s.confirmed_flush_lsn >= j.watermark_lsn),
@@ -119,7 +92,7 @@ pub fn outcome(id: i64) -> SpiResult<(JobState, bool, Option<String>)> {
     });
     // SAFETY: the snapshot pushed above (an error inside aborts the transaction, which pops it).
     unsafe { pg_sys::PopActiveSnapshot() };
-    outcome
+    outcome.or_internal("read the backfill's state")
 }
 
 /// Runs an UPDATE ... RETURNING; whether it changed a row.
@@ -127,15 +100,15 @@ fn updated_any(sql: &str, args: &[pgrx::datum::DatumWithOid]) -> SpiResult<bool>
     Spi::connect_mut(|client| Ok(!client.update(sql, None, args)?.is_empty()))
 }
 
-pub fn job_state(id: i64) -> SpiResult<Option<JobState>> {
-    let state = crate::sql::select_one::<String>("SELECT state FROM backfill.job WHERE id = $1", &[id.into()])?;
-    Ok(state.as_deref().map(JobState::parse))
+pub fn job_state(id: i64) -> Option<JobState> {
+    let state = crate::sql::select_one::<String>("SELECT state FROM backfill.job WHERE id = $1", &[id.into()]);
+    state.or_internal("read the backfill's state").as_deref().map(JobState::parse)
 }
 
 /// Backfills of this database that workers should be running, with their number of workers:
 /// to relaunch after a restart.
-pub fn jobs_to_resume() -> SpiResult<Vec<(i64, i32)>> {
-    Spi::connect(|client| {
+pub fn jobs_to_resume() -> Vec<(i64, i32)> {
+    let jobs: SpiResult<Vec<(i64, i32)>> = Spi::connect(|client| {
         client
             .select(
                 "SELECT id, parallel FROM backfill.job
@@ -146,7 +119,8 @@ pub fn jobs_to_resume() -> SpiResult<Vec<(i64, i32)>> {
             )?
             .map(|row| Ok((row.get::<i64>(1)?.unwrap_or_default(), row.get::<i32>(2)?.unwrap_or(1))))
             .collect()
-    })
+    });
+    jobs.or_internal("list the backfills to resume")
 }
 
 const JOB_TABLE_COLUMNS: &str =
@@ -173,21 +147,24 @@ fn job_tables_where(condition: &str, args: &[DatumWithOid]) -> SpiResult<Vec<Job
 }
 
 /// The tables of a backfill, in scan order.
-pub fn job_tables(backfill_id: i64) -> SpiResult<Vec<JobTable>> {
-    job_tables_where("job_id = $1", &[backfill_id.into()])
+pub fn job_tables(backfill_id: i64) -> Vec<JobTable> {
+    job_tables_where("job_id = $1", &[backfill_id.into()]).or_internal("read the backfill's tables")
 }
 
-pub fn job_table(backfill_id: i64, position: i32) -> SpiResult<Option<JobTable>> {
-    Ok(job_tables_where("job_id = $1 AND position = $2", &[backfill_id.into(), position.into()])?.pop())
+pub fn job_table(backfill_id: i64, position: i32) -> Option<JobTable> {
+    job_tables_where("job_id = $1 AND position = $2", &[backfill_id.into(), position.into()])
+        .or_internal("read the backfill's table")
+        .pop()
 }
 
-pub fn set_worker_pid(backfill_id: i64, pid: Option<i32>) -> SpiResult<()> {
+pub fn set_worker_pid(backfill_id: i64, pid: Option<i32>) {
     Spi::run_with_args("UPDATE backfill.job SET worker_pid = $2 WHERE id = $1", &[backfill_id.into(), pid.into()])
+        .or_internal("record the worker's pid")
 }
 
 /// The one way a range changes state: running, with its upper bound fixed, when its scan
 /// starts; done when it ends.
-pub fn move_range(backfill_id: i64, position: i32, to: RangeState, upper_bound: Option<Vec<KeyText>>) -> SpiResult<()> {
+pub fn move_range(backfill_id: i64, position: i32, to: RangeState, upper_bound: Option<Vec<KeyText>>) {
     Spi::run_with_args(
         "UPDATE backfill.job_table
             SET state = $3,
@@ -197,10 +174,11 @@ pub fn move_range(backfill_id: i64, position: i32, to: RangeState, upper_bound: 
           WHERE job_id = $1 AND position = $2",
         &[backfill_id.into(), position.into(), to.as_str().into(), upper_bound.into()],
     )
+    .or_internal("record the state of a range")
 }
 
 /// A page was delivered: the cursor moves to its last key, in the page's own transaction.
-pub fn advance_cursor(backfill_id: i64, position: i32, cursor: Vec<KeyText>, rows: i64, bytes: i64) -> SpiResult<()> {
+pub fn advance_cursor(backfill_id: i64, position: i32, cursor: Vec<KeyText>, rows: i64, bytes: i64) {
     run_prepared(
         "UPDATE backfill.job_table
             SET cursor = $3, rows_done = rows_done + $4, bytes_done = bytes_done + $5,
@@ -210,6 +188,7 @@ pub fn advance_cursor(backfill_id: i64, position: i32, cursor: Vec<KeyText>, row
         &[backfill_id.into(), position.into(), cursor.into(), rows.into(), bytes.into()],
         |_| Ok(()),
     )
+    .or_internal("advance the cursor")
 }
 
 /// Records a new backfill and its tables; returns its id.
@@ -225,7 +204,7 @@ pub struct NewJob<'a> {
     pub max_lag_bytes: Option<i64>,
 }
 
-pub fn insert_job(job: &NewJob) -> SpiResult<i64> {
+pub fn insert_job(job: &NewJob) -> i64 {
     Spi::get_one_with_args::<i64>(
         "INSERT INTO backfill.job (started_by, batch_size, rows_per_second, message_prefix, slot_name,
                                    publication_name, max_lag_bytes, parallel)
@@ -242,6 +221,7 @@ pub fn insert_job(job: &NewJob) -> SpiResult<i64> {
         ],
     )
     .map(|id| id.unwrap_or_default())
+    .or_internal("record the backfill")
 }
 
 /// One key range of a table: the whole table, or with parallel workers the range after
@@ -259,7 +239,7 @@ pub fn insert_job_table(
     relid: pg_sys::Oid,
     key_columns: Vec<String>,
     range: NewRange,
-) -> SpiResult<()> {
+) {
     Spi::run_with_args(
         "INSERT INTO backfill.job_table (job_id, position, relid, part, worker, key_columns, lower_bound, cursor,
                                          upper_bound, rows_estimated)
@@ -275,6 +255,7 @@ pub fn insert_job_table(
             range.rows_estimated.into(),
         ],
     )
+    .or_internal("record the backfill's tables")
 }
 
 /// One key range of a table, as the workers that share the table see it.
@@ -287,8 +268,8 @@ pub struct Range {
 /// Every range of the same table in this backfill, locked in position order, so that the
 /// ranges' workers decide in turn which of them sends the table's start and end markers. A
 /// table scanned whole has one range: itself.
-pub fn lock_table_ranges(backfill_id: i64, position: i32) -> SpiResult<Vec<Range>> {
-    Spi::connect_mut(|client| {
+pub fn lock_table_ranges(backfill_id: i64, position: i32) -> Vec<Range> {
+    let ranges: SpiResult<Vec<Range>> = Spi::connect_mut(|client| {
         client
             .update(
                 "SELECT r.position, r.state, r.rows_done FROM backfill.job_table r
@@ -306,13 +287,14 @@ pub fn lock_table_ranges(backfill_id: i64, position: i32) -> SpiResult<Vec<Range
                 })
             })
             .collect()
-    })
+    });
+    ranges.or_internal("lock the table's ranges")
 }
 
 /// Whether every range of the backfill is done, with the backfill locked: of several workers,
 /// the last to finish sees it, and marks the backfill done.
-pub fn all_ranges_done(backfill_id: i64) -> SpiResult<bool> {
-    Spi::connect_mut(|client| {
+pub fn all_ranges_done(backfill_id: i64) -> bool {
+    let done: SpiResult<bool> = Spi::connect_mut(|client| {
         client.update("SELECT 1 FROM backfill.job WHERE id = $1 FOR UPDATE", None, &[backfill_id.into()])?;
         let pending = client.update(
             "SELECT 1 FROM backfill.job_table WHERE job_id = $1 AND state <> 'done' LIMIT 1",
@@ -320,17 +302,19 @@ pub fn all_ranges_done(backfill_id: i64) -> SpiResult<bool> {
             &[backfill_id.into()],
         )?;
         Ok(pending.is_empty())
-    })
+    });
+    done.or_internal("read the ranges' states")
 }
 
 /// The running backfill that already covers one of these tables, if any.
-pub fn running_backfill_of(relid: pg_sys::Oid) -> SpiResult<Option<i64>> {
+pub fn running_backfill_of(relid: pg_sys::Oid) -> Option<i64> {
     crate::sql::select_one::<i64>(
         "SELECT j.id FROM backfill.job j JOIN backfill.job_table t ON t.job_id = j.id
           WHERE j.state IN ('running', 'paused') AND t.relid = $1::oid::regclass
           LIMIT 1",
         &[relid.into()],
     )
+    .or_internal("read the running backfills")
 }
 
 /// The one way a backfill changes state: from one of `from` to `to`; false when it was in
@@ -344,7 +328,7 @@ pub fn move_job(
     to: JobState,
     pause_reason: Option<&str>,
     error: Option<(&str, &str)>,
-) -> SpiResult<bool> {
+) -> bool {
     let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
     let (sqlstate, message) = error.unzip();
     updated_any(
@@ -363,25 +347,22 @@ pub fn move_job(
          RETURNING id",
         &[backfill_id.into(), from.into(), to.as_str().into(), pause_reason.into(), sqlstate.into(), message.into()],
     )
+    .or_internal("record the backfill's state")
 }
 
 /// A running backfill whose worker was launched before the server last started: without
 /// shared_preload_libraries nothing relaunched it.
-pub fn worker_lost_to_restart(backfill_id: i64) -> SpiResult<bool> {
+pub fn worker_lost_to_restart(backfill_id: i64) -> bool {
     Spi::get_one_with_args::<bool>(
         "SELECT state = 'running' AND launched_at < pg_catalog.pg_postmaster_start_time() FROM backfill.job WHERE id = $1",
         &[backfill_id.into()],
     )
     .map(|lost| lost.unwrap_or(false))
+    .or_internal("read the backfill")
 }
 
 /// backfill_set(): new pacing for a running backfill; NULL keeps a value, 0 removes a limit.
-pub fn set_pacing(
-    backfill_id: i64,
-    batch_size: Option<i32>,
-    rows_per_second: Option<i32>,
-    max_lag_bytes: Option<i64>,
-) -> SpiResult<()> {
+pub fn set_pacing(backfill_id: i64, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag_bytes: Option<i64>) {
     Spi::run_with_args(
         "UPDATE backfill.job
             SET batch_size = coalesce($2, batch_size),
@@ -390,10 +371,11 @@ pub fn set_pacing(
           WHERE id = $1",
         &[backfill_id.into(), batch_size.into(), rows_per_second.into(), max_lag_bytes.into()],
     )
+    .or_internal("change the pacing")
 }
 
 /// A progress sample, for the rate over the last minute; samples older than two minutes go.
-pub fn record_progress(backfill_id: i64) -> SpiResult<()> {
+pub fn record_progress(backfill_id: i64) {
     Spi::run_with_args(
         "WITH sample AS (
              INSERT INTO backfill.job_progress (job_id, at, rows_done)
@@ -403,33 +385,37 @@ pub fn record_progress(backfill_id: i64) -> SpiResult<()> {
          DELETE FROM backfill.job_progress WHERE job_id = $1 AND at < clock_timestamp() - interval '2 minutes'",
         &[backfill_id.into()],
     )
+    .or_internal("record progress")
 }
 
-pub fn set_key_fraction(backfill_id: i64, position: i32, fraction: Option<f64>) -> SpiResult<()> {
+pub fn set_key_fraction(backfill_id: i64, position: i32, fraction: Option<f64>) {
     Spi::run_with_args(
         "UPDATE backfill.job_table SET key_fraction_done = $3 WHERE job_id = $1 AND position = $2",
         &[backfill_id.into(), position.into(), fraction.into()],
     )
+    .or_internal("record progress")
 }
 
 /// The running backfill that already serves this slot, if any.
-pub fn running_backfill_of_slot(slot: &str) -> SpiResult<Option<i64>> {
+pub fn running_backfill_of_slot(slot: &str) -> Option<i64> {
     crate::sql::select_one::<i64>(
         "SELECT id FROM backfill.job WHERE slot_name = $1 AND state IN ('running', 'paused') LIMIT 1",
         &[slot.into()],
     )
+    .or_internal("read the running backfills")
 }
 
 /// Whether the database's extension has its message key table (0.1.0 had none).
-pub fn message_key_installed() -> SpiResult<bool> {
+pub fn message_key_installed() -> bool {
     run_prepared("SELECT pg_catalog.to_regclass('backfill.message_key') IS NOT NULL", false, &[], |rows| {
         Ok(rows.first().get::<bool>(1)?.unwrap_or(false))
     })
+    .or_internal("read the message key")
 }
 
 /// The key messages are signed with now, the newest: (id, key). Read every page (prepared), so
 /// that a rotation takes effect at the next one.
-pub fn current_message_key() -> SpiResult<Option<(i32, Vec<u8>)>> {
+pub fn current_message_key() -> Option<(i32, Vec<u8>)> {
     run_prepared("SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1", false, &[], |rows| {
         if rows.is_empty() {
             return Ok(None);
@@ -437,4 +423,5 @@ pub fn current_message_key() -> SpiResult<Option<(i32, Vec<u8>)>> {
         let row = rows.first();
         Ok(row.get::<i32>(1)?.zip(row.get::<Vec<u8>>(2)?))
     })
+    .or_internal("read the message key")
 }

@@ -35,7 +35,7 @@ fn pause(id: Option<i64>) -> bool {
 fn resume(id: Option<i64>) -> bool {
     require_primary("resume a backfill");
     let id = required(id, "backfill_resume", "id");
-    let lost = as_extension_owner(|| catalog::worker_lost_to_restart(id)).unwrap_or(false);
+    let lost = as_extension_owner(|| catalog::worker_lost_to_restart(id));
     let from: &[JobState] = if lost { &[Paused, Failed, Running] } else { &[Paused, Failed] };
     let job = control(id, "resume", from, Some(Running), None);
     launcher::require_worker_slots(job.parallel);
@@ -73,8 +73,7 @@ fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, m
             None,
         );
     }
-    as_extension_owner(|| catalog::set_pacing(id, batch_size, rows_per_second, max_lag))
-        .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not change the backfill", e.to_string(), None));
+    as_extension_owner(|| catalog::set_pacing(id, batch_size, rows_per_second, max_lag));
     launcher::wake_workers_at_commit(id);
     true
 }
@@ -88,7 +87,7 @@ fn wait(id: Option<i64>, timeout_ms: Option<f64>) -> bool {
     let deadline =
         timeout_ms.map(|ms| std::time::Instant::now() + std::time::Duration::from_secs_f64(ms.max(0.0) / 1000.0));
     require_controller(id, "wait for");
-    let xmin = as_extension_owner(|| catalog::recorded_by(id)).ok().flatten().unwrap_or_default();
+    let xmin = as_extension_owner(|| catalog::recorded_by(id)).unwrap_or_default();
     // SAFETY: asks whether an xid is this transaction's (or a subtransaction's); no side effect.
     let started_here = unsafe { pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin as u32)) };
     if started_here {
@@ -101,9 +100,7 @@ fn wait(id: Option<i64>, timeout_ms: Option<f64>) -> bool {
         );
     }
     loop {
-        let (state, delivered, error) = as_extension_owner(|| catalog::outcome(id)).unwrap_or_else(|e| {
-            raise(ERRCODE_INTERNAL_ERROR, "could not read the backfill's state", e.to_string(), None)
-        });
+        let (state, delivered, error) = as_extension_owner(|| catalog::outcome(id));
         match state {
             Done if delivered => return true,
             Failed | Cancelled => raise(
@@ -148,10 +145,7 @@ fn control(id: i64, verb: &str, from: &[JobState], to: Option<JobState>, pause_r
         not_in_state(job.state.as_str());
     }
     let Some(to) = to else { return job };
-    let moved = as_extension_owner(|| catalog::move_job(id, from, to, pause_reason, None)).unwrap_or_else(|e| {
-        raise(ERRCODE_INTERNAL_ERROR, format!("could not {verb} the backfill"), e.to_string(), None)
-    });
-    if !moved {
+    if !as_extension_owner(|| catalog::move_job(id, from, to, pause_reason, None)) {
         not_in_state("changing state concurrently");
     }
     launcher::wake_workers_at_commit(id);
@@ -161,7 +155,7 @@ fn control(id: i64, verb: &str, from: &[JobState], to: Option<JobState>, pause_r
 /// Backfill `id`, which the caller may `verb`: the role that started it, a member of that role,
 /// or a superuser (the only one left once that role is dropped).
 fn require_controller(id: i64, verb: &str) -> catalog::Job {
-    let job = as_extension_owner(|| catalog::job(id)).unwrap_or(None).unwrap_or_else(|| {
+    let job = as_extension_owner(|| catalog::job(id)).unwrap_or_else(|| {
         raise(
             ERRCODE_UNDEFINED_OBJECT,
             format!("backfill {id} does not exist"),

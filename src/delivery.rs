@@ -36,24 +36,6 @@ struct Receiver {
     sink: *mut Sink<'static>,
 }
 
-/// A prepared plan kept for the worker's lifetime.
-pub fn prepare(sql: &str, text_params: usize) -> pg_sys::SPIPlanPtr {
-    let sql = CString::new(sql).expect("generated SQL has no NUL byte");
-    let mut types = vec![pg_sys::TEXTOID; text_params];
-    // SAFETY: SPI is connected around the call; the types array has one entry per parameter.
-    unsafe {
-        pg_sys::SPI_connect();
-        let plan = pg_sys::SPI_prepare(sql.as_ptr(), text_params as c_int, types.as_mut_ptr());
-        if plan.is_null() {
-            let code = std::ptr::addr_of!(pg_sys::SPI_result).read();
-            error!("could not prepare a page query: SPI error {code}");
-        }
-        pg_sys::SPI_keepplan(plan);
-        pg_sys::SPI_finish();
-        plan
-    }
-}
-
 /// Runs a prepared page query with text parameters; every row it returns goes to `sink`.
 pub fn run(plan: pg_sys::SPIPlanPtr, args: &[KeyText], sink: &mut Sink) {
     // SAFETY: `plan` is a kept plan of `prepare` with `args.len()` text parameters; the receiver

@@ -40,3 +40,24 @@ pub fn for_server(message: &str) -> Cow<'_, str> {
     }
     Cow::Owned(escaped)
 }
+
+/// Errors no user can cause: a failed statement on pg_backfill's own tables, a plan that could
+/// not be prepared. They raise XX000 saying what pg_backfill was doing, with the underlying
+/// error as the detail, at the caller's location.
+pub trait OrInternal<T> {
+    fn or_internal(self, doing: &str) -> T;
+}
+
+impl<T, E: std::fmt::Display> OrInternal<T> for Result<T, E> {
+    #[track_caller]
+    fn or_internal(self, doing: &str) -> T {
+        self.unwrap_or_else(|e| {
+            raise(
+                pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                format!("pg_backfill could not {doing}"),
+                e.to_string(),
+                None,
+            )
+        })
+    }
+}

@@ -4,6 +4,7 @@
 
 use crate::catalog;
 use crate::errors::raise;
+use crate::errors::OrInternal;
 use crate::status::WORKERS_OF_BACKFILL;
 use crate::xact::{in_transaction, who};
 use crate::{privilege, settings};
@@ -19,7 +20,7 @@ use std::time::Duration;
 pub fn launch(backfill_id: i64, worker: i32, starter_xid: u64) -> bool {
     // SAFETY: this backend's database, set when it connected.
     let database = unsafe { pg_sys::MyDatabaseId }.to_u32();
-    register(Task::Backfill { database, backfill_id: backfill_id, worker, starter_xid })
+    register(Task::Backfill { database, backfill_id, worker, starter_xid })
 }
 
 /// What a `backfill_worker_main` process is started for: its typed start argument, passed
@@ -103,7 +104,7 @@ fn admitted_workers() -> i32 {
             AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()",
         &[],
     )
-    .unwrap_or_else(|e| error!("could not count the backfill workers: {e}"))
+    .or_internal("count the backfill workers")
     .unwrap_or(0)
 }
 
@@ -230,7 +231,7 @@ pub fn resume_database() {
         .flatten()
         .unwrap_or(false);
         if installed {
-            catalog::jobs_to_resume().unwrap_or_else(|e| error!("{e}"))
+            catalog::jobs_to_resume()
         } else {
             Vec::new()
         }
@@ -260,7 +261,7 @@ pub extern "C-unwind" fn backfill_launcher_main(_arg: pg_sys::Datum) {
                 .map(|row| row.get::<pg_sys::Oid>(1).map(|oid| oid.unwrap_or(pg_sys::InvalidOid)))
                 .collect::<Result<Vec<_>, _>>()
         })
-        .unwrap_or_else(|e| error!("{e}"))
+        .or_internal("list the databases")
     });
     for database in databases.unwrap_or_default() {
         if !register(Task::Resume { database: database.to_u32() }) {

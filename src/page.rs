@@ -23,6 +23,7 @@ use crate::catalog::{self, JobTable, Range};
 use crate::delivery;
 use crate::encoding::{show_key, KeyText, Text};
 use crate::errors::raise;
+use crate::errors::OrInternal;
 use crate::json::RowJson;
 use crate::message::{self, ReadMessage};
 use crate::pacing::Pacer;
@@ -32,9 +33,7 @@ use crate::table::{self, Table};
 use crate::xact::{in_transaction, sqlstate_of, who, PageError};
 use crate::{pipeline, privilege, settings};
 use pgrx::prelude::*;
-use pgrx::spi::OwnedPreparedStatement;
 use pgrx::PgSqlErrorCode::*;
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::time::Instant;
 
@@ -55,8 +54,6 @@ pub struct TableScan<'a> {
     pub(crate) backfill_id: i64,
     /// Prepared once per scan: the page bound query (by whether a cursor exists) and the page
     /// rows query (by that and the locking).
-    pub(crate) page_end_plans: HashMap<bool, OwnedPreparedStatement>,
-    pub(crate) page_rows_plans: HashMap<(bool, Locking), pg_sys::SPIPlanPtr>,
     pub(crate) slot: Option<String>,
     /// What the backfill waits for now (its slot's consumer), if anything: it shows in
     /// pg_stat_activity, where backfill_status.waiting_for reads it.
@@ -94,8 +91,6 @@ impl<'a> TableScan<'a> {
         let row = in_transaction(|| RowJson::new(&table.columns))?;
         Ok(TableScan {
             backfill_id,
-            page_end_plans: HashMap::new(),
-            page_rows_plans: HashMap::new(),
             position: job_table.position,
             batch_size: job.batch_size,
             pacer: Pacer::new(job.rows_per_second),
@@ -116,9 +111,8 @@ impl<'a> TableScan<'a> {
     /// The backfill as it is now, with its pacing applied (backfill_set() takes effect here);
     /// its state when it no longer runs (paused by backfill_pause(), cancelled).
     pub fn refresh(&mut self) -> Result<catalog::Job, JobState> {
-        let job = catalog::job(self.backfill_id)
-            .unwrap_or_else(|e| error!("{e}"))
-            .unwrap_or_else(|| error!("backfill {} no longer exists", self.backfill_id));
+        let job =
+            catalog::job(self.backfill_id).unwrap_or_else(|| error!("backfill {} no longer exists", self.backfill_id));
         if job.state != JobState::Running {
             return Err(job.state);
         }
@@ -147,7 +141,6 @@ impl<'a> TableScan<'a> {
             log!("{}: continues, the slot's consumer is back and caught up", who(self.backfill_id));
         }
         let progress = catalog::job_table(self.backfill_id, self.position)
-            .unwrap_or_else(|e| error!("{e}"))
             .unwrap_or_else(|| error!("backfill {} lost its table {}", self.backfill_id, self.position));
         let row = &self.row;
         // SAFETY: the descriptor is the open relation's.
@@ -179,12 +172,10 @@ impl<'a> TableScan<'a> {
             // The table's ranges are locked before this range's row is updated, as in every
             // other end and start: always in the same order, so workers never deadlock.
             let ranges = self.lock_table_ranges();
-            catalog::advance_cursor(self.backfill_id, self.position, page_end, rows, bytes)
-                .unwrap_or_else(|e| error!("{e}"));
+            catalog::advance_cursor(self.backfill_id, self.position, page_end, rows, bytes);
             return self.end_scan_locked(progress.rows_done + rows, &ranges, &signer);
         }
-        catalog::advance_cursor(self.backfill_id, self.position, page_end.clone(), rows, bytes)
-            .unwrap_or_else(|e| error!("{e}"));
+        catalog::advance_cursor(self.backfill_id, self.position, page_end.clone(), rows, bytes);
         self.report_progress(&page_end, &progress, &upper_bound, progress.rows_done + rows);
         Page::More
     }
@@ -204,8 +195,7 @@ impl<'a> TableScan<'a> {
             message::emit_marker(self.prefix, signer, marker);
         }
         let upper_bound = progress.upper_bound.clone().or(greatest.map(|(key, _)| key));
-        catalog::move_range(self.backfill_id, self.position, RangeState::Running, upper_bound.clone())
-            .unwrap_or_else(|e| error!("{e}"));
+        catalog::move_range(self.backfill_id, self.position, RangeState::Running, upper_bound.clone());
         let bound = upper_bound
             .as_deref()
             .map(|k| format!("key ({})", show_key(k)))
@@ -237,12 +227,12 @@ impl<'a> TableScan<'a> {
                 Ok(Some((key, json)))
             })
         })
-        .unwrap_or_else(|e| error!("{e}"))
+        .or_internal("read the table's greatest key")
     }
 
     /// Every range of this table in the backfill (one, unless parallel), locked in order.
     fn lock_table_ranges(&self) -> Vec<Range> {
-        catalog::lock_table_ranges(self.backfill_id, self.position).unwrap_or_else(|e| error!("{e}"))
+        catalog::lock_table_ranges(self.backfill_id, self.position)
     }
 
     /// Ends the scan of a range whose rows `ranges` are locked: marks it done and, if it is
@@ -255,7 +245,7 @@ impl<'a> TableScan<'a> {
             message::emit_marker(self.prefix, signer, marker);
             log!("{}: {} done, {total} rows", who(self.backfill_id), self.table.qualified_name());
         }
-        catalog::move_range(self.backfill_id, self.position, RangeState::Done, None).unwrap_or_else(|e| error!("{e}"));
+        catalog::move_range(self.backfill_id, self.position, RangeState::Done, None);
         Page::TableDone
     }
 
@@ -296,11 +286,7 @@ impl<'a> TableScan<'a> {
             who(self.backfill_id),
             table.qualified_name()
         );
-        for (_, plan) in self.page_rows_plans.drain() {
-            // SAFETY: a plan this scan prepared and kept, freed once (it leaves the map here).
-            unsafe { pg_sys::SPI_freeplan(plan) };
-        }
-        self.page_end_plans.clear();
+        // (The new queries' texts name the columns as they are now: sql.rs prepares them anew.)
         self.queries = ScanQueries::new(&table);
         self.key_columns = table.key.iter().map(|k| k.position).collect();
         self.row = RowJson::new(&table.columns);
@@ -318,27 +304,19 @@ impl<'a> TableScan<'a> {
         let mut args: Vec<pgrx::datum::DatumWithOid> =
             Self::key_args(cursor, upper_bound).into_iter().map(|v| v.into()).collect();
         args.push(i64::from(rows).into());
-        let after_cursor = cursor.is_some();
-        let queries = &self.queries;
-        let types = args.len();
-        let plan = self.page_end_plans.entry(after_cursor).or_insert_with(|| {
-            let mut oids = vec![PgOid::BuiltIn(PgBuiltInOids::TEXTOID); types - 1];
-            oids.push(PgOid::BuiltIn(PgBuiltInOids::INT8OID));
-            Spi::connect(|client| client.prepare(queries.page_end(after_cursor).as_str(), &oids).map(|p| p.keep()))
-                .unwrap_or_else(|e| error!("could not prepare the page bound query: {e}"))
-        });
+        let sql = self.queries.page_end(cursor.is_some());
+        let key_len = self.queries.key_len();
         privilege::run_as(self.owner, || {
-            Spi::connect(|client| {
-                let result = client.select(&*plan, None, &args)?;
+            crate::sql::run_prepared(&sql, false, &args, |result| {
                 if result.is_empty() {
-                    return Ok::<_, pgrx::spi::Error>(None);
+                    return Ok(None);
                 }
                 // No row, or max() of no rows (NULL): no key is left. Key columns are never NULL.
                 let row = result.first();
-                (0..self.queries.key_len()).map(|i| row.get::<KeyText>(i + 1)).collect::<Result<Option<Vec<_>>, _>>()
+                (0..key_len).map(|i| row.get::<KeyText>(i + 1)).collect::<Result<Option<Vec<_>>, _>>()
             })
         })
-        .unwrap_or_else(|e| error!("{e}"))
+        .or_internal("read the page's last key")
     }
 
     /// Locks and reads every row from the cursor (exclusive) to the page's end (inclusive),
@@ -355,17 +333,13 @@ impl<'a> TableScan<'a> {
         } else if rows_per_page == 1 {
             let timeout = settings::LOCK_TIMEOUT_MS.get().to_string();
             Spi::run_with_args("SELECT pg_catalog.set_config('lock_timeout', $1, true)", &[timeout.into()])
-                .unwrap_or_else(|e| error!("{e}"));
+                .or_internal("set the page's lock_timeout");
             Locking::Wait
         } else {
             Locking::NoWait
         };
         let args = Self::key_args(cursor, page_end);
-        let queries = &self.queries;
-        let plan = *self
-            .page_rows_plans
-            .entry((cursor.is_some(), locking))
-            .or_insert_with(|| delivery::prepare(&queries.page_rows(cursor.is_some(), locking), args.len()));
+        let plan = crate::sql::kept_plan(&self.queries.page_rows(cursor.is_some(), locking), args.len());
         let table_name = self.table.qualified_name();
         let mut sink = delivery::Sink {
             key_columns: &self.key_columns,

@@ -5,6 +5,7 @@
 use crate::catalog::Job;
 use crate::encoding::Text;
 use crate::errors::raise;
+use crate::errors::OrInternal;
 use crate::settings;
 use crate::table::Table;
 use pgrx::prelude::*;
@@ -102,7 +103,7 @@ pub fn blocker(job: &Job) -> Option<String> {
         let row = rows.first();
         Ok(Some((row.get::<bool>(1)?.unwrap_or(false), row.get::<i64>(2)?.unwrap_or(0))))
     })
-    .unwrap_or_else(|e| error!("{e}"));
+    .or_internal("read the slot");
     let Some((active, lag)) = row else {
         raise(
             ERRCODE_UNDEFINED_OBJECT,

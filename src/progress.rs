@@ -26,7 +26,7 @@ impl TableScan<'_> {
             return;
         }
         self.last_sample = Some(Instant::now());
-        catalog::record_progress(self.backfill_id).unwrap_or_else(|e| error!("{e}"));
+        catalog::record_progress(self.backfill_id);
         // The histogram's bounds are cast to the key's type: as the table's owner.
         let fraction = privilege::run_as(self.owner, || {
             crate::sql::select_one::<f64>(
@@ -42,7 +42,7 @@ impl TableScan<'_> {
             )
         })
         .unwrap_or(None);
-        catalog::set_key_fraction(self.backfill_id, self.position, fraction).unwrap_or_else(|e| error!("{e}"));
+        catalog::set_key_fraction(self.backfill_id, self.position, fraction);
         let interval = settings::LOG_INTERVAL_S.get();
         if interval > 0 && self.last_log.elapsed() >= Duration::from_secs(interval as u64) {
             self.last_log = Instant::now();

@@ -1,4 +1,5 @@
-//! Reading through SPI without marking the transaction as one that writes.
+//! SPI as pg_backfill uses it: reads that do not mark the transaction as one that writes, and
+//! the one cache of prepared statements.
 //!
 //! pgrx's `Spi::get_one` and `update` assign the transaction an id: a read through them makes
 //! a `SELECT * FROM backfill_status` write a commit record, and fails on a standby ("cannot
@@ -6,7 +7,71 @@
 
 use pgrx::datum::{DatumWithOid, FromDatum, IntoDatum};
 use pgrx::prelude::*;
-use pgrx::spi::SpiResult;
+use pgrx::spi::{OwnedPreparedStatement, SpiResult, SpiTupleTable};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_int, CString};
+
+// Statements kept prepared for the process's lifetime, by their SQL text: the worker runs the
+// same few every page (its state updates, the page's bound, the page's rows), and parsing and
+// planning them each time would cost about as much as running them. A table whose columns
+// change gets new texts, so new plans; PostgreSQL's plan cache revalidates the others.
+thread_local! {
+    static PREPARED: RefCell<HashMap<String, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
+    static KEPT_PLANS: RefCell<HashMap<String, KeptPlan>> = RefCell::new(HashMap::new());
+}
+
+/// A plan for `delivery.rs`, whose rows go to a DestReceiver of its own.
+#[derive(Clone, Copy)]
+struct KeptPlan(pg_sys::SPIPlanPtr);
+
+/// Runs `sql`, prepared once per process (the argument types come from the arguments). A
+/// statement that `writes` marks the transaction as writing; a read does not.
+pub fn run_prepared<R>(
+    sql: &str,
+    writes: bool,
+    args: &[DatumWithOid],
+    read: impl FnOnce(SpiTupleTable) -> SpiResult<R>,
+) -> SpiResult<R> {
+    Spi::connect_mut(|client| {
+        PREPARED.with(|prepared| {
+            let mut prepared = prepared.borrow_mut();
+            if !prepared.contains_key(sql) {
+                let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
+                let statement =
+                    if writes { client.prepare_mut(sql, &types)? } else { client.prepare(sql, &types)? }.keep();
+                prepared.insert(sql.to_string(), statement);
+            }
+            let statement = &prepared[sql];
+            read(if writes { client.update(statement, None, args)? } else { client.select(statement, None, args)? })
+        })
+    })
+}
+
+/// `sql`'s plan, prepared once per process with `text_params` text parameters, for
+/// `SPI_execute_plan_extended` with a receiver of the caller's.
+pub fn kept_plan(sql: &str, text_params: usize) -> pg_sys::SPIPlanPtr {
+    if let Some(plan) = KEPT_PLANS.with(|plans| plans.borrow().get(sql).copied()) {
+        return plan.0;
+    }
+    let text = CString::new(sql).expect("generated SQL has no NUL byte");
+    let mut types = vec![pg_sys::TEXTOID; text_params];
+    // SAFETY: SPI is connected around the call; the types array has one entry per parameter;
+    // the plan is kept (moved out of SPI's memory) before SPI_finish.
+    let plan = unsafe {
+        pg_sys::SPI_connect();
+        let plan = pg_sys::SPI_prepare(text.as_ptr(), text_params as c_int, types.as_mut_ptr());
+        if plan.is_null() {
+            let code = std::ptr::addr_of!(pg_sys::SPI_result).read();
+            error!("could not prepare a page query: SPI error {code}");
+        }
+        pg_sys::SPI_keepplan(plan);
+        pg_sys::SPI_finish();
+        plan
+    };
+    KEPT_PLANS.with(|plans| plans.borrow_mut().insert(sql.to_string(), KeptPlan(plan)));
+    plan
+}
 
 /// The first column of the first row of a query, if it returns a row.
 pub fn select_one<T: FromDatum + IntoDatum>(query: &str, args: &[DatumWithOid]) -> SpiResult<Option<T>> {

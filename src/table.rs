@@ -3,6 +3,7 @@
 
 use crate::encoding::{strings, Text};
 use crate::errors::raise;
+use crate::errors::OrInternal;
 use crate::json::Column;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::{self, *};
@@ -141,7 +142,7 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
             row.get::<pg_sys::Oid>(16)?.unwrap_or(pg_sys::InvalidOid),
         )))
     })
-    .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, "could not inspect table", e.to_string(), None));
+    .or_internal("inspect the table");
 
     let Some((
         schema,

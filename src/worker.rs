@@ -3,6 +3,7 @@
 //! back-off, and records why it stops.
 
 use crate::catalog::{self, JobTable};
+use crate::errors::OrInternal;
 use crate::launcher::{self, admit_within_cap, worker_name};
 use crate::page::{Page, TableScan};
 use crate::state::{JobState, RangeState};
@@ -72,13 +73,13 @@ pub extern "C-unwind" fn backfill_worker_main(_arg: pg_sys::Datum) {
                                                 $1::pg_catalog.int4)",
             &[backfill_id.into(), worker.into()],
         )
-        .unwrap_or_else(|e| error!("{e}"));
+        .or_internal("take the worker's lock");
         admit_within_cap();
         configure_session(&worker_name(backfill_id, worker));
         if worker == 0 {
             // SAFETY: this process's pid.
             let pid = unsafe { pg_sys::MyProcPid };
-            catalog::set_worker_pid(backfill_id, Some(pid)).unwrap_or_else(|e| error!("{e}"));
+            catalog::set_worker_pid(backfill_id, Some(pid));
         }
     });
     match started {
@@ -116,7 +117,7 @@ fn configure_session(name: &str) {
     ];
     for (name, value) in settings {
         Spi::run_with_args("SELECT pg_catalog.set_config($1, $2, false)", &[name.into(), value.into()])
-            .unwrap_or_else(|e| error!("could not set {name}: {e}"));
+            .or_internal(&format!("set {name}"));
     }
 }
 
@@ -146,14 +147,17 @@ fn wait_for_starter(starter_xid: u64) -> bool {
 }
 
 /// Scans every range of the backfill's tables that is this worker's and not done yet; the last
-/// worker to finish marks the backfill done.
+/// worker to finish marks the backfill done. Every way out leaves the backfill's state saying
+/// why: done, failed with the error, or the state that stopped it (paused, cancelled).
 fn run(backfill_id: i64, worker: i32) {
-    let loaded = in_transaction(|| catalog::job(backfill_id).ok().flatten().zip(catalog::job_tables(backfill_id).ok()));
-    let Ok(Some((job, tables))) = loaded else {
-        return;
+    let loaded = in_transaction(|| catalog::job(backfill_id).map(|job| (job, catalog::job_tables(backfill_id))));
+    let (job, tables) = match loaded {
+        Ok(Some(loaded)) => loaded,
+        Ok(None) => return log!("{}: no longer exists, its worker exits", who(backfill_id)),
+        Err(e) => return record_failure(backfill_id, None, &e),
     };
     if job.state != JobState::Running {
-        return;
+        return log!("{}: {}, its worker exits", who(backfill_id), job.state);
     }
     let prefix = CString::new(job.message_prefix.clone()).unwrap_or_else(|_| c"backfill".into());
     for table in tables.iter().filter(|t| t.state != RangeState::Done && t.worker == worker) {
@@ -167,14 +171,13 @@ fn run(backfill_id: i64, worker: i32) {
     }
     let finished = in_transaction(|| {
         wait_for_flush_at_commit();
-        if catalog::all_ranges_done(backfill_id)? {
-            catalog::move_job(backfill_id, &[JobState::Running], JobState::Done, None, None)
-        } else {
-            Ok(false)
-        }
+        catalog::all_ranges_done(backfill_id)
+            && catalog::move_job(backfill_id, &[JobState::Running], JobState::Done, None, None)
     });
-    if matches!(finished, Ok(Ok(true))) {
-        log!("{}: done", who(backfill_id));
+    match finished {
+        Ok(true) => log!("{}: done", who(backfill_id)),
+        Ok(false) => {} // another worker's range is still running: the last one marks it done
+        Err(e) => record_failure(backfill_id, None, &e),
     }
 }
 
@@ -231,16 +234,16 @@ fn scan_table(scan: &mut TableScan) -> bool {
     }
 }
 
-/// Sleeps before a retry: 50 ms, doubling, at most one second. False if cancelled meanwhile.
+/// Sleeps before a retry: 50 ms, doubling, at most one second. False if the backfill was
+/// stopped meanwhile (its state says why); a failure to look is the next retry's to report.
 fn back_off(scan: &TableScan, failures: i32) -> bool {
     let millis = 50u64 << failures.clamp(0, 5);
     pacing::sleep(Duration::from_millis(millis));
-    matches!(in_transaction(|| catalog::job_state(scan.backfill_id)), Ok(Ok(Some(JobState::Running))))
+    !matches!(in_transaction(|| catalog::job_state(scan.backfill_id)), Ok(Some(state)) if state != JobState::Running)
 }
 
 fn fail(scan: &TableScan, e: &PageError) {
-    let job_table =
-        in_transaction(|| catalog::job_table(scan.backfill_id, scan.position)).ok().and_then(|r| r.ok()).flatten();
+    let job_table = in_transaction(|| catalog::job_table(scan.backfill_id, scan.position)).ok().flatten();
     record_failure(scan.backfill_id, job_table.as_ref(), e);
 }
 
@@ -258,7 +261,8 @@ fn reload_config_if_asked() {
 /// failed) waits for it, so that once the backfill shows it, every message it delivered is
 /// flushed and decodable.
 fn wait_for_flush_at_commit() {
-    Spi::run("SELECT pg_catalog.set_config('synchronous_commit', 'on', true)").unwrap_or_else(|e| error!("{e}"));
+    Spi::run("SELECT pg_catalog.set_config('synchronous_commit', 'on', true)")
+        .or_internal("make the commit wait for the flush");
 }
 
 /// Stops the backfill in state failed, with the error, the table and the key it stopped at.
@@ -274,8 +278,7 @@ fn record_failure(backfill_id: i64, table: Option<&JobTable>, e: &PageError) {
         // Stored as errors are reported (see errors::for_server): it names tables and keys.
         let message = crate::errors::for_server(&format!("{}{place}", e.message)).into_owned();
         warning!("{} failed: {} {message}", who(backfill_id), e.sqlstate);
-        catalog::move_job(backfill_id, &[JobState::Running], JobState::Failed, None, Some((&e.sqlstate, &message)))
-            .unwrap_or_else(|e| error!("{e}"));
+        catalog::move_job(backfill_id, &[JobState::Running], JobState::Failed, None, Some((&e.sqlstate, &message)));
     }));
     if let Err(e) = recorded {
         warning!("{}: could not record its failure: {}", who(backfill_id), e.message);

@@ -38,14 +38,8 @@ impl PageError {
 }
 
 pub fn sqlstate_of(code: PgSqlErrorCode) -> String {
-    let mut n = code as i32;
-    (0..5)
-        .map(|_| {
-            let c = ((n & 0x3F) as u8 + b'0') as char;
-            n >>= 6;
-            c
-        })
-        .collect()
+    // SAFETY: unpack_sql_state writes the five characters to a static buffer and returns it.
+    unsafe { std::ffi::CStr::from_ptr(pg_sys::unpack_sql_state(code as i32)) }.to_string_lossy().into_owned()
 }
 
 fn report_of(e: CaughtError) -> ErrorReportWithLevel {
