@@ -118,6 +118,134 @@ METHODS = {
 }
 
 PGBENCH = "/usr/lib/postgresql/15/bin/pgbench"
+PG_WALDUMP = "/usr/lib/postgresql/15/bin/pg_waldump"
+
+
+def waldump_stats(start, end):
+    """WAL between two positions by record type (pg_waldump --stats=record, as postgres):
+    total bytes, full-page-image bytes, and the logical messages' bytes."""
+    out = subprocess.run(["sudo", "-u", "postgres", PG_WALDUMP, "-p", f"{DIR}/data/pg_wal", "-s", str(start), "-e", str(end),
+                          "--stats=record"], capture_output=True, text=True, check=True).stdout
+    figures = {"total": 0, "fpi": 0, "messages": 0}
+    for line in out.splitlines():
+        fields = line.split()
+        if not fields or not fields[1:2] or not fields[1].isdigit():
+            continue
+        # Type, N, (%), record size, (%), FPI size, (%), combined size, (%)
+        numbers = [int(f) for f in fields[1:] if f.isdigit()]
+        if fields[0] == "Total":
+            figures["total"], figures["fpi"] = numbers[-1], numbers[2]
+        elif fields[0].startswith("LogicalMessage"):
+            figures["messages"] += numbers[-1]
+    return figures
+
+
+def all_frozen(conn, table):
+    return conn.execute("SELECT all_frozen FROM pg_visibility_map_summary(%s)", [table]).fetchone()[0]
+
+
+def backfill_with(lock_mode):
+    def run(conn, table, rows):
+        conn.execute(f"SET backfill.lock_mode = '{lock_mode}'")
+        try:
+            return run_pg_backfill(conn, table, rows)
+        finally:
+            conn.execute("RESET backfill.lock_mode")
+    return run
+
+
+def run_messages_only(conn, table, rows):
+    """The floor: every row's message and nothing else (no lock, no page, no cursor)."""
+    start, t0 = wal_lsn(conn), time.perf_counter()
+    conn.execute(f"SELECT count(pg_logical_emit_message(true, 'backfill', row_to_json(t)::text)) FROM {table} t")
+    return time.perf_counter() - t0, wal_bytes(conn, start), None
+
+
+# On a quiet table frozen by VACUUM (FREEZE): what each way of reading costs the source.
+SOURCE_COST_METHODS = {
+    "messages only": run_messages_only,
+    "limit (FOR SHARE)": run_limit,
+    "pg_backfill rows": backfill_with("rows"),
+    "pg_backfill auto": backfill_with("auto"),
+}
+
+
+def source_cost(conn, shapes, sizes, repeat):
+    conn.execute("CREATE EXTENSION IF NOT EXISTS pg_visibility")
+    results = []
+    print(f"\n{'shape':7} {'rows':>9} {'method':18} {'s':>7} {'x floor':>8} {'WAL B/row':>10} {'msg B/row':>10} "
+          f"{'WAL/msg':>8} {'FPI B/row':>10} {'unfrozen':>9} {'of pages':>9}")
+    for shape in shapes:
+        for size in sizes:
+            table = f"cost_{shape}_{size}"
+            create, fill = SHAPES[shape]
+            conn.execute(create.format(t=table))
+            for lo in range(1, size + 1, 500_000):
+                conn.execute(fill.format(t=table, lo=lo, hi=min(size, lo + 499_999)))
+            runs = {method: [] for method in SOURCE_COST_METHODS}
+            for _ in range(repeat):
+                for method, run in SOURCE_COST_METHODS.items():
+                    conn.execute(f"VACUUM (FREEZE, ANALYZE) {table}")
+                    conn.execute("CHECKPOINT")
+                    frozen_before = all_frozen(conn, table)
+                    start = wal_lsn(conn)
+                    seconds, _, _ = run(conn, table, size)
+                    end = wal_lsn(conn)
+                    conn.execute("CHECKPOINT")  # flushes the WAL that pg_waldump reads
+                    wal = waldump_stats(start, end)
+                    runs[method].append((seconds, wal, frozen_before - all_frozen(conn, table), frozen_before))
+            floor = statistics.median(s[0] for s in runs["messages only"])
+            for method, samples in runs.items():
+                median = lambda key: statistics.median(key(s) for s in samples)  # noqa: E731
+                r = {"shape": shape, "rows": size, "method": method, "seconds": median(lambda s: s[0]),
+                     "wal_bytes_per_row": median(lambda s: s[1]["total"]) / size,
+                     "message_wal_bytes_per_row": median(lambda s: s[1]["messages"]) / size,
+                     "fpi_bytes_per_row": median(lambda s: s[1]["fpi"]) / size,
+                     "pages_unfrozen": median(lambda s: s[2]), "pages": median(lambda s: s[3])}
+                r["ratio_to_floor"] = r["seconds"] / floor
+                r["wal_to_messages"] = r["wal_bytes_per_row"] / max(r["message_wal_bytes_per_row"], 1e-9)
+                results.append(r)
+                print(f"{shape:7} {size:>9} {method:18} {r['seconds']:>7.2f} {r['ratio_to_floor']:>8.2f} "
+                      f"{r['wal_bytes_per_row']:>10.0f} {r['message_wal_bytes_per_row']:>10.0f} {r['wal_to_messages']:>8.2f} "
+                      f"{r['fpi_bytes_per_row']:>10.0f} {r['pages_unfrozen']:>9.0f} {r['pages']:>9.0f}")
+                sys.stdout.flush()
+            conn.execute(f"DROP TABLE {table}")
+    return results
+
+
+def pgbench_latencies(conn, seconds, lock_mode):
+    """Writers' TPS and p99 latency (pgbench, 4 clients) while back-to-back backfills of the
+    table they update run in `lock_mode`."""
+    logs = Path(DIR) / f"pgbench_{lock_mode}"
+    logs.mkdir(exist_ok=True)
+    for old in logs.glob("*"):
+        old.unlink()
+    bench = subprocess.Popen([PGBENCH, "-c", "4", "-j", "2", "-T", str(seconds), "-l", "--log-prefix", str(logs / "log"),
+                              "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    backfilled = pages = table_pages = 0
+    conn.execute(f"SET backfill.lock_mode = '{lock_mode}'")
+    while bench.poll() is None:
+        backfill_id = conn.execute("SELECT backfill_start('pgbench_accounts', confirm => true, rows_per_second => 100000)").fetchone()[0]
+        while bench.poll() is None and conn.execute(
+                "SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "running":
+            time.sleep(0.1)
+        if bench.poll() is not None:
+            try:
+                conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
+            except psycopg.errors.ObjectNotInPrerequisiteState:
+                pass
+        backfilled += conn.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
+        t, r = conn.execute("SELECT sum(pages_table_locked), sum(pages_row_locked) FROM backfill_tables WHERE backfill_id = %s",
+                            [backfill_id]).fetchone()
+        table_pages, pages = table_pages + (t or 0), pages + (t or 0) + (r or 0)
+    conn.execute("RESET backfill.lock_mode")
+    out = bench.stdout.read()
+    tps = float(next(l for l in out.splitlines() if l.startswith("tps")).split()[2])
+    latencies = sorted(int(line.split()[2]) for f in logs.glob("log*") for line in f.read_text().splitlines())
+    p99 = latencies[int(len(latencies) * 0.99)] / 1000.0
+    return {"lock_mode": lock_mode, "tps": tps, "p99_latency_ms": p99, "rows_backfilled_per_second": backfilled / seconds,
+            "share_of_pages_table_locked": table_pages / max(pages, 1)}
 
 
 def pgbench_impact(conn, seconds, rate):
@@ -166,6 +294,8 @@ def main():
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--pgbench-seconds", type=int, default=20, help="0 skips the load test")
     parser.add_argument("--pgbench-rate", type=int, default=50000, help="rows/s of the paced backfill")
+    parser.add_argument("--source-cost", action="store_true",
+                        help="only the source's cost on quiet frozen tables (lock modes), and writers' p99 latency per lock mode")
     args = parser.parse_args()
 
     subprocess.run(["cargo", "pgrx", "install", "--release", "--pg-config", "/usr/lib/postgresql/15/bin/pg_config"],
@@ -176,7 +306,22 @@ def main():
         conn = connect()
         conn.execute("CREATE EXTENSION pg_backfill")
         server = conn.execute("SELECT version()").fetchone()[0]
-        for shape in args.shapes.split(","):
+        if args.source_cost:
+            cost = source_cost(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat)
+            load = []
+            if args.pgbench_seconds:
+                subprocess.run([PGBENCH, "-i", "-q", "-s", "10", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
+                               check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                conn.execute("VACUUM ANALYZE pgbench_accounts")
+                for _ in range(args.repeat):
+                    for mode in ("rows", "auto"):
+                        load.append(pgbench_latencies(conn, args.pgbench_seconds, mode))
+                print(f"\n{'writers under backfills':24} {'TPS':>8} {'p99 ms':>8} {'backfill rows/s':>16} {'table-locked pages':>19}")
+                for r in load:
+                    print(f"{'lock_mode ' + r['lock_mode']:24} {r['tps']:>8.0f} {r['p99_latency_ms']:>8.2f} "
+                          f"{r['rows_backfilled_per_second']:>16.0f} {r['share_of_pages_table_locked']:>19.0%}")
+            results = cost
+        for shape in ([] if args.source_cost else args.shapes.split(",")):
             for size in map(int, args.sizes.split(",")):
                 table = f"bench_{shape}_{size}"
                 create, fill = SHAPES[shape]
@@ -211,7 +356,8 @@ def main():
                                     "payload_bytes_per_row": payload / size, **f})
                 conn.execute(f"DROP TABLE {table}")
                 print_rows(results[-len(METHODS):], header=len(results) == len(METHODS))
-        load = pgbench_impact(conn, args.pgbench_seconds, args.pgbench_rate) if args.pgbench_seconds else []
+        if not args.source_cost:
+            load = pgbench_impact(conn, args.pgbench_seconds, args.pgbench_rate) if args.pgbench_seconds else []
     finally:
         sh(f"cluster_stop {DIR}")
     out = ROOT / "bench" / "results"

@@ -102,6 +102,10 @@ def test_start_is_all_or_nothing(orders):
         ("", "SELECT backfill_start(ARRAY['orders', 'orders']::regclass[], confirm => true)", "22023", "twice"),
         ("", "SELECT backfill_start(ARRAY['orders', NULL]::regclass[], confirm => true)", "22004", "NULL"),
         ("", "SELECT backfill_cancel(424242)", "42704", "does not exist"),
+        ("", "SELECT backfill_resume(424242)", "42704", "does not exist"),
+        ("", "SELECT backfill_pause(424242)", "42704", "does not exist"),
+        ("", "SELECT backfill_set(424242, batch_size => 10)", "42704", "does not exist"),
+        ("", "SELECT backfill_wait(424242)", "42704", "does not exist"),
     ],
 )
 def test_bad_input_gets_a_clear_error(orders, setup, call, sqlstate, words):

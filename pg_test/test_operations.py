@@ -108,6 +108,24 @@ def test_rate_limit_holds_within_ten_percent_over_ten_seconds(events):
     assert wait_until_ended(events, backfill_id) == "done"
 
 
+@pytest.mark.parametrize("rate", [4000, 2000])
+def test_the_rate_is_the_backfills_total_however_many_workers_share_it(events, rate):
+    """parallel => 2 at 4,000 rows/s: 20,000 rows take five seconds, not two and a half (each
+    worker pacing itself to the whole rate); and backfill_set's new rate is a total too."""
+    started = time.monotonic()
+    backfill_id = events.execute(
+        "SELECT backfill_start('events', confirm => true, batch_size => 200, rows_per_second => 4000, parallel => 2)"
+    ).fetchone()[0]
+    assert events.execute("SELECT count(*) FROM backfill_tables WHERE backfill_id = %s", [backfill_id]).fetchone()[0] == 2
+    if rate != 4000:
+        time.sleep(1)
+        events.execute("SELECT backfill_set(%s, rows_per_second => %s)", [backfill_id, rate])
+    assert wait_until_ended(events, backfill_id, timeout=60) == "done"
+    elapsed = time.monotonic() - started
+    expected = 20000 / 4000 if rate == 4000 else 1 + (20000 - 4000) / rate
+    assert 0.85 * expected <= elapsed <= 1.3 * expected + 1, f"{elapsed:.1f} s for about {expected:.1f} s"
+
+
 def test_backfill_set_changes_pacing_of_a_running_backfill(events):
     backfill_id = events.execute(
         "SELECT backfill_start('events', confirm => true, batch_size => 100, rows_per_second => 200)"

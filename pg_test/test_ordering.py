@@ -113,8 +113,9 @@ def replay(changes, prefix="backfill"):
     return state, violations
 
 
-def run_scenario(cluster, db, skip_row_locks, parallel=1):
+def run_scenario(cluster, db, skip_row_locks, parallel=1, lock_mode="auto"):
     dbname = db.info.dbname
+    db.execute(f"SET backfill.lock_mode = '{lock_mode}'")
     if skip_row_locks:
         db.execute(f'ALTER DATABASE "{dbname}" SET backfill.test_skip_row_locks = on')
     db.execute(
@@ -133,21 +134,30 @@ def run_scenario(cluster, db, skip_row_locks, parallel=1):
     state, violations = replay(wal2json_changes(db, "consumer"))
     source = {row[0]: (row[1], row[2]) for row in db.execute("SELECT id, v, payload FROM items")}
     mismatched = {k for k in source.keys() | state.keys() if source.get(k) != state.get(k)}
-    return writers, violations, mismatched
+    paths = db.execute(
+        "SELECT sum(pages_table_locked), sum(pages_row_locked) FROM backfill_tables WHERE backfill_id = %s", [backfill_id]
+    ).fetchone()
+    return writers, violations, mismatched, paths
 
 
-@pytest.mark.parametrize("parallel", [1, 2])
-def test_reads_stay_ordered_with_concurrent_writes(cluster, db, parallel):
-    writers, violations, mismatched = run_scenario(cluster, db, skip_row_locks=False, parallel=parallel)
+@pytest.mark.parametrize("parallel, lock_mode", [(1, "auto"), (2, "auto"), (1, "rows"), (1, "table")])
+def test_reads_stay_ordered_with_concurrent_writes(cluster, db, parallel, lock_mode):
+    writers, violations, mismatched, (table_locked, row_locked) = run_scenario(
+        cluster, db, skip_row_locks=False, parallel=parallel, lock_mode=lock_mode
+    )
     assert writers.errors == []
     assert writers.ops > 1000, "the writers barely ran: the scenario proves nothing"
     assert violations == []
     assert mismatched == set()
+    # Each mode took the path it names (auto: whichever the writers left it).
+    assert {"rows": table_locked == 0 and row_locked > 0, "table": row_locked == 0 and table_locked > 0}.get(
+        lock_mode, table_locked + row_locked > 0
+    ), (table_locked, row_locked)
 
 
 def test_ordering_test_fails_without_row_locks(cluster, db):
     """The control: without row locks, stale reads land after newer changes."""
-    writers, violations, mismatched = run_scenario(cluster, db, skip_row_locks=True)
+    writers, violations, mismatched, _ = run_scenario(cluster, db, skip_row_locks=True)
     assert writers.errors == []
     assert violations, "without locks the consumer should have seen stale reads"
     assert mismatched, "without locks the consumer should have ended with stale rows"

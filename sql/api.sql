@@ -141,7 +141,8 @@ SELECT j.id,
        j.started_at,
        j.finished_at,
        CASE WHEN v.readable THEN j.last_error_sqlstate END AS last_error_sqlstate,
-       CASE WHEN v.readable THEN j.last_error END AS last_error
+       CASE WHEN v.readable THEN j.last_error END AS last_error,
+       j.lock_mode
   FROM backfill.job j
  CROSS JOIN LATERAL (
         SELECT array_agg(jt.relid ORDER BY jt.position) AS tables,
@@ -195,6 +196,7 @@ COMMENT ON COLUMN backfill_status.message_prefix IS 'Prefix of the backfill''s l
 COMMENT ON COLUMN backfill_status.started_by IS 'Role that started the backfill';
 COMMENT ON COLUMN backfill_status.started_at IS 'When backfill_start() was called';
 COMMENT ON COLUMN backfill_status.finished_at IS 'When the backfill reached done, cancelled or failed';
+COMMENT ON COLUMN backfill_status.lock_mode IS 'How its pages lock what they read: auto, rows or table (backfill.lock_mode when it started)';
 
 CREATE VIEW backfill_tables WITH (security_barrier) AS
 SELECT jt.job_id AS backfill_id,
@@ -211,7 +213,9 @@ SELECT jt.job_id AS backfill_id,
        CASE WHEN v.readable THEN jt.bytes_done END AS bytes_done,
        jt.last_page_lsn,
        jt.started_at,
-       jt.finished_at
+       jt.finished_at,
+       jt.pages_table_locked,
+       jt.pages_row_locked
   FROM backfill.job_table jt
   JOIN backfill.job j ON j.id = jt.job_id
  CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER')
@@ -232,6 +236,8 @@ COMMENT ON COLUMN backfill_tables.rows_estimated IS 'Planner estimate of the row
 COMMENT ON COLUMN backfill_tables.last_page_lsn IS 'WAL position at the end of the last delivered page';
 COMMENT ON COLUMN backfill_tables.started_at IS 'When the scan started (upper bound fixed, start marker sent)';
 COMMENT ON COLUMN backfill_tables.finished_at IS 'When the scan ended (end marker sent)';
+COMMENT ON COLUMN backfill_tables.pages_table_locked IS 'Pages that held the table in SHARE mode, writing nothing to its rows';
+COMMENT ON COLUMN backfill_tables.pages_row_locked IS 'Pages that locked their rows FOR SHARE';
 
 GRANT SELECT ON backfill_status, backfill_tables TO PUBLIC;
 

@@ -27,7 +27,8 @@ CREATE TABLE backfill.job (
     launched_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
     finished_at         timestamptz,
     last_error_sqlstate text,
-    last_error          text
+    last_error          text,
+    lock_mode           text NOT NULL DEFAULT 'auto' CHECK (lock_mode IN ('auto', 'rows', 'table'))
 );
 COMMENT ON TABLE backfill.job IS 'One row per backfill started with backfill_start()';
 COMMENT ON COLUMN backfill.job.id IS 'Backfill id, returned by backfill_start() and carried in every message';
@@ -47,6 +48,7 @@ COMMENT ON COLUMN backfill.job.started_at IS 'When backfill_start() was called';
 COMMENT ON COLUMN backfill.job.launched_at IS 'When its worker was last launched by backfill_start() or backfill_resume()';
 COMMENT ON COLUMN backfill.job.finished_at IS 'When the backfill reached done, cancelled or failed (cleared by backfill_resume)';
 COMMENT ON COLUMN backfill.job.last_error_sqlstate IS 'SQLSTATE of the error that failed the backfill';
+COMMENT ON COLUMN backfill.job.lock_mode IS 'How its pages lock what they read: auto (the table when no writer is at it, else the rows), rows or table (backfill.lock_mode when it started)';
 COMMENT ON COLUMN backfill.job.last_error IS 'Message, detail and place of the error that failed the backfill';
 
 CREATE TABLE backfill.job_table (
@@ -67,6 +69,8 @@ CREATE TABLE backfill.job_table (
     last_page_lsn   pg_lsn,
     started_at      timestamptz,
     finished_at     timestamptz,
+    pages_table_locked bigint NOT NULL DEFAULT 0,
+    pages_row_locked   bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (job_id, position)
 );
 CREATE INDEX ON backfill.job_table (relid);
@@ -87,6 +91,8 @@ COMMENT ON COLUMN backfill.job_table.key_fraction_done IS 'Share of the key rang
 COMMENT ON COLUMN backfill.job_table.last_page_lsn IS 'WAL position at the end of the table''s last delivered page; its commit record follows';
 COMMENT ON COLUMN backfill.job_table.started_at IS 'When the scan started (upper bound fixed, start marker sent)';
 COMMENT ON COLUMN backfill.job_table.finished_at IS 'When the scan ended (end marker sent)';
+COMMENT ON COLUMN backfill.job_table.pages_table_locked IS 'Pages that held the table in SHARE mode (no row locks written)';
+COMMENT ON COLUMN backfill.job_table.pages_row_locked IS 'Pages that locked their rows FOR SHARE';
 
 CREATE TABLE backfill.job_progress (
     job_id    bigint NOT NULL REFERENCES backfill.job (id) ON DELETE CASCADE,

@@ -6,6 +6,7 @@ use crate::catalog;
 use crate::encoding::Text;
 use crate::errors::raise;
 use crate::errors::OrInternal;
+use crate::lock::LockMode;
 use crate::plan::{self, Estimate};
 use crate::privilege::{self, as_extension_owner};
 use crate::table::{self, Table};
@@ -87,9 +88,19 @@ fn start(
     check_rate(rows_per_second);
     require_logical_decoding();
     let prefix = settings::message_prefix();
+    let lock_mode = crate::lock::lock_mode();
     let relids = table_list(tables);
     let tables: Vec<Table> = relids.iter().map(|relid| table::require(*relid)).collect();
     refuse_partitions_of_listed_tables(&relids);
+    if let Some(partitioned) = tables.iter().find(|t| t.partitioned && lock_mode == LockMode::Table) {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("table {} cannot be backfilled with lock_mode table", partitioned.qualified_name()),
+            "It is partitioned: a writer that names a partition does not lock the partitioned table, so \
+             locking it would not keep writers out. Its pages lock their rows.",
+            Some("SET backfill.lock_mode = 'auto'; (or 'rows') and start it again.".into()),
+        );
+    }
     if let Some(slot) = &slot {
         privilege::require_replication(slot);
         pipeline::require_slot(slot);
@@ -175,6 +186,9 @@ fn start(
             max_lag_bytes: max_lag,
             parallel,
         });
+        if lock_mode != LockMode::Auto {
+            catalog::set_lock_mode(backfill_id, lock_mode);
+        }
         let mut position = 0;
         for (table, estimate) in tables.iter().zip(&estimates) {
             for range in plan::key_ranges(table, estimate.rows, parallel) {

@@ -3,6 +3,7 @@
 
 use crate::encoding::{texts, KeyText, Text};
 use crate::errors::OrInternal;
+use crate::lock::LockMode;
 use crate::sql::run_prepared;
 use crate::state::{JobState, RangeState};
 use pgrx::datum::DatumWithOid;
@@ -22,6 +23,7 @@ pub struct Job {
     pub started_by: String,
     pub slot_name: Option<String>,
     pub max_lag_bytes: Option<i64>,
+    pub lock_mode: LockMode,
 }
 
 /// One table of a backfill: where its scan stands.
@@ -38,9 +40,14 @@ pub struct JobTable {
 }
 
 pub fn job(id: i64) -> Option<Job> {
-    let sql = "SELECT state, batch_size, message_prefix, started_by::text, rows_per_second, slot_name::text,
-                      max_lag_bytes, parallel
-                 FROM backfill.job WHERE id = $1";
+    // lock_mode through to_jsonb: a 0.2.0 schema (before ALTER EXTENSION UPDATE) has no such
+    // column, and its backfills lock as auto does.
+    // A 0.2.0 worker still running the old code after the upgrade pauses its backfill
+    // "waiting..." while its consumer is away: that backfill is running.
+    let sql = "SELECT CASE WHEN state = 'paused' AND pause_reason LIKE 'waiting%' THEN 'running' ELSE state END,
+                      batch_size, message_prefix, started_by::text, rows_per_second, slot_name::text,
+                      max_lag_bytes, parallel, pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'lock_mode'
+                 FROM backfill.job j WHERE id = $1";
     run_prepared(sql, false, &[id.into()], |rows| {
         if rows.is_empty() {
             return Ok(None);
@@ -55,6 +62,7 @@ pub fn job(id: i64) -> Option<Job> {
             slot_name: row.get(6)?,
             max_lag_bytes: row.get(7)?,
             parallel: row.get(8)?.unwrap_or(1),
+            lock_mode: row.get::<String>(9)?.as_deref().and_then(LockMode::parse).unwrap_or(LockMode::Auto),
         }))
     })
     .or_internal("read the backfill")
@@ -112,7 +120,7 @@ pub fn jobs_to_resume() -> Vec<(i64, i32)> {
         client
             .select(
                 "SELECT id, parallel FROM backfill.job
-                  WHERE state = 'running'
+                  WHERE state = 'running' OR (state = 'paused' AND pause_reason LIKE 'waiting%') -- (0.2.0's)
                   ORDER BY id",
                 None,
                 &[],
@@ -157,6 +165,21 @@ pub fn job_table(backfill_id: i64, position: i32) -> Option<JobTable> {
         .pop()
 }
 
+/// Whether the state tables count pages by lock path (0.3.0 on; not before ALTER EXTENSION UPDATE).
+pub fn counts_lock_paths() -> bool {
+    let sql =
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute WHERE attrelid = 'backfill.job_table'::pg_catalog.regclass
+                                 AND attname = 'pages_table_locked' AND NOT attisdropped)";
+    crate::sql::select_one::<bool>(sql, &[]).or_internal("read the state tables' columns").unwrap_or(false)
+}
+
+/// How many workers of a backfill still have a range to scan: they share its rate.
+pub fn workers_scanning(backfill_id: i64) -> i64 {
+    let sql = "SELECT count(DISTINCT worker) FROM backfill.job_table WHERE job_id = $1 AND state <> 'done'";
+    run_prepared(sql, false, &[backfill_id.into()], |rows| Ok(rows.first().get::<i64>(1)?.unwrap_or(1)))
+        .or_internal("count the backfill's workers")
+}
+
 pub fn set_worker_pid(backfill_id: i64, pid: Option<i32>) {
     Spi::run_with_args("UPDATE backfill.job SET worker_pid = $2 WHERE id = $1", &[backfill_id.into(), pid.into()])
         .or_internal("record the worker's pid")
@@ -178,12 +201,28 @@ pub fn move_range(backfill_id: i64, position: i32, to: RangeState, upper_bound: 
 }
 
 /// A page was delivered: the cursor moves to its last key, in the page's own transaction.
-pub fn advance_cursor(backfill_id: i64, position: i32, cursor: Vec<KeyText>, rows: i64, bytes: i64) {
+/// With `locked`, the count of pages that took that path goes up: `Some(true)` the table,
+/// `Some(false)` the rows; None on a 0.2.0 schema, which has no such counts.
+pub fn advance_cursor(
+    backfill_id: i64,
+    position: i32,
+    cursor: Vec<KeyText>,
+    rows: i64,
+    bytes: i64,
+    table_locked: Option<bool>,
+) {
+    let counted = match table_locked {
+        Some(true) => ", pages_table_locked = pages_table_locked + 1",
+        Some(false) => ", pages_row_locked = pages_row_locked + 1",
+        None => "",
+    };
     run_prepared(
-        "UPDATE backfill.job_table
-            SET cursor = $3, rows_done = rows_done + $4, bytes_done = bytes_done + $5,
-                last_page_lsn = pg_catalog.pg_current_wal_insert_lsn()
-          WHERE job_id = $1 AND position = $2",
+        &format!(
+            "UPDATE backfill.job_table
+                SET cursor = $3, rows_done = rows_done + $4, bytes_done = bytes_done + $5,
+                    last_page_lsn = pg_catalog.pg_current_wal_insert_lsn(){counted}
+              WHERE job_id = $1 AND position = $2"
+        ),
         true,
         &[backfill_id.into(), position.into(), cursor.into(), rows.into(), bytes.into()],
         |_| Ok(()),
@@ -222,6 +261,16 @@ pub fn insert_job(job: &NewJob) -> i64 {
     )
     .map(|id| id.unwrap_or_default())
     .or_internal("record the backfill")
+}
+
+/// A backfill's lock mode, when not the column's default (auto). (Its own statement: a 0.2.0
+/// schema, still in place until ALTER EXTENSION UPDATE, has no such column.)
+pub fn set_lock_mode(backfill_id: i64, mode: LockMode) {
+    Spi::run_with_args(
+        "UPDATE backfill.job SET lock_mode = $2 WHERE id = $1",
+        &[backfill_id.into(), mode.as_str().into()],
+    )
+    .or_internal("record the lock mode")
 }
 
 /// One key range of a table: the whole table, or with parallel workers the range after
@@ -343,7 +392,8 @@ pub fn move_job(
                                            WHEN $3 = 'failed' THEN $5 ELSE last_error_sqlstate END,
                 last_error = CASE WHEN $3 IN ('running', 'done') THEN NULL
                                   WHEN $3 = 'failed' THEN $6 ELSE last_error END
-          WHERE id = $1 AND state = ANY ($2)
+          WHERE id = $1
+            AND (state = ANY ($2) OR ('running' = ANY ($2) AND state = 'paused' AND pause_reason LIKE 'waiting%'))
          RETURNING id",
         &[backfill_id.into(), from.into(), to.as_str().into(), pause_reason.into(), sqlstate.into(), message.into()],
     )
@@ -353,12 +403,13 @@ pub fn move_job(
 /// A running backfill whose worker was launched before the server last started: without
 /// shared_preload_libraries nothing relaunched it.
 pub fn worker_lost_to_restart(backfill_id: i64) -> bool {
-    Spi::get_one_with_args::<bool>(
+    // (No such backfill: false, and the caller reports 42704.)
+    crate::sql::select_one::<bool>(
         "SELECT state = 'running' AND launched_at < pg_catalog.pg_postmaster_start_time() FROM backfill.job WHERE id = $1",
         &[backfill_id.into()],
     )
-    .map(|lost| lost.unwrap_or(false))
     .or_internal("read the backfill")
+    .unwrap_or(false)
 }
 
 /// backfill_set(): new pacing for a running backfill; NULL keeps a value, 0 removes a limit.

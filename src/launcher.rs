@@ -52,9 +52,21 @@ impl Task {
         }
     }
 
-    /// The task a worker was started with.
-    pub fn of_this_worker() -> Option<Task> {
-        serde_json::from_str(BackgroundWorker::get_extra()).ok()
+    /// The task a worker was started with. A worker registered by 0.2.0 and restarted by the
+    /// postmaster after its library was upgraded has 0.2.0's arguments: the backfill id as
+    /// its main argument (0 for the resumer) and "<database> <starter xid> <worker>".
+    pub fn of_this_worker(main_arg: pg_sys::Datum) -> Option<Task> {
+        let extra = BackgroundWorker::get_extra();
+        serde_json::from_str(extra).ok().or_else(|| {
+            let mut fields = extra.split(' ').map(str::parse::<u64>);
+            let (database, starter_xid, worker) = (fields.next()?.ok()?, fields.next()?.ok()?, fields.next()?.ok()?);
+            let backfill_id = main_arg.value() as i64;
+            Some(if backfill_id == 0 {
+                Task::Resume { database: database as u32 }
+            } else {
+                Task::Backfill { database: database as u32, backfill_id, worker: worker as i32, starter_xid }
+            })
+        })
     }
 }
 

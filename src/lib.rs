@@ -36,6 +36,7 @@ mod encoding;
 mod errors;
 mod json;
 mod launcher;
+mod lock;
 mod message;
 mod pacing;
 mod page;

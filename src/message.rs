@@ -13,7 +13,8 @@ use crate::auth::Signer;
 use crate::json;
 use crate::table::Table;
 use pgrx::prelude::*;
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::Value;
 use std::ffi::{c_char, CString};
 
 // Not in pgrx's bindings. PG15: XLogRecPtr LogLogicalMessage(const char *prefix,
@@ -47,23 +48,50 @@ const DATA_FIELD: &[u8] = b",\"data\":";
 const PARTITION_FIELD: &[u8] = b",\"partition\":";
 const TAIL: &[u8] = b",\"commit_lsn\":\"0/0\"}";
 
-/// The fields every message starts with. Every slot of the database decodes every message:
-/// `slot` lets a consumer skip backfills meant for other pipelines.
-fn envelope(op: &str, backfill_id: i64, slot: Option<&str>, table: &Table) -> Map<String, Value> {
-    let mut fields = Map::new();
-    fields.insert("op".into(), json!(op));
-    fields.insert("backfill_id".into(), json!(backfill_id));
-    if let Some(slot) = slot {
-        fields.insert("slot".into(), json!(slot));
+/// The fields every message starts with, in this order. Every slot of the database decodes
+/// every message: `slot` lets a consumer skip backfills meant for other pipelines.
+#[derive(Serialize)]
+struct Envelope<'a> {
+    op: &'a str,
+    backfill_id: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slot: Option<&'a str>,
+    schema: &'a str,
+    table: &'a str,
+}
+
+impl<'a> Envelope<'a> {
+    fn new(op: &'a str, backfill_id: i64, slot: Option<&'a str>, table: &'a Table) -> Self {
+        Envelope { op, backfill_id, slot, schema: &table.schema, table: &table.name }
     }
-    fields.insert("schema".into(), json!(table.schema));
-    fields.insert("table".into(), json!(table.name));
-    fields
+}
+
+/// `table_start`: the scan of a table begins.
+#[derive(Serialize)]
+struct TableStart<'a> {
+    #[serde(flatten)]
+    envelope: Envelope<'a>,
+    key_columns: Vec<String>,
+    /// The greatest key when the scan began (null for an empty table): reads up to it follow.
+    upper_bound: Value,
+    rows_estimated: i64,
+}
+
+/// `table_end`: every row of the table up to its upper bound has been read.
+#[derive(Serialize)]
+struct TableEnd<'a> {
+    #[serde(flatten)]
+    envelope: Envelope<'a>,
+    rows: i64,
+}
+
+fn to_json(marker: &impl Serialize) -> String {
+    serde_json::to_string(marker).expect("a marker serializes")
 }
 
 impl ReadMessage {
     pub fn new(backfill_id: i64, slot: Option<&str>, table: &Table) -> Self {
-        let mut head = Value::Object(envelope("read", backfill_id, slot, table)).to_string();
+        let mut head = to_json(&Envelope::new("read", backfill_id, slot, table));
         head.pop(); // the closing brace: key, data and the tail follow
         head.push_str(",\"key\":");
         ReadMessage { head: head.into_bytes(), key_labels: key_labels(table), buf: Vec::with_capacity(8192) }
@@ -132,11 +160,12 @@ pub fn table_start(
             serde_json::from_slice(&key).unwrap_or_default()
         })
         .unwrap_or_default();
-    let mut fields = envelope("table_start", backfill_id, slot, table);
-    fields.insert("key_columns".into(), json!(table.key_names()));
-    fields.insert("upper_bound".into(), upper_bound);
-    fields.insert("rows_estimated".into(), json!(rows_estimated));
-    Value::Object(fields).to_string()
+    to_json(&TableStart {
+        envelope: Envelope::new("table_start", backfill_id, slot, table),
+        key_columns: table.key_names(),
+        upper_bound,
+        rows_estimated,
+    })
 }
 
 /// Writes a marker, sealed.
@@ -148,9 +177,7 @@ pub fn emit_marker(prefix: &CString, signer: &Signer, marker: String) {
 
 /// `table_end`: every row of the table up to its upper bound has been read.
 pub fn table_end(backfill_id: i64, slot: Option<&str>, table: &Table, rows: i64) -> String {
-    let mut fields = envelope("table_end", backfill_id, slot, table);
-    fields.insert("rows".into(), json!(rows));
-    Value::Object(fields).to_string()
+    to_json(&TableEnd { envelope: Envelope::new("table_end", backfill_id, slot, table), rows })
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -158,6 +185,7 @@ pub fn table_end(backfill_id: i64, slot: Option<&str>, table: &Table, rows: i64)
 mod tests {
     use super::*;
     use crate::table::{inspect, Table};
+    use serde_json::json;
 
     fn table(ddl: &str) -> Table {
         Spi::run(ddl).unwrap();

@@ -25,9 +25,10 @@ use crate::encoding::{show_key, KeyText, Text};
 use crate::errors::raise;
 use crate::errors::OrInternal;
 use crate::json::RowJson;
+use crate::lock::{LockPolicy, Locking};
 use crate::message::{self, ReadMessage};
 use crate::pacing::Pacer;
-use crate::scan::{Locking, ScanQueries};
+use crate::scan::ScanQueries;
 use crate::state::{JobState, RangeState};
 use crate::table::{self, Table};
 use crate::xact::{in_transaction, sqlstate_of, who, PageError};
@@ -61,6 +62,9 @@ pub struct TableScan<'a> {
     pub(crate) position: i32,
     pub(crate) batch_size: i32,
     pub(crate) pacer: Pacer,
+    /// How pages lock (lock.rs), and whether the state tables count each path.
+    pub(crate) locks: LockPolicy,
+    pub(crate) counts_lock_paths: bool,
     /// None until the first page: it samples at once.
     pub(crate) last_sample: Option<Instant>,
     pub(crate) last_log: Instant,
@@ -88,12 +92,14 @@ impl<'a> TableScan<'a> {
             sqlstate: sqlstate_of(why.code),
             message: format!("table {relid:?} can no longer be backfilled: {}", why.reason),
         })?;
-        let row = in_transaction(|| RowJson::new(&table.columns))?;
+        let (row, counts_lock_paths) = in_transaction(|| (RowJson::new(&table.columns), catalog::counts_lock_paths()))?;
         Ok(TableScan {
             backfill_id,
             position: job_table.position,
             batch_size: job.batch_size,
-            pacer: Pacer::new(job.rows_per_second),
+            pacer: Pacer::new(job.rows_per_second, i64::from(job.parallel)),
+            locks: LockPolicy::new(job.lock_mode, table.partitioned),
+            counts_lock_paths,
             last_sample: None,
             last_log: Instant::now(),
             prefix,
@@ -117,7 +123,7 @@ impl<'a> TableScan<'a> {
             return Err(job.state);
         }
         self.batch_size = job.batch_size;
-        self.pacer.set_rate(job.rows_per_second);
+        self.pacer.set_rate(job.rows_per_second, catalog::workers_scanning(self.backfill_id));
         Ok(job)
     }
 
@@ -142,6 +148,13 @@ impl<'a> TableScan<'a> {
         }
         let progress = catalog::job_table(self.backfill_id, self.position)
             .unwrap_or_else(|| error!("backfill {} lost its table {}", self.backfill_id, self.position));
+        // Every page that does not wait says what it does (and so that it no longer waits).
+        report_activity(&format!(
+            "backfill {}: {} after key ({})",
+            self.backfill_id,
+            self.table.qualified_name(),
+            progress.cursor.as_deref().map(show_key).unwrap_or_default()
+        ));
         let row = &self.row;
         // SAFETY: the descriptor is the open relation's.
         let found = self.table.recheck(|descriptor| unsafe { row.describes(descriptor) });
@@ -154,28 +167,30 @@ impl<'a> TableScan<'a> {
         let Some(upper_bound) = progress.upper_bound.clone() else {
             return self.end_scan(progress.rows_done, &signer);
         };
-        report_activity(&format!(
-            "backfill {}: {} after key ({})",
-            self.backfill_id,
-            self.table.qualified_name(),
-            progress.cursor.as_deref().map(show_key).unwrap_or_default()
-        ));
         if !found.same_columns {
             self.reload_columns();
         }
         let cursor = progress.cursor.clone();
+        // The page's lock comes before its queries take their snapshots (see lock.rs).
+        let (locking, rows_per_page) = self.locks.lock_page(self.table.relid, rows_per_page);
+        let locked_at = Instant::now();
         let Some(page_end) = self.page_end(cursor.as_deref(), &upper_bound, rows_per_page) else {
             return self.end_scan(progress.rows_done, &signer);
         };
-        let (rows, bytes) = self.deliver(cursor.as_deref(), &page_end, rows_per_page, &signer);
+        let (rows, bytes) = self.deliver(cursor.as_deref(), &page_end, locking, &signer);
+        let table_locked = locking == Locking::Table;
+        if table_locked {
+            self.locks.table_page_took(rows as i32, locked_at.elapsed(), self.batch_size);
+        }
+        let counted = self.counts_lock_paths.then_some(table_locked);
         if page_end == upper_bound {
             // The table's ranges are locked before this range's row is updated, as in every
             // other end and start: always in the same order, so workers never deadlock.
             let ranges = self.lock_table_ranges();
-            catalog::advance_cursor(self.backfill_id, self.position, page_end, rows, bytes);
+            catalog::advance_cursor(self.backfill_id, self.position, page_end, rows, bytes, counted);
             return self.end_scan_locked(progress.rows_done + rows, &ranges, &signer);
         }
-        catalog::advance_cursor(self.backfill_id, self.position, page_end.clone(), rows, bytes);
+        catalog::advance_cursor(self.backfill_id, self.position, page_end.clone(), rows, bytes, counted);
         self.report_progress(&page_end, &progress, &upper_bound, progress.rows_done + rows);
         Page::More
     }
@@ -255,6 +270,16 @@ impl<'a> TableScan<'a> {
         self.end_scan_locked(rows, &ranges, signer)
     }
 
+    /// Frees the plans of this scan's queries (kept by sql.rs for the worker's lifetime).
+    pub fn forget_plans(&self) {
+        for after_cursor in [false, true] {
+            crate::sql::forget(&self.queries.page_end(after_cursor));
+            for locking in [Locking::NoWait, Locking::Wait, Locking::Table, Locking::None] {
+                crate::sql::forget(&self.queries.page_rows(after_cursor, locking));
+            }
+        }
+    }
+
     /// The table's columns changed since the scan began (ALTER TABLE): rows are rendered, and
     /// pages queried, as the table is now. Its key cannot change under a scan ordered by it.
     fn reload_columns(&mut self) {
@@ -286,7 +311,8 @@ impl<'a> TableScan<'a> {
             who(self.backfill_id),
             table.qualified_name()
         );
-        // (The new queries' texts name the columns as they are now: sql.rs prepares them anew.)
+        // The new queries name the columns as they are now: sql.rs prepares them anew.
+        self.forget_plans();
         self.queries = ScanQueries::new(&table);
         self.key_columns = table.key.iter().map(|k| k.position).collect();
         self.row = RowJson::new(&table.columns);
@@ -325,19 +351,9 @@ impl<'a> TableScan<'a> {
         &mut self,
         cursor: Option<&[KeyText]>,
         page_end: &[KeyText],
-        rows_per_page: i32,
+        locking: Locking,
         signer: &Signer,
     ) -> (i64, i64) {
-        let locking = if settings::skip_row_locks() {
-            Locking::None
-        } else if rows_per_page == 1 {
-            let timeout = settings::LOCK_TIMEOUT_MS.get().to_string();
-            Spi::run_with_args("SELECT pg_catalog.set_config('lock_timeout', $1, true)", &[timeout.into()])
-                .or_internal("set the page's lock_timeout");
-            Locking::Wait
-        } else {
-            Locking::NoWait
-        };
         let args = Self::key_args(cursor, page_end);
         let plan = crate::sql::kept_plan(&self.queries.page_rows(cursor.is_some(), locking), args.len());
         let table_name = self.table.qualified_name();

@@ -10,18 +10,8 @@
 //! or come back out of order.
 
 use crate::encoding::quote_ident as quote_identifier;
+use crate::lock::Locking;
 use crate::table::Table;
-
-/// How a page's rows are locked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Locking {
-    /// Lock every row or fail at once: a page holding some row locks never waits for another.
-    NoWait,
-    /// Wait (up to `lock_timeout`) for the one row of a one-row page, which holds nothing else.
-    Wait,
-    /// No row locks: only for the test that shows the locks are needed.
-    None,
-}
 
 /// The SQL of one table's scan. Keys travel as text (their output form) and are cast back to
 /// the key's types in the query, so any btree-orderable key type works the same way.
@@ -193,7 +183,7 @@ impl ScanQueries {
         let lock = match locking {
             Locking::NoWait => " FOR SHARE OF t NOWAIT",
             Locking::Wait => " FOR SHARE OF t",
-            Locking::None => "",
+            Locking::Table | Locking::None => "",
         };
         format!(
             "SELECT {columns}{partition} FROM {from} WHERE {range} ORDER BY {asc}{lock}",

@@ -12,6 +12,12 @@ pub static MESSAGE_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CSt
 /// How long a one-row page waits for a row lock held by a writer before it gives up and retries.
 pub static LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
 
+/// backfill.lock_mode: how a new backfill's pages lock (see lock.rs); recorded per backfill.
+pub static LOCK_MODE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"auto"));
+
+/// backfill.table_lock_max_ms: how long a page holding its table in SHARE mode may hold up writers.
+pub static TABLE_LOCK_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
+
 /// How many times in a row a page may fail for a transient reason before the backfill fails.
 pub static MAX_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(100);
 
@@ -55,6 +61,27 @@ pub fn define() {
         &LOCK_TIMEOUT_MS,
         1,
         60_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_string_guc(
+        c"backfill.lock_mode",
+        c"How a new backfill's pages lock what they read: auto, rows or table.",
+        c"rows: FOR SHARE of the page's rows (written into every row read). table: the table in \
+          SHARE mode for the page (writers wait for it; nothing is written to the rows). auto: \
+          the table when no writer is at it, else the rows. Recorded per backfill when it starts.",
+        &LOCK_MODE,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.table_lock_max_ms",
+        c"How long a page that holds its table in SHARE mode may hold up writers.",
+        c"Table-locked pages are sized to take at most about this long; a writer that arrives \
+          meanwhile waits for the rest of the page.",
+        &TABLE_LOCK_MAX_MS,
+        1,
+        10_000,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );

@@ -73,6 +73,16 @@ pub fn kept_plan(sql: &str, text_params: usize) -> pg_sys::SPIPlanPtr {
     plan
 }
 
+/// Frees the plan of `sql`, if it has one: a scan that ends, or whose table's columns changed,
+/// never runs its queries again. In a transaction.
+pub fn forget(sql: &str) {
+    PREPARED.with(|prepared| prepared.borrow_mut().remove(sql));
+    if let Some(plan) = KEPT_PLANS.with(|plans| plans.borrow_mut().remove(sql)) {
+        // SAFETY: a plan kept by kept_plan, freed once: it has just left the map.
+        unsafe { pg_sys::SPI_freeplan(plan.0) };
+    }
+}
+
 /// The first column of the first row of a query, if it returns a row.
 pub fn select_one<T: FromDatum + IntoDatum>(query: &str, args: &[DatumWithOid]) -> SpiResult<Option<T>> {
     Spi::connect(|client| {

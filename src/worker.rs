@@ -25,7 +25,7 @@ unsafe extern "C-unwind" {
 
 #[pg_guard]
 #[unsafe(no_mangle)]
-pub extern "C-unwind" fn backfill_worker_main(_arg: pg_sys::Datum) {
+pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
     // SIGTERM (pg_terminate_backend, shutdown) ends the worker at once, as for any backend:
     // the open page rolls back, the process exits with code 1, and the postmaster restarts it.
     // SAFETY: installs PostgreSQL's own handler, as any backend has it.
@@ -34,7 +34,7 @@ pub extern "C-unwind" fn backfill_worker_main(_arg: pg_sys::Datum) {
     }
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
 
-    let Some(task) = launcher::Task::of_this_worker() else {
+    let Some(task) = launcher::Task::of_this_worker(arg) else {
         log!("pg_backfill: a worker with unreadable start arguments ({:?}) stops", BackgroundWorker::get_extra());
         // SAFETY: a clean exit before touching shared state; 0, so it is not restarted.
         unsafe { pg_sys::proc_exit(0) }
@@ -141,6 +141,9 @@ fn wait_for_starter(starter_xid: u64) -> bool {
                 pacing::sleep(Duration::from_millis(50));
             }
             Some("committed") => return true,
+            // Too old for the commit log (a worker restarted long after its start): whether
+            // the backfill exists, and runs, is the next step's to find out.
+            None => return true,
             _ => return false,
         }
     }
@@ -165,7 +168,9 @@ fn run(backfill_id: i64, worker: i32) {
             Ok(scan) => scan,
             Err(e) => return record_failure(backfill_id, Some(table), &e),
         };
-        if !scan_table(&mut scan) {
+        let scanned = scan_table(&mut scan);
+        let _ = in_transaction(|| scan.forget_plans());
+        if !scanned {
             return;
         }
     }
@@ -176,7 +181,9 @@ fn run(backfill_id: i64, worker: i32) {
     });
     match finished {
         Ok(true) => log!("{}: done", who(backfill_id)),
-        Ok(false) => {} // another worker's range is still running: the last one marks it done
+        // Another worker's range is still running (the last one marks it done), or the
+        // backfill was paused or cancelled meanwhile (its state says so).
+        Ok(false) => log!("{}: this worker's ranges are done, its worker exits", who(backfill_id)),
         Err(e) => record_failure(backfill_id, None, &e),
     }
 }

@@ -1,0 +1,179 @@
+//! How a page locks what it reads, so that a consumer applying reads as upserts never sees a
+//! read overwrite a newer change: the lock policy, in one place.
+//!
+//! A read is a message in the page's transaction; a writer's change is decoded at its own
+//! commit. A read may only carry a value that no change committed after it can still be
+//! missing, and no change may commit, between the read's snapshot and the read's commit, to a
+//! row it read. Two ways keep that:
+//!
+//! - **Row locks** (`FOR SHARE` of the page's rows): a writer of one of those rows waits for the
+//!   page to commit, so its change is decoded after the read. Every locked row is written to:
+//!   its xmax, a heap lock record in WAL, a full-page image of each page after a checkpoint,
+//!   and the page loses its all-frozen bit, so the next aggressive vacuum rereads it.
+//!
+//! - **The table in SHARE mode**, taken *before* the page's queries take their snapshots. SHARE
+//!   conflicts with ROW EXCLUSIVE, which every INSERT, UPDATE, DELETE and MERGE holds on the
+//!   table until its transaction ends. So when the lock is granted no transaction that wrote
+//!   the table is still in progress: each has committed (the page's snapshots, taken after the
+//!   lock, see its changes, decoded before the page's commit) or aborted. While the page holds
+//!   the lock no writer can write the table at all: its change commits after the page. Nothing
+//!   is written to the rows. The argument's conditions, checked against PostgreSQL 15:
+//!   - Snapshots: the page's statements run through SPI, not read-only, each with a snapshot
+//!     taken when it starts (READ COMMITTED), after the lock. (The page bound's query may see
+//!     an older snapshot: it only picks where the page ends, and the page reads every row up
+//!     to there with the new one.)
+//!   - Fast-path locks: writers take ROW EXCLUSIVE through their backend's fast path, which
+//!     the lock manager does not see; a request for SHARE, a "strong" lock, first moves every
+//!     backend's fast-path locks on the table into the shared table (FastPathTransferRelation-
+//!     Locks) and makes later weak requests go there, so the conflict is seen.
+//!   - Lock queues: the attempt never waits (ConditionalLockRelationOid). It fails when a
+//!     writer holds ROW EXCLUSIVE, and also when one waits in the queue (a waiting writer, or a
+//!     DDL statement, goes first), and then the page takes row locks instead.
+//!   - Autovacuum and VACUUM take SHARE UPDATE EXCLUSIVE, which SHARE does not conflict with:
+//!     neither waits for the other. Plain readers (ACCESS SHARE) and other backfills (SHARE)
+//!     never wait either.
+//!   - Partitions: a writer that names a partition locks the partition only, not its parent.
+//!     Locking every partition is not done yet: a partitioned table's pages take row locks.
+//!
+//!   The cost moves to writers: one that arrives while a page holds the table waits for the
+//!   rest of that page. `backfill.table_lock_max_ms` bounds it: table-locked pages are sized
+//!   so that each takes about that long at most (halved when one takes longer). In `auto`, a
+//!   page that finds a writer takes row locks, and so do the pages of the next second: a
+//!   table being written keeps row locks, and its writers never queue behind a page.
+
+use crate::settings;
+use pgrx::pg_sys;
+use std::time::{Duration, Instant};
+
+/// How a backfill's pages lock (`backfill_start(..., lock_mode => ...)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockMode {
+    /// The table when no writer is at it, else the page's rows.
+    Auto,
+    /// Always the page's rows: writers never wait for a page.
+    Rows,
+    /// Always the table: a page waits for writers (up to backfill.lock_timeout, then retries).
+    Table,
+}
+
+impl LockMode {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            LockMode::Auto => "auto",
+            LockMode::Rows => "rows",
+            LockMode::Table => "table",
+        }
+    }
+
+    pub fn parse(mode: &str) -> Option<LockMode> {
+        match mode {
+            "auto" => Some(LockMode::Auto),
+            "rows" => Some(LockMode::Rows),
+            "table" => Some(LockMode::Table),
+            _ => None,
+        }
+    }
+}
+
+/// backfill.lock_mode as a backfill records it when it starts (22023 if it is none of the modes).
+pub fn lock_mode() -> LockMode {
+    let mode = settings::LOCK_MODE.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+    LockMode::parse(&mode).unwrap_or_else(|| {
+        crate::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            "invalid value for backfill.lock_mode",
+            format!("backfill.lock_mode is {mode:?}; it must be auto, rows or table."),
+            Some("SET backfill.lock_mode = 'auto';".into()),
+        )
+    })
+}
+
+/// How one page's rows are locked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Locking {
+    /// Lock every row or fail at once: a page holding some row locks never waits for another.
+    NoWait,
+    /// Wait (up to `lock_timeout`) for the one row of a one-row page, which holds nothing else.
+    Wait,
+    /// No row locks: the page holds the table in SHARE mode.
+    Table,
+    /// No lock at all: only for the test that shows the locks are needed.
+    None,
+}
+
+/// After a failed attempt at the table, `auto` takes row locks for this long.
+const ROWS_AFTER_A_WRITER: Duration = Duration::from_secs(1);
+
+/// One scan's lock policy, with what it learned from its last pages.
+pub struct LockPolicy {
+    pub mode: LockMode,
+    /// Set when `auto` found a writer: row locks until then.
+    rows_until: Option<Instant>,
+    /// The most rows a table-locked page may have, to stay within backfill.table_lock_max_ms.
+    table_page_rows: i32,
+}
+
+impl LockPolicy {
+    pub fn new(mode: LockMode, partitioned: bool) -> Self {
+        let mode = if partitioned && mode == LockMode::Auto { LockMode::Rows } else { mode };
+        LockPolicy { mode, rows_until: None, table_page_rows: 1000 }
+    }
+
+    /// Locks what the next page needs, before its queries take their snapshots, and returns how
+    /// its rows are to be locked and how many rows it may have. In a transaction.
+    pub fn lock_page(&mut self, relid: pg_sys::Oid, rows: i32) -> (Locking, i32) {
+        if settings::skip_row_locks() {
+            return (Locking::None, rows);
+        }
+        let share = pg_sys::ShareLock as pg_sys::LOCKMODE;
+        match self.mode {
+            LockMode::Table => {
+                set_lock_timeout();
+                // SAFETY: a relation lock held until the page's transaction ends; waiting is
+                // bounded by lock_timeout (55P03, retried with back-off).
+                unsafe { pg_sys::LockRelationOid(relid, share) };
+                (Locking::Table, rows.min(self.table_page_rows))
+            }
+            LockMode::Auto if self.rows_until.is_none_or(|until| Instant::now() >= until) => {
+                // SAFETY: as above, but never waits: false when a writer holds or awaits the table.
+                if unsafe { pg_sys::ConditionalLockRelationOid(relid, share) } {
+                    self.rows_until = None;
+                    (Locking::Table, rows.min(self.table_page_rows))
+                } else {
+                    self.rows_until = Some(Instant::now() + ROWS_AFTER_A_WRITER);
+                    (row_locking(rows), rows)
+                }
+            }
+            LockMode::Auto | LockMode::Rows => (row_locking(rows), rows),
+        }
+    }
+
+    /// A table-locked page of `rows` rows held the table this long: the next ones are sized to
+    /// hold it at most backfill.table_lock_max_ms.
+    pub fn table_page_took(&mut self, rows: i32, held: Duration, batch_size: i32) {
+        let max = Duration::from_millis(settings::TABLE_LOCK_MAX_MS.get() as u64);
+        if held > max {
+            self.table_page_rows = (rows / 2).max(1);
+        } else if held < max / 2 && rows >= self.table_page_rows {
+            self.table_page_rows = self.table_page_rows.saturating_mul(2).min(batch_size.max(1));
+        }
+    }
+}
+
+/// Row locks: a page of several rows never waits for one (it shrinks instead, see worker.rs);
+/// a one-row page waits up to backfill.lock_timeout.
+fn row_locking(rows: i32) -> Locking {
+    if rows == 1 {
+        set_lock_timeout();
+        Locking::Wait
+    } else {
+        Locking::NoWait
+    }
+}
+
+fn set_lock_timeout() {
+    use crate::errors::OrInternal;
+    let timeout = settings::LOCK_TIMEOUT_MS.get().to_string();
+    pgrx::Spi::run_with_args("SELECT pg_catalog.set_config('lock_timeout', $1, true)", &[timeout.into()])
+        .or_internal("set the page's lock_timeout");
+}
