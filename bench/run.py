@@ -125,7 +125,10 @@ def waldump_stats(start, end):
     """WAL between two positions by record type (pg_waldump --stats=record, as postgres):
     total bytes, full-page-image bytes, and the logical messages' bytes."""
     out = subprocess.run(["sudo", "-u", "postgres", PG_WALDUMP, "-p", f"{DIR}/data/pg_wal", "-s", str(start), "-e", str(end),
-                          "--stats=record"], capture_output=True, text=True, check=True).stdout
+                          "--stats=record"], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"pg_waldump {start}..{end}: {out.stderr.strip()}")
+    out = out.stdout
     figures = {"total": 0, "fpi": 0, "messages": 0}
     for line in out.splitlines():
         fields = line.split()
@@ -191,7 +194,7 @@ def source_cost(conn, shapes, sizes, repeat):
                     start = wal_lsn(conn)
                     seconds, _, _ = run(conn, table, size)
                     end = wal_lsn(conn)
-                    conn.execute("CHECKPOINT")  # flushes the WAL that pg_waldump reads
+                    conn.execute("SELECT pg_switch_wal()")  # writes and flushes the WAL up to end for pg_waldump
                     wal = waldump_stats(start, end)
                     runs[method].append((seconds, wal, frozen_before - all_frozen(conn, table), frozen_before))
             floor = statistics.median(s[0] for s in runs["messages only"])
@@ -236,7 +239,7 @@ def pgbench_latencies(conn, seconds, lock_mode):
             except psycopg.errors.ObjectNotInPrerequisiteState:
                 pass
         backfilled += conn.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
-        t, r = conn.execute("SELECT sum(pages_table_locked), sum(pages_row_locked) FROM backfill_tables WHERE backfill_id = %s",
+        t, r = conn.execute("SELECT sum(pages_table_locked)::bigint, sum(pages_row_locked)::bigint FROM backfill_tables WHERE backfill_id = %s",
                             [backfill_id]).fetchone()
         table_pages, pages = table_pages + (t or 0), pages + (t or 0) + (r or 0)
     conn.execute("RESET backfill.lock_mode")
@@ -300,7 +303,8 @@ def main():
 
     subprocess.run(["cargo", "pgrx", "install", "--release", "--pg-config", "/usr/lib/postgresql/15/bin/pg_config"],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    sh(f"cluster_start {DIR} {PORT} $'fsync = on\\nsynchronous_commit = on\\nautovacuum = off'")
+    # wal_keep_size: pg_waldump reads the WAL of each measurement after its checkpoints.
+    sh(f"cluster_start {DIR} {PORT} $'fsync = on\\nsynchronous_commit = on\\nautovacuum = off\\nfull_page_writes = on\\nwal_keep_size = 16GB'")
     results = []
     try:
         conn = connect()
