@@ -369,9 +369,11 @@ def test_the_slot_dropped_mid_run_fails_the_backfill_with_42704(cluster, items):
     assert sqlstate == "42704" and 'slot "doomed" no longer exists' in error
 
 
-def test_what_nowait_and_skip_locked_writers_see_while_a_page_holds_its_rows(cluster, db):
-    # Rendering each row takes 0.3 s (a slow cast to json), so the first page holds its row
-    # locks for about 3 s: long enough to look at them from an application.
+@pytest.mark.parametrize("lock_mode", ["rows", "auto"])
+def test_what_nowait_and_skip_locked_writers_see_while_a_page_holds_its_rows(cluster, db, lock_mode):
+    # Rendering each row takes 0.3 s (a slow cast to json), so the first page holds its locks
+    # for about 3 s: long enough to look at them from an application. With rows, the page
+    # locks its rows; with auto on this quiet table, it holds the table in SHARE mode.
     db.execute(
         """CREATE TYPE mood AS ENUM ('calm');
            CREATE FUNCTION mood_json(mood) RETURNS json LANGUAGE plpgsql AS
@@ -380,6 +382,7 @@ def test_what_nowait_and_skip_locked_writers_see_while_a_page_holds_its_rows(clu
            CREATE TABLE slow (id int PRIMARY KEY, m mood);
            INSERT INTO slow SELECT g, 'calm' FROM generate_series(1, 10) g;"""
     )
+    db.execute(f"SET backfill.lock_mode = '{lock_mode}'")
     backfill_id = db.execute("SELECT backfill_start('slow', confirm => true)").fetchone()[0]
     with cluster.connect(db.info.dbname) as app:
         wait_for(lambda: app.execute(
@@ -387,12 +390,23 @@ def test_what_nowait_and_skip_locked_writers_see_while_a_page_holds_its_rows(clu
             "WHERE a.backend_type = 'pg_backfill' AND l.locktype = 'transactionid'").fetchone()[0] > 0,
             what="the page to start")
         time.sleep(0.5)
-        e = error_of(app, "SELECT id FROM slow WHERE id = 1 FOR UPDATE NOWAIT")
-        assert e.sqlstate == "55P03"
-        assert app.execute("SELECT id FROM slow WHERE id = 1 FOR UPDATE SKIP LOCKED").fetchall() == []
+        if lock_mode == "rows":
+            e = error_of(app, "SELECT id FROM slow WHERE id = 1 FOR UPDATE NOWAIT")
+            assert e.sqlstate == "55P03"
+            assert app.execute("SELECT id FROM slow WHERE id = 1 FOR UPDATE SKIP LOCKED").fetchall() == []
+        else:
+            # FOR UPDATE takes ROW SHARE on the table, which SHARE lets through.
+            assert app.execute("SELECT id FROM slow WHERE id = 1 FOR UPDATE NOWAIT").fetchall() == [(1,)]
+            assert app.execute("SELECT id FROM slow WHERE id = 1 FOR UPDATE SKIP LOCKED").fetchall() == [(1,)]
         # A writer that waits is never failed: it goes on once the page commits.
+        started = time.monotonic()
         app.execute("UPDATE slow SET m = 'calm' WHERE id = 1")
+        if lock_mode == "auto":
+            assert time.monotonic() - started > 1, "the writer should have waited for the table-locked page"
     assert wait_until_ended(db, backfill_id) == "done"
+    paths = db.execute("SELECT pages_table_locked, pages_row_locked FROM backfill_tables WHERE backfill_id = %s",
+                       [backfill_id]).fetchone()
+    assert (paths[0] > 0) == (lock_mode == "auto") and (paths[1] > 0) == (lock_mode == "rows"), paths
 
 
 def test_a_parallel_backfill_waiting_for_its_consumer_finishes_once_it_attaches(cluster, items):

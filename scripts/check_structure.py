@@ -5,7 +5,7 @@ import re
 import sys
 from pathlib import Path
 
-MAX_LINES = 480
+MAX_LINES = 450
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 

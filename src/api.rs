@@ -9,6 +9,7 @@ use crate::errors::OrInternal;
 use crate::lock::LockMode;
 use crate::plan::{self, Estimate};
 use crate::privilege::{self, as_extension_owner};
+use crate::ranges;
 use crate::table::{self, Table};
 use crate::{launcher, pipeline, settings};
 use pgrx::prelude::*;
@@ -193,7 +194,7 @@ fn start(
         for (table, estimate) in tables.iter().zip(&estimates) {
             for range in plan::key_ranges(table, estimate.rows, parallel) {
                 position += 1;
-                catalog::insert_job_table(backfill_id, position, table.relid, table.key_names(), range);
+                ranges::insert_job_table(backfill_id, position, table.relid, table.key_names(), range);
             }
         }
         backfill_id

@@ -44,6 +44,7 @@ mod pipeline;
 mod plan;
 mod privilege;
 mod progress;
+mod ranges;
 mod scan;
 mod settings;
 mod sql;

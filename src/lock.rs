@@ -114,9 +114,9 @@ pub struct LockPolicy {
 }
 
 impl LockPolicy {
-    pub fn new(mode: LockMode, partitioned: bool) -> Self {
+    pub fn new(mode: LockMode, partitioned: bool, batch_size: i32) -> Self {
         let mode = if partitioned && mode == LockMode::Auto { LockMode::Rows } else { mode };
-        LockPolicy { mode, rows_until: None, table_page_rows: 1000 }
+        LockPolicy { mode, rows_until: None, table_page_rows: batch_size.max(1) }
     }
 
     /// Locks what the next page needs, before its queries take their snapshots, and returns how

@@ -19,7 +19,7 @@
 //! for `backfill.lock_timeout`. A page therefore never closes a deadlock cycle with a writer.
 
 use crate::auth::Signer;
-use crate::catalog::{self, JobTable, Range};
+use crate::catalog;
 use crate::delivery;
 use crate::encoding::{show_key, KeyText, Text};
 use crate::errors::raise;
@@ -28,6 +28,7 @@ use crate::json::RowJson;
 use crate::lock::{LockPolicy, Locking};
 use crate::message::{self, ReadMessage};
 use crate::pacing::Pacer;
+use crate::ranges::{self, JobTable, Range};
 use crate::scan::ScanQueries;
 use crate::state::{JobState, RangeState};
 use crate::table::{self, Table};
@@ -92,13 +93,13 @@ impl<'a> TableScan<'a> {
             sqlstate: sqlstate_of(why.code),
             message: format!("table {relid:?} can no longer be backfilled: {}", why.reason),
         })?;
-        let (row, counts_lock_paths) = in_transaction(|| (RowJson::new(&table.columns), catalog::counts_lock_paths()))?;
+        let (row, counts_lock_paths) = in_transaction(|| (RowJson::new(&table.columns), ranges::counts_lock_paths()))?;
         Ok(TableScan {
             backfill_id,
             position: job_table.position,
             batch_size: job.batch_size,
             pacer: Pacer::new(job.rows_per_second, i64::from(job.parallel)),
-            locks: LockPolicy::new(job.lock_mode, table.partitioned),
+            locks: LockPolicy::new(job.lock_mode, table.partitioned, job.batch_size),
             counts_lock_paths,
             last_sample: None,
             last_log: Instant::now(),
@@ -123,7 +124,7 @@ impl<'a> TableScan<'a> {
             return Err(job.state);
         }
         self.batch_size = job.batch_size;
-        self.pacer.set_rate(job.rows_per_second, catalog::workers_scanning(self.backfill_id));
+        self.pacer.set_rate(job.rows_per_second, ranges::workers_scanning(self.backfill_id));
         Ok(job)
     }
 
@@ -146,7 +147,7 @@ impl<'a> TableScan<'a> {
         if self.waiting_for.take().is_some() {
             log!("{}: continues, the slot's consumer is back and caught up", who(self.backfill_id));
         }
-        let progress = catalog::job_table(self.backfill_id, self.position)
+        let progress = ranges::job_table(self.backfill_id, self.position)
             .unwrap_or_else(|| error!("backfill {} lost its table {}", self.backfill_id, self.position));
         // Every page that does not wait says what it does (and so that it no longer waits).
         report_activity(&format!(
@@ -187,10 +188,10 @@ impl<'a> TableScan<'a> {
             // The table's ranges are locked before this range's row is updated, as in every
             // other end and start: always in the same order, so workers never deadlock.
             let ranges = self.lock_table_ranges();
-            catalog::advance_cursor(self.backfill_id, self.position, page_end, rows, bytes, counted);
+            ranges::advance_cursor(self.backfill_id, self.position, page_end, rows, bytes, counted);
             return self.end_scan_locked(progress.rows_done + rows, &ranges, &signer);
         }
-        catalog::advance_cursor(self.backfill_id, self.position, page_end.clone(), rows, bytes, counted);
+        ranges::advance_cursor(self.backfill_id, self.position, page_end.clone(), rows, bytes, counted);
         self.report_progress(&page_end, &progress, &upper_bound, progress.rows_done + rows);
         Page::More
     }
@@ -210,7 +211,7 @@ impl<'a> TableScan<'a> {
             message::emit_marker(self.prefix, signer, marker);
         }
         let upper_bound = progress.upper_bound.clone().or(greatest.map(|(key, _)| key));
-        catalog::move_range(self.backfill_id, self.position, RangeState::Running, upper_bound.clone());
+        ranges::move_range(self.backfill_id, self.position, RangeState::Running, upper_bound.clone());
         let bound = upper_bound
             .as_deref()
             .map(|k| format!("key ({})", show_key(k)))
@@ -247,7 +248,7 @@ impl<'a> TableScan<'a> {
 
     /// Every range of this table in the backfill (one, unless parallel), locked in order.
     fn lock_table_ranges(&self) -> Vec<Range> {
-        catalog::lock_table_ranges(self.backfill_id, self.position)
+        ranges::lock_table_ranges(self.backfill_id, self.position)
     }
 
     /// Ends the scan of a range whose rows `ranges` are locked: marks it done and, if it is
@@ -260,7 +261,7 @@ impl<'a> TableScan<'a> {
             message::emit_marker(self.prefix, signer, marker);
             log!("{}: {} done, {total} rows", who(self.backfill_id), self.table.qualified_name());
         }
-        catalog::move_range(self.backfill_id, self.position, RangeState::Done, None);
+        ranges::move_range(self.backfill_id, self.position, RangeState::Done, None);
         Page::TableDone
     }
 

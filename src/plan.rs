@@ -1,11 +1,11 @@
 //! Planning a backfill: what it would deliver (the estimate), how a table splits into key ranges
 //! for parallel workers, and how many pages it takes.
 
-use crate::catalog;
 use crate::encoding::{KeyText, Text};
 use crate::errors::raise;
 use crate::message::ReadMessage;
 use crate::privilege;
+use crate::ranges;
 use crate::table::Table;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
@@ -87,8 +87,8 @@ fn sample(table: &Table, prefix_len: usize) -> Estimate {
 /// A table's key ranges, one per worker, split at quantiles of the key's histogram so that
 /// skewed keys still split into ranges of about equal rows. A table without statistics, or
 /// with a composite key, is scanned whole by one worker.
-pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<catalog::NewRange> {
-    let whole = || vec![catalog::NewRange { part: 0, lower_bound: None, upper_bound: None, rows_estimated: rows }];
+pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<ranges::NewRange> {
+    let whole = || vec![ranges::NewRange { part: 0, lower_bound: None, upper_bound: None, rows_estimated: rows }];
     if parallel == 1 || table.key.len() > 1 {
         return whole();
     }
@@ -113,7 +113,7 @@ pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<catalog::NewRa
     let splits: Vec<KeyText> =
         (1..parallel as usize).map(|i| bounds[i * (bounds.len() - 1) / parallel as usize].clone()).collect();
     (0..parallel as usize)
-        .map(|part| catalog::NewRange {
+        .map(|part| ranges::NewRange {
             part: part as i32,
             lower_bound: part.checked_sub(1).map(|p| vec![splits[p].clone()]),
             upper_bound: splits.get(part).map(|s| vec![s.clone()]),

@@ -1,9 +1,10 @@
 //! Progress: the samples behind the rate of the last minute, the share of the key range
 //! scanned (for the time left), and the periodic log line.
 
-use crate::catalog::{self, JobTable};
+use crate::catalog;
 use crate::encoding::{KeyText, Text};
 use crate::page::TableScan;
+use crate::ranges::{self, JobTable};
 use crate::xact::who;
 use crate::{privilege, settings};
 use pgrx::prelude::*;
@@ -42,7 +43,7 @@ impl TableScan<'_> {
             )
         })
         .unwrap_or(None);
-        catalog::set_key_fraction(self.backfill_id, self.position, fraction);
+        ranges::set_key_fraction(self.backfill_id, self.position, fraction);
         let interval = settings::LOG_INTERVAL_S.get();
         if interval > 0 && self.last_log.elapsed() >= Duration::from_secs(interval as u64) {
             self.last_log = Instant::now();

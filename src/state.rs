@@ -1,7 +1,7 @@
 //! The states of a backfill and of its ranges: closed sets, as the CHECK constraints on
 //! `backfill.job.state` and `backfill.job_table.state` have them (sql/catalog.sql). Every
 //! change of a backfill's state goes through `catalog::move_job`, of a range's through
-//! `catalog::move_range`.
+//! `ranges::move_range`.
 //!
 //! ```text
 //!                 backfill_pause              backfill_resume

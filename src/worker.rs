@@ -2,10 +2,11 @@
 //! its tables in order, one page per transaction (`page.rs`), retries transient failures with
 //! back-off, and records why it stops.
 
-use crate::catalog::{self, JobTable};
+use crate::catalog;
 use crate::errors::OrInternal;
 use crate::launcher::{self, admit_within_cap, worker_name};
 use crate::page::{Page, TableScan};
+use crate::ranges::{self, JobTable};
 use crate::state::{JobState, RangeState};
 use crate::table;
 use crate::xact::{in_transaction, who, PageError};
@@ -153,7 +154,7 @@ fn wait_for_starter(starter_xid: u64) -> bool {
 /// worker to finish marks the backfill done. Every way out leaves the backfill's state saying
 /// why: done, failed with the error, or the state that stopped it (paused, cancelled).
 fn run(backfill_id: i64, worker: i32) {
-    let loaded = in_transaction(|| catalog::job(backfill_id).map(|job| (job, catalog::job_tables(backfill_id))));
+    let loaded = in_transaction(|| catalog::job(backfill_id).map(|job| (job, ranges::job_tables(backfill_id))));
     let (job, tables) = match loaded {
         Ok(Some(loaded)) => loaded,
         Ok(None) => return log!("{}: no longer exists, its worker exits", who(backfill_id)),
@@ -176,7 +177,7 @@ fn run(backfill_id: i64, worker: i32) {
     }
     let finished = in_transaction(|| {
         wait_for_flush_at_commit();
-        catalog::all_ranges_done(backfill_id)
+        ranges::all_ranges_done(backfill_id)
             && catalog::move_job(backfill_id, &[JobState::Running], JobState::Done, None, None)
     });
     match finished {
@@ -250,7 +251,7 @@ fn back_off(scan: &TableScan, failures: i32) -> bool {
 }
 
 fn fail(scan: &TableScan, e: &PageError) {
-    let job_table = in_transaction(|| catalog::job_table(scan.backfill_id, scan.position)).ok().flatten();
+    let job_table = in_transaction(|| ranges::job_table(scan.backfill_id, scan.position)).ok().flatten();
     record_failure(scan.backfill_id, job_table.as_ref(), e);
 }
 
