@@ -17,7 +17,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -226,29 +225,36 @@ def pgbench_latencies(conn, seconds, lock_mode):
     bench = subprocess.Popen([PGBENCH, "-c", "4", "-j", "2", "-T", str(seconds), "-l", "--log-prefix", str(logs / "log"),
                               "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    backfilled = pages = table_pages = 0
     conn.execute(f"SET backfill.lock_mode = '{lock_mode}'")
-    while bench.poll() is None:
-        backfill_id = conn.execute("SELECT backfill_start('pgbench_accounts', confirm => true, rows_per_second => 100000)").fetchone()[0]
-        while bench.poll() is None and conn.execute(
-                "SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "running":
-            time.sleep(0.1)
-        if bench.poll() is not None:
-            try:
-                conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
-            except psycopg.errors.ObjectNotInPrerequisiteState:
-                pass
-        backfilled += conn.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
-        t, r = conn.execute("SELECT sum(pages_table_locked)::bigint, sum(pages_row_locked)::bigint FROM backfill_tables WHERE backfill_id = %s",
-                            [backfill_id]).fetchone()
-        table_pages, pages = table_pages + (t or 0), pages + (t or 0) + (r or 0)
+    ids = backfills_while(conn, bench, "SELECT backfill_start('pgbench_accounts', confirm => true, rows_per_second => 100000)")
     conn.execute("RESET backfill.lock_mode")
+    backfilled, table_pages, pages = conn.execute(
+        """SELECT coalesce(sum(rows_done), 0)::bigint, coalesce(sum(pages_table_locked), 0)::bigint,
+                  coalesce(sum(pages_table_locked + pages_row_locked), 0)::bigint
+             FROM backfill_tables WHERE backfill_id = ANY (%s)""", [ids]).fetchone()
     out = bench.stdout.read()
     tps = float(next(l for l in out.splitlines() if l.startswith("tps")).split()[2])
     latencies = sorted(int(line.split()[2]) for f in logs.glob("log*") for line in f.read_text().splitlines())
     p99 = latencies[int(len(latencies) * 0.99)] / 1000.0
     return {"lock_mode": lock_mode, "tps": tps, "p99_latency_ms": p99, "rows_backfilled_per_second": backfilled / seconds,
             "share_of_pages_table_locked": table_pages / max(pages, 1)}
+
+
+def backfills_while(conn, bench, start):
+    """Runs backfills back to back (`start` starts one) while pgbench runs; cancels the last one
+    when it ends. Returns their ids."""
+    ids = []
+    while bench.poll() is None:
+        ids.append(conn.execute(start).fetchone()[0])
+        while bench.poll() is None and conn.execute(
+                "SELECT state FROM backfill_status WHERE id = %s", [ids[-1]]).fetchone()[0] == "running":
+            time.sleep(0.1)
+        if bench.poll() is not None:
+            try:
+                conn.execute("SELECT backfill_cancel(%s)", [ids[-1]])
+            except psycopg.errors.ObjectNotInPrerequisiteState:
+                pass  # it finished in the meantime
+    return ids
 
 
 def pgbench_impact(conn, seconds, rate):
@@ -265,21 +271,9 @@ def pgbench_impact(conn, seconds, rate):
                           f"SELECT backfill_start('pgbench_accounts', confirm => true, rows_per_second => {rate})")]:
         bench = subprocess.Popen([PGBENCH, "-c", "4", "-j", "2", "-T", str(seconds), "-h", "127.0.0.1", "-p", str(PORT),
                                   "-U", "postgres", "postgres"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        backfilled = 0
-        while bench.poll() is None:
-            if start:
-                backfill_id = conn.execute(start).fetchone()[0]
-                while bench.poll() is None and conn.execute(
-                        "SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "running":
-                    time.sleep(0.1)
-                if bench.poll() is not None:
-                    try:
-                        conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
-                    except psycopg.errors.ObjectNotInPrerequisiteState:
-                        pass  # it finished in the meantime
-                backfilled += conn.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
-            else:
-                time.sleep(0.1)
+        ids = backfills_while(conn, bench, start) if start else bench.wait()
+        backfilled = conn.execute("SELECT coalesce(sum(rows_done), 0)::bigint FROM backfill_status WHERE id = ANY (%s)",
+                                  [ids if start else []]).fetchone()[0]
         out = bench.stdout.read()
         tps = float(next(l for l in out.splitlines() if l.startswith("tps")).split()[2])
         latency = float(next(l for l in out.splitlines() if l.startswith("latency average")).split()[3])

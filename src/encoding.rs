@@ -178,12 +178,64 @@ pub unsafe fn text_of<'a>(datum: pg_sys::Datum) -> &'a [u8] {
     std::slice::from_raw_parts(vardata_any(value).cast::<u8>(), varsize_any_exhdr(value))
 }
 
+/// FromDatum, UnboxDatum (array elements) and IntoDatum for a text type of ours: a datum is read
+/// by the type's `from_text_datum`, and made of the bytes its `server_bytes` gives.
+macro_rules! text_datum {
+    ($type:ident) => {
+        impl FromDatum for $type {
+            unsafe fn from_polymorphic_datum(
+                datum: pg_sys::Datum,
+                is_null: bool,
+                _typoid: pg_sys::Oid,
+            ) -> Option<$type> {
+                // SAFETY: a non-null text datum, as the caller promises for its type.
+                (!is_null).then(|| unsafe { $type::from_text_datum(datum) })
+            }
+        }
+
+        // SAFETY: unboxes a text datum (an array's element) the way FromDatum does.
+        unsafe impl UnboxDatum for $type {
+            type As<'src> = $type;
+            unsafe fn unbox<'src>(datum: pgrx::datum::Datum<'src>) -> $type
+            where
+                Self: 'src,
+            {
+                // SAFETY: an array element of type text is never null here (nulls are not unboxed).
+                unsafe { $type::from_text_datum(datum.sans_lifetime()) }
+            }
+        }
+
+        impl IntoDatum for $type {
+            fn into_datum(self) -> Option<pg_sys::Datum> {
+                let bytes = self.server_bytes();
+                // SAFETY: copies `len` bytes into a new text datum in the current memory context.
+                Some(pg_sys::Datum::from(unsafe {
+                    pg_sys::cstring_to_text_with_len(bytes.as_ptr().cast(), bytes.len() as i32)
+                }))
+            }
+
+            fn type_oid() -> pg_sys::Oid {
+                pg_sys::TEXTOID
+            }
+
+            fn is_compatible_with(other: pg_sys::Oid) -> bool {
+                [pg_sys::TEXTOID, pg_sys::VARCHAROID, pg_sys::BPCHAROID].contains(&other)
+            }
+        }
+    };
+}
+
 /// Text read from, or passed to, SPI and converted between the database's encoding and UTF-8:
 /// use it instead of `String` wherever a value may not be ASCII.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Text(pub String);
 
 impl Text {
+    /// The text in the database's encoding.
+    fn server_bytes(&self) -> Cow<'_, [u8]> {
+        to_server(&self.0)
+    }
+
     /// # Safety
     /// `datum` is a non-null text (or varchar, or bpchar) datum.
     unsafe fn from_text_datum(datum: pg_sys::Datum) -> Text {
@@ -209,42 +261,7 @@ fn not_utf8(bytes: &[u8]) -> ! {
     )
 }
 
-impl FromDatum for Text {
-    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _typoid: pg_sys::Oid) -> Option<Text> {
-        // SAFETY: a non-null text datum, as the caller promises for its type.
-        (!is_null).then(|| unsafe { Text::from_text_datum(datum) })
-    }
-}
-
-// SAFETY: unboxes a text datum (an array's element) the way FromDatum does.
-unsafe impl UnboxDatum for Text {
-    type As<'src> = Text;
-    unsafe fn unbox<'src>(datum: pgrx::datum::Datum<'src>) -> Text
-    where
-        Self: 'src,
-    {
-        // SAFETY: an array element of type text is never null here (nulls are not unboxed).
-        unsafe { Text::from_text_datum(datum.sans_lifetime()) }
-    }
-}
-
-impl IntoDatum for Text {
-    fn into_datum(self) -> Option<pg_sys::Datum> {
-        let bytes = to_server(&self.0);
-        // SAFETY: copies `len` bytes into a new text datum in the current memory context.
-        Some(pg_sys::Datum::from(unsafe {
-            pg_sys::cstring_to_text_with_len(bytes.as_ptr().cast(), bytes.len() as i32)
-        }))
-    }
-
-    fn type_oid() -> pg_sys::Oid {
-        pg_sys::TEXTOID
-    }
-
-    fn is_compatible_with(other: pg_sys::Oid) -> bool {
-        [pg_sys::TEXTOID, pg_sys::VARCHAROID, pg_sys::BPCHAROID].contains(&other)
-    }
-}
+text_datum!(Text);
 
 // A Text returned by a SQL function is text, converted to the database's encoding.
 pgrx::impl_sql_translatable!(Text, "text");
@@ -286,6 +303,11 @@ impl From<&str> for Text {
 pub struct KeyText(Vec<u8>);
 
 impl KeyText {
+    /// The key's text, as it came.
+    fn server_bytes(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.0)
+    }
+
     /// # Safety
     /// `datum` is a non-null text datum.
     unsafe fn from_text_datum(datum: pg_sys::Datum) -> KeyText {
@@ -302,37 +324,7 @@ impl std::fmt::Display for KeyText {
     }
 }
 
-impl FromDatum for KeyText {
-    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _typoid: pg_sys::Oid) -> Option<KeyText> {
-        // SAFETY: a non-null text datum, as the caller promises for its type.
-        (!is_null).then(|| unsafe { KeyText::from_text_datum(datum) })
-    }
-}
-
-// SAFETY: unboxes a text datum (an array's element) the way FromDatum does.
-unsafe impl UnboxDatum for KeyText {
-    type As<'src> = KeyText;
-    unsafe fn unbox<'src>(datum: pgrx::datum::Datum<'src>) -> KeyText
-    where
-        Self: 'src,
-    {
-        // SAFETY: an array element of type text is never null here (nulls are not unboxed).
-        unsafe { KeyText::from_text_datum(datum.sans_lifetime()) }
-    }
-}
-
-impl IntoDatum for KeyText {
-    fn into_datum(self) -> Option<pg_sys::Datum> {
-        // SAFETY: copies `len` bytes into a new text datum in the current memory context.
-        Some(pg_sys::Datum::from(unsafe {
-            pg_sys::cstring_to_text_with_len(self.0.as_ptr().cast(), self.0.len() as i32)
-        }))
-    }
-
-    fn type_oid() -> pg_sys::Oid {
-        pg_sys::TEXTOID
-    }
-}
+text_datum!(KeyText);
 
 /// A key's values, shown `a, b`.
 pub fn show_key(key: &[KeyText]) -> String {
