@@ -109,3 +109,42 @@ def test_lock_mode_is_checked(db):
     db.execute("SET backfill.lock_mode = 'auto'")
     backfill_id = db.execute("SELECT backfill_start('p', confirm => true)").fetchone()[0]
     assert wait_until_ended(db, backfill_id) == "done"
+
+
+def test_pages_read_committed_whatever_the_default_isolation(frozen):
+    """Under REPEATABLE READ a page's queries would reuse a snapshot taken before its table lock:
+    the worker runs READ COMMITTED whatever the database's default (and a page takes the table
+    only in READ COMMITTED)."""
+    frozen.execute(f'ALTER DATABASE "{frozen.info.dbname}" SET default_transaction_isolation = \'serializable\'')
+    backfill_id = frozen.execute("SELECT backfill_start('quiet', confirm => true)").fetchone()[0]
+    assert wait_until_ended(frozen, backfill_id) == "done"
+    table_locked, row_locked = pages_by_path(frozen, backfill_id)
+    assert table_locked > 0 and row_locked == 0
+
+
+def test_a_table_mode_page_never_queues_ahead_of_writers(cluster, frozen):
+    """A page of lock_mode table that finds a writer at the table retries its lock without
+    entering the lock queue: other writers that arrive meanwhile do not wait behind it."""
+    with cluster.connect() as admin:
+        admin.execute("LOAD 'pg_backfill'")
+        admin.execute("ALTER SYSTEM SET backfill.lock_timeout = '3s'")
+        admin.execute("SELECT pg_reload_conf()")
+    holder = cluster.connect(frozen.info.dbname)
+    other = cluster.connect(frozen.info.dbname)
+    try:
+        holder.execute("BEGIN")
+        holder.execute("UPDATE quiet SET v = -1 WHERE id = 1")  # ROW EXCLUSIVE until it ends
+        frozen.execute("SET backfill.lock_mode = 'table'")
+        backfill_id = frozen.execute("SELECT backfill_start('quiet', confirm => true)").fetchone()[0]
+        time.sleep(1)  # the page is trying for the table by now
+        started = time.monotonic()
+        other.execute("UPDATE quiet SET v = -2 WHERE id = 2")
+        assert time.monotonic() - started < 0.5, "a writer waited behind the page's lock request"
+        holder.execute("COMMIT")
+        assert wait_until_ended(frozen, backfill_id) == "done"
+    finally:
+        holder.close()
+        other.close()
+        with cluster.connect() as admin:
+            admin.execute("ALTER SYSTEM RESET backfill.lock_timeout")
+            admin.execute("SELECT pg_reload_conf()")

@@ -26,12 +26,20 @@
 //!     the lock manager does not see; a request for SHARE, a "strong" lock, first moves every
 //!     backend's fast-path locks on the table into the shared table (FastPathTransferRelation-
 //!     Locks) and makes later weak requests go there, so the conflict is seen.
-//!   - Lock queues: the attempt never waits (ConditionalLockRelationOid). It fails when a
-//!     writer holds ROW EXCLUSIVE, and also when one waits in the queue (a waiting writer, or a
-//!     DDL statement, goes first), and then the page takes row locks instead.
-//!   - Autovacuum and VACUUM take SHARE UPDATE EXCLUSIVE, which SHARE does not conflict with:
-//!     neither waits for the other. Plain readers (ACCESS SHARE) and other backfills (SHARE)
-//!     never wait either.
+//!   - Isolation: the worker runs READ COMMITTED whatever the defaults (worker.rs), and a page
+//!     takes the table path only in READ COMMITTED: under REPEATABLE READ every statement would
+//!     reuse a snapshot taken before the lock.
+//!   - Lock queues: a page never enters the table's lock queue (ConditionalLockRelationOid;
+//!     `table` retries it every few milliseconds up to backfill.lock_timeout). A queued page
+//!     would make every writer that arrives wait behind it, and, holding ACCESS SHARE from its
+//!     recheck, could close a deadlock cycle with a writer that goes on to TRUNCATE or ALTER
+//!     the table. The attempt also fails while a writer, or a DDL statement, waits in the
+//!     queue: they go first.
+//!   - VACUUM and autovacuum take SHARE UPDATE EXCLUSIVE, which conflicts with SHARE: an
+//!     ordinary autovacuum, which only tries its lock, skips a table whose pages hold it (a
+//!     quiet table accumulates no dead rows meanwhile); an anti-wraparound one waits for a
+//!     page. A page finds the table busy while any VACUUM runs, and locks rows. Plain readers
+//!     (ACCESS SHARE) and other backfills (SHARE) never wait.
 //!   - Partitions: a writer that names a partition locks the partition only, not its parent.
 //!     Locking every partition is not done yet: a partitioned table's pages take row locks.
 //!
@@ -116,7 +124,8 @@ pub struct LockPolicy {
 impl LockPolicy {
     pub fn new(mode: LockMode, partitioned: bool, batch_size: i32) -> Self {
         let mode = if partitioned && mode == LockMode::Auto { LockMode::Rows } else { mode };
-        LockPolicy { mode, rows_until: None, table_page_rows: batch_size.max(1) }
+        // The first table-locked page is small; the next ones grow toward the time bound.
+        LockPolicy { mode, rows_until: None, table_page_rows: batch_size.clamp(1, 100) }
     }
 
     /// Locks what the next page needs, before its queries take their snapshots, and returns how
@@ -125,18 +134,26 @@ impl LockPolicy {
         if settings::skip_row_locks() {
             return (Locking::None, rows);
         }
-        let share = pg_sys::ShareLock as pg_sys::LOCKMODE;
+        // SAFETY: reads this transaction's isolation level.
+        let read_committed = unsafe { pg_sys::XactIsoLevel } == pg_sys::XACT_READ_COMMITTED as i32;
         match self.mode {
-            LockMode::Table => {
-                set_lock_timeout();
-                // SAFETY: a relation lock held until the page's transaction ends; waiting is
-                // bounded by lock_timeout (55P03, retried with back-off).
-                unsafe { pg_sys::LockRelationOid(relid, share) };
+            LockMode::Table if read_committed => {
+                let deadline = Instant::now() + Duration::from_millis(settings::LOCK_TIMEOUT_MS.get() as u64);
+                while !try_share_lock(relid) {
+                    if Instant::now() >= deadline {
+                        crate::errors::raise(
+                            pgrx::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+                            "could not lock the table in SHARE mode for a page",
+                            "Writers held or awaited it for all of backfill.lock_timeout (lock_mode table).",
+                            Some("The page is retried with back-off; lock_mode auto would lock rows instead.".into()),
+                        );
+                    }
+                    crate::pacing::sleep(Duration::from_millis(5));
+                }
                 (Locking::Table, rows.min(self.table_page_rows))
             }
-            LockMode::Auto if self.rows_until.is_none_or(|until| Instant::now() >= until) => {
-                // SAFETY: as above, but never waits: false when a writer holds or awaits the table.
-                if unsafe { pg_sys::ConditionalLockRelationOid(relid, share) } {
+            LockMode::Auto if read_committed && self.rows_until.is_none_or(|until| Instant::now() >= until) => {
+                if try_share_lock(relid) {
                     self.rows_until = None;
                     (Locking::Table, rows.min(self.table_page_rows))
                 } else {
@@ -144,20 +161,26 @@ impl LockPolicy {
                     (row_locking(rows), rows)
                 }
             }
-            LockMode::Auto | LockMode::Rows => (row_locking(rows), rows),
+            LockMode::Auto | LockMode::Rows | LockMode::Table => (row_locking(rows), rows),
         }
     }
 
-    /// A table-locked page of `rows` rows held the table this long: the next ones are sized to
-    /// hold it at most backfill.table_lock_max_ms.
+    /// A table-locked page of `rows` rows held the table this long (from its lock to its
+    /// cursor's update, just before the commit): the next ones are sized to hold it at most
+    /// backfill.table_lock_max_ms, in proportion, growing at most twofold a page.
     pub fn table_page_took(&mut self, rows: i32, held: Duration, batch_size: i32) {
-        let max = Duration::from_millis(settings::TABLE_LOCK_MAX_MS.get() as u64);
-        if held > max {
-            self.table_page_rows = (rows / 2).max(1);
-        } else if held < max / 2 && rows >= self.table_page_rows {
-            self.table_page_rows = self.table_page_rows.saturating_mul(2).min(batch_size.max(1));
-        }
+        let max = settings::TABLE_LOCK_MAX_MS.get() as f64 / 1000.0;
+        let fitting = f64::from(rows.max(1)) * max / held.as_secs_f64().max(1e-6);
+        let next = fitting.min(f64::from(self.table_page_rows) * 2.0);
+        self.table_page_rows = (next as i32).clamp(1, batch_size.max(1));
     }
+}
+
+/// The table in SHARE mode until the page's transaction ends, if it is free now: never waits,
+/// never queues; false while a writer holds or awaits the table.
+fn try_share_lock(relid: pg_sys::Oid) -> bool {
+    // SAFETY: a conditional relation lock, released with the transaction.
+    unsafe { pg_sys::ConditionalLockRelationOid(relid, pg_sys::ShareLock as pg_sys::LOCKMODE) }
 }
 
 /// Row locks: a page of several rows never waits for one (it shrinks instead, see worker.rs);

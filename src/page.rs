@@ -180,9 +180,6 @@ impl<'a> TableScan<'a> {
         };
         let (rows, bytes) = self.deliver(cursor.as_deref(), &page_end, locking, &signer);
         let table_locked = locking == Locking::Table;
-        if table_locked {
-            self.locks.table_page_took(rows as i32, locked_at.elapsed(), self.batch_size);
-        }
         let counted = self.counts_lock_paths.then_some(table_locked);
         if page_end == upper_bound {
             // The table's ranges are locked before this range's row is updated, as in every
@@ -193,6 +190,9 @@ impl<'a> TableScan<'a> {
         }
         ranges::advance_cursor(self.backfill_id, self.position, page_end.clone(), rows, bytes, counted);
         self.report_progress(&page_end, &progress, &upper_bound, progress.rows_done + rows);
+        if table_locked {
+            self.locks.table_page_took(rows as i32, locked_at.elapsed(), self.batch_size);
+        }
         Page::More
     }
 

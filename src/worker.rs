@@ -5,6 +5,7 @@
 use crate::catalog;
 use crate::errors::OrInternal;
 use crate::launcher::{self, admit_within_cap, worker_name};
+use crate::lock::LockMode;
 use crate::page::{Page, TableScan};
 use crate::ranges::{self, JobTable};
 use crate::state::{JobState, RangeState};
@@ -110,6 +111,9 @@ fn configure_session(name: &str) {
         // The worker runs as a superuser so that row-level security never hides a row from the
         // stream (logical decoding does not filter by it either); make that explicit.
         ("row_security", "off".into()),
+        // Each page statement takes its own snapshot, after the page's lock (lock.rs): READ
+        // COMMITTED, whatever the server's, the database's or the role's default.
+        ("default_transaction_isolation", "read committed".into()),
         ("statement_timeout", "0".into()),
         // The page queries are prepared once; their plans do not depend on the key values, so
         // planning them again for every page would be wasted work.
@@ -223,7 +227,9 @@ fn scan_table(scan: &mut TableScan) -> bool {
                 log!("{}: {state}, its worker exits", who(scan.backfill_id));
                 return false;
             }
-            Err(e) if e.code == ERRCODE_LOCK_NOT_AVAILABLE && rows_per_page > 1 => {
+            Err(e)
+                if e.code == ERRCODE_LOCK_NOT_AVAILABLE && rows_per_page > 1 && scan.locks.mode != LockMode::Table =>
+            {
                 // A writer holds one of the page's rows: retry at once with half the page,
                 // down to the one row that waits.
                 rows_per_page = (rows_per_page / 2).max(1);
