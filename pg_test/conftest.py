@@ -139,6 +139,21 @@ def assert_each_row_read_once(messages, ids, markers=("table_start", "table_end"
     assert Counter(m["op"] for m in messages if m["op"] != "read") == Counter(markers)
 
 
+def messages_with_xids(lines, prefix="backfill"):
+    """(xid, content) of each transactional message with `prefix` in test_decoding output
+    (with its default include-xids: each transaction's BEGIN line names its xid), in order.
+    Lines may be str or bytes (a file of another encoding's table changes); contents come back
+    in the same kind."""
+    xid, messages = None, []
+    for line in lines:
+        as_kind = (lambda text: text.encode()) if isinstance(line, bytes) else (lambda text: text)
+        if line.startswith(as_kind("BEGIN ")):
+            xid = int(line.split()[1])
+        elif line.startswith(as_kind(f"message: transactional: 1 prefix: {prefix},")):
+            messages.append((xid, line.rstrip(as_kind("\n")).split(as_kind(" content:"), 1)[1]))
+    return messages
+
+
 def error_of(conn, sql, params=None) -> psycopg.Error:
     """The error a statement raises (the test fails if it raises none)."""
     with pytest.raises(psycopg.Error) as caught:

@@ -5,7 +5,7 @@ the backfill naming its key; non-ASCII names work in every encoding."""
 import json
 
 import pytest
-from conftest import Consumer, error_of, status, wait_for, wait_until_ended
+from conftest import Consumer, error_of, messages_with_xids, status, wait_for, wait_until_ended
 
 # (encoding, schema, table, key column, value column, a key prefix, a value): names and text
 # that the encoding can hold.
@@ -20,14 +20,8 @@ ENCODINGS = [
 def signed_messages(consumer):
     """(xid, content) of each backfill message pg_recvlogical wrote (test_decoding names each
     transaction's xid in its BEGIN line)."""
-    xid, messages = None, []
     with open(consumer.output.name, "rb") as f:
-        for line in f:
-            if line.startswith(b"BEGIN "):
-                xid = int(line.split()[1])
-            elif line.startswith(b"message: transactional: 1 prefix: backfill,"):
-                messages.append((xid, line.rstrip(b"\n").split(b" content:", 1)[1]))
-    return messages
+        return messages_with_xids(f)
 
 
 def encoded_database(scratch_database, cluster, encoding):

@@ -12,7 +12,7 @@ from contextlib import suppress
 
 import psycopg
 import pytest
-from conftest import ROOT, error_of, readme_grants, status, wait_for, wait_until_ended, worker_pid
+from conftest import ROOT, error_of, messages_with_xids, readme_grants, status, wait_for, wait_until_ended, worker_pid
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -414,14 +414,8 @@ AUTH = re.compile(r',"auth":"(\d+):([0-9a-f]{64})"\}$')
 
 def decoded(conn, slot):
     """(xid, content) of each backfill message the test_decoding slot decodes, in order."""
-    xid, messages = None, []
     rows = conn.execute("SELECT data FROM pg_logical_slot_get_changes(%s, NULL, NULL, 'include-xids', '1')", [slot])
-    for (data,) in rows.fetchall():
-        if data.startswith("BEGIN "):
-            xid = int(data.split()[1])
-        elif data.startswith("message: transactional: 1 prefix: backfill,"):
-            messages.append((xid, data.split(" content:", 1)[1]))
-    return messages
+    return messages_with_xids(data for (data,) in rows.fetchall())
 
 
 def message_keys(db) -> dict:

@@ -124,7 +124,13 @@ impl<'a> TableScan<'a> {
             return Err(job.state);
         }
         self.batch_size = job.batch_size;
-        self.pacer.set_rate(job.rows_per_second, ranges::workers_scanning(self.backfill_id));
+        // How many workers share the rate matters only to a paced backfill with several.
+        let sharing = if job.rows_per_second.is_some() && job.parallel > 1 {
+            ranges::workers_scanning(self.backfill_id)
+        } else {
+            1
+        };
+        self.pacer.set_rate(job.rows_per_second, sharing);
         Ok(job)
     }
 
