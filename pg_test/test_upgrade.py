@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import status, wait_until_ended
+from conftest import error_of, status, wait_until_ended
 
 # Every object of the extension, as text: functions with their definitions and privileges,
 # tables and views with their columns, defaults, definitions and privileges, constraints,
@@ -44,7 +44,7 @@ SELECT 'schema', n.nspname, '', coalesce(n.nspacl::text, '')
 ORDER BY 1, 2, 3
 """
 
-EARLIER_VERSIONS = ["0.1.0", "0.2.0"]
+EARLIER_VERSIONS = ["0.1.0", "0.2.0", "0.3.0"]
 
 
 def shape(conn):
@@ -61,8 +61,9 @@ def test_update_gives_the_fresh_install_object_for_object(db, version):
     current = db.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'pg_backfill'").fetchone()[0]
     assert db.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_backfill'").fetchone()[0] == current
     updated = shape(db)
-    assert [row for row in updated if row not in fresh] == []
-    assert [row for row in fresh if row not in updated] == []
+    only_updated = [row for row in updated if row not in fresh]
+    only_fresh = [row for row in fresh if row not in updated]
+    assert (only_updated, only_fresh) == ([], []), "\n".join(f"updated: {r}" for r in only_updated) + "\n" + "\n".join(f"fresh: {r}" for r in only_fresh)
 
 
 @pytest.mark.parametrize("version", EARLIER_VERSIONS)
@@ -97,6 +98,45 @@ def test_a_backfill_running_across_the_update_delivers_every_row_once(db, versio
     assert len(reads) == 3000 and set(reads.values()) == {1}
     # Pages after the update are signed: the update reached the running worker.
     assert signed > 0
+
+
+# The operator grants of 0.3.0's README, on the functions as 0.3.0 declared them.
+OPERATOR_GRANTS_0_3_0 = """
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill TO {role};
+GRANT EXECUTE ON FUNCTION
+    backfill_estimate(regclass[], integer), backfill_estimate(regclass, integer), backfill_estimate(text, integer),
+    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer),
+    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer),
+    backfill_start(text, boolean, integer, integer, name, name, bigint, integer),
+    backfill_pause(bigint), backfill_resume(bigint), backfill_cancel(bigint),
+    backfill_set(bigint, integer, integer, bigint), backfill_wait(bigint, interval)
+  TO {role};
+"""
+
+
+def test_an_operator_granted_before_0_4_0_keeps_starting_and_changing_backfills(db, roles):
+    """0.4.0 gives backfill_start() and backfill_set() new arguments, so new functions: the update
+    carries the old ones' grants over, and grants the new entry point to who had the old one."""
+    db.execute("DROP EXTENSION pg_backfill")
+    db.execute("CREATE EXTENSION pg_backfill VERSION '0.3.0'")
+    operator = roles.create("operator")
+    db.execute(OPERATOR_GRANTS_0_3_0.format(role=operator))
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    db.execute("INSERT INTO t SELECT generate_series(1, 100)")
+    db.execute(f"GRANT SELECT, UPDATE ON t TO {operator}")
+    db.execute("ALTER EXTENSION pg_backfill UPDATE")
+    conn = roles.connect(operator)
+    backfill_id = conn.execute(
+        "SELECT backfill_start('t', confirm => true, rows_per_second => 10, max_active_sessions => 7)"
+    ).fetchone()[0]
+    assert conn.execute("SELECT backfill_set(%s, max_replica_lag => 4096)", [backfill_id]).fetchone()[0]
+    assert conn.execute(
+        "SELECT max_active_sessions, max_replica_lag_bytes FROM backfill_status WHERE id = %s", [backfill_id]
+    ).fetchone() == (7, 4096)
+    conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    # A role that had no grant gains none.
+    bystander = roles.create("bystander")
+    assert error_of(roles.connect(bystander), "SELECT backfill_start('t', confirm => true)").sqlstate == "42501"
 
 
 def test_every_table_view_column_and_function_has_a_comment(db):

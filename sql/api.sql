@@ -31,31 +31,40 @@ COMMENT ON FUNCTION backfill_estimate(text, integer) IS 'backfill_estimate() of 
 CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
                                publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
-                               parallel integer DEFAULT 1)
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.start(tables::oid[], confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel) $$;
-COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer) IS
+AS $$ SELECT backfill.set_source_limits(backfill.start(tables::oid[], confirm, batch_size, rows_per_second, slot::text,
+                                                      publication::text, max_lag, parallel),
+                                       max_replica_lag, max_retained_wal, max_active_sessions) $$;
+COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer) IS
 'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate.';
 
 CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
                                publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
-                               parallel integer DEFAULT 1)
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.start(ARRAY[table_name]::oid[], confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel) $$;
-COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer) IS 'backfill_start() of one table';
+AS $$ SELECT backfill.set_source_limits(backfill.start(ARRAY[table_name]::oid[], confirm, batch_size, rows_per_second, slot::text,
+                                                      publication::text, max_lag, parallel),
+                                       max_replica_lag, max_retained_wal, max_active_sessions) $$;
+COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer) IS 'backfill_start() of one table';
 
 -- See backfill_estimate(text): makes backfill_start('public.orders', confirm => true) resolve.
 CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
                                publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
-                               parallel integer DEFAULT 1)
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel) $$;
-COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer) IS 'backfill_start() of one table, by name';
+AS $$ SELECT backfill.set_source_limits(backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size, rows_per_second, slot::text,
+                                                      publication::text, max_lag, parallel),
+                                       max_replica_lag, max_retained_wal, max_active_sessions) $$;
+COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer) IS 'backfill_start() of one table, by name';
 
 CREATE FUNCTION backfill_cancel(id bigint)
 RETURNS boolean
@@ -79,12 +88,14 @@ COMMENT ON FUNCTION backfill_resume(bigint) IS
 'Continues a paused or failed backfill from its cursor, with a new worker.';
 
 CREATE FUNCTION backfill_set(id bigint, batch_size integer DEFAULT NULL, rows_per_second integer DEFAULT NULL,
-                             max_lag bigint DEFAULT NULL)
+                             max_lag bigint DEFAULT NULL, max_replica_lag bigint DEFAULT NULL,
+                             max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL)
 RETURNS boolean
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set(id, batch_size, rows_per_second, max_lag) $$;
-COMMENT ON FUNCTION backfill_set(bigint, integer, integer, bigint) IS
-'Changes the pacing of a running or paused backfill (applied at its next page). NULL keeps a value; 0 removes a limit.';
+AS $$ SELECT backfill.set(backfill.set_source_limits(id, max_replica_lag, max_retained_wal, max_active_sessions),
+                          batch_size, rows_per_second, max_lag) $$;
+COMMENT ON FUNCTION backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer) IS
+'Changes the pacing and back-pressure of a running or paused backfill (applied at its next page). NULL keeps a value; 0 removes a limit.';
 
 CREATE FUNCTION backfill_wait(id bigint, timeout interval DEFAULT NULL)
 RETURNS boolean
@@ -142,7 +153,10 @@ SELECT j.id,
        j.finished_at,
        CASE WHEN v.readable THEN j.last_error_sqlstate END AS last_error_sqlstate,
        CASE WHEN v.readable THEN j.last_error END AS last_error,
-       j.lock_mode
+       j.lock_mode,
+       backfill.source_limit('max_replica_lag', j.max_replica_lag_bytes) AS max_replica_lag_bytes,
+       backfill.source_limit('max_retained_wal', j.max_retained_wal_bytes) AS max_retained_wal_bytes,
+       backfill.source_limit('max_active_sessions', j.max_active_sessions)::integer AS max_active_sessions
   FROM backfill.job j
  CROSS JOIN LATERAL (
         SELECT array_agg(jt.relid ORDER BY jt.position) AS tables,
@@ -180,7 +194,7 @@ COMMENT ON COLUMN backfill_status.current_table IS 'Table being scanned now';
 COMMENT ON COLUMN backfill_status.rows_done IS 'Read messages delivered so far';
 COMMENT ON COLUMN backfill_status.rows_estimated IS 'Planner estimate of the rows when the backfill started';
 COMMENT ON COLUMN backfill_status.percent_done IS 'Share of the key ranges scanned (from pg_stats histograms; rows against the estimate without them); 100 once done';
-COMMENT ON COLUMN backfill_status.waiting_for IS 'What a running backfill''s workers wait for now, if anything: a row lock held by another process (its pid), or the slot''s consumer (none connected, or lagging past max_lag_bytes)';
+COMMENT ON COLUMN backfill_status.waiting_for IS 'What a running backfill''s workers wait for now, if anything: a row lock held by another process (its pid), the slot''s consumer (none connected, or lagging past max_lag_bytes), a standby replaying past max_replica_lag_bytes, a slot retaining more than max_retained_wal_bytes, or the server''s load past max_active_sessions (then it slows down rather than waits)';
 COMMENT ON COLUMN backfill_status.worker_pid IS 'Process id of the running background worker, if any';
 COMMENT ON COLUMN backfill_status.last_error_sqlstate IS 'SQLSTATE of the error that failed the backfill';
 COMMENT ON COLUMN backfill_status.last_error IS 'Message of the error that failed the backfill, with the table and key';
@@ -196,6 +210,9 @@ COMMENT ON COLUMN backfill_status.message_prefix IS 'Prefix of the backfill''s l
 COMMENT ON COLUMN backfill_status.started_by IS 'Role that started the backfill';
 COMMENT ON COLUMN backfill_status.started_at IS 'When backfill_start() was called';
 COMMENT ON COLUMN backfill_status.finished_at IS 'When the backfill reached done, cancelled or failed';
+COMMENT ON COLUMN backfill_status.max_replica_lag_bytes IS 'Pages wait while a physical standby replays more than this behind; NULL: no limit';
+COMMENT ON COLUMN backfill_status.max_retained_wal_bytes IS 'Pages wait while a replication slot retains more WAL than this; NULL: no limit';
+COMMENT ON COLUMN backfill_status.max_active_sessions IS 'Pages slow down while more client sessions than this are active; NULL: no limit';
 COMMENT ON COLUMN backfill_status.lock_mode IS 'How its pages lock what they read: auto, rows or table (backfill.lock_mode when it started)';
 
 CREATE VIEW backfill_tables WITH (security_barrier) AS
@@ -320,11 +337,11 @@ CREATE EVENT TRIGGER backfill_refuse_drop_while_running ON ddl_command_start WHE
     EXECUTE FUNCTION backfill.refuse_drop_while_running();
 REVOKE EXECUTE ON FUNCTION
     backfill_estimate(regclass[], integer), backfill_estimate(regclass, integer), backfill_estimate(text, integer),
-    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer),
-    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer),
-    backfill_start(text, boolean, integer, integer, name, name, bigint, integer),
+    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer),
+    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer),
+    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer),
     backfill_cancel(bigint), backfill_pause(bigint), backfill_resume(bigint),
-    backfill_set(bigint, integer, integer, bigint), backfill_wait(bigint, interval),
+    backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
     backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_security_check()
   FROM PUBLIC;
 
@@ -335,6 +352,8 @@ COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()
 COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
 COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';
 COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint) IS 'Entry point of backfill_set()';
+COMMENT ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) IS 'Entry point of the back-pressure options of backfill_start() and backfill_set(); returns the backfill''s id';
+COMMENT ON FUNCTION backfill.source_limit(text, bigint) IS 'The back-pressure limit in force for a backfill''s option (NULL: the setting; 0: off), for backfill_status';
 COMMENT ON FUNCTION backfill.wait(bigint, double precision) IS 'Entry point of backfill_wait() (timeout in milliseconds)';
 COMMENT ON FUNCTION backfill.max_slot_lag_bytes() IS 'backfill.max_slot_lag in bytes, for backfill_status';
 COMMENT ON FUNCTION backfill.auto_resume() IS 'Whether pg_backfill is preloaded, so that running backfills resume after a restart';
@@ -347,4 +366,4 @@ COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 -- the grants for operators and for consumers. The views' helpers stay executable by all.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
-                          backfill.waiting_for(bigint), backfill.visible(name) TO PUBLIC;
+                          backfill.waiting_for(bigint), backfill.visible(name), backfill.source_limit(text, bigint) TO PUBLIC;

@@ -28,7 +28,10 @@ CREATE TABLE backfill.job (
     finished_at         timestamptz,
     last_error_sqlstate text,
     last_error          text,
-    lock_mode           text NOT NULL DEFAULT 'auto' CHECK (lock_mode IN ('auto', 'rows', 'table'))
+    lock_mode           text NOT NULL DEFAULT 'auto' CHECK (lock_mode IN ('auto', 'rows', 'table')),
+    max_replica_lag_bytes  bigint CHECK (max_replica_lag_bytes >= 0),
+    max_retained_wal_bytes bigint CHECK (max_retained_wal_bytes >= 0),
+    max_active_sessions    integer CHECK (max_active_sessions >= 0)
 );
 COMMENT ON TABLE backfill.job IS 'One row per backfill started with backfill_start()';
 COMMENT ON COLUMN backfill.job.id IS 'Backfill id, returned by backfill_start() and carried in every message';
@@ -41,6 +44,9 @@ COMMENT ON COLUMN backfill.job.message_prefix IS 'Prefix of the logical decoding
 COMMENT ON COLUMN backfill.job.slot_name IS 'Logical replication slot of the consumer the backfill is for, if given';
 COMMENT ON COLUMN backfill.job.publication_name IS 'Publication of that consumer, if given: every table is in it';
 COMMENT ON COLUMN backfill.job.max_lag_bytes IS 'Back-pressure: the backfill waits while the slot lags more than this (NULL: backfill.max_slot_lag)';
+COMMENT ON COLUMN backfill.job.max_replica_lag_bytes IS 'Back-pressure: pages wait while a physical standby replays more than this behind (NULL: backfill.max_replica_lag; 0: off)';
+COMMENT ON COLUMN backfill.job.max_retained_wal_bytes IS 'Back-pressure: pages wait while a replication slot retains more WAL than this (NULL: backfill.max_retained_wal; 0: off)';
+COMMENT ON COLUMN backfill.job.max_active_sessions IS 'Back-pressure: pages slow down while more client sessions than this are active (NULL: backfill.max_active_sessions; 0: off)';
 COMMENT ON COLUMN backfill.job.pause_reason IS 'Why a paused backfill is paused: by backfill_pause()';
 COMMENT ON COLUMN backfill.job.watermark_lsn IS 'WAL position after the last page: the stream holds every read once its consumer confirms past it';
 COMMENT ON COLUMN backfill.job.worker_pid IS 'Process id of the background worker while one runs';

@@ -2,6 +2,7 @@
 //! write of them. Its ranges are in `ranges.rs`. The worker and the SQL API share these;
 //! nothing else writes them.
 
+use crate::backpressure::SourceOptions;
 use crate::encoding::Text;
 use crate::errors::OrInternal;
 use crate::lock::LockMode;
@@ -24,16 +25,21 @@ pub struct Job {
     pub slot_name: Option<String>,
     pub max_lag_bytes: Option<i64>,
     pub lock_mode: LockMode,
+    pub source: SourceOptions,
 }
 
 pub fn job(id: i64) -> Option<Job> {
-    // lock_mode through to_jsonb: a 0.2.0 schema (before ALTER EXTENSION UPDATE) has no such
-    // column, and its backfills lock as auto does.
+    // lock_mode and the source limits through to_jsonb: an older schema (before ALTER
+    // EXTENSION UPDATE) has no such columns; its backfills lock as auto does and follow the
+    // settings.
     // A 0.2.0 worker still running the old code after the upgrade pauses its backfill
     // "waiting..." while its consumer is away: that backfill is running.
     let sql = "SELECT CASE WHEN state = 'paused' AND pause_reason LIKE 'waiting%' THEN 'running' ELSE state END,
                       batch_size, message_prefix, started_by::text, rows_per_second, slot_name::text,
-                      max_lag_bytes, parallel, pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'lock_mode'
+                      max_lag_bytes, parallel, pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'lock_mode',
+                      (pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'max_replica_lag_bytes')::pg_catalog.int8,
+                      (pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'max_retained_wal_bytes')::pg_catalog.int8,
+                      (pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'max_active_sessions')::pg_catalog.int8
                  FROM backfill.job j WHERE id = $1";
     run_prepared(sql, false, &[id.into()], |rows| {
         if rows.is_empty() {
@@ -50,6 +56,11 @@ pub fn job(id: i64) -> Option<Job> {
             max_lag_bytes: row.get(7)?,
             parallel: row.get(8)?.unwrap_or(1),
             lock_mode: row.get::<String>(9)?.as_deref().and_then(LockMode::parse).unwrap_or(LockMode::Auto),
+            source: SourceOptions {
+                max_replica_lag: row.get(10)?,
+                max_retained_wal: row.get(11)?,
+                max_active_sessions: row.get(12)?,
+            },
         }))
     })
     .or_internal("read the backfill")
@@ -234,6 +245,25 @@ pub fn set_pacing(backfill_id: i64, batch_size: Option<i32>, rows_per_second: Op
         &[backfill_id.into(), batch_size.into(), rows_per_second.into(), max_lag_bytes.into()],
     )
     .or_internal("change the pacing")
+}
+
+/// backfill_start(..., max_replica_lag => ...) and backfill_set(): the backfill's limits on the
+/// source; NULL keeps a value, 0 turns a limit off.
+pub fn set_source_limits(backfill_id: i64, options: &SourceOptions) {
+    Spi::run_with_args(
+        "UPDATE backfill.job
+            SET max_replica_lag_bytes = coalesce($2, max_replica_lag_bytes),
+                max_retained_wal_bytes = coalesce($3, max_retained_wal_bytes),
+                max_active_sessions = coalesce($4::integer, max_active_sessions)
+          WHERE id = $1",
+        &[
+            backfill_id.into(),
+            options.max_replica_lag.into(),
+            options.max_retained_wal.into(),
+            options.max_active_sessions.into(),
+        ],
+    )
+    .or_internal("change the limits on the source")
 }
 
 /// A progress sample, for the rate over the last minute; samples older than two minutes go.

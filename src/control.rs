@@ -2,6 +2,7 @@
 //! Their public signatures are declared in `sql/api.sql`.
 
 use crate::args::{check_batch_size, require_primary, required};
+use crate::backpressure::SourceOptions;
 use crate::catalog;
 use crate::errors::raise;
 use crate::launcher;
@@ -76,6 +77,44 @@ fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, m
     as_extension_owner(|| catalog::set_pacing(id, batch_size, rows_per_second, max_lag));
     launcher::wake_workers_at_commit(id);
     true
+}
+
+/// The limits on the source of backfill_start() and backfill_set() (max_replica_lag,
+/// max_retained_wal, max_active_sessions): NULL keeps a value, 0 turns a limit off. Returns the
+/// backfill's id, so that the SQL wrappers chain it with backfill.start() and backfill.set().
+#[pg_extern(schema = "backfill", name = "set_source_limits")]
+fn set_source_limits(
+    id: Option<i64>,
+    max_replica_lag: Option<i64>,
+    max_retained_wal: Option<i64>,
+    max_active_sessions: Option<i32>,
+) -> Option<i64> {
+    let options =
+        SourceOptions { max_replica_lag, max_retained_wal, max_active_sessions: max_active_sessions.map(i64::from) };
+    if options.max_replica_lag.is_none() && options.max_retained_wal.is_none() && options.max_active_sessions.is_none()
+    {
+        return id; // nothing to change: backfill.start() or backfill.set() checks the rest
+    }
+    require_primary("change a backfill");
+    let id = required(id, "backfill_set", "id");
+    for (name, value, unit) in [
+        ("max_replica_lag", options.max_replica_lag, "bytes"),
+        ("max_retained_wal", options.max_retained_wal, "bytes"),
+        ("max_active_sessions", options.max_active_sessions, "active sessions"),
+    ] {
+        if let Some(value) = value.filter(|v| *v < 0) {
+            raise(
+                ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("{name} {value} is out of range"),
+                format!("{name} is in {unit} and must be positive, or 0 to turn the limit off."),
+                Some(format!("Pass NULL to keep the current value (at the start: backfill.{name}).")),
+            );
+        }
+    }
+    control(id, "change", &[Running, Paused], None, None);
+    as_extension_owner(|| catalog::set_source_limits(id, &options));
+    launcher::wake_workers_at_commit(id);
+    Some(id)
 }
 
 /// backfill_wait(): blocks until the backfill is done and, with a slot, delivered (true), or

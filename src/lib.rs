@@ -29,6 +29,7 @@ use pgrx::prelude::*;
 mod api;
 mod args;
 mod auth;
+mod backpressure;
 mod catalog;
 mod control;
 mod delivery;

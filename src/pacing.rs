@@ -21,6 +21,12 @@ pub fn sleep(duration: Duration) {
     pg_sys::check_for_interrupts!();
 }
 
+/// A worker's share of the backfill's total rate, `workers` scanning: each paces itself to an
+/// equal share, and the others speed up as workers finish their ranges.
+pub fn share(rows_per_second: Option<i32>, workers: i64) -> Option<f64> {
+    rows_per_second.map(|total| f64::from(total) / workers.max(1) as f64)
+}
+
 /// Paces a backfill to a rate with a token bucket: rows are allowed as time passes, and at most
 /// a page or a tenth of a second's worth can be saved up, so the rate holds over any window of a
 /// second or more whatever the page size, with no fixed sleep per page.
@@ -31,11 +37,9 @@ pub struct Pacer {
 }
 
 impl Pacer {
-    /// A worker's pacer: its share of the backfill's total rate, `workers` sharing it.
-    pub fn new(rows_per_second: Option<i32>, workers: i64) -> Self {
-        let mut pacer = Pacer { rows_per_second: None, allowance: 0.0, last: Instant::now() };
-        pacer.set_rate(rows_per_second, workers);
-        pacer
+    /// A worker's pacer, to `rows_per_second` (see [`share`]); None for no limit.
+    pub fn new(rows_per_second: Option<f64>) -> Self {
+        Pacer { rows_per_second, allowance: 0.0, last: Instant::now() }
     }
 
     fn refill(&mut self, rate: f64, capacity: f64) {
@@ -64,10 +68,9 @@ impl Pacer {
         self.allowance >= needed
     }
 
-    /// `rows_per_second` is the backfill's total: each of the `workers` still scanning paces
-    /// itself to an equal share, and the others speed up as workers finish their ranges.
-    pub fn set_rate(&mut self, rows_per_second: Option<i32>, workers: i64) {
-        self.rows_per_second = rows_per_second.map(|total| f64::from(total) / workers.max(1) as f64);
+    /// The worker's rate from now on (a share of the backfill's, perhaps held back by load).
+    pub fn set_rate(&mut self, rows_per_second: Option<f64>) {
+        self.rows_per_second = rows_per_second;
     }
 
     pub fn spend(&mut self, rows: i32) {
@@ -85,23 +88,23 @@ mod tests {
 
     #[pg_test]
     fn a_page_is_at_most_a_second_of_the_rate() {
-        assert_eq!(Pacer::new(None, 1).page_limit(), i32::MAX);
-        assert_eq!(Pacer::new(Some(2), 1).page_limit(), 2);
-        assert_eq!(Pacer::new(Some(5000), 1).page_limit(), 5000);
+        assert_eq!(Pacer::new(share(None, 1)).page_limit(), i32::MAX);
+        assert_eq!(Pacer::new(share(Some(2), 1)).page_limit(), 2);
+        assert_eq!(Pacer::new(share(Some(5000), 1)).page_limit(), 5000);
     }
 
     #[pg_test]
     fn workers_share_the_total_rate() {
-        assert_eq!(Pacer::new(Some(10_000), 2).page_limit(), 5000);
-        let mut pacer = Pacer::new(Some(10_000), 4);
+        assert_eq!(Pacer::new(share(Some(10_000), 2)).page_limit(), 5000);
+        let mut pacer = Pacer::new(share(Some(10_000), 4));
         assert_eq!(pacer.page_limit(), 2500);
-        pacer.set_rate(Some(10_000), 1); // the others finished their ranges
+        pacer.set_rate(share(Some(10_000), 1)); // the others finished their ranges
         assert_eq!(pacer.page_limit(), 10_000);
     }
 
     #[pg_test]
     fn the_rate_allows_a_page_once_its_rows_are_earned() {
-        let mut pacer = Pacer::new(Some(1000), 1);
+        let mut pacer = Pacer::new(share(Some(1000), 1));
         // 1000 rows/s: a 100-row page is earned in 0.1 s, which one call sleeps for.
         let started = Instant::now();
         while !pacer.ready_for(100) {}

@@ -19,6 +19,7 @@
 //! for `backfill.lock_timeout`. A page therefore never closes a deadlock cycle with a writer.
 
 use crate::auth::Signer;
+use crate::backpressure::{self, LoadGovernor, SourceLimit};
 use crate::catalog;
 use crate::delivery;
 use crate::encoding::{show_key, KeyText, Text};
@@ -27,7 +28,7 @@ use crate::errors::OrInternal;
 use crate::json::RowJson;
 use crate::lock::{LockPolicy, Locking};
 use crate::message::{self, ReadMessage};
-use crate::pacing::Pacer;
+use crate::pacing::{self, Pacer};
 use crate::ranges::{self, JobTable, Range};
 use crate::scan::ScanQueries;
 use crate::state::{JobState, RangeState};
@@ -57,12 +58,14 @@ pub struct TableScan<'a> {
     /// Prepared once per scan: the page bound query (by whether a cursor exists) and the page
     /// rows query (by that and the locking).
     pub(crate) slot: Option<String>,
-    /// What the backfill waits for now (its slot's consumer), if anything: it shows in
+    /// What the backfill waits for now (its slot's consumer, a standby, a slot's WAL), if anything: it shows in
     /// pg_stat_activity, where backfill_status.waiting_for reads it.
     pub(crate) waiting_for: Option<String>,
     pub(crate) position: i32,
     pub(crate) batch_size: i32,
     pub(crate) pacer: Pacer,
+    /// What the server's load allows this worker (backfill.max_active_sessions).
+    load: LoadGovernor,
     /// How pages lock (lock.rs), and whether the state tables count each path.
     pub(crate) locks: LockPolicy,
     pub(crate) counts_lock_paths: bool,
@@ -98,7 +101,8 @@ impl<'a> TableScan<'a> {
             backfill_id,
             position: job_table.position,
             batch_size: job.batch_size,
-            pacer: Pacer::new(job.rows_per_second, i64::from(job.parallel)),
+            pacer: Pacer::new(pacing::share(job.rows_per_second, i64::from(job.parallel))),
+            load: LoadGovernor::new(),
             locks: LockPolicy::new(job.lock_mode, table.partitioned, job.batch_size),
             counts_lock_paths,
             last_sample: None,
@@ -130,7 +134,13 @@ impl<'a> TableScan<'a> {
         } else {
             1
         };
-        self.pacer.set_rate(job.rows_per_second, sharing);
+        let share = pacing::share(job.rows_per_second, sharing);
+        let limit = SourceLimit::ActiveSessions.in_force(job.source.max_active_sessions);
+        let rate = match self.load.allowed_rate(limit, share) {
+            Some(allowed) => Some(share.map_or(allowed, |share| share.min(allowed))),
+            None => share,
+        };
+        self.pacer.set_rate(rate);
         Ok(job)
     }
 
@@ -142,7 +152,7 @@ impl<'a> TableScan<'a> {
         };
         // Waiting is not a state: the backfill still runs, as a backend waiting on a lock is
         // still active. What it waits for shows in pg_stat_activity (no write, no commit).
-        if let Some(reason) = pipeline::blocker(&job) {
+        if let Some(reason) = pipeline::blocker(&job).or_else(|| backpressure::blocker(&job.source)) {
             if self.waiting_for.as_deref() != Some(reason.as_str()) {
                 log!("{}: waits for {reason}", who(self.backfill_id));
             }
@@ -151,17 +161,22 @@ impl<'a> TableScan<'a> {
             return Page::Waiting;
         }
         if self.waiting_for.take().is_some() {
-            log!("{}: continues, the slot's consumer is back and caught up", who(self.backfill_id));
+            log!("{}: continues, what it waited for is back and caught up", who(self.backfill_id));
         }
         let progress = ranges::job_table(self.backfill_id, self.position)
             .unwrap_or_else(|| error!("backfill {} lost its table {}", self.backfill_id, self.position));
-        // Every page that does not wait says what it does (and so that it no longer waits).
-        report_activity(&format!(
-            "backfill {}: {} after key ({})",
-            self.backfill_id,
-            self.table.qualified_name(),
-            progress.cursor.as_deref().map(show_key).unwrap_or_default()
-        ));
+        // Every page that does not wait says what it does (and so that it no longer waits),
+        // or what slows it down.
+        let limit = SourceLimit::ActiveSessions.in_force(job.source.max_active_sessions);
+        report_activity(&match self.load.holding_back(limit) {
+            Some(reason) => format!("{WAITING_FOR}{reason}"),
+            None => format!(
+                "backfill {}: {} after key ({})",
+                self.backfill_id,
+                self.table.qualified_name(),
+                progress.cursor.as_deref().map(show_key).unwrap_or_default()
+            ),
+        });
         let row = &self.row;
         // SAFETY: the descriptor is the open relation's.
         let found = self.table.recheck(|descriptor| unsafe { row.describes(descriptor) });
@@ -185,6 +200,7 @@ impl<'a> TableScan<'a> {
             return self.end_scan(progress.rows_done, &signer);
         };
         let (rows, bytes) = self.deliver(cursor.as_deref(), &page_end, locking, &signer);
+        self.load.delivered(rows);
         let table_locked = locking == Locking::Table;
         let counted = self.counts_lock_paths.then_some(table_locked);
         if page_end == upper_bound {

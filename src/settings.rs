@@ -24,6 +24,18 @@ pub static MAX_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(100);
 /// Back-pressure: a backfill for a slot waits while the slot lags more than this (kB).
 pub static MAX_SLOT_LAG_KB: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
+/// Back-pressure from standbys: pages wait while a physical standby replays more than this
+/// behind (kB; 0 = off).
+pub static MAX_REPLICA_LAG_KB: GucSetting<i32> = GucSetting::<i32>::new(0);
+
+/// Back-pressure from slots: pages wait while a slot retains more WAL than this (MB; 0 = off;
+/// -1 = half of max_slot_wal_keep_size where that is set).
+pub static MAX_RETAINED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
+
+/// Back-pressure from load: pages slow down while more client sessions than this are active
+/// (0 = off).
+pub static MAX_ACTIVE_SESSIONS: GucSetting<i32> = GucSetting::<i32>::new(0);
+
 /// How often a running backfill logs a progress line (seconds; 0 turns it off).
 pub static LOG_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
 
@@ -107,6 +119,43 @@ pub fn define() {
         i32::MAX,
         GucContext::Sighup,
         GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.max_replica_lag",
+        c"Backfills wait while a physical standby replays further behind than this; 0 turns it off.",
+        c"The lag is the WAL between this primary's current position and a standby's replay \
+          position in pg_stat_replication. backfill_start(..., max_replica_lag => ...) overrides \
+          it per backfill.",
+        &MAX_REPLICA_LAG_KB,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.max_retained_wal",
+        c"Backfills wait while a replication slot retains more WAL than this; 0 turns it off.",
+        c"Any slot of the cluster counts, whatever its database or plugin: its restart_lsn keeps \
+          WAL on disk. -1 (the default) is half of max_slot_wal_keep_size where that is set, \
+          and off where it is not. backfill_start(..., max_retained_wal => ...) overrides it.",
+        &MAX_RETAINED_WAL_MB,
+        -1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.max_active_sessions",
+        c"Backfills slow down while more client sessions than this are active; 0 turns it off.",
+        c"Counts client backends running a statement (state active), smoothed over about half a \
+          second. Above the limit a backfill's rate halves, down to 100 rows/s a worker; below \
+          it the rate recovers gradually. backfill_start(..., max_active_sessions => ...) \
+          overrides it per backfill.",
+        &MAX_ACTIVE_SESSIONS,
+        0,
+        pg_sys::MAX_BACKENDS as i32,
+        GucContext::Sighup,
+        GucFlags::default(),
     );
     GucRegistry::define_int_guc(
         c"backfill.log_interval",

@@ -1,0 +1,382 @@
+"""Back-pressure from the whole source: a physical standby that replays too far behind and a
+replication slot that retains too much WAL pause a backfill's pages (max_replica_lag,
+max_retained_wal); active client sessions past max_active_sessions slow it down, and it
+recovers by itself when the load goes."""
+
+import subprocess
+import threading
+import time
+from contextlib import suppress
+
+import psycopg
+import pytest
+from conftest import ROOT, Cluster, Consumer, assert_each_row_read_once, error_of, status, wait_for, wait_until_ended
+
+MB = 1024 * 1024
+SOURCE_LIMITS = ("max_replica_lag", "max_retained_wal", "max_active_sessions")
+
+
+def as_postgres(*args: str) -> None:
+    """Runs a command as the postgres OS user (scripts/cluster.sh's as_postgres); fails the
+    test with its output if it fails."""
+    result = subprocess.run(
+        ["bash", "-c", f"source '{ROOT}/scripts/cluster.sh' && as_postgres \"$@\"", "as_postgres", *args],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 0, f"{args[0]} failed: {result.stdout}{result.stderr}"
+
+
+def start_standby(cluster: Cluster, standby: Cluster, name: str) -> None:
+    """Makes `standby` a streaming physical standby of the test cluster (pg_basebackup -R) and
+    starts it; it connects as application_name `name` and reports its replay position every
+    second. The test cluster's initdb defaults allow it: a `host replication all 127.0.0.1/32
+    trust` line in pg_hba.conf, and max_wal_senders = 16 (scripts/cluster.sh)."""
+    subprocess.run(["bash", "-c", f"rm -rf '{standby.dir}' && mkdir -p '{standby.dir}' && chown postgres: '{standby.dir}'"],
+                   check=True)
+    as_postgres("/usr/lib/postgresql/15/bin/pg_basebackup", "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres",
+                "-D", f"{standby.dir}/data", "-R", "-X", "stream")
+    with open(f"{standby.dir}/data/postgresql.auto.conf", "a") as conf:
+        # (The last of two primary_conninfo lines wins: this one names the standby.) The default
+        # status interval, 10 s, would leave the primary up to 10 s behind the standby's replay.
+        conf.write(
+            f"port = {standby.port}\nunix_socket_directories = '{standby.dir}'\n"
+            f"primary_conninfo = 'host=127.0.0.1 port={cluster.port} user=postgres application_name={name}'\n"
+            "wal_receiver_status_interval = 1s\n"
+        )
+    standby.pg_ctl("start")
+
+
+def remove_standby(standby: Cluster) -> None:
+    with suppress(Exception):
+        standby.stop()
+    subprocess.run(["rm", "-rf", standby.dir], check=False)
+
+
+def replication_state(primary, application_name: str):
+    """(state, bytes between the primary's current WAL position and the standby's reported replay
+    position) of the standby in pg_stat_replication, or None while it is not connected."""
+    return primary.execute(
+        """SELECT state, pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint
+             FROM pg_stat_replication WHERE application_name = %s""",
+        [application_name],
+    ).fetchone()
+
+
+def wait_for_reason(conn, backfill_id: int, *parts: str, timeout: float = 60) -> str:
+    """Waits until the backfill's waiting_for contains every one of `parts`; returns it."""
+    seen = []
+
+    def matches():
+        seen.append(status(conn, backfill_id, "waiting_for") or "")
+        return all(part in seen[-1] for part in parts)
+
+    try:
+        wait_for(matches, timeout=timeout, what=f"waiting_for to mention {parts}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; last waiting_for: {seen[-1] if seen else None!r}") from None
+    return seen[-1]
+
+
+def settles_to(read, expected, timeout: float = 10, what: str = "value"):
+    """Polls `read()` until it equals `expected` (a reloaded setting reaches a session at its next
+    statement); fails with the last value read."""
+    last = []
+    try:
+        wait_for(lambda: last.append(read()) or last[-1] == expected, timeout=timeout, what=what)
+    except AssertionError:
+        raise AssertionError(f"{what}: {last[-1] if last else None!r}, expected {expected!r}") from None
+
+
+def rows_per_second(conn, backfill_id: int, seconds: float) -> float:
+    """The backfill's rate over the next `seconds`, from rows_done."""
+    t0, rows0 = time.monotonic(), status(conn, backfill_id, "rows_done")
+    time.sleep(seconds)
+    t1, rows1 = time.monotonic(), status(conn, backfill_id, "rows_done")
+    return (rows1 - rows0) / (t1 - t0)
+
+
+def cancel_running(conn) -> None:
+    """Cleanup: cancels whatever backfill of the test's database still runs or is paused."""
+    with suppress(psycopg.Error):
+        conn.execute("SELECT backfill_cancel(id) FROM backfill_status WHERE state IN ('running', 'paused')")
+
+
+def drop_slot_if_any(conn, slot: str) -> None:
+    with suppress(psycopg.Error):
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s AND NOT active", [slot]
+        )
+
+
+class ActiveSessions:
+    """`count` client sessions kept in state 'active', each on its own connection looping
+    `SELECT pg_sleep(0.5)` in a thread, until stop()."""
+
+    QUERY = "SELECT pg_sleep(0.5)"
+
+    def __init__(self, cluster: Cluster, dbname: str, count: int):
+        self.done = threading.Event()
+        self.conns, self.threads = [], []
+        try:
+            for _ in range(count):
+                self.conns.append(cluster.connect(dbname))
+            for conn in self.conns:
+                thread = threading.Thread(target=self._run, args=(conn,), daemon=True)
+                thread.start()
+                self.threads.append(thread)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _run(self, conn):
+        while not self.done.is_set():
+            try:
+                conn.execute(self.QUERY)
+            except psycopg.Error:
+                return
+
+    def stop(self):
+        self.done.set()
+        for thread in self.threads:
+            thread.join(10)
+        for conn in self.conns:
+            with suppress(Exception):
+                conn.close()
+
+
+def test_a_standby_that_stops_replaying_pauses_the_backfill(cluster, db):
+    limit = MB  # far above what a page writes: once replaying again, the standby keeps up
+    standby = Cluster(f"{cluster.dir}_standby1", cluster.port + 7)
+    consumer = None
+    try:
+        start_standby(cluster, standby, "standby1")
+        wait_for(lambda: (replication_state(db, "standby1") or (None,))[0] == "streaming", timeout=60,
+                 what="the standby to stream")
+        db.execute(
+            """CREATE TABLE narrow (id bigint PRIMARY KEY, v int NOT NULL);
+               INSERT INTO narrow SELECT g, g % 7 FROM generate_series(1, 50000) g;"""
+        )
+        db.execute("VACUUM ANALYZE narrow")  # not autovacuum's WAL later, mid-test
+        db.execute("SELECT pg_create_logical_replication_slot('pipe', 'test_decoding')")
+        consumer = Consumer(cluster, db.info.dbname, "pipe")
+        wait_for(lambda: db.execute("SELECT active FROM pg_replication_slots WHERE slot_name = 'pipe'").fetchone()[0],
+                 what="the consumer")
+        # The standby has replayed everything so far, as the primary sees it.
+        current = db.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        wait_for(lambda: db.execute(
+            """SELECT coalesce(bool_or(replay_lsn >= %s::pg_lsn), false)
+                 FROM pg_stat_replication WHERE application_name = 'standby1'""", [current]
+        ).fetchone()[0], timeout=60, what="the standby to catch up")
+        with standby.connect() as on_standby:
+            on_standby.execute("SELECT pg_wal_replay_pause()")
+            assert on_standby.execute("SELECT pg_get_wal_replay_pause_state()").fetchone()[0] != "not paused"
+
+        backfill_id = db.execute(
+            "SELECT backfill_start('narrow', confirm => true, slot => 'pipe', batch_size => 200, max_replica_lag => %s)",
+            [limit],
+        ).fetchone()[0]
+        reason = wait_for_reason(db, backfill_id, 'standby "standby1"', "max_replica_lag")
+        assert status(db, backfill_id, "state") == "running"  # waiting is not a state
+        time.sleep(0.5)
+        held = status(db, backfill_id, "rows_done")
+        time.sleep(1.5)
+        assert status(db, backfill_id, "rows_done") == held, f"pages went on while {reason}"
+        assert 0 < held < 25000, f"{held} rows: it should run until the standby lags, and stop near the limit"
+        state, lag = replication_state(db, "standby1")
+        assert state == "streaming" and lag > limit, f"the standby replays {lag} bytes behind"
+
+        with standby.connect() as on_standby:
+            on_standby.execute("SELECT pg_wal_replay_resume()")
+        assert wait_until_ended(db, backfill_id, timeout=120) == "done"
+        wait_for(lambda: status(db, backfill_id, "delivered"), timeout=60, what="delivery")
+        consumer.stop()
+        assert_each_row_read_once(consumer.messages(), range(1, 50001))
+    finally:
+        if consumer is not None:
+            with suppress(Exception):
+                consumer.stop()
+        cancel_running(db)
+        remove_standby(standby)
+
+
+def test_an_unconsumed_slot_pauses_the_backfill_past_max_retained_wal(cluster, db):
+    limit = 4 * MB
+    consumer = None
+    try:
+        db.execute(
+            """CREATE TABLE events (id bigint PRIMARY KEY, body text NOT NULL);
+               INSERT INTO events SELECT g, repeat('x', 100) FROM generate_series(1, 60000) g;"""
+        )
+        db.execute("VACUUM ANALYZE events")
+        # 'stuck' is older than the consumed slot: it is the one that retains the most WAL.
+        db.execute("SELECT pg_create_logical_replication_slot('stuck', 'test_decoding')")
+        db.execute("SELECT pg_logical_emit_message(false, 'spacer', repeat('x', 1000))")
+        db.execute("SELECT pg_create_logical_replication_slot('pipe', 'test_decoding')")
+        consumer = Consumer(cluster, db.info.dbname, "pipe")
+        wait_for(lambda: db.execute("SELECT active FROM pg_replication_slots WHERE slot_name = 'pipe'").fetchone()[0],
+                 what="the consumer")
+
+        backfill_id = db.execute(
+            "SELECT backfill_start('events', confirm => true, slot => 'pipe', batch_size => 500, max_retained_wal => %s)",
+            [limit],
+        ).fetchone()[0]
+        reason = wait_for_reason(db, backfill_id, 'slot "stuck"', "max_retained_wal")
+        assert status(db, backfill_id, "state") == "running"
+        time.sleep(0.5)
+        held = status(db, backfill_id, "rows_done")
+        time.sleep(1.5)
+        assert status(db, backfill_id, "rows_done") == held, f"pages went on while {reason}"
+        assert 0 < held < 60000
+        retained = db.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = 'stuck'"
+        ).fetchone()[0]
+        assert limit < retained < 2 * limit, f"'stuck' retains {retained} bytes: it should stop just past {limit}"
+
+        db.execute("SELECT pg_drop_replication_slot('stuck')")
+        # The consumed slot retains WAL too until its restart_lsn moves on: that takes a
+        # running-xacts record (a checkpoint logs one) and a commit past it that the consumer
+        # confirms, as any busy server has. Keep providing both until the backfill ends.
+        deadline = time.monotonic() + 120
+        while status(db, backfill_id, "state") == "running":
+            assert time.monotonic() < deadline, f"still running: {status(db, backfill_id, 'waiting_for')!r}"
+            db.execute("CHECKPOINT")
+            db.execute("SELECT pg_logical_emit_message(true, 'nudge', '')")
+            time.sleep(0.5)
+        assert status(db, backfill_id, "state") == "done"
+        wait_for(lambda: status(db, backfill_id, "delivered"), timeout=60, what="delivery")
+        consumer.stop()
+        assert_each_row_read_once(consumer.messages(), range(1, 60001))
+    finally:
+        if consumer is not None:
+            with suppress(Exception):
+                consumer.stop()
+        cancel_running(db)
+        drop_slot_if_any(db, "stuck")
+
+
+def test_max_retained_wal_follows_max_slot_wal_keep_size(db):
+    db.execute(
+        """CREATE TABLE t (id int PRIMARY KEY);
+           INSERT INTO t SELECT generate_series(1, 1000);"""
+    )
+
+    def start(options=""):  # a slow backfill (5 rows/s) that stays running
+        return db.execute(f"SELECT backfill_start('t', confirm => true, rows_per_second => 5{options})").fetchone()[0]
+
+    try:
+        db.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '64MB'")
+        db.execute("SELECT pg_reload_conf()")
+        by_default = start()
+        settles_to(lambda: status(db, by_default, "max_retained_wal_bytes"), 32 * MB,
+                   what="max_retained_wal_bytes at max_slot_wal_keep_size 64MB")
+        db.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '128MB'")
+        db.execute("SELECT pg_reload_conf()")
+        settles_to(lambda: status(db, by_default, "max_retained_wal_bytes"), 64 * MB,
+                   what="max_retained_wal_bytes at max_slot_wal_keep_size 128MB")
+        db.execute("SELECT backfill_cancel(%s)", [by_default])
+        assert wait_until_ended(db, by_default) == "cancelled"
+
+        turned_off = start(", max_retained_wal => 0")
+        assert status(db, turned_off, "max_retained_wal_bytes") is None
+        db.execute("SELECT backfill_cancel(%s)", [turned_off])
+        assert wait_until_ended(db, turned_off) == "cancelled"
+
+        db.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        db.execute("SELECT pg_reload_conf()")
+        unlimited = start()
+        settles_to(lambda: status(db, unlimited, "max_retained_wal_bytes"), None,
+                   what="max_retained_wal_bytes with max_slot_wal_keep_size unset")
+    finally:
+        cancel_running(db)
+        db.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        db.execute("SELECT pg_reload_conf()")
+
+
+def test_server_load_slows_the_backfill_and_it_recovers(cluster, db):
+    db.execute(
+        """CREATE TABLE busy (id bigint PRIMARY KEY, v int NOT NULL);
+           INSERT INTO busy SELECT g, g % 7 FROM generate_series(1, 200000) g;"""
+    )
+    db.execute("ANALYZE busy")
+    load = None
+    try:
+        backfill_id = db.execute(
+            "SELECT backfill_start('busy', confirm => true, batch_size => 500, rows_per_second => 5000, max_active_sessions => 2)"
+        ).fetchone()[0]
+        assert status(db, backfill_id, "max_active_sessions") == 2
+        wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
+        time.sleep(1)
+        unloaded = rows_per_second(db, backfill_id, 3)
+        assert unloaded > 2500, f"{unloaded:.0f} rows/s unloaded, against a rate of 5000"
+        assert "server load" not in (status(db, backfill_id, "waiting_for") or "")
+
+        load = ActiveSessions(cluster, db.info.dbname, 4)
+        wait_for(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s AND state = 'active'",
+                                    [ActiveSessions.QUERY]).fetchone()[0] >= 3, what="the load")
+        time.sleep(1.5)
+        loaded = rows_per_second(db, backfill_id, 3)
+        assert loaded < unloaded / 4, f"{loaded:.0f} rows/s under load, {unloaded:.0f} without"
+        reason = wait_for_reason(db, backfill_id, "server load", "max_active_sessions", timeout=10)
+        assert status(db, backfill_id, "state") == "running", reason
+
+        load.stop()
+        load = None
+        time.sleep(6)
+        recovered = rows_per_second(db, backfill_id, 3)
+        assert recovered > unloaded / 2, f"{recovered:.0f} rows/s after the load, {unloaded:.0f} before it"
+        db.execute("SELECT backfill_cancel(%s)", [backfill_id])
+        assert wait_until_ended(db, backfill_id) == "cancelled"
+    finally:
+        if load is not None:
+            load.stop()
+        cancel_running(db)
+
+
+@pytest.fixture
+def items(db):
+    db.execute(
+        """CREATE TABLE items (id int PRIMARY KEY, label text);
+           INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 2000) g;"""
+    )
+    return db
+
+
+@pytest.mark.parametrize("option", SOURCE_LIMITS)
+def test_a_negative_source_limit_is_22023_at_start_and_in_backfill_set(items, option):
+    e = error_of(items, f"SELECT backfill_start('items', confirm => true, {option} => -1)")
+    assert e.sqlstate == "22023" and option in e.diag.message_primary, e
+    assert items.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0, "a refused start starts nothing"
+    backfill_id = items.execute("SELECT backfill_start('items', confirm => true, rows_per_second => 10)").fetchone()[0]
+    try:
+        e = error_of(items, f"SELECT backfill_set(%s, {option} => -5)", [backfill_id])
+        assert e.sqlstate == "22023" and option in e.diag.message_primary, e
+    finally:
+        cancel_running(items)
+
+
+def test_source_limits_show_in_backfill_status_and_backfill_set_changes_them(items):
+    columns = ("max_replica_lag_bytes", "max_retained_wal_bytes", "max_active_sessions")
+    try:
+        by_default = items.execute("SELECT backfill_start('items', confirm => true, rows_per_second => 10)").fetchone()[0]
+        # The settings' defaults are off (max_slot_wal_keep_size is not set on the test cluster).
+        assert status(items, by_default, *columns) == (None, None, None)
+        items.execute("SELECT backfill_set(%s, max_active_sessions => 3)", [by_default])
+        assert status(items, by_default, "max_active_sessions") == 3
+        items.execute("SELECT backfill_set(%s, batch_size => 50)", [by_default])  # NULL keeps the value
+        assert status(items, by_default, "max_active_sessions") == 3
+        items.execute("SELECT backfill_set(%s, max_replica_lag => %s, max_retained_wal => %s)", [by_default, MB, 8 * MB])
+        assert status(items, by_default, *columns) == (MB, 8 * MB, 3)
+        items.execute("SELECT backfill_set(%s, max_active_sessions => 0)", [by_default])
+        assert status(items, by_default, *columns) == (MB, 8 * MB, None)
+        items.execute("SELECT backfill_set(%s, max_replica_lag => 0, max_retained_wal => 0)", [by_default])
+        assert status(items, by_default, *columns) == (None, None, None)
+        items.execute("SELECT backfill_cancel(%s)", [by_default])
+        assert wait_until_ended(items, by_default) == "cancelled"
+
+        given = items.execute(
+            """SELECT backfill_start('items', confirm => true, rows_per_second => 10,
+                                     max_replica_lag => 1000000, max_retained_wal => 2000000, max_active_sessions => 7)"""
+        ).fetchone()[0]
+        assert status(items, given, *columns) == (1000000, 2000000, 7)
+    finally:
+        cancel_running(items)

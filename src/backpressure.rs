@@ -1,0 +1,210 @@
+//! Back-pressure from the whole source, beyond the backfill's own slot (see pipeline.rs): the
+//! replay lag of physical standbys and the WAL retained by replication slots pause a backfill's
+//! pages; the server's load slows them. Each limit is a setting that a backfill's option
+//! overrides (NULL: the setting; 0: off).
+
+use crate::encoding::Text;
+use crate::errors::OrInternal;
+use crate::settings;
+use pgrx::prelude::*;
+use std::time::{Duration, Instant};
+
+/// The limits a backfill has on the source, as its options say (None: the setting's).
+#[derive(Clone, Copy, Default)]
+pub struct SourceOptions {
+    pub max_replica_lag: Option<i64>,
+    pub max_retained_wal: Option<i64>,
+    pub max_active_sessions: Option<i64>,
+}
+
+#[derive(Clone, Copy)]
+pub enum SourceLimit {
+    /// Bytes a physical standby may replay behind this primary.
+    ReplicaLag,
+    /// Bytes of WAL any replication slot may retain.
+    RetainedWal,
+    /// Client sessions that may be active before the backfill slows down.
+    ActiveSessions,
+}
+
+impl SourceLimit {
+    fn named(name: &str) -> Option<Self> {
+        match name {
+            "max_replica_lag" => Some(SourceLimit::ReplicaLag),
+            "max_retained_wal" => Some(SourceLimit::RetainedWal),
+            "max_active_sessions" => Some(SourceLimit::ActiveSessions),
+            _ => None,
+        }
+    }
+
+    /// The setting, in the option's unit (bytes, sessions); None when it is off.
+    fn setting(self) -> Option<i64> {
+        let value = match self {
+            SourceLimit::ReplicaLag => i64::from(settings::MAX_REPLICA_LAG_KB.get()) * 1024,
+            SourceLimit::RetainedWal => match settings::MAX_RETAINED_WAL_MB.get() {
+                // SAFETY: a GUC variable of the server, read in the process that owns it.
+                -1 => match unsafe { pg_sys::max_slot_wal_keep_size_mb } {
+                    // Half: a slot at the limit then still has the other half before the
+                    // server invalidates it, for what everything else writes meanwhile.
+                    keep if keep > 0 => i64::from(keep) * 1024 * 1024 / 2,
+                    _ => 0,
+                },
+                mb => i64::from(mb) * 1024 * 1024,
+            },
+            SourceLimit::ActiveSessions => i64::from(settings::MAX_ACTIVE_SESSIONS.get()),
+        };
+        (value > 0).then_some(value)
+    }
+
+    /// The limit in force for a backfill with this option: its own (0: off), else the setting.
+    pub fn in_force(self, option: Option<i64>) -> Option<i64> {
+        match option {
+            Some(0) => None,
+            Some(value) => Some(value),
+            None => self.setting(),
+        }
+    }
+}
+
+/// The limit in force, for the status view: `setting` is the option's name.
+#[pg_extern(schema = "backfill", stable)]
+fn source_limit(setting: Option<Text>, option: Option<i64>) -> Option<i64> {
+    SourceLimit::named(&setting?.0).and_then(|limit| limit.in_force(option))
+}
+
+/// Why pages must wait for the source now, if they must: a standby replaying too far behind,
+/// or a slot retaining too much WAL. Read without a transaction id, so waiting writes nothing.
+pub fn blocker(options: &SourceOptions) -> Option<String> {
+    if let Some(limit) = SourceLimit::ReplicaLag.in_force(options.max_replica_lag) {
+        // Physical walsenders connect to no database. A standby that has not reported a replay
+        // position yet is judged by what it flushed.
+        let furthest = two_columns(
+            "SELECT r.application_name,
+                    pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), coalesce(r.replay_lsn, r.flush_lsn))::bigint
+               FROM pg_catalog.pg_stat_replication r
+               JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) r.pid
+              WHERE a.datid IS NULL AND coalesce(r.replay_lsn, r.flush_lsn) IS NOT NULL
+              ORDER BY 2 DESC LIMIT 1",
+        );
+        if let Some((standby, lag)) = furthest.filter(|(_, lag)| *lag > limit) {
+            return Some(format!(
+                "standby \"{standby}\": it replays {lag} bytes behind, more than max_replica_lag {limit}"
+            ));
+        }
+    }
+    if let Some(limit) = SourceLimit::RetainedWal.in_force(options.max_retained_wal) {
+        let greediest = two_columns(
+            "SELECT slot_name::text, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), restart_lsn)::bigint
+               FROM pg_catalog.pg_replication_slots WHERE restart_lsn IS NOT NULL
+              ORDER BY 2 DESC LIMIT 1",
+        );
+        if let Some((slot, retained)) = greediest.filter(|(_, retained)| *retained > limit) {
+            return Some(format!(
+                "WAL retained by slot \"{slot}\": {retained} bytes, more than max_retained_wal {limit}"
+            ));
+        }
+    }
+    None
+}
+
+/// The first row of a query of a name and a number, if any.
+fn two_columns(sql: &str) -> Option<(String, i64)> {
+    Spi::connect(|client| {
+        let rows = client.select(sql, Some(1), &[])?;
+        if rows.is_empty() {
+            return Ok::<_, pgrx::spi::Error>(None);
+        }
+        let row = rows.first();
+        Ok(Some((row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(), row.get::<i64>(2)?.unwrap_or(0))))
+    })
+    .or_internal("read the source's replication state")
+}
+
+/// How often a worker counts the active sessions.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+/// The slowest a load holds a worker to, so that a busy server still sees the backfill progress.
+const FLOOR_ROWS_PER_SECOND: f64 = 100.0;
+/// Over the limit, a worker's rate halves this often...
+const HALVES_EVERY: Duration = Duration::from_millis(250);
+/// ... and under it, doubles this often, until it is back to what it was.
+const DOUBLES_EVERY: Duration = Duration::from_secs(1);
+
+/// Adapts a worker's rate to the server's load: multiplicative decrease while more client
+/// sessions are active than the limit, gradual recovery after, as TCP does with congestion.
+pub struct LoadGovernor {
+    /// The active client sessions, smoothed over a few samples.
+    active: f64,
+    /// The rate the load holds this worker to (rows/s); None while it does not.
+    cap: Option<f64>,
+    /// The worker's rate while the load does not hold it back (smoothed): where recovery ends.
+    free_rate: f64,
+    rows_since_sample: i64,
+    last_sample: Instant,
+}
+
+impl LoadGovernor {
+    pub fn new() -> Self {
+        LoadGovernor { active: 0.0, cap: None, free_rate: 0.0, rows_since_sample: 0, last_sample: Instant::now() }
+    }
+
+    pub fn delivered(&mut self, rows: i64) {
+        self.rows_since_sample += rows;
+    }
+
+    /// The rate the load allows this worker now (None: any), given the limit in force and the
+    /// worker's share of its pacing. Samples the load at most every [`SAMPLE_EVERY`].
+    pub fn allowed_rate(&mut self, limit: Option<i64>, paced: Option<f64>) -> Option<f64> {
+        let Some(limit) = limit else {
+            self.cap = None;
+            return None;
+        };
+        let elapsed = self.last_sample.elapsed();
+        if elapsed < SAMPLE_EVERY {
+            return self.cap;
+        }
+        let seconds = elapsed.as_secs_f64();
+        let achieved = self.rows_since_sample as f64 / seconds;
+        self.rows_since_sample = 0;
+        self.last_sample = Instant::now();
+        self.active = (self.active + active_sessions() as f64) / 2.0;
+        let ceiling = paced.unwrap_or(self.free_rate).max(FLOOR_ROWS_PER_SECOND);
+        // (A worker that slept through a long pacing wait adapts as if for one second.)
+        let seconds = seconds.min(1.0);
+        self.cap = if self.active > limit as f64 {
+            let from = self.cap.unwrap_or(ceiling);
+            Some((from * 0.5f64.powf(seconds / HALVES_EVERY.as_secs_f64())).max(FLOOR_ROWS_PER_SECOND))
+        } else if let Some(cap) = self.cap {
+            let raised = cap * 2f64.powf(seconds / DOUBLES_EVERY.as_secs_f64());
+            (raised < ceiling).then_some(raised)
+        } else {
+            if paced.is_none() {
+                self.free_rate = if self.free_rate == 0.0 { achieved } else { 0.8 * self.free_rate + 0.2 * achieved };
+            }
+            None
+        };
+        self.cap
+    }
+
+    /// What the load does to the backfill now, for backfill_status.waiting_for; None when the
+    /// load does not hold it back.
+    pub fn holding_back(&self, limit: Option<i64>) -> Option<String> {
+        let (cap, limit) = (self.cap?, limit?);
+        let active = self.active;
+        Some(if active > limit as f64 {
+            format!("server load: {active:.1} active sessions, more than max_active_sessions {limit}; slowed to {cap:.0} rows/s")
+        } else {
+            format!("server load: {active:.1} active sessions, at most max_active_sessions {limit}; recovering, at {cap:.0} rows/s")
+        })
+    }
+}
+
+/// Client sessions running a statement now, this one aside (a worker is not a client backend).
+fn active_sessions() -> i64 {
+    crate::sql::select_one::<i64>(
+        "SELECT count(*) FROM pg_catalog.pg_stat_get_activity(NULL) a
+          WHERE a.backend_type OPERATOR(pg_catalog.=) 'client backend' AND a.state OPERATOR(pg_catalog.=) 'active'",
+        &[],
+    )
+    .or_internal("count the active sessions")
+    .unwrap_or(0)
+}
