@@ -284,6 +284,57 @@ def pgbench_impact(conn, seconds, rate):
     return results
 
 
+def active_sessions_while(conn, bench):
+    """The mean count of active client sessions, sampled every 50 ms while pgbench runs."""
+    samples = []
+    while bench.poll() is None:
+        samples.append(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+                                    "AND state = 'active' AND pid <> pg_backend_pid()").fetchone()[0])
+        time.sleep(0.05)
+    return statistics.mean(samples) if samples else 0.0
+
+
+def load_signal(conn, seconds, repeat, thresholds):
+    """The application's TPS (pgbench, 4 clients, on pgbench_accounts) alone, under back-to-back
+    unpaced backfills of that table, and under backfills held back by max_active_sessions at
+    each threshold: the scenarios take turns in each round; medians over the rounds, and each
+    TPS as a share of the same round's TPS alone."""
+    subprocess.run([PGBENCH, "-i", "-q", "-s", "10", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    conn.execute("VACUUM ANALYZE pgbench_accounts")
+    scenarios = [("no backfill", None), ("unpaced backfill", "SELECT backfill_start('pgbench_accounts', confirm => true)")]
+    scenarios += [(f"max_active_sessions {n}",
+                   f"SELECT backfill_start('pgbench_accounts', confirm => true, max_active_sessions => {n})") for n in thresholds]
+    rounds = []
+    for _ in range(repeat):
+        figures = {}
+        for label, start in scenarios:
+            conn.execute("CHECKPOINT")
+            bench = subprocess.Popen([PGBENCH, "-c", "4", "-j", "2", "-T", str(seconds), "-h", "127.0.0.1", "-p", str(PORT),
+                                      "-U", "postgres", "postgres"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            active = None
+            if start:
+                ids = backfills_while(conn, bench, start)
+            else:
+                ids, active = [], active_sessions_while(conn, bench)
+            backfilled = conn.execute("SELECT coalesce(sum(rows_done), 0)::bigint FROM backfill_status WHERE id = ANY (%s)",
+                                      [ids]).fetchone()[0]
+            tps = float(next(l for l in bench.stdout.read().splitlines() if l.startswith("tps")).split()[2])
+            figures[label] = {"tps": tps, "rows_backfilled_per_second": backfilled / seconds, "active_sessions": active}
+        for f in figures.values():
+            f["share_of_tps_alone"] = f["tps"] / figures["no backfill"]["tps"]
+        rounds.append(figures)
+    results = []
+    print(f"\n{'pgbench (4 clients) with':28} {'TPS':>8} {'x alone':>8} {'backfill rows/s':>16}   (medians of {repeat})")
+    for label, _ in scenarios:
+        med = {k: statistics.median(r[label][k] for r in rounds) for k in ("tps", "share_of_tps_alone", "rows_backfilled_per_second")}
+        results.append({"scenario": label, **med, "rounds": [r[label] for r in rounds]})
+        print(f"{label:28} {med['tps']:>8.0f} {med['share_of_tps_alone']:>8.2f} {med['rows_backfilled_per_second']:>16.0f}")
+    alone = [r["no backfill"]["active_sessions"] for r in rounds]
+    print(f"active client sessions, pgbench alone (mean of 50 ms samples): {statistics.median(alone):.2f}")
+    return results
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="250000,1000000,4000000")
@@ -291,6 +342,8 @@ def main():
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--pgbench-seconds", type=int, default=20, help="0 skips the load test")
     parser.add_argument("--pgbench-rate", type=int, default=50000, help="rows/s of the paced backfill")
+    parser.add_argument("--load-signal", default="",
+                        help="only the application's TPS under backfills held back by these max_active_sessions (e.g. 2,3)")
     parser.add_argument("--source-cost", action="store_true",
                         help="only the source's cost on quiet frozen tables (lock modes), and writers' p99 latency per lock mode")
     args = parser.parse_args()
@@ -304,7 +357,9 @@ def main():
         conn = connect()
         conn.execute("CREATE EXTENSION pg_backfill")
         server = conn.execute("SELECT version()").fetchone()[0]
-        if args.source_cost:
+        if args.load_signal:
+            load = load_signal(conn, args.pgbench_seconds, args.repeat, [int(n) for n in args.load_signal.split(",")])
+        elif args.source_cost:
             cost = source_cost(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat)
             load = []
             if args.pgbench_seconds:
@@ -319,7 +374,7 @@ def main():
                     print(f"{'lock_mode ' + r['lock_mode']:24} {r['tps']:>8.0f} {r['p99_latency_ms']:>8.2f} "
                           f"{r['rows_backfilled_per_second']:>16.0f} {r['share_of_pages_table_locked']:>19.0%}")
             results = cost
-        for shape in ([] if args.source_cost else args.shapes.split(",")):
+        for shape in ([] if args.source_cost or args.load_signal else args.shapes.split(",")):
             for size in map(int, args.sizes.split(",")):
                 table = f"bench_{shape}_{size}"
                 create, fill = SHAPES[shape]
@@ -354,7 +409,7 @@ def main():
                                     "payload_bytes_per_row": payload / size, **f})
                 conn.execute(f"DROP TABLE {table}")
                 print_rows(results[-len(METHODS):], header=len(results) == len(METHODS))
-        if not args.source_cost:
+        if not args.source_cost and not args.load_signal:
             load = pgbench_impact(conn, args.pgbench_seconds, args.pgbench_rate) if args.pgbench_seconds else []
     finally:
         sh(f"cluster_stop {DIR}")

@@ -184,6 +184,9 @@ def test_a_standby_that_stops_replaying_pauses_the_backfill(cluster, db):
         assert 0 < held < 25000, f"{held} rows: it should run until the standby lags, and stop near the limit"
         state, lag = replication_state(db, "standby1")
         assert state == "streaming" and lag > limit, f"the standby replays {lag} bytes behind"
+        # It stopped at the first page past the limit (a 200-row page writes about 55 kB), not
+        # a second or more later.
+        assert lag < limit + 256 * 1024, f"the standby replays {lag} bytes behind, against a limit of {limit}"
 
         with standby.connect() as on_standby:
             on_standby.execute("SELECT pg_wal_replay_resume()")

@@ -122,12 +122,13 @@ fn two_columns(sql: &str) -> Option<(String, i64)> {
 
 /// How often a worker counts the active sessions.
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
-/// The slowest a load holds a worker to, so that a busy server still sees the backfill progress.
-const FLOOR_ROWS_PER_SECOND: f64 = 100.0;
+/// How long the count of active sessions is averaged over: long enough that a burst of a busy
+/// but not overloaded application does not count, short enough to follow a load spike.
+const SMOOTHING: Duration = Duration::from_secs(1);
 /// Over the limit, a worker's rate halves this often...
-const HALVES_EVERY: Duration = Duration::from_millis(250);
-/// ... and under it, doubles this often, until it is back to what it was.
-const DOUBLES_EVERY: Duration = Duration::from_secs(1);
+const HALVES_EVERY: Duration = Duration::from_millis(500);
+/// ... and under it, it climbs back linearly, to what it was in this long.
+const RECOVERS_IN: Duration = Duration::from_secs(10);
 
 /// Adapts a worker's rate to the server's load: multiplicative decrease while more client
 /// sessions are active than the limit, gradual recovery after, as TCP does with congestion.
@@ -144,16 +145,20 @@ pub struct LoadGovernor {
 
 impl LoadGovernor {
     pub fn new() -> Self {
-        LoadGovernor { active: 0.0, cap: None, free_rate: 0.0, rows_since_sample: 0, last_sample: Instant::now() }
+        // The first look is at once, and a worker that starts on a busy server starts slow.
+        let last_sample = Instant::now().checked_sub(SAMPLE_EVERY).unwrap_or_else(Instant::now);
+        LoadGovernor { active: f64::NAN, cap: None, free_rate: 0.0, rows_since_sample: 0, last_sample }
     }
 
     pub fn delivered(&mut self, rows: i64) {
         self.rows_since_sample += rows;
     }
 
-    /// The rate the load allows this worker now (None: any), given the limit in force and the
-    /// worker's share of its pacing. Samples the load at most every [`SAMPLE_EVERY`].
-    pub fn allowed_rate(&mut self, limit: Option<i64>, paced: Option<f64>) -> Option<f64> {
+    /// The rate the load allows this worker now (None: any), given the limit in force, the
+    /// worker's share of its pacing and the slowest it may go (`floor`: one page a second, so
+    /// that a busy server still sees the backfill progress). Samples the load at most every
+    /// [`SAMPLE_EVERY`].
+    pub fn allowed_rate(&mut self, limit: Option<i64>, paced: Option<f64>, floor: f64) -> Option<f64> {
         let Some(limit) = limit else {
             self.cap = None;
             return None;
@@ -166,15 +171,18 @@ impl LoadGovernor {
         let achieved = self.rows_since_sample as f64 / seconds;
         self.rows_since_sample = 0;
         self.last_sample = Instant::now();
-        self.active = (self.active + active_sessions() as f64) / 2.0;
-        let ceiling = paced.unwrap_or(self.free_rate).max(FLOOR_ROWS_PER_SECOND);
+        let now_active = active_sessions() as f64;
+        let weight = 1.0 - (-seconds / SMOOTHING.as_secs_f64()).exp();
+        self.active = if self.active.is_nan() { now_active } else { self.active + weight * (now_active - self.active) };
+        let floor = paced.map_or(floor, |paced| floor.min(paced));
+        let ceiling = paced.unwrap_or(self.free_rate).max(floor);
         // (A worker that slept through a long pacing wait adapts as if for one second.)
         let seconds = seconds.min(1.0);
         self.cap = if self.active > limit as f64 {
             let from = self.cap.unwrap_or(ceiling);
-            Some((from * 0.5f64.powf(seconds / HALVES_EVERY.as_secs_f64())).max(FLOOR_ROWS_PER_SECOND))
+            Some((from * 0.5f64.powf(seconds / HALVES_EVERY.as_secs_f64())).max(floor))
         } else if let Some(cap) = self.cap {
-            let raised = cap * 2f64.powf(seconds / DOUBLES_EVERY.as_secs_f64());
+            let raised = cap + ceiling * seconds / RECOVERS_IN.as_secs_f64();
             (raised < ceiling).then_some(raised)
         } else {
             if paced.is_none() {

@@ -136,7 +136,7 @@ impl<'a> TableScan<'a> {
         };
         let share = pacing::share(job.rows_per_second, sharing);
         let limit = SourceLimit::ActiveSessions.in_force(job.source.max_active_sessions);
-        let rate = match self.load.allowed_rate(limit, share) {
+        let rate = match self.load.allowed_rate(limit, share, f64::from(job.batch_size)) {
             Some(allowed) => Some(share.map_or(allowed, |share| share.min(allowed))),
             None => share,
         };
@@ -153,7 +153,9 @@ impl<'a> TableScan<'a> {
         // Waiting is not a state: the backfill still runs, as a backend waiting on a lock is
         // still active. What it waits for shows in pg_stat_activity (no write, no commit).
         if let Some(reason) = pipeline::blocker(&job).or_else(|| backpressure::blocker(&job.source)) {
-            if self.waiting_for.as_deref() != Some(reason.as_str()) {
+            // Logged once for what it waits for, not again each time its figures change.
+            let what = |reason: &str| reason.split(':').next().unwrap_or_default().to_string();
+            if self.waiting_for.as_deref().map(what) != Some(what(&reason)) {
                 log!("{}: waits for {reason}", who(self.backfill_id));
             }
             report_activity(&format!("{WAITING_FOR}{reason}"));

@@ -148,8 +148,8 @@ pub fn define() {
         c"backfill.max_active_sessions",
         c"Backfills slow down while more client sessions than this are active; 0 turns it off.",
         c"Counts client backends running a statement (state active), smoothed over about half a \
-          second. Above the limit a backfill's rate halves, down to 100 rows/s a worker; below \
-          it the rate recovers gradually. backfill_start(..., max_active_sessions => ...) \
+          second. Above the limit a backfill's rate halves, down to a page a second a worker; \
+          below it the rate recovers gradually. backfill_start(..., max_active_sessions => ...) \
           overrides it per backfill.",
         &MAX_ACTIVE_SESSIONS,
         0,
