@@ -326,7 +326,13 @@ def test_server_load_slows_the_backfill_and_it_recovers(cluster, db):
         load = None
         time.sleep(6)
         recovered = rows_per_second(db, backfill_id, 3)
-        assert recovered > unloaded / 2, f"{recovered:.0f} rows/s after the load, {unloaded:.0f} before it"
+        active = db.execute(
+            "SELECT datname, query FROM pg_stat_activity WHERE backend_type = 'client backend' AND state = 'active'"
+        ).fetchall()
+        assert recovered > unloaded / 2, (
+            f"{recovered:.0f} rows/s after the load, {unloaded:.0f} before it; active: {active}; "
+            f"waiting_for: {status(db, backfill_id, 'waiting_for')!r}"
+        )
         db.execute("SELECT backfill_cancel(%s)", [backfill_id])
         assert wait_until_ended(db, backfill_id) == "cancelled"
     finally:

@@ -179,3 +179,43 @@ def test_a_backfill_whose_key_changes_fails_with_a_clear_error(db):
     assert wait_until_ended(db, backfill_id) == "failed"
     sqlstate, error = status(db, backfill_id, "last_error_sqlstate", "last_error")
     assert sqlstate == "55000" and "the key of table public.shape changed during its backfill" in error
+
+
+def test_table_end_carries_the_sequences_its_columns_own(db, roles):
+    """A store that takes over issues ids of its own: the end marker says where the source's
+    sequences stand, so that it can start past them. Only sequences the table's columns own
+    (serial, identity), and their values only for a starter that may read them."""
+    db.execute(
+        """CREATE TABLE owned (id bigserial PRIMARY KEY, n int GENERATED ALWAYS AS IDENTITY (INCREMENT BY 5), v text);
+           CREATE SEQUENCE unrelated;
+           SELECT nextval('unrelated');
+           INSERT INTO owned (v) SELECT 'x' FROM generate_series(1, 120);
+           CREATE TABLE unused (id serial PRIMARY KEY)"""
+    )
+    db.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
+    for table in ("owned", "unused"):
+        backfill_id = db.execute("SELECT backfill_start(%s, confirm => true)", [table]).fetchone()[0]
+        assert wait_until_ended(db, backfill_id) == "done"
+    ends = {m["table"]: m for m in backfill_messages(wal2json_changes(db, "consumer")) if m["op"] == "table_end"}
+    assert ends["owned"]["sequences"] == [
+        {"column": "id", "sequence": "public.owned_id_seq", "last_value": 120, "increment": 1},
+        {"column": "n", "sequence": "public.owned_n_seq", "last_value": 596, "increment": 5},
+    ]
+    # Never used: no last value yet.
+    assert ends["unused"]["sequences"] == [
+        {"column": "id", "sequence": "public.unused_id_seq", "last_value": None, "increment": 1}
+    ]
+
+    # An operator with the table's rights but none on its sequences: the marker names them, and
+    # shows no value it could not read itself.
+    operator = roles.create("operator", "operator")
+    db.execute(f"GRANT SELECT, UPDATE ON owned TO {operator}")
+    backfill_id = roles.connect(operator).execute("SELECT backfill_start('owned', confirm => true)").fetchone()[0]
+    assert wait_until_ended(db, backfill_id) == "done"
+    ends = [m for m in backfill_messages(wal2json_changes(db, "consumer")) if m["op"] == "table_end"]
+    assert [(s["column"], s["last_value"]) for s in ends[0]["sequences"]] == [("id", None), ("n", None)]
+    db.execute(f"GRANT USAGE ON SEQUENCE owned_id_seq TO {operator}")
+    backfill_id = roles.connect(operator).execute("SELECT backfill_start('owned', confirm => true)").fetchone()[0]
+    assert wait_until_ended(db, backfill_id) == "done"
+    ends = [m for m in backfill_messages(wal2json_changes(db, "consumer")) if m["op"] == "table_end"]
+    assert [(s["column"], s["last_value"]) for s in ends[0]["sequences"]] == [("id", 120), ("n", None)]

@@ -5,11 +5,14 @@
 //!   "key":{"id":7},"data":{...whole row...},"commit_lsn":"0/0"}` (plus `"slot"` when the
 //!   backfill is for a slot, and `"partition"` for a partitioned table). `commit_lsn` is always `0/0`: the LSN is only known at commit, and
 //!   every decoder reports the real one with the transaction.
-//! - `table_start` when a table's scan starts and `table_end` (with the row count) when it ends.
+//! - `table_start` when a table's scan starts and `table_end` (with the row count and the
+//!   sequences its columns own) when it ends.
 //!
 //! Every message ends with an `auth` field: see `auth.rs`.
 
 use crate::auth::Signer;
+use crate::encoding::Text;
+use crate::errors::OrInternal;
 use crate::json;
 use crate::table::Table;
 use pgrx::prelude::*;
@@ -83,6 +86,21 @@ struct TableEnd<'a> {
     #[serde(flatten)]
     envelope: Envelope<'a>,
     rows: i64,
+    sequences: &'a [OwnedSequence],
+}
+
+/// A sequence owned by a column of the table (serial, identity, OWNED BY): a store that takes
+/// over from the source starts its own ids past `last_value`, so that they never collide with
+/// ids the source assigns later.
+#[derive(Serialize)]
+pub struct OwnedSequence {
+    pub column: String,
+    /// Schema-qualified and quoted as SQL writes it.
+    pub sequence: String,
+    /// The last value nextval() returned in any session; null if it never did, or if the role
+    /// that started the backfill may not read the sequence.
+    pub last_value: Option<i64>,
+    pub increment: i64,
 }
 
 fn to_json(marker: &impl Serialize) -> String {
@@ -175,9 +193,53 @@ pub fn emit_marker(prefix: &CString, signer: &Signer, marker: String) {
     emit(prefix, &content);
 }
 
-/// `table_end`: every row of the table up to its upper bound has been read.
-pub fn table_end(backfill_id: i64, slot: Option<&str>, table: &Table, rows: i64) -> String {
-    to_json(&TableEnd { envelope: Envelope::new("table_end", backfill_id, slot, table), rows })
+impl OwnedSequence {
+    /// The sequences the columns of table `relid` own, in column order, as the role that
+    /// started the backfill may see them: reading one needs SELECT or USAGE on it, as
+    /// pg_sequence_last_value() does.
+    pub fn of(relid: pg_sys::Oid, started_by: &str) -> Vec<OwnedSequence> {
+        let sql = "SELECT a.attname::text, pg_catalog.format('%I.%I', n.nspname, s.relname),
+                          CASE WHEN pg_catalog.has_sequence_privilege(r.oid, s.oid, 'SELECT, USAGE')
+                                AND pg_catalog.has_sequence_privilege(s.oid, 'SELECT, USAGE')
+                               THEN pg_catalog.pg_sequence_last_value(s.oid) END,
+                          q.seqincrement
+                     FROM pg_catalog.pg_depend d
+                     JOIN pg_catalog.pg_class s ON s.oid OPERATOR(pg_catalog.=) d.objid AND s.relkind OPERATOR(pg_catalog.=) 'S'
+                     JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) s.relnamespace
+                     JOIN pg_catalog.pg_sequence q ON q.seqrelid OPERATOR(pg_catalog.=) s.oid
+                     JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) d.refobjid
+                                                   AND a.attnum OPERATOR(pg_catalog.=) d.refobjsubid
+                     LEFT JOIN pg_catalog.pg_roles r ON r.rolname OPERATOR(pg_catalog.=) $2
+                    WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                      AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                      AND d.refobjid OPERATOR(pg_catalog.=) $1 AND d.deptype IN ('a', 'i')
+                    ORDER BY a.attnum, 2";
+        Spi::connect(|client| {
+            let rows = client.select(sql, None, &[relid.into(), Text::from(started_by).into()])?;
+            rows.map(|row| {
+                Ok(OwnedSequence {
+                    column: row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(),
+                    sequence: row.get::<Text>(2)?.map(|t| t.0).unwrap_or_default(),
+                    last_value: row.get::<i64>(3)?,
+                    increment: row.get::<i64>(4)?.unwrap_or(1),
+                })
+            })
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+        })
+        .or_internal("read the sequences the table owns")
+    }
+}
+
+/// `table_end`: every row of the table up to its upper bound has been read; with the sequences
+/// its columns own.
+pub fn table_end(
+    backfill_id: i64,
+    slot: Option<&str>,
+    table: &Table,
+    rows: i64,
+    sequences: &[OwnedSequence],
+) -> String {
+    to_json(&TableEnd { envelope: Envelope::new("table_end", backfill_id, slot, table), rows, sequences })
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -220,7 +282,17 @@ mod tests {
         assert_eq!(start["slot"], "s1");
         assert_eq!(start["upper_bound"], json!({"id": 42}));
         assert_eq!(start["key_columns"], json!(["id"]));
-        let end: serde_json::Value = serde_json::from_str(&table_end(2, None, &table, 40)).unwrap();
-        assert_eq!(end, json!({"op": "table_end", "backfill_id": 2, "schema": "public", "table": "msg_t", "rows": 40}));
+        let sequences = [OwnedSequence {
+            column: "id".into(),
+            sequence: "public.msg_t_id_seq".into(),
+            last_value: Some(41),
+            increment: 1,
+        }];
+        let end: serde_json::Value = serde_json::from_str(&table_end(2, None, &table, 40, &sequences)).unwrap();
+        assert_eq!(
+            end,
+            json!({"op": "table_end", "backfill_id": 2, "schema": "public", "table": "msg_t", "rows": 40,
+                   "sequences": [{"column": "id", "sequence": "public.msg_t_id_seq", "last_value": 41, "increment": 1}]})
+        );
     }
 }

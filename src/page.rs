@@ -66,6 +66,8 @@ pub struct TableScan<'a> {
     pub(crate) pacer: Pacer,
     /// What the server's load allows this worker (backfill.max_active_sessions).
     load: LoadGovernor,
+    /// The role that started the backfill: the end marker shows the sequences it may read.
+    started_by: String,
     /// How pages lock (lock.rs), and whether the state tables count each path.
     pub(crate) locks: LockPolicy,
     pub(crate) counts_lock_paths: bool,
@@ -103,6 +105,7 @@ impl<'a> TableScan<'a> {
             batch_size: job.batch_size,
             pacer: Pacer::new(pacing::share(job.rows_per_second, i64::from(job.parallel))),
             load: LoadGovernor::new(),
+            started_by: job.started_by.clone(),
             locks: LockPolicy::new(job.lock_mode, table.partitioned, job.batch_size),
             counts_lock_paths,
             last_sample: None,
@@ -281,7 +284,8 @@ impl<'a> TableScan<'a> {
         let others = ranges.iter().filter(|r| r.position != self.position);
         if others.clone().all(|r| r.state == RangeState::Done) {
             let total = rows + others.map(|r| r.rows_done).sum::<i64>();
-            let marker = message::table_end(self.backfill_id, self.slot.as_deref(), &self.table, total);
+            let sequences = message::OwnedSequence::of(self.table.relid, &self.started_by);
+            let marker = message::table_end(self.backfill_id, self.slot.as_deref(), &self.table, total, &sequences);
             message::emit_marker(self.prefix, signer, marker);
             log!("{}: {} done, {total} rows", who(self.backfill_id), self.table.qualified_name());
         }
