@@ -335,6 +335,52 @@ def load_signal(conn, seconds, repeat, thresholds):
     return results
 
 
+def checksum_costs(conn, shapes, sizes, repeat):
+    """backfill_checksum at its levels against SELECT count(*) and a data-diff-style checksum
+    (md5 of each row's text, summed per range) over the same 1,024 ranges: medians of `repeat`
+    turns, on cached tables."""
+    results = []
+    print(f"\n{'shape':7} {'rows':>9} {'method':34} {'s':>8} {'x count(*)':>11}")
+    for shape in shapes:
+        for size in sizes:
+            table = f"checksum_{shape}_{size}"
+            create, fill = SHAPES[shape]
+            conn.execute(create.format(t=table))
+            for lo in range(1, size + 1, 500_000):
+                conn.execute(fill.format(t=table, lo=lo, hi=min(size, lo + 499_999)))
+            conn.execute(f"VACUUM ANALYZE {table}")
+            bounds = conn.execute(
+                f"SELECT jsonb_agg(upper) FROM backfill_checksum('{table}', ranges => 1024, level => 'count') WHERE upper IS NOT NULL"
+            ).fetchone()[0]
+            bounds_text = json.dumps(bounds)
+            ids = "{" + ",".join(str(b["id"]) for b in bounds) + "}"
+            methods = {
+                "count(*)": (f"SELECT count(*) FROM {table}", None),
+                "checksum count, 1024 ranges": ("SELECT count(*) FROM backfill_checksum(%s, level => 'count', bounds => %s::jsonb)",
+                                                [table, bounds_text]),
+                "checksum hash, 1024 ranges": ("SELECT count(*) FROM backfill_checksum(%s, level => 'hash', bounds => %s::jsonb)",
+                                               [table, bounds_text]),
+                "md5 of row text, 1024 ranges": (
+                    f"SELECT count(*) FROM (SELECT width_bucket(t.id, %s::bigint[]), count(*),"
+                    f" sum(('x' || substr(md5(t::text), 1, 16))::bit(64)::bigint) FROM {table} t GROUP BY 1) s", [ids]),
+            }
+            for sql, params in methods.values():
+                conn.execute(sql, params)  # warm the cache
+            times = {m: [] for m in methods}
+            for _ in range(repeat):
+                for method, (sql, params) in methods.items():
+                    started = time.perf_counter()
+                    conn.execute(sql, params)
+                    times[method].append(time.perf_counter() - started)
+            base = statistics.median(times["count(*)"])
+            for method, samples in times.items():
+                seconds = statistics.median(samples)
+                results.append({"shape": shape, "rows": size, "method": method, "seconds": seconds, "ratio_to_count": seconds / base})
+                print(f"{shape:7} {size:>9} {method:34} {seconds:>8.3f} {seconds / base:>11.2f}")
+            conn.execute(f"DROP TABLE {table}")
+    return results
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="250000,1000000,4000000")
@@ -342,6 +388,8 @@ def main():
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--pgbench-seconds", type=int, default=20, help="0 skips the load test")
     parser.add_argument("--pgbench-rate", type=int, default=50000, help="rows/s of the paced backfill")
+    parser.add_argument("--checksum", action="store_true",
+                        help="only backfill_checksum's levels against count(*) and an md5-of-text checksum")
     parser.add_argument("--load-signal", default="",
                         help="only the application's TPS under backfills held back by these max_active_sessions (e.g. 2,3)")
     parser.add_argument("--source-cost", action="store_true",
@@ -357,7 +405,9 @@ def main():
         conn = connect()
         conn.execute("CREATE EXTENSION pg_backfill")
         server = conn.execute("SELECT version()").fetchone()[0]
-        if args.load_signal:
+        if args.checksum:
+            results, load = checksum_costs(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat), []
+        elif args.load_signal:
             load = load_signal(conn, args.pgbench_seconds, args.repeat, [int(n) for n in args.load_signal.split(",")])
         elif args.source_cost:
             cost = source_cost(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat)
@@ -374,7 +424,7 @@ def main():
                     print(f"{'lock_mode ' + r['lock_mode']:24} {r['tps']:>8.0f} {r['p99_latency_ms']:>8.2f} "
                           f"{r['rows_backfilled_per_second']:>16.0f} {r['share_of_pages_table_locked']:>19.0%}")
             results = cost
-        for shape in ([] if args.source_cost or args.load_signal else args.shapes.split(",")):
+        for shape in ([] if args.source_cost or args.load_signal or args.checksum else args.shapes.split(",")):
             for size in map(int, args.sizes.split(",")):
                 table = f"bench_{shape}_{size}"
                 create, fill = SHAPES[shape]
@@ -409,7 +459,7 @@ def main():
                                     "payload_bytes_per_row": payload / size, **f})
                 conn.execute(f"DROP TABLE {table}")
                 print_rows(results[-len(METHODS):], header=len(results) == len(METHODS))
-        if not args.source_cost and not args.load_signal:
+        if not args.source_cost and not args.load_signal and not args.checksum:
             load = pgbench_impact(conn, args.pgbench_seconds, args.pgbench_rate) if args.pgbench_seconds else []
     finally:
         sh(f"cluster_stop {DIR}")

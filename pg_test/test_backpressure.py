@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT, Cluster, Consumer, assert_each_row_read_once, error_of, status, wait_for, wait_until_ended
 
 MB = 1024 * 1024
+GB = 1024 * MB
 SOURCE_LIMITS = ("max_replica_lag", "max_retained_wal", "max_active_sessions")
 
 
@@ -279,10 +280,17 @@ def test_max_retained_wal_follows_max_slot_wal_keep_size(db):
         db.execute("SELECT backfill_cancel(%s)", [by_default])
         assert wait_until_ended(db, by_default) == "cancelled"
 
-        turned_off = start(", max_retained_wal => 0")
-        assert status(db, turned_off, "max_retained_wal_bytes") is None
-        db.execute("SELECT backfill_cancel(%s)", [turned_off])
-        assert wait_until_ended(db, turned_off) == "cancelled"
+        # An option only tightens the DBA's setting: 0 cannot turn it off, a larger value is
+        # capped by it, a smaller one holds; -1 follows the setting again.
+        for option, in_force in [(0, 64 * MB), (GB, 64 * MB), (16 * MB, 16 * MB)]:
+            tightened = start(f", max_retained_wal => {option}")
+            assert status(db, tightened, "max_retained_wal_bytes") == in_force, option
+            db.execute("SELECT backfill_cancel(%s)", [tightened])
+            assert wait_until_ended(db, tightened) == "cancelled"
+        tightened = start(f", max_retained_wal => {16 * MB}")
+        db.execute("SELECT backfill_set(%s, max_retained_wal => -1)", [tightened])
+        assert status(db, tightened, "max_retained_wal_bytes") == 64 * MB
+        db.execute("SELECT backfill_cancel(%s)", [tightened])
 
         db.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
         db.execute("SELECT pg_reload_conf()")
@@ -352,7 +360,7 @@ def items(db):
 
 @pytest.mark.parametrize("option", SOURCE_LIMITS)
 def test_a_negative_source_limit_is_22023_at_start_and_in_backfill_set(items, option):
-    e = error_of(items, f"SELECT backfill_start('items', confirm => true, {option} => -1)")
+    e = error_of(items, f"SELECT backfill_start('items', confirm => true, {option} => -2)")
     assert e.sqlstate == "22023" and option in e.diag.message_primary, e
     assert items.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0, "a refused start starts nothing"
     backfill_id = items.execute("SELECT backfill_start('items', confirm => true, rows_per_second => 10)").fetchone()[0]

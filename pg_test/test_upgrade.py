@@ -121,6 +121,14 @@ def test_an_operator_granted_before_0_4_0_keeps_starting_and_changing_backfills(
     db.execute("CREATE EXTENSION pg_backfill VERSION '0.3.0'")
     operator = roles.create("operator")
     db.execute(OPERATOR_GRANTS_0_3_0.format(role=operator))
+    # A role that may only change the operator's backfills (a member that inherits none of its
+    # rights), and PUBLIC granted backfill_set() (any role may call it; it checks the caller).
+    pacer = roles.create("pacer")
+    db.execute(f"ALTER ROLE {pacer} NOINHERIT")
+    db.execute(f"GRANT {operator} TO {pacer}")
+    db.execute(f"GRANT EXECUTE ON FUNCTION backfill_set(bigint, integer, integer, bigint), "
+               f"backfill.set(bigint, integer, integer, bigint) TO {pacer}")
+    db.execute("GRANT EXECUTE ON FUNCTION backfill_set(bigint, integer, integer, bigint) TO PUBLIC")
     db.execute("CREATE TABLE t (id int PRIMARY KEY)")
     db.execute("INSERT INTO t SELECT generate_series(1, 100)")
     db.execute(f"GRANT SELECT, UPDATE ON t TO {operator}")
@@ -133,6 +141,10 @@ def test_an_operator_granted_before_0_4_0_keeps_starting_and_changing_backfills(
     assert conn.execute(
         "SELECT max_active_sessions, max_replica_lag_bytes FROM backfill_status WHERE id = %s", [backfill_id]
     ).fetchone() == (7, 4096)
+    assert roles.connect(pacer).execute("SELECT backfill_set(%s, rows_per_second => 30)", [backfill_id]).fetchone()[0]
+    assert db.execute(
+        "SELECT has_function_privilege('public', 'backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer)', 'EXECUTE')"
+    ).fetchone()[0]
     conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
     # A role that had no grant gains none.
     bystander = roles.create("bystander")

@@ -66,6 +66,14 @@ AS $$ SELECT backfill.set_source_limits(backfill.start(ARRAY[table_name::regclas
                                        max_replica_lag, max_retained_wal, max_active_sessions) $$;
 COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer) IS 'backfill_start() of one table, by name';
 
+CREATE FUNCTION backfill_checksum(tbl regclass, ranges integer DEFAULT 1024, level text DEFAULT 'hash',
+                                  bounds jsonb DEFAULT NULL)
+RETURNS TABLE (range integer, lower jsonb, upper jsonb, rows bigint, checksum text)
+LANGUAGE sql VOLATILE
+AS $$ SELECT * FROM backfill.checksum(tbl::oid, ranges, level, bounds) $$;
+COMMENT ON FUNCTION backfill_checksum(regclass, integer, text, jsonb) IS
+'One row per key range of the table: its bounds, row count and checksum (level count or hash), as the caller may read it; bounds => the ranges of another checksum, to compare two tables over identical ranges.';
+
 CREATE FUNCTION backfill_cancel(id bigint)
 RETURNS boolean
 LANGUAGE sql VOLATILE
@@ -126,10 +134,11 @@ SELECT j.id,
        CASE WHEN v.readable THEN t.rows_done END AS rows_done,
        CASE WHEN v.readable THEN t.rows_estimated END AS rows_estimated,
        CASE WHEN NOT v.readable THEN NULL
-            WHEN j.state = 'done' THEN 100.0 ELSE round((100 * t.fraction_done)::numeric, 1) END AS percent_done,
+            WHEN j.state = 'done' THEN 100.0 ELSE pg_catalog.round((100 OPERATOR(pg_catalog.*) t.fraction_done)::numeric, 1) END AS percent_done,
        CASE WHEN v.readable THEN r.rows_per_second END AS rows_per_second_last_minute,
-       CASE WHEN v.readable AND j.state = 'running' AND r.rows_per_second > 0
-            THEN make_interval(secs => round(((1 - t.fraction_done) * t.rows_estimated / r.rows_per_second)::numeric))
+       CASE WHEN v.readable AND j.state = 'running' AND r.rows_per_second OPERATOR(pg_catalog.>) 0
+            THEN pg_catalog.make_interval(secs => pg_catalog.round(((1 OPERATOR(pg_catalog.-) t.fraction_done) OPERATOR(pg_catalog.*) t.rows_estimated
+                                                               OPERATOR(pg_catalog./) r.rows_per_second)::numeric))
        END AS time_left,
        j.slot_name,
        -- (A standby has no current WAL position of its own: it shows what it has replayed.)
@@ -159,24 +168,25 @@ SELECT j.id,
        backfill.source_limit('max_active_sessions', j.max_active_sessions)::integer AS max_active_sessions
   FROM backfill.job j
  CROSS JOIN LATERAL (
-        SELECT array_agg(jt.relid ORDER BY jt.position) AS tables,
-               (array_agg(jt.relid ORDER BY jt.position) FILTER (WHERE jt.state = 'running'))[1] AS current_table,
-               sum(jt.rows_done)::bigint AS rows_done,
-               sum(jt.rows_estimated)::bigint AS rows_estimated,
-               coalesce(sum(jt.rows_estimated * CASE jt.state WHEN 'done' THEN 1
+        SELECT pg_catalog.array_agg(jt.relid ORDER BY jt.position) AS tables,
+               (pg_catalog.array_agg(jt.relid ORDER BY jt.position) FILTER (WHERE jt.state = 'running'))[1] AS current_table,
+               pg_catalog.sum(jt.rows_done)::bigint AS rows_done,
+               pg_catalog.sum(jt.rows_estimated)::bigint AS rows_estimated,
+               coalesce(pg_catalog.sum(jt.rows_estimated OPERATOR(pg_catalog.*) CASE jt.state WHEN 'done' THEN 1
                                                               WHEN 'pending' THEN 0
                                                               ELSE coalesce(jt.key_fraction_done,
-                                                                            least(1, jt.rows_done::float8 / nullif(jt.rows_estimated, 0)), 0)
-                                                 END) / nullif(sum(jt.rows_estimated), 0), 0) AS fraction_done,
-               bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
+                                                                            least(1, jt.rows_done::float8 OPERATOR(pg_catalog./) nullif(jt.rows_estimated, 0)), 0)
+                                                 END) OPERATOR(pg_catalog./) nullif(pg_catalog.sum(jt.rows_estimated), 0), 0) AS fraction_done,
+               pg_catalog.bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
           FROM backfill.job_table jt
          WHERE jt.job_id = j.id) t
  CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER') OR t.all_selectable AS readable) v
   LEFT JOIN LATERAL (
-        SELECT ((max(p.rows_done) - min(p.rows_done)) / nullif(extract(epoch FROM max(p.at) - min(p.at)), 0))::bigint
+        SELECT ((pg_catalog.max(p.rows_done) OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done))
+                OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) OPERATOR(pg_catalog.-) pg_catalog.min(p.at)), 0))::bigint
                AS rows_per_second
           FROM backfill.job_progress p
-         WHERE p.job_id = j.id AND p.at > pg_catalog.clock_timestamp() - interval '1 minute') r ON true
+         WHERE p.job_id = j.id AND p.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')) r ON true
   LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = j.worker_pid AND j.state IN ('running', 'paused')
  WHERE backfill.visible(j.started_by);
@@ -353,6 +363,8 @@ COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
 COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';
 COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint) IS 'Entry point of backfill_set()';
 COMMENT ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) IS 'Entry point of the back-pressure options of backfill_start() and backfill_set(); returns the backfill''s id';
+COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb) IS 'Entry point of backfill_checksum()';
+COMMENT ON FUNCTION backfill.row_hash(anyelement) IS 'A table row''s 64-bit hash over its columns'' binary send formats (SipHash-2-4), for backfill_checksum()';
 COMMENT ON FUNCTION backfill.source_limit(text, bigint) IS 'The back-pressure limit in force for a backfill''s option (NULL: the setting; 0: off), for backfill_status';
 COMMENT ON FUNCTION backfill.wait(bigint, double precision) IS 'Entry point of backfill_wait() (timeout in milliseconds)';
 COMMENT ON FUNCTION backfill.max_slot_lag_bytes() IS 'backfill.max_slot_lag in bytes, for backfill_status';
@@ -367,3 +379,6 @@ COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
                           backfill.waiting_for(bigint), backfill.visible(name), backfill.source_limit(text, bigint) TO PUBLIC;
+-- A checksum reads a table as the role that calls it, and nothing of pg_backfill's state.
+GRANT EXECUTE ON FUNCTION backfill_checksum(regclass, integer, text, jsonb), backfill.checksum(oid, integer, text, jsonb),
+                          backfill.row_hash(anyelement) TO PUBLIC;

@@ -3,6 +3,8 @@
 --   max_active_sessions (settings backfill.max_replica_lag, backfill.max_retained_wal,
 --   backfill.max_active_sessions); backfill.job records them; backfill_status shows the limits
 --   in force and, in waiting_for, what holds a backfill back.
+-- - backfill_checksum(): key ranges of a table with row counts and checksums.
+-- - The table_end marker lists the sequences the table's columns own.
 -- - The grants on the old backfill_start() and backfill_set() carry over to the new ones.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.4.0'" to load this file. \quit
 
@@ -31,8 +33,8 @@ STABLE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'source_limit_wrapper';
 
--- As every entry point: executable by who may execute backfill.start() (an operator, granted
--- ALL FUNCTIONS IN SCHEMA backfill before this function existed); the view's helper by all.
+-- As every entry point: executable by who may execute backfill.start() or backfill.set(); the
+-- view's helper by all.
 REVOKE EXECUTE ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION backfill.source_limit(text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.source_limit(text, bigint) TO PUBLIC;
@@ -40,16 +42,22 @@ DO $$
 DECLARE
     operator record;
 BEGIN
+    -- backfill_start() and backfill_set() call it: who may call either (directly, or granted
+    -- ALL FUNCTIONS IN SCHEMA backfill before it existed) may call it. (pg_catalog's operators
+    -- only: see below.)
     FOR operator IN
-        SELECT r.rolname, a.is_grantable
+        SELECT DISTINCT a.grantee, r.rolname, a.is_grantable
           FROM pg_catalog.pg_proc p
          CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
-          JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
-         WHERE p.oid = 'backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer)'::regprocedure
-           AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
+          LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+         WHERE p.oid OPERATOR(pg_catalog.=) ANY (ARRAY[
+                   'backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer)'::pg_catalog.regprocedure::pg_catalog.oid,
+                   'backfill.set(bigint, integer, integer, bigint)'::pg_catalog.regprocedure::pg_catalog.oid])
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE' AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
     LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) TO %I%s',
-                                  operator.rolname, CASE WHEN operator.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) TO %s%s',
+                                  CASE WHEN operator.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(operator.rolname) END,
+                                  CASE WHEN operator.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
     END LOOP;
 END
 $$;
@@ -124,18 +132,22 @@ DO $$
 DECLARE
     kept record;
 BEGIN
+    -- (Every operator and function is pg_catalog's: this runs as a superuser, with the
+    -- extension's schema, which other roles may be able to create objects in, on the path.)
     FOR kept IN
-        SELECT new.oid::regprocedure AS new_function, r.rolname, a.is_grantable
+        SELECT new.oid::pg_catalog.regprocedure AS new_function, a.grantee, r.rolname, a.is_grantable
           FROM pg_catalog.pg_proc old
-          JOIN pg_catalog.pg_proc new ON new.proname = pg_catalog.replace(old.proname, '_0_3_0', '')
-                                     AND new.pronamespace = old.pronamespace
-                                     AND new.proargtypes[0] = old.proargtypes[0]
+          JOIN pg_catalog.pg_proc new
+            ON new.proname OPERATOR(pg_catalog.=) pg_catalog.replace(old.proname::pg_catalog.text, '_0_3_0', '')::pg_catalog.name
+           AND new.pronamespace OPERATOR(pg_catalog.=) old.pronamespace
+           AND new.proargtypes[0] OPERATOR(pg_catalog.=) old.proargtypes[0]
          CROSS JOIN LATERAL pg_catalog.aclexplode(old.proacl) a
-          JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
-         WHERE old.proname IN ('backfill_start_0_3_0', 'backfill_set_0_3_0')
-           AND a.privilege_type = 'EXECUTE' AND a.grantee <> old.proowner
+          LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+         WHERE old.proname OPERATOR(pg_catalog.=) ANY ('{backfill_start_0_3_0,backfill_set_0_3_0}'::pg_catalog.name[])
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE' AND a.grantee OPERATOR(pg_catalog.<>) old.proowner
     LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %I%s', kept.new_function, kept.rolname,
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s', kept.new_function,
+                                  CASE WHEN kept.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(kept.rolname) END,
                                   CASE WHEN kept.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
     END LOOP;
 END
@@ -154,10 +166,11 @@ SELECT j.id,
        CASE WHEN v.readable THEN t.rows_done END AS rows_done,
        CASE WHEN v.readable THEN t.rows_estimated END AS rows_estimated,
        CASE WHEN NOT v.readable THEN NULL
-            WHEN j.state = 'done' THEN 100.0 ELSE round((100 * t.fraction_done)::numeric, 1) END AS percent_done,
+            WHEN j.state = 'done' THEN 100.0 ELSE pg_catalog.round((100 OPERATOR(pg_catalog.*) t.fraction_done)::numeric, 1) END AS percent_done,
        CASE WHEN v.readable THEN r.rows_per_second END AS rows_per_second_last_minute,
-       CASE WHEN v.readable AND j.state = 'running' AND r.rows_per_second > 0
-            THEN make_interval(secs => round(((1 - t.fraction_done) * t.rows_estimated / r.rows_per_second)::numeric))
+       CASE WHEN v.readable AND j.state = 'running' AND r.rows_per_second OPERATOR(pg_catalog.>) 0
+            THEN pg_catalog.make_interval(secs => pg_catalog.round(((1 OPERATOR(pg_catalog.-) t.fraction_done) OPERATOR(pg_catalog.*) t.rows_estimated
+                                                               OPERATOR(pg_catalog./) r.rows_per_second)::numeric))
        END AS time_left,
        j.slot_name,
        -- (A standby has no current WAL position of its own: it shows what it has replayed.)
@@ -187,24 +200,25 @@ SELECT j.id,
        backfill.source_limit('max_active_sessions', j.max_active_sessions)::integer AS max_active_sessions
   FROM backfill.job j
  CROSS JOIN LATERAL (
-        SELECT array_agg(jt.relid ORDER BY jt.position) AS tables,
-               (array_agg(jt.relid ORDER BY jt.position) FILTER (WHERE jt.state = 'running'))[1] AS current_table,
-               sum(jt.rows_done)::bigint AS rows_done,
-               sum(jt.rows_estimated)::bigint AS rows_estimated,
-               coalesce(sum(jt.rows_estimated * CASE jt.state WHEN 'done' THEN 1
+        SELECT pg_catalog.array_agg(jt.relid ORDER BY jt.position) AS tables,
+               (pg_catalog.array_agg(jt.relid ORDER BY jt.position) FILTER (WHERE jt.state = 'running'))[1] AS current_table,
+               pg_catalog.sum(jt.rows_done)::bigint AS rows_done,
+               pg_catalog.sum(jt.rows_estimated)::bigint AS rows_estimated,
+               coalesce(pg_catalog.sum(jt.rows_estimated OPERATOR(pg_catalog.*) CASE jt.state WHEN 'done' THEN 1
                                                               WHEN 'pending' THEN 0
                                                               ELSE coalesce(jt.key_fraction_done,
-                                                                            least(1, jt.rows_done::float8 / nullif(jt.rows_estimated, 0)), 0)
-                                                 END) / nullif(sum(jt.rows_estimated), 0), 0) AS fraction_done,
-               bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
+                                                                            least(1, jt.rows_done::float8 OPERATOR(pg_catalog./) nullif(jt.rows_estimated, 0)), 0)
+                                                 END) OPERATOR(pg_catalog./) nullif(pg_catalog.sum(jt.rows_estimated), 0), 0) AS fraction_done,
+               pg_catalog.bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
           FROM backfill.job_table jt
          WHERE jt.job_id = j.id) t
  CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER') OR t.all_selectable AS readable) v
   LEFT JOIN LATERAL (
-        SELECT ((max(p.rows_done) - min(p.rows_done)) / nullif(extract(epoch FROM max(p.at) - min(p.at)), 0))::bigint
+        SELECT ((pg_catalog.max(p.rows_done) OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done))
+                OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) OPERATOR(pg_catalog.-) pg_catalog.min(p.at)), 0))::bigint
                AS rows_per_second
           FROM backfill.job_progress p
-         WHERE p.job_id = j.id AND p.at > pg_catalog.clock_timestamp() - interval '1 minute') r ON true
+         WHERE p.job_id = j.id AND p.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')) r ON true
   LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = j.worker_pid AND j.state IN ('running', 'paused')
  WHERE backfill.visible(j.started_by);
@@ -214,3 +228,43 @@ COMMENT ON COLUMN backfill_status.max_retained_wal_bytes IS 'Pages wait while a 
 COMMENT ON COLUMN backfill_status.max_active_sessions IS 'Pages slow down while more client sessions than this are active; NULL: no limit';
 COMMENT ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) IS 'Entry point of the back-pressure options of backfill_start() and backfill_set(); returns the backfill''s id';
 COMMENT ON FUNCTION backfill.source_limit(text, bigint) IS 'The back-pressure limit in force for a backfill''s option (NULL: the setting; 0: off), for backfill_status';
+
+-- backfill_checksum(): key ranges of a table with their row counts and checksums.
+
+CREATE  FUNCTION backfill."row_hash"(
+	"row" anyelement /* AnyElement */
+) RETURNS bigint /* i64 */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'row_hash_wrapper';
+
+CREATE  FUNCTION backfill."checksum"(
+	"table" oid, /* Option < pg_sys :: Oid > */
+	"ranges" INT, /* Option < i32 > */
+	"level" text, /* Option < Text > */
+	"bounds" jsonb /* Option < JsonB > */
+) RETURNS TABLE (
+	"range" INT,  /* i32 */
+	"lower" jsonb,  /* Option < JsonB > */
+	"upper" jsonb,  /* Option < JsonB > */
+	"rows" bigint,  /* i64 */
+	"checksum" TEXT  /* Option < String > */
+)
+ 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'checksum_wrapper';
+
+CREATE FUNCTION backfill_checksum(tbl regclass, ranges integer DEFAULT 1024, level text DEFAULT 'hash',
+                                  bounds jsonb DEFAULT NULL)
+RETURNS TABLE (range integer, lower jsonb, upper jsonb, rows bigint, checksum text)
+LANGUAGE sql VOLATILE
+AS $$ SELECT * FROM backfill.checksum(tbl::oid, ranges, level, bounds) $$;
+COMMENT ON FUNCTION backfill_checksum(regclass, integer, text, jsonb) IS
+'One row per key range of the table: its bounds, row count and checksum (level count or hash), as the caller may read it; bounds => the ranges of another checksum, to compare two tables over identical ranges.';
+
+-- (As a fresh install orders their privileges: the entry points' revoked with the schema's.)
+REVOKE EXECUTE ON FUNCTION backfill.checksum(oid, integer, text, jsonb), backfill.row_hash(anyelement) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION backfill_checksum(regclass, integer, text, jsonb), backfill.checksum(oid, integer, text, jsonb),
+                          backfill.row_hash(anyelement) TO PUBLIC;
+COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb) IS 'Entry point of backfill_checksum()';
+COMMENT ON FUNCTION backfill.row_hash(anyelement) IS 'A table row''s 64-bit hash over its columns'' binary send formats (SipHash-2-4), for backfill_checksum()';

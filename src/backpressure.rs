@@ -56,12 +56,14 @@ impl SourceLimit {
         (value > 0).then_some(value)
     }
 
-    /// The limit in force for a backfill with this option: its own (0: off), else the setting.
+    /// The limit in force for a backfill with this option. An option can only tighten the
+    /// setting, which protects the whole server and is the DBA's: the smaller of the two is in
+    /// force, and 0 (off) turns a limit off only where the setting is off.
     pub fn in_force(self, option: Option<i64>) -> Option<i64> {
+        let setting = self.setting();
         match option {
-            Some(0) => None,
-            Some(value) => Some(value),
-            None => self.setting(),
+            None | Some(0) => setting,
+            Some(value) => Some(setting.map_or(value, |setting| setting.min(value))),
         }
     }
 }
@@ -74,7 +76,7 @@ fn source_limit(setting: Option<Text>, option: Option<i64>) -> Option<i64> {
 
 /// Why pages must wait for the source now, if they must: a standby replaying too far behind,
 /// or a slot retaining too much WAL. Read without a transaction id, so waiting writes nothing.
-pub fn blocker(options: &SourceOptions) -> Option<String> {
+pub fn blocker(options: &SourceOptions, own_slot: Option<&str>) -> Option<String> {
     if let Some(limit) = SourceLimit::ReplicaLag.in_force(options.max_replica_lag) {
         // Physical walsenders connect to no database. A standby that has not reported a replay
         // position yet is judged by what it flushed.
@@ -85,6 +87,7 @@ pub fn blocker(options: &SourceOptions) -> Option<String> {
                JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) r.pid
               WHERE a.datid IS NULL AND coalesce(r.replay_lsn, r.flush_lsn) IS NOT NULL
               ORDER BY 2 DESC LIMIT 1",
+            None,
         );
         if let Some((standby, lag)) = furthest.filter(|(_, lag)| *lag > limit) {
             return Some(format!(
@@ -93,10 +96,15 @@ pub fn blocker(options: &SourceOptions) -> Option<String> {
         }
     }
     if let Some(limit) = SourceLimit::RetainedWal.in_force(options.max_retained_wal) {
+        // The backfill's own slot is its consumer's, held to max_lag (pipeline.rs): its
+        // restart_lsn moves only at running-transactions records, which a backfill alone on a
+        // quiet server would wait for.
         let greediest = two_columns(
             "SELECT slot_name::text, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), restart_lsn)::bigint
-               FROM pg_catalog.pg_replication_slots WHERE restart_lsn IS NOT NULL
+               FROM pg_catalog.pg_replication_slots
+              WHERE restart_lsn IS NOT NULL AND slot_name::text IS DISTINCT FROM $1
               ORDER BY 2 DESC LIMIT 1",
+            own_slot,
         );
         if let Some((slot, retained)) = greediest.filter(|(_, retained)| *retained > limit) {
             return Some(format!(
@@ -108,9 +116,9 @@ pub fn blocker(options: &SourceOptions) -> Option<String> {
 }
 
 /// The first row of a query of a name and a number, if any.
-fn two_columns(sql: &str) -> Option<(String, i64)> {
+fn two_columns(sql: &str, parameter: Option<&str>) -> Option<(String, i64)> {
     Spi::connect(|client| {
-        let rows = client.select(sql, Some(1), &[])?;
+        let rows = client.select(sql, Some(1), &[parameter.map(Text::from).into()])?;
         if rows.is_empty() {
             return Ok::<_, pgrx::spi::Error>(None);
         }
@@ -159,18 +167,23 @@ impl LoadGovernor {
     /// that a busy server still sees the backfill progress). Samples the load at most every
     /// [`SAMPLE_EVERY`].
     pub fn allowed_rate(&mut self, limit: Option<i64>, paced: Option<f64>, floor: f64) -> Option<f64> {
-        let Some(limit) = limit else {
-            self.cap = None;
-            return None;
-        };
         let elapsed = self.last_sample.elapsed();
         if elapsed < SAMPLE_EVERY {
-            return self.cap;
+            return self.cap.filter(|_| limit.is_some());
         }
         let seconds = elapsed.as_secs_f64();
         let achieved = self.rows_since_sample as f64 / seconds;
         self.rows_since_sample = 0;
         self.last_sample = Instant::now();
+        // What the worker does when nothing holds it back is where a recovery ends: learnt
+        // whether a limit is set or not (it may be set later), and not while it waits.
+        if self.cap.is_none() && paced.is_none() && achieved > 0.0 {
+            self.free_rate = if self.free_rate == 0.0 { achieved } else { 0.8 * self.free_rate + 0.2 * achieved };
+        }
+        let Some(limit) = limit else {
+            self.cap = None;
+            return None;
+        };
         let now_active = active_sessions() as f64;
         let weight = 1.0 - (-seconds / SMOOTHING.as_secs_f64()).exp();
         self.active = if self.active.is_nan() { now_active } else { self.active + weight * (now_active - self.active) };
@@ -185,9 +198,6 @@ impl LoadGovernor {
             let raised = cap + ceiling * seconds / RECOVERS_IN.as_secs_f64();
             (raised < ceiling).then_some(raised)
         } else {
-            if paced.is_none() {
-                self.free_rate = if self.free_rate == 0.0 { achieved } else { 0.8 * self.free_rate + 0.2 * achieved };
-            }
             None
         };
         self.cap
@@ -206,11 +216,13 @@ impl LoadGovernor {
     }
 }
 
-/// Client sessions running a statement now, this one aside (a worker is not a client backend).
+/// Client sessions running a statement now, this one aside (a worker is not a client backend),
+/// and those sleeping in an extension's wait, as backfill_wait() does, which cost nothing.
 fn active_sessions() -> i64 {
     crate::sql::select_one::<i64>(
         "SELECT count(*) FROM pg_catalog.pg_stat_get_activity(NULL) a
-          WHERE a.backend_type OPERATOR(pg_catalog.=) 'client backend' AND a.state OPERATOR(pg_catalog.=) 'active'",
+          WHERE a.backend_type OPERATOR(pg_catalog.=) 'client backend' AND a.state OPERATOR(pg_catalog.=) 'active'
+            AND a.wait_event_type IS DISTINCT FROM 'Extension'",
         &[],
     )
     .or_internal("count the active sessions")

@@ -248,13 +248,13 @@ pub fn set_pacing(backfill_id: i64, batch_size: Option<i32>, rows_per_second: Op
 }
 
 /// backfill_start(..., max_replica_lag => ...) and backfill_set(): the backfill's limits on the
-/// source; NULL keeps a value, 0 turns a limit off.
+/// source; NULL keeps a value, -1 follows the setting again (NULL in the table).
 pub fn set_source_limits(backfill_id: i64, options: &SourceOptions) {
     Spi::run_with_args(
         "UPDATE backfill.job
-            SET max_replica_lag_bytes = coalesce($2, max_replica_lag_bytes),
-                max_retained_wal_bytes = coalesce($3, max_retained_wal_bytes),
-                max_active_sessions = coalesce($4::integer, max_active_sessions)
+            SET max_replica_lag_bytes = CASE $2 WHEN -1 THEN NULL ELSE coalesce($2, max_replica_lag_bytes) END,
+                max_retained_wal_bytes = CASE $3 WHEN -1 THEN NULL ELSE coalesce($3, max_retained_wal_bytes) END,
+                max_active_sessions = CASE $4 WHEN -1 THEN NULL ELSE coalesce($4::integer, max_active_sessions) END
           WHERE id = $1",
         &[
             backfill_id.into(),

@@ -80,7 +80,8 @@ fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, m
 }
 
 /// The limits on the source of backfill_start() and backfill_set() (max_replica_lag,
-/// max_retained_wal, max_active_sessions): NULL keeps a value, 0 turns a limit off. Returns the
+/// max_retained_wal, max_active_sessions): NULL keeps a value, -1 follows the setting again, 0
+/// turns a limit off where the setting is off; a value only tightens the setting. Returns the
 /// backfill's id, so that the SQL wrappers chain it with backfill.start() and backfill.set().
 #[pg_extern(schema = "backfill", name = "set_source_limits")]
 fn set_source_limits(
@@ -102,12 +103,15 @@ fn set_source_limits(
         ("max_retained_wal", options.max_retained_wal, "bytes"),
         ("max_active_sessions", options.max_active_sessions, "active sessions"),
     ] {
-        if let Some(value) = value.filter(|v| *v < 0) {
+        if let Some(value) = value.filter(|v| *v < -1) {
             raise(
                 ERRCODE_INVALID_PARAMETER_VALUE,
                 format!("{name} {value} is out of range"),
-                format!("{name} is in {unit} and must be positive, or 0 to turn the limit off."),
-                Some(format!("Pass NULL to keep the current value (at the start: backfill.{name}).")),
+                format!(
+                    "{name} is in {unit}: positive to tighten backfill.{name}, 0 to turn the limit off where \
+                     the setting is off, -1 to follow the setting."
+                ),
+                Some("Pass NULL to keep the current value.".into()),
             );
         }
     }

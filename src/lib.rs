@@ -31,6 +31,7 @@ mod args;
 mod auth;
 mod backpressure;
 mod catalog;
+mod checksum;
 mod control;
 mod delivery;
 mod encoding;

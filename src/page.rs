@@ -64,8 +64,10 @@ pub struct TableScan<'a> {
     pub(crate) position: i32,
     pub(crate) batch_size: i32,
     pub(crate) pacer: Pacer,
-    /// What the server's load allows this worker (backfill.max_active_sessions).
+    /// What the server's load allows this worker (backfill.max_active_sessions), and whether
+    /// it holds it back now (logged when that changes).
     load: LoadGovernor,
+    slowed_by_load: bool,
     /// The role that started the backfill: the end marker shows the sequences it may read.
     started_by: String,
     /// How pages lock (lock.rs), and whether the state tables count each path.
@@ -105,6 +107,7 @@ impl<'a> TableScan<'a> {
             batch_size: job.batch_size,
             pacer: Pacer::new(pacing::share(job.rows_per_second, i64::from(job.parallel))),
             load: LoadGovernor::new(),
+            slowed_by_load: false,
             started_by: job.started_by.clone(),
             locks: LockPolicy::new(job.lock_mode, table.partitioned, job.batch_size),
             counts_lock_paths,
@@ -155,9 +158,11 @@ impl<'a> TableScan<'a> {
         };
         // Waiting is not a state: the backfill still runs, as a backend waiting on a lock is
         // still active. What it waits for shows in pg_stat_activity (no write, no commit).
-        if let Some(reason) = pipeline::blocker(&job).or_else(|| backpressure::blocker(&job.source)) {
+        if let Some(reason) =
+            pipeline::blocker(&job).or_else(|| backpressure::blocker(&job.source, job.slot_name.as_deref()))
+        {
             // Logged once for what it waits for, not again each time its figures change.
-            let what = |reason: &str| reason.split(':').next().unwrap_or_default().to_string();
+            let what = |reason: &str| reason.chars().filter(|c| !c.is_ascii_digit()).collect::<String>();
             if self.waiting_for.as_deref().map(what) != Some(what(&reason)) {
                 log!("{}: waits for {reason}", who(self.backfill_id));
             }
@@ -173,7 +178,15 @@ impl<'a> TableScan<'a> {
         // Every page that does not wait says what it does (and so that it no longer waits),
         // or what slows it down.
         let limit = SourceLimit::ActiveSessions.in_force(job.source.max_active_sessions);
-        report_activity(&match self.load.holding_back(limit) {
+        let slowed = self.load.holding_back(limit);
+        if slowed.is_some() != self.slowed_by_load {
+            match &slowed {
+                Some(reason) => log!("{}: slows down for {reason}", who(self.backfill_id)),
+                None => log!("{}: back to its full rate, the server's load is down", who(self.backfill_id)),
+            }
+            self.slowed_by_load = slowed.is_some();
+        }
+        report_activity(&match slowed {
             Some(reason) => format!("{WAITING_FOR}{reason}"),
             None => format!(
                 "backfill {}: {} after key ({})",

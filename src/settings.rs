@@ -124,7 +124,7 @@ pub fn define() {
         c"backfill.max_replica_lag",
         c"Backfills wait while a physical standby replays further behind than this; 0 turns it off.",
         c"The lag is the WAL between this primary's current position and a standby's replay \
-          position in pg_stat_replication. backfill_start(..., max_replica_lag => ...) overrides \
+          position in pg_stat_replication. backfill_start(..., max_replica_lag => ...) tightens \
           it per backfill.",
         &MAX_REPLICA_LAG_KB,
         0,
@@ -137,7 +137,7 @@ pub fn define() {
         c"Backfills wait while a replication slot retains more WAL than this; 0 turns it off.",
         c"Any slot of the cluster counts, whatever its database or plugin: its restart_lsn keeps \
           WAL on disk. -1 (the default) is half of max_slot_wal_keep_size where that is set, \
-          and off where it is not. backfill_start(..., max_retained_wal => ...) overrides it.",
+          and off where it is not. backfill_start(..., max_retained_wal => ...) tightens it.",
         &MAX_RETAINED_WAL_MB,
         -1,
         i32::MAX,
@@ -147,10 +147,10 @@ pub fn define() {
     GucRegistry::define_int_guc(
         c"backfill.max_active_sessions",
         c"Backfills slow down while more client sessions than this are active; 0 turns it off.",
-        c"Counts client backends running a statement (state active), smoothed over about half a \
+        c"Counts client backends running a statement (state active), averaged over about a \
           second. Above the limit a backfill's rate halves, down to a page a second a worker; \
           below it the rate recovers gradually. backfill_start(..., max_active_sessions => ...) \
-          overrides it per backfill.",
+          tightens it per backfill.",
         &MAX_ACTIVE_SESSIONS,
         0,
         pg_sys::MAX_BACKENDS as i32,

@@ -1,0 +1,354 @@
+//! backfill_checksum(): one row per key range of a table with its row count and a checksum, so
+//! that a destination can be checked against its source range by range.
+//!
+//! A row's hash is SipHash-2-4, with a key of 16 zero bytes, of its columns in column order
+//! (dropped ones aside), each as a byte 0 when NULL, else a byte 1, its length as 4 bytes big
+//! endian, and its binary send format (the format of COPY BINARY and of the wire protocol),
+//! text in UTF-8. A range's checksum is the exact sum of its rows' hashes read as signed 64-bit
+//! integers: the same rows give the same sum in any order, and a duplicate row changes it.
+//! Send formats do not depend on TimeZone, DateStyle or extra_float_digits, nor on the
+//! architecture: identical rows give identical checksums on every server.
+
+use crate::encoding::{quote_ident, Text};
+use crate::errors::{raise, OrInternal};
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+use pgrx::{AnyElement, JsonB};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::Hasher;
+
+/// The most ranges a checksum splits a table into.
+const MAX_RANGES: i32 = 1_000_000;
+
+/// Sampled keys per range, to place the bounds: ANALYZE's histograms are too coarse for
+/// thousands of ranges.
+const SAMPLE_PER_RANGE: f64 = 30.0;
+
+/// How a checksum summarizes a range.
+#[derive(Clone, Copy, PartialEq)]
+enum Level {
+    /// The row count only.
+    Count,
+    /// The row count and the sum of the rows' hashes.
+    Hash,
+}
+
+impl Level {
+    fn parse(level: &str) -> Level {
+        match level {
+            "count" => Level::Count,
+            "hash" => Level::Hash,
+            other => raise(
+                ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("checksum level \"{other}\" does not exist"),
+                "The levels are count (rows per range) and hash (rows and the sum of their hashes).",
+                Some("level => 'hash'".into()),
+            ),
+        }
+    }
+}
+
+/// The columns of a table's key (primary key, else replica identity index), in key order:
+/// (name, type as SQL writes it).
+fn key_columns(relid: pg_sys::Oid, table: &str) -> Vec<(String, String)> {
+    let columns = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT a.attname::text, pg_catalog.format_type(a.atttypid, a.atttypmod)
+               FROM pg_catalog.pg_index i
+              CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+               JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
+                                             AND a.attnum OPERATOR(pg_catalog.=) k.attnum
+              WHERE i.indrelid OPERATOR(pg_catalog.=) $1
+                AND i.indexrelid OPERATOR(pg_catalog.=) (
+                    SELECT x.indexrelid FROM pg_catalog.pg_index x
+                     WHERE x.indrelid OPERATOR(pg_catalog.=) $1 AND (x.indisprimary OR x.indisreplident)
+                     ORDER BY x.indisprimary DESC LIMIT 1)
+              ORDER BY k.ord",
+            None,
+            &[relid.into()],
+        )?;
+        rows.map(|row| {
+            Ok((
+                row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(),
+                row.get::<Text>(2)?.map(|t| t.0).unwrap_or_default(),
+            ))
+        })
+        .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+    })
+    .or_internal("read the table's key");
+    if columns.is_empty() {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("table {table} has no key to split into ranges"),
+            "A checksum splits a table by its primary key, else its replica identity index.",
+            Some(format!("ALTER TABLE {table} ADD PRIMARY KEY (...);")),
+        );
+    }
+    columns
+}
+
+/// backfill_checksum(): ranges of the table's key, with the bounds `bounds` (a JSON array of
+/// key objects, ascending) or, without them, about `ranges` ranges of equal rows placed from a
+/// sample of the keys. Runs as the caller: it reads what the caller may read.
+#[pg_extern(schema = "backfill", name = "checksum")]
+#[allow(clippy::type_complexity)]
+fn checksum(
+    table: Option<pg_sys::Oid>,
+    ranges: Option<i32>,
+    level: Option<Text>,
+    bounds: Option<JsonB>,
+) -> TableIterator<
+    'static,
+    (
+        name!(range, i32),
+        name!(lower, Option<JsonB>),
+        name!(upper, Option<JsonB>),
+        name!(rows, i64),
+        name!(checksum, Option<String>),
+    ),
+> {
+    let relid = crate::args::required(table, "backfill_checksum", "tbl");
+    let level = Level::parse(&crate::args::required(level, "backfill_checksum", "level").0);
+    let name = crate::table::relation_name(relid);
+    let readable =
+        crate::sql::select_one::<bool>("SELECT pg_catalog.has_table_privilege($1, 'SELECT')", &[relid.into()])
+            .ok()
+            .flatten();
+    if readable != Some(true) {
+        raise(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied for table {name}"),
+            "A checksum reads every row of the table, as the role that calls it.",
+            Some(format!("GRANT SELECT ON {name} TO ...;")),
+        );
+    }
+    let key = key_columns(relid, &name);
+    let bounds = match bounds {
+        Some(bounds) => checked_bounds(bounds, &key),
+        None => {
+            let ranges = crate::args::required(ranges, "backfill_checksum", "ranges");
+            if !(1..=MAX_RANGES).contains(&ranges) {
+                raise(
+                    ERRCODE_INVALID_PARAMETER_VALUE,
+                    format!("ranges {ranges} is out of range"),
+                    format!("A checksum splits a table into 1 to {MAX_RANGES} ranges."),
+                    Some("ranges => 1024".into()),
+                );
+            }
+            sampled_bounds(&name, &key, ranges)
+        }
+    };
+    // Text is sent in the client's encoding: the hashes take it in UTF-8, whatever the session's.
+    // (Not a transactional setting: restored however the scan ends.)
+    // SAFETY: reads this backend's client encoding.
+    let client_encoding = unsafe { pg_sys::pg_get_client_encoding() };
+    let utf8 = pg_sys::pg_enc::PG_UTF8 as i32;
+    if client_encoding != utf8 {
+        // SAFETY: sets this backend's client encoding to UTF-8, a conversion every server
+        // encoding has; nothing is sent to the client until it is restored below.
+        unsafe { pg_sys::SetClientEncoding(utf8) };
+    }
+    let rows = PgTryBuilder::new(|| summarize(&name, &key, &bounds, level))
+        .finally(|| {
+            if client_encoding != utf8 {
+                // SAFETY: as above, back to what it was.
+                unsafe { pg_sys::SetClientEncoding(client_encoding) };
+            }
+        })
+        .execute();
+    TableIterator::new(rows)
+}
+
+/// Each key column of a bound, as JSON: `t.col` or `b->>'col'` cast to its type.
+fn key_expression(key: &[(String, String)], column: impl Fn(&str, &str) -> String) -> String {
+    let parts: Vec<String> = key.iter().map(|(name, type_name)| column(name, type_name)).collect();
+    if parts.len() == 1 {
+        parts[0].clone()
+    } else {
+        format!("ROW({})", parts.join(", "))
+    }
+}
+
+fn json_object_of(key: &[(String, String)], prefix: &str) -> String {
+    let fields: Vec<String> =
+        key.iter().map(|(name, _)| format!("{}, {prefix}{}", spi::quote_literal(name), quote_ident(name))).collect();
+    format!("pg_catalog.jsonb_build_object({})", fields.join(", "))
+}
+
+/// Bounds given by the caller: an array of objects with every key column.
+fn checked_bounds(bounds: JsonB, key: &[(String, String)]) -> Vec<serde_json::Value> {
+    let serde_json::Value::Array(bounds) = bounds.0 else {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "bounds must be a JSON array",
+            "bounds lists the lower bound of every range but the first, as key objects in ascending order.",
+            Some(r#"bounds => '[{"id": 1000}, {"id": 2000}]'"#.into()),
+        );
+    };
+    for bound in &bounds {
+        let complete =
+            bound.as_object().is_some_and(|o| key.iter().all(|(name, _)| o.get(name).is_some_and(|v| !v.is_null())));
+        if !complete {
+            raise(
+                ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("bound {bound} does not name every key column"),
+                format!(
+                    "Each bound is an object with a non-null value for every key column: {}.",
+                    key.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+                None,
+            );
+        }
+    }
+    bounds
+}
+
+/// About `ranges` - 1 bounds at equal steps of a sample of the keys, duplicates merged.
+fn sampled_bounds(name: &str, key: &[(String, String)], ranges: i32) -> Vec<serde_json::Value> {
+    if ranges == 1 {
+        return Vec::new();
+    }
+    let rows = crate::sql::planned_rows(&format!("SELECT * FROM {name}")).unwrap_or(0.0).max(1.0);
+    let percent = (100.0 * SAMPLE_PER_RANGE * f64::from(ranges) / rows).clamp(0.0001, 100.0);
+    let columns = key.iter().map(|(n, _)| format!("s.{}", quote_ident(n))).collect::<Vec<_>>().join(", ");
+    // Rows, not blocks: a block sample of a table whose keys follow its physical order would
+    // place the bounds in clumps.
+    let sample = if percent >= 100.0 { String::new() } else { format!("TABLESAMPLE BERNOULLI ({percent})") };
+    let sql = format!(
+        "SELECT pg_catalog.jsonb_agg(b.bound ORDER BY {columns}) FROM (
+             SELECT DISTINCT ON ({columns}) {object} AS bound, {columns}
+               FROM (SELECT {columns}, pg_catalog.row_number() OVER (ORDER BY {columns}) AS i,
+                            pg_catalog.count(*) OVER () AS m
+                       FROM {name} AS s {sample}) s
+              WHERE s.i OPERATOR(pg_catalog.%) greatest(1, s.m OPERATOR(pg_catalog./) $1) OPERATOR(pg_catalog.=) 0
+              ORDER BY {columns}) b",
+        object = json_object_of(key, "s."),
+        columns = columns.replace("s.", ""),
+    );
+    let bounds = crate::sql::select_one::<JsonB>(&sql, &[i64::from(ranges).into()]).or_internal("sample the keys");
+    match bounds.map(|b| b.0) {
+        Some(serde_json::Value::Array(bounds)) => bounds,
+        _ => Vec::new(),
+    }
+}
+
+type RangeRow = (i32, Option<JsonB>, Option<JsonB>, i64, Option<String>);
+
+/// One scan of the table: each row's range (width_bucket over the bounds), counted and hashed.
+fn summarize(name: &str, key: &[(String, String)], bounds: &[serde_json::Value], level: Level) -> Vec<RangeRow> {
+    // (The table's alias must not be one of its columns' names: a column named like it would
+    // be what backfill.row_hash() gets.)
+    let of_row = key_expression(key, |column, _| format!("backfill_row.{}", quote_ident(column)));
+    let of_bound = key_expression(key, |column, type_name| {
+        format!("(e.b OPERATOR(pg_catalog.->>) {})::{type_name}", spi::quote_literal(column))
+    });
+    let range = if bounds.is_empty() {
+        "0".to_string()
+    } else {
+        format!("pg_catalog.width_bucket({of_row}, (SELECT a FROM bounds))")
+    };
+    let hash = match level {
+        Level::Count => "NULL::text",
+        Level::Hash => "pg_catalog.sum(backfill.row_hash(backfill_row))::text",
+    };
+    let sql = format!(
+        "WITH bounds AS (SELECT pg_catalog.array_agg({of_bound} ORDER BY e.o) AS a
+                           FROM pg_catalog.jsonb_array_elements($1) WITH ORDINALITY AS e(b, o))
+         SELECT {range}::integer, pg_catalog.count(*), {hash} FROM {name} backfill_row GROUP BY 1"
+    );
+    let found: HashMap<i32, (i64, Option<String>)> = Spi::connect(|client| {
+        let rows = client.select(&sql, None, &[JsonB(serde_json::Value::Array(bounds.to_vec())).into()])?;
+        rows.map(|row| {
+            Ok((
+                row.get::<i32>(1)?.unwrap_or_default(),
+                (row.get::<i64>(2)?.unwrap_or_default(), row.get::<String>(3)?),
+            ))
+        })
+        .collect::<Result<HashMap<_, _>, pgrx::spi::Error>>()
+    })
+    .or_internal("checksum the table");
+    (0..=bounds.len())
+        .map(|i| {
+            let (rows, checksum) = found.get(&(i as i32)).cloned().unwrap_or((0, None));
+            let checksum = checksum.or((level == Level::Hash).then(|| "0".to_string()));
+            let lower = i.checked_sub(1).map(|b| JsonB(bounds[b].clone()));
+            let upper = bounds.get(i).map(|b| JsonB(b.clone()));
+            (i as i32 + 1, lower, upper, rows, checksum)
+        })
+        .collect()
+}
+
+thread_local! {
+    /// The send function of each column of each row type hashed in this process, looked up once.
+    static SEND_FUNCTIONS: RefCell<HashMap<pg_sys::Oid, Vec<Option<pg_sys::FmgrInfo>>>> = RefCell::new(HashMap::new());
+}
+
+/// backfill.row_hash(t): the row's 64-bit hash (see the module's comment), for
+/// backfill_checksum(); a row of a table, as `t` names it in `FROM tbl t`.
+#[pg_extern(schema = "backfill", immutable, parallel_safe)]
+fn row_hash(row: AnyElement) -> i64 {
+    // SAFETY: `row` is a composite datum (a table's row type: anything else is refused below
+    // before it is read as one); it is detoasted, deformed with its own type's descriptor, and
+    // the descriptor's reference is released before returning.
+    unsafe {
+        if !pg_sys::type_is_rowtype(row.oid()) {
+            raise(
+                ERRCODE_DATATYPE_MISMATCH,
+                "backfill.row_hash() takes a table's row",
+                "It hashes the columns of a row, as FROM tbl t SELECT backfill.row_hash(t) gives it.",
+                None,
+            );
+        }
+        let header = pg_sys::pg_detoast_datum(row.datum().cast_mut_ptr()) as pg_sys::HeapTupleHeader;
+        // The row's own type, as its header records it (HeapTupleHeaderGetTypeId/TypMod).
+        let type_oid = (*header).t_choice.t_datum.datum_typeid;
+        let tupdesc = pg_sys::lookup_rowtype_tupdesc(type_oid, (*header).t_choice.t_datum.datum_typmod);
+        let natts = (*tupdesc).natts as usize;
+        let mut tuple = pg_sys::HeapTupleData {
+            t_len: pgrx::varsize_any(header.cast()) as u32,
+            t_data: header,
+            ..Default::default()
+        };
+        let mut values = vec![pg_sys::Datum::from(0); natts];
+        let mut nulls = vec![false; natts];
+        pg_sys::heap_deform_tuple(&mut tuple, tupdesc, values.as_mut_ptr(), nulls.as_mut_ptr());
+        let attributes = (*tupdesc).attrs.as_slice(natts);
+        let hash = SEND_FUNCTIONS.with(|cache| {
+            let mut cache = cache.borrow_mut();
+            let senders = cache.entry(type_oid).or_insert_with(|| {
+                attributes
+                    .iter()
+                    .map(|att| {
+                        (!att.attisdropped).then(|| {
+                            let mut send = pg_sys::InvalidOid;
+                            let mut varlena = false;
+                            pg_sys::getTypeBinaryOutputInfo(att.atttypid, &mut send, &mut varlena);
+                            let mut info = pg_sys::FmgrInfo::default();
+                            pg_sys::fmgr_info_cxt(send, &mut info, pg_sys::TopMemoryContext);
+                            info
+                        })
+                    })
+                    .collect()
+            });
+            #[allow(deprecated)] // SipHash-2-4, as documented: std's SipHasher is exactly that.
+            let mut hasher = std::hash::SipHasher::new_with_keys(0, 0);
+            for ((sender, value), null) in senders.iter_mut().zip(&values).zip(&nulls) {
+                let Some(sender) = sender else { continue };
+                if *null {
+                    hasher.write(&[0]);
+                    continue;
+                }
+                let sent = pg_sys::SendFunctionCall(sender, *value);
+                let bytes = pgrx::varlena::varlena_to_byte_slice(sent);
+                hasher.write(&[1]);
+                hasher.write(&(bytes.len() as u32).to_be_bytes());
+                hasher.write(bytes);
+                pg_sys::pfree(sent.cast());
+            }
+            hasher.finish()
+        });
+        pg_sys::DecrTupleDescRefCount(tupdesc);
+        hash as i64
+    }
+}
