@@ -190,7 +190,8 @@ def test_table_end_carries_the_sequences_its_columns_own(db, roles):
            CREATE SEQUENCE unrelated;
            SELECT nextval('unrelated');
            INSERT INTO owned (v) SELECT 'x' FROM generate_series(1, 120);
-           CREATE TABLE unused (id serial PRIMARY KEY)"""
+           CREATE TABLE unused (id serial PRIMARY KEY);
+           ALTER SEQUENCE unused_id_seq RESTART WITH 1000"""
     )
     db.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
     for table in ("owned", "unused"):
@@ -198,12 +199,12 @@ def test_table_end_carries_the_sequences_its_columns_own(db, roles):
         assert wait_until_ended(db, backfill_id) == "done"
     ends = {m["table"]: m for m in backfill_messages(wal2json_changes(db, "consumer")) if m["op"] == "table_end"}
     assert ends["owned"]["sequences"] == [
-        {"column": "id", "sequence": "public.owned_id_seq", "last_value": 120, "increment": 1},
-        {"column": "n", "sequence": "public.owned_n_seq", "last_value": 596, "increment": 5},
+        {"column": "id", "sequence": "public.owned_id_seq", "last_value": 120, "next_value": 121, "increment": 1},
+        {"column": "n", "sequence": "public.owned_n_seq", "last_value": 596, "next_value": 601, "increment": 5},
     ]
-    # Never used: no last value yet.
+    # Restarted and not used since: no last value, and the next is the restart's.
     assert ends["unused"]["sequences"] == [
-        {"column": "id", "sequence": "public.unused_id_seq", "last_value": None, "increment": 1}
+        {"column": "id", "sequence": "public.unused_id_seq", "last_value": None, "next_value": 1000, "increment": 1}
     ]
 
     # An operator with the table's rights but none on its sequences: the marker names them, and
@@ -213,9 +214,9 @@ def test_table_end_carries_the_sequences_its_columns_own(db, roles):
     backfill_id = roles.connect(operator).execute("SELECT backfill_start('owned', confirm => true)").fetchone()[0]
     assert wait_until_ended(db, backfill_id) == "done"
     ends = [m for m in backfill_messages(wal2json_changes(db, "consumer")) if m["op"] == "table_end"]
-    assert [(s["column"], s["last_value"]) for s in ends[0]["sequences"]] == [("id", None), ("n", None)]
+    assert [(s["column"], s["last_value"], s["next_value"]) for s in ends[0]["sequences"]] == [("id", None, None), ("n", None, None)]
     db.execute(f"GRANT USAGE ON SEQUENCE owned_id_seq TO {operator}")
     backfill_id = roles.connect(operator).execute("SELECT backfill_start('owned', confirm => true)").fetchone()[0]
     assert wait_until_ended(db, backfill_id) == "done"
     ends = [m for m in backfill_messages(wal2json_changes(db, "consumer")) if m["op"] == "table_end"]
-    assert [(s["column"], s["last_value"]) for s in ends[0]["sequences"]] == [("id", 120), ("n", None)]
+    assert [(s["column"], s["last_value"], s["next_value"]) for s in ends[0]["sequences"]] == [("id", 120, 121), ("n", None, None)]

@@ -97,9 +97,11 @@ pub struct OwnedSequence {
     pub column: String,
     /// Schema-qualified and quoted as SQL writes it.
     pub sequence: String,
-    /// The last value nextval() returned in any session; null if it never did, or if the role
-    /// that started the backfill may not read the sequence.
+    /// The last value nextval() returned in any session; null if none was since the sequence
+    /// was created or restarted, or if the role that started the backfill may not read it.
     pub last_value: Option<i64>,
+    /// The value the next nextval() returns (null past the sequence's range, or unreadable).
+    pub next_value: Option<i64>,
     pub increment: i64,
 }
 
@@ -199,10 +201,9 @@ impl OwnedSequence {
     /// pg_sequence_last_value() does.
     pub fn of(relid: pg_sys::Oid, started_by: &str) -> Vec<OwnedSequence> {
         let sql = "SELECT a.attname::text, pg_catalog.format('%I.%I', n.nspname, s.relname),
-                          CASE WHEN pg_catalog.has_sequence_privilege(r.oid, s.oid, 'SELECT, USAGE')
-                                AND pg_catalog.has_sequence_privilege(s.oid, 'SELECT, USAGE')
-                               THEN pg_catalog.pg_sequence_last_value(s.oid) END,
-                          q.seqincrement
+                          coalesce(pg_catalog.has_sequence_privilege(r.oid, s.oid, 'SELECT, USAGE')
+                                   AND pg_catalog.has_sequence_privilege(s.oid, 'SELECT, USAGE'), false),
+                          q.seqincrement, n.nspname::text, s.relname::text
                      FROM pg_catalog.pg_depend d
                      JOIN pg_catalog.pg_class s ON s.oid OPERATOR(pg_catalog.=) d.objid AND s.relkind OPERATOR(pg_catalog.=) 'S'
                      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) s.relnamespace
@@ -214,17 +215,36 @@ impl OwnedSequence {
                       AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
                       AND d.refobjid OPERATOR(pg_catalog.=) $1 AND d.deptype IN ('a', 'i')
                     ORDER BY a.attnum, 2";
+        let text =
+            |row: &pgrx::spi::SpiHeapTupleData, i| row.get::<Text>(i).map(|t| t.map(|t| t.0).unwrap_or_default());
         Spi::connect(|client| {
             let rows = client.select(sql, None, &[relid.into(), Text::from(started_by).into()])?;
-            rows.map(|row| {
-                Ok(OwnedSequence {
-                    column: row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(),
-                    sequence: row.get::<Text>(2)?.map(|t| t.0).unwrap_or_default(),
-                    last_value: row.get::<i64>(3)?,
-                    increment: row.get::<i64>(4)?.unwrap_or(1),
-                })
-            })
-            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+            let mut sequences = Vec::new();
+            for row in rows {
+                let increment = row.get::<i64>(4)?.unwrap_or(1);
+                // The sequence's own row says whether its last value was handed out (is_called):
+                // after a RESTART, or before the first nextval(), the next value is last_value.
+                let (last_value, next_value) = if row.get::<bool>(3)?.unwrap_or(false) {
+                    let name = crate::encoding::quote_qualified(&text(&row, 5)?, &text(&row, 6)?);
+                    let state = client.select(&format!("SELECT last_value, is_called FROM {name}"), Some(1), &[])?;
+                    let state = state.first();
+                    let (last, called) = (state.get::<i64>(1)?, state.get::<bool>(2)?.unwrap_or(false));
+                    match last {
+                        Some(last) if called => (Some(last), last.checked_add(increment)),
+                        last => (None, last),
+                    }
+                } else {
+                    (None, None)
+                };
+                sequences.push(OwnedSequence {
+                    column: text(&row, 1)?,
+                    sequence: text(&row, 2)?,
+                    last_value,
+                    next_value,
+                    increment,
+                });
+            }
+            Ok::<_, pgrx::spi::Error>(sequences)
         })
         .or_internal("read the sequences the table owns")
     }
@@ -292,7 +312,8 @@ mod tests {
         assert_eq!(
             end,
             json!({"op": "table_end", "backfill_id": 2, "schema": "public", "table": "msg_t", "rows": 40,
-                   "sequences": [{"column": "id", "sequence": "public.msg_t_id_seq", "last_value": 41, "increment": 1}]})
+                   "sequences": [{"column": "id", "sequence": "public.msg_t_id_seq", "last_value": 41, "next_value": 42,
+                                  "increment": 1}]})
         );
     }
 }
