@@ -23,7 +23,7 @@ COLUMNS = {
 
 FILL = """INSERT INTO {table}
 SELECT g, g * 7, g * 1.25, g / 3.0, 'naïve ' || g || ' 日本', timestamptz '2024-01-01 00:00:00+00' + g * interval '1 minute',
-       date '2020-01-01' + g, jsonb_build_object('g', g, 'tags', jsonb_build_array('a', g % 3)), md5(g::text)::uuid,
+       date '2020-01-01' + g, jsonb_build_object('g', g, 'tags', jsonb_build_array('a', g % 3), 'note', 'ü 日本'), md5(g::text)::uuid,
        g % 2 = 0, decode(md5(g::text), 'hex'),
        CASE WHEN g % 10 = 0 THEN NULL ELSE g END
   FROM generate_series(1, 5000) g ORDER BY {order}"""
@@ -79,7 +79,7 @@ def test_settings_and_client_encoding_change_no_checksum(twins):
         twins.execute(f"SET {setting} = '{value}'")
         assert checksums(twins, "source", bounds=bounds_of(reference)) == reference, setting
         twins.execute(f"RESET {setting}")
-    # ('日本' has no LATIN1 form: the hashes took the text in UTF-8, not the client's encoding.)
+    # ('日本' has no LATIN1 form: the hashes took text, and jsonb's, in UTF-8, not the client's encoding.)
 
 
 @pytest.mark.parametrize(

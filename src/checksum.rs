@@ -1,22 +1,13 @@
 //! backfill_checksum(): one row per key range of a table with its row count and a checksum, so
-//! that a destination can be checked against its source range by range.
-//!
-//! A row's hash is SipHash-2-4, with a key of 16 zero bytes, of its columns in column order
-//! (dropped ones aside), each as a byte 0 when NULL, else a byte 1, its length as 4 bytes big
-//! endian, and its binary send format (the format of COPY BINARY and of the wire protocol),
-//! text in UTF-8. A range's checksum is the exact sum of its rows' hashes read as signed 64-bit
-//! integers: the same rows give the same sum in any order, and a duplicate row changes it.
-//! Send formats do not depend on TimeZone, DateStyle or extra_float_digits, nor on the
-//! architecture: identical rows give identical checksums on every server.
+//! that a destination can be checked against its source range by range. The row hash and the
+//! scan that sums it are in row_hash.rs.
 
 use crate::encoding::{quote_ident, Text};
 use crate::errors::{raise, OrInternal};
 use pgrx::prelude::*;
+use pgrx::JsonB;
 use pgrx::PgSqlErrorCode::*;
-use pgrx::{AnyElement, JsonB};
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::hash::Hasher;
 
 /// The most ranges a checksum splits a table into.
 const MAX_RANGES: i32 = 1_000_000;
@@ -248,26 +239,28 @@ fn summarize(name: &str, key: &[(String, String)], bounds: &[serde_json::Value],
     } else {
         format!("pg_catalog.width_bucket({of_row}, (SELECT a FROM bounds))")
     };
-    let hash = match level {
-        Level::Count => "NULL::text",
-        Level::Hash => "pg_catalog.sum(backfill.row_hash(backfill_row))::text",
-    };
-    let sql = format!(
+    let parameter = JsonB(serde_json::Value::Array(bounds.to_vec()));
+    let with_bounds = format!(
         "WITH bounds AS (SELECT pg_catalog.array_agg({of_bound} ORDER BY e.o) AS a
-                           FROM pg_catalog.jsonb_array_elements($1) WITH ORDINALITY AS e(b, o))
-         SELECT {range}::integer, pg_catalog.count(*), {hash} FROM {name} backfill_row GROUP BY 1"
+                           FROM pg_catalog.jsonb_array_elements($1) WITH ORDINALITY AS e(b, o))"
     );
-    let found: HashMap<i32, (i64, Option<String>)> = Spi::connect(|client| {
-        let rows = client.select(&sql, None, &[JsonB(serde_json::Value::Array(bounds.to_vec())).into()])?;
-        rows.map(|row| {
-            Ok((
-                row.get::<i32>(1)?.unwrap_or_default(),
-                (row.get::<i64>(2)?.unwrap_or_default(), row.get::<String>(3)?),
-            ))
+    let found: HashMap<i32, (i64, Option<String>)> = match level {
+        // Counted by the query itself, which may aggregate in parallel.
+        Level::Count => Spi::connect(|client| {
+            let sql = format!(
+                "{with_bounds} SELECT {range}::integer, pg_catalog.count(*) FROM {name} backfill_row GROUP BY 1"
+            );
+            let rows = client.select(&sql, None, &[parameter.into()])?;
+            rows.map(|row| Ok((row.get::<i32>(1)?.unwrap_or_default(), (row.get::<i64>(2)?.unwrap_or_default(), None))))
+                .collect::<Result<HashMap<_, _>, pgrx::spi::Error>>()
         })
-        .collect::<Result<HashMap<_, _>, pgrx::spi::Error>>()
-    })
-    .or_internal("checksum the table");
+        .or_internal("count the table's ranges"),
+        Level::Hash => {
+            let sql = format!("{with_bounds} SELECT {range}::integer, backfill_row.* FROM {name} backfill_row");
+            let sums = crate::row_hash::scan(&sql, parameter, bounds.len() + 1, true);
+            (0..=bounds.len()).map(|i| (i as i32, (sums.rows[i], Some(sums.sums[i].to_string())))).collect()
+        }
+    };
     (0..=bounds.len())
         .map(|i| {
             let (rows, checksum) = found.get(&(i as i32)).cloned().unwrap_or((0, None));
@@ -277,78 +270,4 @@ fn summarize(name: &str, key: &[(String, String)], bounds: &[serde_json::Value],
             (i as i32 + 1, lower, upper, rows, checksum)
         })
         .collect()
-}
-
-thread_local! {
-    /// The send function of each column of each row type hashed in this process, looked up once.
-    static SEND_FUNCTIONS: RefCell<HashMap<pg_sys::Oid, Vec<Option<pg_sys::FmgrInfo>>>> = RefCell::new(HashMap::new());
-}
-
-/// backfill.row_hash(t): the row's 64-bit hash (see the module's comment), for
-/// backfill_checksum(); a row of a table, as `t` names it in `FROM tbl t`.
-#[pg_extern(schema = "backfill", immutable, parallel_safe)]
-fn row_hash(row: AnyElement) -> i64 {
-    // SAFETY: `row` is a composite datum (a table's row type: anything else is refused below
-    // before it is read as one); it is detoasted, deformed with its own type's descriptor, and
-    // the descriptor's reference is released before returning.
-    unsafe {
-        if !pg_sys::type_is_rowtype(row.oid()) {
-            raise(
-                ERRCODE_DATATYPE_MISMATCH,
-                "backfill.row_hash() takes a table's row",
-                "It hashes the columns of a row, as FROM tbl t SELECT backfill.row_hash(t) gives it.",
-                None,
-            );
-        }
-        let header = pg_sys::pg_detoast_datum(row.datum().cast_mut_ptr()) as pg_sys::HeapTupleHeader;
-        // The row's own type, as its header records it (HeapTupleHeaderGetTypeId/TypMod).
-        let type_oid = (*header).t_choice.t_datum.datum_typeid;
-        let tupdesc = pg_sys::lookup_rowtype_tupdesc(type_oid, (*header).t_choice.t_datum.datum_typmod);
-        let natts = (*tupdesc).natts as usize;
-        let mut tuple = pg_sys::HeapTupleData {
-            t_len: pgrx::varsize_any(header.cast()) as u32,
-            t_data: header,
-            ..Default::default()
-        };
-        let mut values = vec![pg_sys::Datum::from(0); natts];
-        let mut nulls = vec![false; natts];
-        pg_sys::heap_deform_tuple(&mut tuple, tupdesc, values.as_mut_ptr(), nulls.as_mut_ptr());
-        let attributes = (*tupdesc).attrs.as_slice(natts);
-        let hash = SEND_FUNCTIONS.with(|cache| {
-            let mut cache = cache.borrow_mut();
-            let senders = cache.entry(type_oid).or_insert_with(|| {
-                attributes
-                    .iter()
-                    .map(|att| {
-                        (!att.attisdropped).then(|| {
-                            let mut send = pg_sys::InvalidOid;
-                            let mut varlena = false;
-                            pg_sys::getTypeBinaryOutputInfo(att.atttypid, &mut send, &mut varlena);
-                            let mut info = pg_sys::FmgrInfo::default();
-                            pg_sys::fmgr_info_cxt(send, &mut info, pg_sys::TopMemoryContext);
-                            info
-                        })
-                    })
-                    .collect()
-            });
-            #[allow(deprecated)] // SipHash-2-4, as documented: std's SipHasher is exactly that.
-            let mut hasher = std::hash::SipHasher::new_with_keys(0, 0);
-            for ((sender, value), null) in senders.iter_mut().zip(&values).zip(&nulls) {
-                let Some(sender) = sender else { continue };
-                if *null {
-                    hasher.write(&[0]);
-                    continue;
-                }
-                let sent = pg_sys::SendFunctionCall(sender, *value);
-                let bytes = pgrx::varlena::varlena_to_byte_slice(sent);
-                hasher.write(&[1]);
-                hasher.write(&(bytes.len() as u32).to_be_bytes());
-                hasher.write(bytes);
-                pg_sys::pfree(sent.cast());
-            }
-            hasher.finish()
-        });
-        pg_sys::DecrTupleDescRefCount(tupdesc);
-        hash as i64
-    }
 }

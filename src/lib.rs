@@ -47,6 +47,7 @@ mod plan;
 mod privilege;
 mod progress;
 mod ranges;
+mod row_hash;
 mod scan;
 mod settings;
 mod sql;

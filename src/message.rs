@@ -306,6 +306,7 @@ mod tests {
             column: "id".into(),
             sequence: "public.msg_t_id_seq".into(),
             last_value: Some(41),
+            next_value: Some(42),
             increment: 1,
         }];
         let end: serde_json::Value = serde_json::from_str(&table_end(2, None, &table, 40, &sequences)).unwrap();
