@@ -12,9 +12,10 @@ use std::collections::HashMap;
 /// The most ranges a checksum splits a table into.
 const MAX_RANGES: i32 = 1_000_000;
 
-/// Sampled keys per range, to place the bounds: ANALYZE's histograms are too coarse for
-/// thousands of ranges.
+/// Sampled keys per range, to place the bounds (ANALYZE's histograms are too coarse for
+/// thousands of ranges), and at least this many in all.
 const SAMPLE_PER_RANGE: f64 = 30.0;
+const MIN_SAMPLE: f64 = 10_000.0;
 
 /// How a checksum summarizes a range.
 #[derive(Clone, Copy, PartialEq)]
@@ -201,7 +202,8 @@ fn sampled_bounds(name: &str, key: &[(String, String)], ranges: i32) -> Vec<serd
         return Vec::new();
     }
     let rows = crate::sql::planned_rows(&format!("SELECT * FROM {name}")).unwrap_or(0.0).max(1.0);
-    let percent = (100.0 * SAMPLE_PER_RANGE * f64::from(ranges) / rows).clamp(0.0001, 100.0);
+    let sampled = (SAMPLE_PER_RANGE * f64::from(ranges)).max(MIN_SAMPLE);
+    let percent = (100.0 * sampled / rows).clamp(0.0001, 100.0);
     let columns = key.iter().map(|(n, _)| format!("s.{}", quote_ident(n))).collect::<Vec<_>>().join(", ");
     // Rows, not blocks: a block sample of a table whose keys follow its physical order would
     // place the bounds in clumps.
@@ -212,7 +214,10 @@ fn sampled_bounds(name: &str, key: &[(String, String)], ranges: i32) -> Vec<serd
                FROM (SELECT {columns}, pg_catalog.row_number() OVER (ORDER BY {columns}) AS i,
                             pg_catalog.count(*) OVER () AS m
                        FROM {name} AS s {sample}) s
-              WHERE s.i OPERATOR(pg_catalog.%) greatest(1, s.m OPERATOR(pg_catalog./) $1) OPERATOR(pg_catalog.=) 0
+              -- The first sampled key of each of $1 equal shares of the sample but the first.
+              WHERE s.i OPERATOR(pg_catalog.>) 1
+                AND (((s.i OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) $1) OPERATOR(pg_catalog./) s.m)
+                    OPERATOR(pg_catalog.>) (((s.i OPERATOR(pg_catalog.-) 2) OPERATOR(pg_catalog.*) $1) OPERATOR(pg_catalog./) s.m)
               ORDER BY {columns}) b",
         object = json_object_of(key, "s."),
         columns = columns.replace("s.", ""),
