@@ -79,7 +79,7 @@ def test_a_backfill_running_across_the_update_delivers_every_row_once(db, versio
     db.execute("SELECT pg_sleep(0.4)")
     assert status(db, backfill_id, "state") == "running", "the update must happen mid-run"
     db.execute("ALTER EXTENSION pg_backfill UPDATE")
-    assert wait_until_ended(db, backfill_id) == "done"
+    assert wait_until_ended(db, backfill_id) == "done", status(db, backfill_id, "last_error_sqlstate", "last_error")
 
     reads, signed = Counter(), 0
     xid = None
@@ -138,6 +138,7 @@ def test_an_operator_granted_before_0_4_0_keeps_starting_and_changing_backfills(
         "SELECT backfill_start('t', confirm => true, rows_per_second => 10, max_active_sessions => 7)"
     ).fetchone()[0]
     assert conn.execute("SELECT backfill_set(%s, max_replica_lag => 4096)", [backfill_id]).fetchone()[0]
+    assert conn.execute("SELECT sum(rows) FROM backfill_checksum('t', ranges => 4)").fetchone()[0] == 100
     assert conn.execute(
         "SELECT max_active_sessions, max_replica_lag_bytes FROM backfill_status WHERE id = %s", [backfill_id]
     ).fetchone() == (7, 4096)
@@ -169,3 +170,49 @@ def test_every_table_view_column_and_function_has_a_comment(db):
            ORDER BY 1"""
     ).fetchall()
     assert missing == []
+
+
+# Traps a role that may create objects in the extension's schema (public, as before PostgreSQL
+# 15) lays for whoever runs ALTER EXTENSION UPDATE (a superuser) or later reads the views: an
+# exact-type operator or aggregate wins over pg_catalog's, which would need a cast.
+TRAPS = """
+CREATE FUNCTION public.promote() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('ALTER ROLE %I SUPERUSER', '{role}');
+EXCEPTION WHEN insufficient_privilege THEN NULL;
+END $$;
+CREATE FUNCTION public.trap_eq(oid, regprocedure) RETURNS boolean LANGUAGE plpgsql AS
+$$ BEGIN PERFORM public.promote(); RETURN $1 = $2::oid; END $$;
+CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = regprocedure, FUNCTION = public.trap_eq);
+CREATE FUNCTION public.trap_mul(integer, double precision) RETURNS double precision LANGUAGE plpgsql AS
+$$ BEGIN PERFORM public.promote(); RETURN $1::float8 * $2; END $$;
+CREATE OPERATOR public.* (LEFTARG = integer, RIGHTARG = double precision, FUNCTION = public.trap_mul);
+CREATE FUNCTION public.trap_agg(oid[], oid) RETURNS oid[] LANGUAGE plpgsql AS
+$$ BEGIN PERFORM public.promote(); RETURN $1 || $2; END $$;
+CREATE AGGREGATE public.array_agg(oid) (SFUNC = public.trap_agg, STYPE = oid[]);
+"""
+
+
+def test_the_update_and_the_views_resolve_nothing_another_role_planted(db, roles):
+    db.execute("DROP EXTENSION pg_backfill")
+    db.execute("CREATE EXTENSION pg_backfill VERSION '0.3.0'")
+    mallory = roles.create("mallory")
+    db.execute(f"GRANT CREATE ON SCHEMA public TO {mallory}")
+    trapper = roles.connect(mallory)
+    trapper.execute(TRAPS.format(role=mallory))
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    db.execute("INSERT INTO t SELECT generate_series(1, 100)")
+    try:
+        db.execute("ALTER EXTENSION pg_backfill UPDATE")
+        backfill_id = db.execute("SELECT backfill_start('t', confirm => true, rows_per_second => 10)").fetchone()[0]
+        db.execute("SELECT * FROM backfill_status WHERE id = %s", [backfill_id]).fetchall()
+        db.execute("SELECT * FROM backfill_tables").fetchall()
+        db.execute("SELECT backfill_cancel(%s)", [backfill_id])
+        assert not db.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", [mallory]).fetchone()[0], (
+            "a planted operator ran as a superuser"
+        )
+    finally:
+        db.execute(f"ALTER ROLE {mallory} NOSUPERUSER")
+        db.execute("DROP AGGREGATE IF EXISTS public.array_agg(oid)")
+        db.execute("DROP OPERATOR IF EXISTS public.= (oid, regprocedure)")
+        db.execute("DROP OPERATOR IF EXISTS public.* (integer, double precision)")

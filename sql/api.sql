@@ -352,7 +352,8 @@ REVOKE EXECUTE ON FUNCTION
     backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer),
     backfill_cancel(bigint), backfill_pause(bigint), backfill_resume(bigint),
     backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
-    backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_security_check()
+    backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_security_check(),
+    backfill_checksum(regclass, integer, text, jsonb)
   FROM PUBLIC;
 
 -- The entry points the wrappers above call, and the views' helpers.
@@ -379,6 +380,4 @@ COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
                           backfill.waiting_for(bigint), backfill.visible(name), backfill.source_limit(text, bigint) TO PUBLIC;
--- A checksum reads a table as the role that calls it, and nothing of pg_backfill's state.
-GRANT EXECUTE ON FUNCTION backfill_checksum(regclass, integer, text, jsonb), backfill.checksum(oid, integer, text, jsonb),
-                          backfill.row_hash(anyelement) TO PUBLIC;
+

@@ -262,9 +262,29 @@ AS $$ SELECT * FROM backfill.checksum(tbl::oid, ranges, level, bounds) $$;
 COMMENT ON FUNCTION backfill_checksum(regclass, integer, text, jsonb) IS
 'One row per key range of the table: its bounds, row count and checksum (level count or hash), as the caller may read it; bounds => the ranges of another checksum, to compare two tables over identical ranges.';
 
--- (As a fresh install orders their privileges: the entry points' revoked with the schema's.)
-REVOKE EXECUTE ON FUNCTION backfill.checksum(oid, integer, text, jsonb), backfill.row_hash(anyelement) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION backfill_checksum(regclass, integer, text, jsonb), backfill.checksum(oid, integer, text, jsonb),
-                          backfill.row_hash(anyelement) TO PUBLIC;
+-- Like every function: not PUBLIC's; an operator's (granted as the README says: ALL FUNCTIONS
+-- IN SCHEMA backfill, and the public ones by name), so granted to who may run backfill.start().
+REVOKE EXECUTE ON FUNCTION backfill_checksum(regclass, integer, text, jsonb), backfill.checksum(oid, integer, text, jsonb),
+                           backfill.row_hash(anyelement) FROM PUBLIC;
+DO $$
+DECLARE
+    operator record;
+BEGIN
+    FOR operator IN
+        SELECT DISTINCT a.grantee, r.rolname, a.is_grantable
+          FROM pg_catalog.pg_proc p
+         CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+          LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+         WHERE p.oid OPERATOR(pg_catalog.=)
+                   'backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer)'::pg_catalog.regprocedure::pg_catalog.oid
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE' AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION backfill_checksum(regclass, integer, text, jsonb), '
+                                  'backfill.checksum(oid, integer, text, jsonb), backfill.row_hash(anyelement) TO %s%s',
+                                  CASE WHEN operator.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(operator.rolname) END,
+                                  CASE WHEN operator.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+END
+$$;
 COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb) IS 'Entry point of backfill_checksum()';
 COMMENT ON FUNCTION backfill.row_hash(anyelement) IS 'A table row''s 64-bit hash over its columns'' binary send formats (SipHash-2-4), for backfill_checksum()';

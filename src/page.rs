@@ -33,7 +33,7 @@ use crate::ranges::{self, JobTable, Range};
 use crate::scan::ScanQueries;
 use crate::state::{JobState, RangeState};
 use crate::table::{self, Table};
-use crate::xact::{in_transaction, sqlstate_of, who, PageError};
+use crate::xact::{in_transaction, in_transaction_retried, sqlstate_of, who, PageError};
 use crate::{pipeline, privilege, settings};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
@@ -94,7 +94,7 @@ impl<'a> TableScan<'a> {
         prefix: &'a CString,
     ) -> Result<Self, PageError> {
         let relid = job_table.relid;
-        let inspected = in_transaction(|| table::inspect(relid))?;
+        let inspected = in_transaction_retried(|| table::inspect(relid))?;
         let table = inspected.map_err(|why| PageError {
             code: why.code,
             sqlstate: sqlstate_of(why.code),

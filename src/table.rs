@@ -65,20 +65,21 @@ SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
   LEFT JOIN LATERAL (
-        SELECT array_agg(a.attname::text ORDER BY k.ord) AS names,
-               array_agg(a.atttypid::pg_catalog.text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) a.atttypmod
+        SELECT pg_catalog.array_agg(a.attname::text ORDER BY k.ord) AS names,
+               pg_catalog.array_agg(a.atttypid::pg_catalog.text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) a.atttypmod
                          ORDER BY k.ord) AS types,
-               array_agg(cn.nspname::text ORDER BY k.ord) AS collation_schemas,
-               array_agg(coll.collname::text ORDER BY k.ord) AS collations,
-               bool_and(opc.opcdefault AND opc.opcnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace)
+               pg_catalog.array_agg(cn.nspname::text ORDER BY k.ord) AS collation_schemas,
+               pg_catalog.array_agg(coll.collname::text ORDER BY k.ord) AS collations,
+               pg_catalog.bool_and(opc.opcdefault AND opc.opcnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace)
                    AS all_default_opclasses,
-               min(i.indexrelid) AS index
+               pg_catalog.min(i.indexrelid) AS index
           FROM (SELECT i.indexrelid, i.indrelid, i.indkey, i.indcollation, i.indclass, i.indnkeyatts
                   FROM pg_catalog.pg_index i
                  WHERE i.indrelid = c.oid AND (i.indisprimary OR i.indisreplident) AND i.indisvalid
                  ORDER BY i.indisprimary DESC
                  LIMIT 1) i
-         CROSS JOIN LATERAL unnest(i.indkey::int2[], i.indcollation::oid[], i.indclass::oid[])
+         CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(i.indkey::int2[]), pg_catalog.unnest(i.indcollation::oid[]),
+                                     pg_catalog.unnest(i.indclass::oid[]))
                WITH ORDINALITY AS k(attnum, collid, opclass, ord)
           JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
           JOIN pg_catalog.pg_opclass opc ON opc.oid = k.opclass
@@ -86,7 +87,7 @@ SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text
           LEFT JOIN pg_catalog.pg_namespace cn ON cn.oid = coll.collnamespace
          WHERE k.ord <= i.indnkeyatts) k ON true
   LEFT JOIN LATERAL (
-        SELECT array_agg(a.attname::text ORDER BY a.attnum) AS names, array_agg(a.atttypid ORDER BY a.attnum) AS types
+        SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attnum) AS names, pg_catalog.array_agg(a.atttypid ORDER BY a.attnum) AS types
           FROM pg_catalog.pg_attribute a
          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) cols ON true
  WHERE c.oid = $1";

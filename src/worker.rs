@@ -10,7 +10,7 @@ use crate::page::{Page, TableScan};
 use crate::ranges::{self, JobTable};
 use crate::state::{JobState, RangeState};
 use crate::table;
-use crate::xact::{in_transaction, who, PageError};
+use crate::xact::{in_transaction, in_transaction_retried, who, PageError};
 use crate::{pacing, settings};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
@@ -158,7 +158,7 @@ fn wait_for_starter(starter_xid: u64) -> bool {
 /// worker to finish marks the backfill done. Every way out leaves the backfill's state saying
 /// why: done, failed with the error, or the state that stopped it (paused, cancelled).
 fn run(backfill_id: i64, worker: i32) {
-    let loaded = in_transaction(|| catalog::job(backfill_id).map(|job| (job, ranges::job_tables(backfill_id))));
+    let loaded = in_transaction_retried(|| catalog::job(backfill_id).map(|job| (job, ranges::job_tables(backfill_id))));
     let (job, tables) = match loaded {
         Ok(Some(loaded)) => loaded,
         Ok(None) => return log!("{}: no longer exists, its worker exits", who(backfill_id)),
@@ -179,7 +179,7 @@ fn run(backfill_id: i64, worker: i32) {
             return;
         }
     }
-    let finished = in_transaction(|| {
+    let finished = in_transaction_retried(|| {
         wait_for_flush_at_commit();
         ranges::all_ranges_done(backfill_id)
             && catalog::move_job(backfill_id, &[JobState::Running], JobState::Done, None, None)

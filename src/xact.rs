@@ -75,6 +75,22 @@ pub fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe) -> Result<R, Pag
     .execute()
 }
 
+/// A transaction of the worker's own, not a page's (loading its backfill, opening a table,
+/// finishing), retried as a page is when it fails for a transient reason: a deadlock with
+/// `ALTER EXTENSION pg_backfill UPDATE`, which locks the state tables, is one.
+pub fn in_transaction_retried<R>(mut body: impl FnMut() -> R) -> Result<R, PageError> {
+    let mut failures = 0;
+    loop {
+        match in_transaction(std::panic::AssertUnwindSafe(&mut body)) {
+            Err(e) if e.is_transient() && failures < crate::settings::MAX_RETRIES.get() => {
+                failures += 1;
+                crate::pacing::sleep(std::time::Duration::from_millis(50 << failures.min(5)));
+            }
+            done => return done,
+        }
+    }
+}
+
 /// How a worker names its backfill in log lines: `pg_backfill 7 in database "shop"` (a server
 /// runs backfills of several databases, and ids are per database).
 pub fn who(backfill_id: i64) -> String {
