@@ -397,3 +397,21 @@ def test_source_limits_show_in_backfill_status_and_backfill_set_changes_them(ite
         assert status(items, given, *columns) == (1000000, 2000000, 7)
     finally:
         cancel_running(items)
+
+
+def test_source_limits_refuse_null_ids_other_roles_and_keep_huge_values(items, roles):
+    backfill_id = items.execute("SELECT backfill_start('items', confirm => true, rows_per_second => 10)").fetchone()[0]
+    try:
+        assert error_of(items, "SELECT backfill_set(NULL, max_active_sessions => 2)").sqlstate == "22004"
+        # The largest limit is kept as given (the settings are off here).
+        items.execute("SELECT backfill_set(%s, max_replica_lag => 9223372036854775807)", [backfill_id])
+        assert status(items, backfill_id, "max_replica_lag_bytes") == 9223372036854775807
+        # A role that did not start it (and is no member of its starter) may not change it.
+        other = roles.connect(roles.create("other", "operator"))
+        e = error_of(other, "SELECT backfill_set(%s, max_active_sessions => 1)", [backfill_id])
+        assert e.sqlstate == "42501", e
+        assert status(items, backfill_id, "max_active_sessions") is None
+        # The view's helper: NULL or unknown names are no limit.
+        assert items.execute("SELECT backfill.source_limit(NULL, 5), backfill.source_limit('nonsense', 5)").fetchone() == (None, None)
+    finally:
+        cancel_running(items)

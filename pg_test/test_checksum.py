@@ -183,6 +183,7 @@ def test_mistakes_are_refused_with_their_sqlstate(db, roles):
         ("SELECT * FROM backfill_checksum(NULL)", "22004"),
         ("SELECT * FROM backfill_checksum('k', level => 'md5')", "22023"),
         ("SELECT * FROM backfill_checksum('k', level => NULL)", "22004"),
+        ("SELECT * FROM backfill_checksum('k', ranges => NULL)", "22004"),
         ("SELECT * FROM backfill_checksum('k', ranges => 0)", "22023"),
         ("SELECT * FROM backfill_checksum('k', ranges => 2000000)", "22023"),
         ("SELECT * FROM backfill_checksum('k', bounds => '{\"id\": 1}')", "22023"),
@@ -195,6 +196,7 @@ def test_mistakes_are_refused_with_their_sqlstate(db, roles):
     for sql, sqlstate in cases:
         e = error_of(db, sql)
         assert e.sqlstate == sqlstate, f"{sql}: {e.sqlstate} {e}"
+    assert db.execute("SELECT backfill.row_hash(NULL::k)").fetchone()[0] is None  # (strict)
     # PUBLIC may not call it; an operator may, and without SELECT on the table learns nothing
     # from it; granted SELECT, it may check it.
     nobody = roles.create("nobody")
