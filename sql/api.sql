@@ -32,39 +32,42 @@ CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
                                publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
                                parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
-                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL)
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_source_limits(backfill.start(tables::oid[], confirm, batch_size, rows_per_second, slot::text,
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(tables::oid[], confirm, batch_size, rows_per_second, slot::text,
                                                       publication::text, max_lag, parallel),
-                                       max_replica_lag, max_retained_wal, max_active_sessions) $$;
-COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer) IS
-'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate.';
+                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
+COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb) IS
+'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate. keys => a JSON array of key objects: only those keys of the one table, each read or, without a row, delivered absent.';
 
 CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
                                publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
                                parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
-                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL)
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_source_limits(backfill.start(ARRAY[table_name]::oid[], confirm, batch_size, rows_per_second, slot::text,
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(ARRAY[table_name]::oid[], confirm, batch_size, rows_per_second, slot::text,
                                                       publication::text, max_lag, parallel),
-                                       max_replica_lag, max_retained_wal, max_active_sessions) $$;
-COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer) IS 'backfill_start() of one table';
+                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
+COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb) IS 'backfill_start() of one table';
 
 -- See backfill_estimate(text): makes backfill_start('public.orders', confirm => true) resolve.
 CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
                                publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
                                parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
-                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL)
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_source_limits(backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size, rows_per_second, slot::text,
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size, rows_per_second, slot::text,
                                                       publication::text, max_lag, parallel),
-                                       max_replica_lag, max_retained_wal, max_active_sessions) $$;
-COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer) IS 'backfill_start() of one table, by name';
+                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
+COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb) IS 'backfill_start() of one table, by name';
 
 CREATE FUNCTION backfill_checksum(tbl regclass, ranges integer DEFAULT 1024, level text DEFAULT 'hash',
                                   bounds jsonb DEFAULT NULL)
@@ -73,6 +76,23 @@ LANGUAGE sql VOLATILE
 AS $$ SELECT * FROM backfill.checksum(tbl::oid, ranges, level, bounds) $$;
 COMMENT ON FUNCTION backfill_checksum(regclass, integer, text, jsonb) IS
 'One row per key range of the table: its bounds, row count and checksum (level count or hash), as the caller may read it; bounds => the ranges of another checksum, to compare two tables over identical ranges.';
+
+CREATE FUNCTION backfill_compare(source regclass, target regclass, level text DEFAULT 'hash',
+                                 passes integer DEFAULT 3, slot name DEFAULT NULL)
+RETURNS TABLE (key jsonb, status text)
+LANGUAGE sql VOLATILE
+AS $$ SELECT * FROM backfill.compare(source::oid, target::oid, level, passes, slot::text) $$;
+COMMENT ON FUNCTION backfill_compare(regclass, regclass, text, integer, name) IS
+'The keys whose rows differ between source and target (a local table, or a postgres_fdw foreign table with pg_backfill on its server, through dblink): missing, extra, different, or unsettled (still changing on the source at the last pass). Re-checks each difference after the stream has caught up (the slot''s confirmed position).';
+
+CREATE FUNCTION backfill_repair(source regclass, target regclass, confirm boolean DEFAULT false,
+                                level text DEFAULT 'hash', passes integer DEFAULT 3, slot name DEFAULT NULL,
+                                batch_size integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.repair(source::oid, target::oid, confirm, level, passes, slot::text, batch_size) $$;
+COMMENT ON FUNCTION backfill_repair(regclass, regclass, boolean, text, integer, name, integer) IS
+'Compares source and target (backfill_compare()) and starts one backfill of exactly the differing keys of the source, through the slot; returns its id, or NULL when nothing differs. Without confirm => true it starts nothing and reports what differs.';
 
 CREATE FUNCTION backfill_cancel(id bigint)
 RETURNS boolean
@@ -347,13 +367,14 @@ CREATE EVENT TRIGGER backfill_refuse_drop_while_running ON ddl_command_start WHE
     EXECUTE FUNCTION backfill.refuse_drop_while_running();
 REVOKE EXECUTE ON FUNCTION
     backfill_estimate(regclass[], integer), backfill_estimate(regclass, integer), backfill_estimate(text, integer),
-    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer),
-    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer),
-    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer),
+    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb),
+    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb),
+    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb),
     backfill_cancel(bigint), backfill_pause(bigint), backfill_resume(bigint),
     backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
     backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_security_check(),
-    backfill_checksum(regclass, integer, text, jsonb)
+    backfill_checksum(regclass, integer, text, jsonb), backfill_compare(regclass, regclass, text, integer, name),
+    backfill_repair(regclass, regclass, boolean, text, integer, name, integer)
   FROM PUBLIC;
 
 -- The entry points the wrappers above call, and the views' helpers.
@@ -365,6 +386,9 @@ COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()
 COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint) IS 'Entry point of backfill_set()';
 COMMENT ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) IS 'Entry point of the back-pressure options of backfill_start() and backfill_set(); returns the backfill''s id';
 COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb) IS 'Entry point of backfill_checksum()';
+COMMENT ON FUNCTION backfill.set_keys(bigint, jsonb) IS 'Entry point of backfill_start()''s keys; returns the backfill''s id';
+COMMENT ON FUNCTION backfill.compare(oid, oid, text, integer, text) IS 'Entry point of backfill_compare()';
+COMMENT ON FUNCTION backfill.repair(oid, oid, boolean, text, integer, text, integer) IS 'Entry point of backfill_repair()';
 COMMENT ON FUNCTION backfill.row_hash(anyelement) IS 'A table row''s 64-bit hash over its columns'' binary send formats (SipHash-2-4), for backfill_checksum()';
 COMMENT ON FUNCTION backfill.source_limit(text, bigint) IS 'The back-pressure limit in force for a backfill''s option (NULL: the setting; 0: off), for backfill_status';
 COMMENT ON FUNCTION backfill.wait(bigint, double precision) IS 'Entry point of backfill_wait() (timeout in milliseconds)';

@@ -100,6 +100,22 @@ COMMENT ON COLUMN backfill.job_table.finished_at IS 'When the scan ended (end ma
 COMMENT ON COLUMN backfill.job_table.pages_table_locked IS 'Pages that held the table in SHARE mode (no row locks written)';
 COMMENT ON COLUMN backfill.job_table.pages_row_locked IS 'Pages that locked their rows FOR SHARE';
 
+CREATE TABLE backfill.job_key (
+    job_id   bigint NOT NULL,
+    position integer NOT NULL,
+    ordinal  integer NOT NULL,
+    key      text[] NOT NULL,
+    key_json text[] NOT NULL,
+    PRIMARY KEY (job_id, position, ordinal),
+    FOREIGN KEY (job_id, position) REFERENCES backfill.job_table (job_id, position) ON DELETE CASCADE
+);
+COMMENT ON TABLE backfill.job_key IS 'The keys a keyed backfill (backfill_start(keys => ...), backfill_repair()) delivers, in key order';
+COMMENT ON COLUMN backfill.job_key.job_id IS 'The backfill (backfill.job.id)';
+COMMENT ON COLUMN backfill.job_key.position IS 'Its table (backfill.job_table.position)';
+COMMENT ON COLUMN backfill.job_key.ordinal IS 'The key''s place in key order, from 1: the keys up to rows_done are delivered';
+COMMENT ON COLUMN backfill.job_key.key IS 'The key''s values, text form';
+COMMENT ON COLUMN backfill.job_key.key_json IS 'The key''s values as JSON, as messages carry them';
+
 CREATE TABLE backfill.job_progress (
     job_id    bigint NOT NULL REFERENCES backfill.job (id) ON DELETE CASCADE,
     at        timestamptz NOT NULL,
@@ -118,7 +134,7 @@ COMMENT ON COLUMN backfill.job_progress.rows_done IS 'Rows the backfill had deli
 -- A restored database starts with no backfills.
 
 -- Key values, errors and counts of every table: for the extension's owner and pg_monitor only.
-GRANT SELECT ON backfill.job, backfill.job_table, backfill.job_progress TO pg_monitor;
+GRANT SELECT ON backfill.job, backfill.job_table, backfill.job_progress, backfill.job_key TO pg_monitor;
 
 -- 32 bytes from four random UUIDs (pg_strong_random; 488 random bits), hashed.
 CREATE FUNCTION backfill.random_key() RETURNS bytea
@@ -167,7 +183,7 @@ DO $$
 DECLARE
     state_table text;
 BEGIN
-    FOREACH state_table IN ARRAY ARRAY['job', 'job_table', 'job_progress', 'message_key'] LOOP
+    FOREACH state_table IN ARRAY ARRAY['job', 'job_table', 'job_key', 'job_progress', 'message_key'] LOOP
         EXECUTE pg_catalog.format(
             'CREATE TRIGGER discard_replicated_row BEFORE INSERT OR UPDATE OR DELETE ON backfill.%I
                  FOR EACH ROW EXECUTE FUNCTION backfill.discard_replicated_row()', state_table);

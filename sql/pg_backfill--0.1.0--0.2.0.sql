@@ -6,6 +6,10 @@
 -- - Every message carries an authentication tag keyed with backfill.message_key.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.2.0'" to load this file. \quit
 
+-- The state tables first, and in the order a worker's page takes them (job, then job_table):
+-- a script that took job_table first and then altered job would deadlock with a running page.
+LOCK TABLE backfill.job, backfill.job_table IN ACCESS EXCLUSIVE MODE;
+
 -- The state is no longer dumped (see sql/catalog.sql): the tables stay members of the
 -- extension, no longer as configuration tables.
 ALTER EXTENSION pg_backfill DROP TABLE backfill.job_progress;

@@ -6,6 +6,10 @@
 --   backfill stays running, and backfill_status.waiting_for says what it waits for.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.3.0'" to load this file. \quit
 
+-- The state tables first, and in the order a worker's page takes them (job, then job_table):
+-- a script that took job_table first and then altered job would deadlock with a running page.
+LOCK TABLE backfill.job, backfill.job_table IN ACCESS EXCLUSIVE MODE;
+
 -- A FOR ALL TABLES publication publishes these tables too: a native subscriber applies their
 -- rows into tables of the same names, or stops ("relation backfill.job does not exist"). A
 -- subscriber with the extension installed has the tables, and these triggers, which fire only

@@ -8,6 +8,10 @@
 -- - The grants on the old backfill_start() and backfill_set() carry over to the new ones.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.4.0'" to load this file. \quit
 
+-- The state tables first, and in the order a worker's page takes them (job, then job_table):
+-- a script that took job_table first and then altered job would deadlock with a running page.
+LOCK TABLE backfill.job, backfill.job_table IN ACCESS EXCLUSIVE MODE;
+
 ALTER TABLE backfill.job ADD COLUMN max_replica_lag_bytes bigint CHECK (max_replica_lag_bytes >= 0);
 ALTER TABLE backfill.job ADD COLUMN max_retained_wal_bytes bigint CHECK (max_retained_wal_bytes >= 0);
 ALTER TABLE backfill.job ADD COLUMN max_active_sessions integer CHECK (max_active_sessions >= 0);

@@ -61,7 +61,7 @@ fn estimate(
 /// launches its worker. Without confirm it only reports what it would deliver.
 #[pg_extern(schema = "backfill", name = "start")]
 #[allow(clippy::too_many_arguments)]
-fn start(
+pub(crate) fn start(
     tables: Option<Vec<Option<pg_sys::Oid>>>,
     confirm: Option<bool>,
     batch_size: Option<i32>,

@@ -19,7 +19,7 @@ const MIN_SAMPLE: f64 = 10_000.0;
 
 /// How a checksum summarizes a range.
 #[derive(Clone, Copy, PartialEq)]
-enum Level {
+pub enum Level {
     /// The row count only.
     Count,
     /// The row count and the sum of the rows' hashes.
@@ -27,7 +27,7 @@ enum Level {
 }
 
 impl Level {
-    fn parse(level: &str) -> Level {
+    pub fn parse(level: &str) -> Level {
         match level {
             "count" => Level::Count,
             "hash" => Level::Hash,
@@ -43,7 +43,7 @@ impl Level {
 
 /// The columns of a table's key (primary key, else replica identity index), in key order:
 /// (name, type as SQL writes it).
-fn key_columns(relid: pg_sys::Oid, table: &str) -> Vec<(String, String)> {
+pub fn key_columns(relid: pg_sys::Oid, table: &str) -> Vec<(String, String)> {
     let columns = Spi::connect(|client| {
         let rows = client.select(
             "SELECT a.attname::text, pg_catalog.format_type(a.atttypid, a.atttypmod)
@@ -103,21 +103,10 @@ fn checksum(
     let relid = crate::args::required(table, "backfill_checksum", "tbl");
     let level = Level::parse(&crate::args::required(level, "backfill_checksum", "level").0);
     let name = crate::table::relation_name(relid);
-    let readable =
-        crate::sql::select_one::<bool>("SELECT pg_catalog.has_table_privilege($1, 'SELECT')", &[relid.into()])
-            .ok()
-            .flatten();
-    if readable != Some(true) {
-        raise(
-            ERRCODE_INSUFFICIENT_PRIVILEGE,
-            format!("permission denied for table {name}"),
-            "A checksum reads every row of the table, as the role that calls it.",
-            Some(format!("GRANT SELECT ON {name} TO ...;")),
-        );
-    }
+    require_readable(relid, &name);
     let key = key_columns(relid, &name);
     let bounds = match bounds {
-        Some(bounds) => checked_bounds(bounds, &key),
+        Some(bounds) => checked_keys(bounds.0, &key, "bounds"),
         None => {
             let ranges = crate::args::required(ranges, "backfill_checksum", "ranges");
             if !(1..=MAX_RANGES).contains(&ranges) {
@@ -131,29 +120,49 @@ fn checksum(
             sampled_bounds(&name, &key, ranges)
         }
     };
-    // Text is sent in the client's encoding: the hashes take it in UTF-8, whatever the session's.
-    // (Not a transactional setting: restored however the scan ends.)
-    // SAFETY: reads this backend's client encoding.
-    let client_encoding = unsafe { pg_sys::pg_get_client_encoding() };
-    let utf8 = pg_sys::pg_enc::PG_UTF8 as i32;
-    if client_encoding != utf8 {
-        // SAFETY: sets this backend's client encoding to UTF-8, a conversion every server
-        // encoding has; nothing is sent to the client until it is restored below.
-        unsafe { pg_sys::SetClientEncoding(utf8) };
-    }
-    let rows = PgTryBuilder::new(|| summarize(&name, &key, &bounds, level))
-        .finally(|| {
-            if client_encoding != utf8 {
-                // SAFETY: as above, back to what it was.
-                unsafe { pg_sys::SetClientEncoding(client_encoding) };
-            }
-        })
-        .execute();
+    let rows = in_utf8(|| summarize(&name, &key, &bounds, level));
     TableIterator::new(rows)
 }
 
+/// The caller may read the table (a checksum runs as the caller and reads every row).
+pub fn require_readable(relid: pg_sys::Oid, name: &str) {
+    let readable =
+        crate::sql::select_one::<bool>("SELECT pg_catalog.has_table_privilege($1, 'SELECT')", &[relid.into()])
+            .ok()
+            .flatten();
+    if readable != Some(true) {
+        raise(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied for table {name}"),
+            "A checksum reads every row of the table, as the role that calls it.",
+            Some(format!("GRANT SELECT ON {name} TO ...;")),
+        );
+    }
+}
+
+/// Runs `f` with the client encoding UTF-8, restored however `f` ends: send functions write
+/// text in the client's encoding, and the hashes take it in UTF-8, whatever the session's.
+pub fn in_utf8<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> R {
+    // SAFETY: reads this backend's client encoding.
+    let client_encoding = unsafe { pg_sys::pg_get_client_encoding() };
+    let utf8 = pg_sys::pg_enc::PG_UTF8 as i32;
+    if client_encoding == utf8 {
+        return f();
+    }
+    // SAFETY: sets this backend's client encoding to UTF-8, a conversion every server encoding
+    // has; nothing is sent to the client until it is restored below. (Not a transactional
+    // setting, hence the explicit restore.)
+    unsafe { pg_sys::SetClientEncoding(utf8) };
+    PgTryBuilder::new(f)
+        .finally(|| {
+            // SAFETY: as above, back to what it was.
+            unsafe { pg_sys::SetClientEncoding(client_encoding) };
+        })
+        .execute()
+}
+
 /// Each key column of a bound, as JSON: `t.col` or `b->>'col'` cast to its type.
-fn key_expression(key: &[(String, String)], column: impl Fn(&str, &str) -> String) -> String {
+pub fn key_expression(key: &[(String, String)], column: impl Fn(&str, &str) -> String) -> String {
     let parts: Vec<String> = key.iter().map(|(name, type_name)| column(name, type_name)).collect();
     if parts.len() == 1 {
         parts[0].clone()
@@ -162,42 +171,43 @@ fn key_expression(key: &[(String, String)], column: impl Fn(&str, &str) -> Strin
     }
 }
 
-fn json_object_of(key: &[(String, String)], prefix: &str) -> String {
+pub fn json_object_of(key: &[(String, String)], prefix: &str) -> String {
     let fields: Vec<String> =
         key.iter().map(|(name, _)| format!("{}, {prefix}{}", spi::quote_literal(name), quote_ident(name))).collect();
     format!("pg_catalog.jsonb_build_object({})", fields.join(", "))
 }
 
-/// Bounds given by the caller: an array of objects with every key column.
-fn checked_bounds(bounds: JsonB, key: &[(String, String)]) -> Vec<serde_json::Value> {
-    let serde_json::Value::Array(bounds) = bounds.0 else {
+/// Keys given by the caller (`argument`: bounds, keys): an array of objects with a non-null
+/// value for every key column.
+pub fn checked_keys(keys: serde_json::Value, key: &[(String, String)], argument: &str) -> Vec<serde_json::Value> {
+    let serde_json::Value::Array(keys) = keys else {
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,
-            "bounds must be a JSON array",
-            "bounds lists the lower bound of every range but the first, as key objects in ascending order.",
-            Some(r#"bounds => '[{"id": 1000}, {"id": 2000}]'"#.into()),
+            format!("{argument} must be a JSON array"),
+            format!("{argument} lists keys, as key objects."),
+            Some(format!(r#"{argument} => '[{{"id": 1000}}, {{"id": 2000}}]'"#)),
         );
     };
-    for bound in &bounds {
+    for value in &keys {
         let complete =
-            bound.as_object().is_some_and(|o| key.iter().all(|(name, _)| o.get(name).is_some_and(|v| !v.is_null())));
+            value.as_object().is_some_and(|o| key.iter().all(|(name, _)| o.get(name).is_some_and(|v| !v.is_null())));
         if !complete {
             raise(
                 ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("bound {bound} does not name every key column"),
+                format!("{argument} element {value} does not name every key column"),
                 format!(
-                    "Each bound is an object with a non-null value for every key column: {}.",
+                    "Each element is an object with a non-null value for every key column: {}.",
                     key.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
                 ),
                 None,
             );
         }
     }
-    bounds
+    keys
 }
 
 /// About `ranges` - 1 bounds at equal steps of a sample of the keys, duplicates merged.
-fn sampled_bounds(name: &str, key: &[(String, String)], ranges: i32) -> Vec<serde_json::Value> {
+pub fn sampled_bounds(name: &str, key: &[(String, String)], ranges: i32) -> Vec<serde_json::Value> {
     if ranges == 1 {
         return Vec::new();
     }
@@ -229,10 +239,10 @@ fn sampled_bounds(name: &str, key: &[(String, String)], ranges: i32) -> Vec<serd
     }
 }
 
-type RangeRow = (i32, Option<JsonB>, Option<JsonB>, i64, Option<String>);
+pub type RangeRow = (i32, Option<JsonB>, Option<JsonB>, i64, Option<String>);
 
 /// One scan of the table: each row's range (width_bucket over the bounds), counted and hashed.
-fn summarize(name: &str, key: &[(String, String)], bounds: &[serde_json::Value], level: Level) -> Vec<RangeRow> {
+pub fn summarize(name: &str, key: &[(String, String)], bounds: &[serde_json::Value], level: Level) -> Vec<RangeRow> {
     // (The table's alias must not be one of its columns' names: a column named like it would
     // be what backfill.row_hash() gets.)
     let of_row = key_expression(key, |column, _| format!("backfill_row.{}", quote_ident(column)));

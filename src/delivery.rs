@@ -6,9 +6,9 @@
 //! function or SPI call runs per row, and nothing per row is allocated in Rust.
 
 use crate::auth::Signer;
-use crate::encoding::KeyText;
 use crate::json::{Rendered, RowJson};
 use crate::message::{self, ReadMessage};
+use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use std::ffi::{c_int, CString};
 
@@ -36,19 +36,21 @@ struct Receiver {
     sink: *mut Sink<'static>,
 }
 
-/// Runs a prepared page query with text parameters; every row it returns goes to `sink`.
-pub fn run(plan: pg_sys::SPIPlanPtr, args: &[KeyText], sink: &mut Sink) {
-    // SAFETY: `plan` is a kept plan of `prepare` with `args.len()` text parameters; the receiver
-    // and the sink it points to outlive the execution, which calls back into them only.
+/// Runs a page query's kept plan (sql::kept_plan, for these arguments); every row it returns
+/// goes to `sink`.
+pub fn run(plan: pg_sys::SPIPlanPtr, args: &[DatumWithOid], sink: &mut Sink) {
+    // SAFETY: `plan` is a kept plan with parameters of the arguments' types; the arguments'
+    // datums live as long as `args`; the receiver and the sink it points to outlive the
+    // execution, which calls back into them only.
     unsafe {
         pg_sys::SPI_connect();
         let params = pg_sys::makeParamList(args.len() as c_int);
         let slots = (*params).params.as_mut_slice(args.len());
         for (param, arg) in slots.iter_mut().zip(args) {
-            param.value = arg.clone().into_datum().unwrap_or(pg_sys::Datum::from(0));
-            param.isnull = false;
+            param.value = arg.datum().map_or(pg_sys::Datum::from(0), |d| d.sans_lifetime());
+            param.isnull = arg.datum().is_none();
             param.pflags = pg_sys::PARAM_FLAG_CONST as u16;
-            param.ptype = pg_sys::TEXTOID;
+            param.ptype = arg.oid();
         }
         let mut receiver = Receiver {
             base: pg_sys::DestReceiver {

@@ -21,6 +21,9 @@
 //! - `privilege.rs`: who runs what: the caller's checks, the table owner's queries, the state.
 //! - `auth.rs`: the messages' authentication tags.
 //! - `status.rs`: helpers of the monitoring views.
+//! - `keys.rs`: backfills of given keys (repairs), and the `absent` message of a missing key.
+//! - `checksum.rs`, `row_hash.rs`: backfill_checksum(); `compare.rs`: backfill_compare() and
+//!   backfill_repair(); `side.rs`: the tables they read, here or through dblink.
 //! - `sql.rs`: reads through SPI that leave the transaction read-only (views, standbys).
 //! - `errors.rs`: how user errors are raised (SQLSTATE, detail, hint).
 
@@ -32,11 +35,13 @@ mod auth;
 mod backpressure;
 mod catalog;
 mod checksum;
+mod compare;
 mod control;
 mod delivery;
 mod encoding;
 mod errors;
 mod json;
+mod keys;
 mod launcher;
 mod lock;
 mod message;
@@ -50,6 +55,7 @@ mod ranges;
 mod row_hash;
 mod scan;
 mod settings;
+mod side;
 mod sql;
 mod state;
 mod status;

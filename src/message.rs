@@ -5,6 +5,8 @@
 //!   "key":{"id":7},"data":{...whole row...},"commit_lsn":"0/0"}` (plus `"slot"` when the
 //!   backfill is for a slot, and `"partition"` for a partitioned table). `commit_lsn` is always `0/0`: the LSN is only known at commit, and
 //!   every decoder reports the real one with the transaction.
+//! - `absent`: a key given to a keyed backfill (backfill_repair()) has no row:
+//!   `{"op":"absent",...,"key":{"id":7},"commit_lsn":"0/0"}`.
 //! - `table_start` when a table's scan starts and `table_end` (with the row count and the
 //!   sequences its columns own) when it ends.
 //!
@@ -185,6 +187,27 @@ pub fn table_start(
         key_columns: table.key_names(),
         upper_bound,
         rows_estimated,
+    })
+}
+
+/// `absent`: a key given to a keyed backfill (backfill_repair()) has no row. A consumer deletes
+/// the key's row, if it has one; the message sorts against the key's changes as a read does.
+#[derive(Serialize)]
+struct Absent<'a> {
+    #[serde(flatten)]
+    envelope: Envelope<'a>,
+    key: Value,
+    commit_lsn: &'a str,
+}
+
+/// `absent` of the key with these JSON values.
+pub fn absent(backfill_id: i64, slot: Option<&str>, table: &Table, key_values: &[String]) -> String {
+    let mut key = Vec::new();
+    push_key(&mut key, &key_labels(table), key_values.iter().map(|v| v.as_bytes()));
+    to_json(&Absent {
+        envelope: Envelope::new("absent", backfill_id, slot, table),
+        key: serde_json::from_slice(&key).unwrap_or_default(),
+        commit_lsn: "0/0",
     })
 }
 

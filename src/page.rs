@@ -22,7 +22,7 @@ use crate::auth::Signer;
 use crate::backpressure::{self, LoadGovernor, SourceLimit};
 use crate::catalog;
 use crate::delivery;
-use crate::encoding::{show_key, KeyText, Text};
+use crate::encoding::{show_key, KeyText};
 use crate::errors::raise;
 use crate::errors::OrInternal;
 use crate::json::RowJson;
@@ -66,8 +66,10 @@ pub struct TableScan<'a> {
     pub(crate) pacer: Pacer,
     /// What the server's load allows this worker (backfill.max_active_sessions), and whether
     /// it holds it back now (logged when that changes).
-    load: LoadGovernor,
+    pub(crate) load: LoadGovernor,
     slowed_by_load: bool,
+    /// Whether the scan delivers given keys (keys.rs) rather than the whole table.
+    pub(crate) keyed: bool,
     /// The role that started the backfill: the end marker shows the sequences it may read.
     started_by: String,
     /// How pages lock (lock.rs), and whether the state tables count each path.
@@ -100,7 +102,13 @@ impl<'a> TableScan<'a> {
             sqlstate: sqlstate_of(why.code),
             message: format!("table {relid:?} can no longer be backfilled: {}", why.reason),
         })?;
-        let (row, counts_lock_paths) = in_transaction(|| (RowJson::new(&table.columns), ranges::counts_lock_paths()))?;
+        let (row, counts_lock_paths, keyed) = in_transaction(|| {
+            (
+                RowJson::new(&table.columns),
+                ranges::counts_lock_paths(),
+                ranges::is_keyed(backfill_id, job_table.position),
+            )
+        })?;
         Ok(TableScan {
             backfill_id,
             position: job_table.position,
@@ -108,6 +116,7 @@ impl<'a> TableScan<'a> {
             pacer: Pacer::new(pacing::share(job.rows_per_second, i64::from(job.parallel))),
             load: LoadGovernor::new(),
             slowed_by_load: false,
+            keyed,
             started_by: job.started_by.clone(),
             locks: LockPolicy::new(job.lock_mode, table.partitioned, job.batch_size),
             counts_lock_paths,
@@ -210,6 +219,9 @@ impl<'a> TableScan<'a> {
         if !found.same_columns {
             self.reload_columns();
         }
+        if self.keyed {
+            return self.key_page(&progress, rows_per_page, &signer);
+        }
         let cursor = progress.cursor.clone();
         // The page's lock comes before its queries take their snapshots (see lock.rs).
         let (locking, rows_per_page) = self.locks.lock_page(self.table.relid, rows_per_page);
@@ -263,29 +275,6 @@ impl<'a> TableScan<'a> {
         Page::More
     }
 
-    /// The greatest key of the table now, as text values and as JSON values; None if empty.
-    fn greatest_key(&self) -> Option<(Vec<KeyText>, Vec<String>)> {
-        privilege::run_as(self.owner, || {
-            Spi::connect(|client| {
-                let rows = client.select(&self.queries.upper_bound(), None, &[])?;
-                if rows.is_empty() {
-                    return Ok::<_, pgrx::spi::Error>(None);
-                }
-                let row = rows.first();
-                let k = self.queries.key_len();
-                // Key columns are never NULL.
-                let key = (1..=k)
-                    .map(|i| row.get::<KeyText>(i).map(Option::unwrap_or_default))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let json = (k + 1..=2 * k)
-                    .map(|i| row.get::<Text>(i).map(|v| v.map(|t| t.0).unwrap_or_default()))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(Some((key, json)))
-            })
-        })
-        .or_internal("read the table's greatest key")
-    }
-
     /// Every range of this table in the backfill (one, unless parallel), locked in order.
     fn lock_table_ranges(&self) -> Vec<Range> {
         ranges::lock_table_ranges(self.backfill_id, self.position)
@@ -307,7 +296,7 @@ impl<'a> TableScan<'a> {
     }
 
     /// Ends the scan of this range when no key is left in it.
-    fn end_scan(&mut self, rows: i64, signer: &Signer) -> Page {
+    pub(crate) fn end_scan(&mut self, rows: i64, signer: &Signer) -> Page {
         let ranges = self.lock_table_ranges();
         self.end_scan_locked(rows, &ranges, signer)
     }
@@ -396,8 +385,20 @@ impl<'a> TableScan<'a> {
         locking: Locking,
         signer: &Signer,
     ) -> (i64, i64) {
-        let args = Self::key_args(cursor, page_end);
-        let plan = crate::sql::kept_plan(&self.queries.page_rows(cursor.is_some(), locking), args.len());
+        let args: Vec<pgrx::datum::DatumWithOid> =
+            Self::key_args(cursor, page_end).into_iter().map(Into::into).collect();
+        self.deliver_rows(&self.queries.page_rows(cursor.is_some(), locking), &args, signer)
+    }
+
+    /// Runs a page's rows query (`sql`, with `args`), emitting one message per row it returns.
+    /// Returns rows and payload bytes delivered.
+    pub(crate) fn deliver_rows(
+        &mut self,
+        sql: &str,
+        args: &[pgrx::datum::DatumWithOid],
+        signer: &Signer,
+    ) -> (i64, i64) {
+        let plan = crate::sql::kept_plan(sql, args);
         let table_name = self.table.qualified_name();
         let mut sink = delivery::Sink {
             key_columns: &self.key_columns,
@@ -412,7 +413,7 @@ impl<'a> TableScan<'a> {
             bytes: 0,
         };
         // The rows' casts to json and the key's input functions are user code: as the owner.
-        privilege::run_as(self.owner, || delivery::run(plan, &args, &mut sink));
+        privilege::run_as(self.owner, || delivery::run(plan, args, &mut sink));
         (sink.rows, sink.bytes)
     }
 }

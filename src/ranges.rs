@@ -1,8 +1,9 @@
 //! The state table `backfill.job_table`, one row per table of a backfill (per key range, with
 //! parallel workers): every read and write of it. Where a range's scan stands, its state
-//! changes, and how the workers that share a table coordinate its markers.
+//! changes, and how the workers that share a table coordinate its markers. And the keys of a
+//! keyed backfill, `backfill.job_key` (keys.rs).
 
-use crate::encoding::{texts, KeyText};
+use crate::encoding::{texts, KeyText, Text};
 use crate::errors::OrInternal;
 use crate::sql::run_prepared;
 use crate::state::RangeState;
@@ -205,4 +206,54 @@ pub fn set_key_fraction(backfill_id: i64, position: i32, fraction: Option<f64>) 
         &[backfill_id.into(), position.into(), fraction.into()],
     )
     .or_internal("record progress")
+}
+
+/// One key of a keyed backfill: its values as text (to cast back) and as JSON (for messages).
+pub struct GivenKey {
+    pub text: Vec<KeyText>,
+    pub json: Vec<String>,
+}
+
+/// Whether the scan of `position` delivers given keys rather than the whole table. (Before
+/// ALTER EXTENSION UPDATE to 0.5.0 there are no keyed backfills.)
+pub fn is_keyed(backfill_id: i64, position: i32) -> bool {
+    let exists = crate::sql::select_one::<bool>("SELECT pg_catalog.to_regclass('backfill.job_key') IS NOT NULL", &[])
+        .or_internal("look for the keys' table")
+        .unwrap_or(false);
+    exists
+        && crate::sql::select_one::<bool>(
+            "SELECT EXISTS (SELECT FROM backfill.job_key WHERE job_id = $1 AND position = $2)",
+            &[backfill_id.into(), position.into()],
+        )
+        .or_internal("read the backfill's keys")
+        .unwrap_or(false)
+}
+
+/// The keys after the first `done`, at most `limit` of them.
+pub fn next_keys(backfill_id: i64, position: i32, done: i64, limit: i32) -> Vec<GivenKey> {
+    keys_where(
+        "ordinal > $3 ORDER BY ordinal LIMIT $4",
+        &[backfill_id.into(), position.into(), done.into(), i64::from(limit).into()],
+    )
+}
+
+/// The greatest key: what the table's start marker announces as its upper bound.
+pub fn last_key(backfill_id: i64, position: i32) -> Option<(Vec<KeyText>, Vec<String>)> {
+    keys_where("true ORDER BY ordinal DESC LIMIT 1", &[backfill_id.into(), position.into()])
+        .pop()
+        .map(|k| (k.text, k.json))
+}
+
+fn keys_where(condition: &str, args: &[DatumWithOid]) -> Vec<GivenKey> {
+    let sql = format!("SELECT key, key_json FROM backfill.job_key WHERE job_id = $1 AND position = $2 AND {condition}");
+    crate::sql::run_prepared(&sql, false, args, |rows| {
+        rows.map(|row| {
+            Ok(GivenKey {
+                text: row.get::<Vec<KeyText>>(1)?.unwrap_or_default(),
+                json: crate::encoding::strings(row.get::<Vec<Text>>(2)?.unwrap_or_default()),
+            })
+        })
+        .collect()
+    })
+    .or_internal("read the backfill's keys")
 }

@@ -48,19 +48,19 @@ pub fn run_prepared<R>(
     })
 }
 
-/// `sql`'s plan, prepared once per process with `text_params` text parameters, for
+/// `sql`'s plan, prepared once per process with parameters of the types of `args`, for
 /// `SPI_execute_plan_extended` with a receiver of the caller's.
-pub fn kept_plan(sql: &str, text_params: usize) -> pg_sys::SPIPlanPtr {
+pub fn kept_plan(sql: &str, args: &[DatumWithOid]) -> pg_sys::SPIPlanPtr {
     if let Some(plan) = KEPT_PLANS.with(|plans| plans.borrow().get(sql).copied()) {
         return plan.0;
     }
     let text = CString::new(sql).expect("generated SQL has no NUL byte");
-    let mut types = vec![pg_sys::TEXTOID; text_params];
+    let mut types: Vec<pg_sys::Oid> = args.iter().map(|a| a.oid()).collect();
     // SAFETY: SPI is connected around the call; the types array has one entry per parameter;
     // the plan is kept (moved out of SPI's memory) before SPI_finish.
     let plan = unsafe {
         pg_sys::SPI_connect();
-        let plan = pg_sys::SPI_prepare(text.as_ptr(), text_params as c_int, types.as_mut_ptr());
+        let plan = pg_sys::SPI_prepare(text.as_ptr(), types.len() as c_int, types.as_mut_ptr());
         if plan.is_null() {
             let code = std::ptr::addr_of!(pg_sys::SPI_result).read();
             error!("could not prepare a page query: SPI error {code}");

@@ -1,0 +1,296 @@
+//! backfill_compare(): the keys whose rows differ between a source table and its copy, found
+//! range by range and settled against the stream; backfill_repair(): a keyed backfill of them.
+//!
+//! How a comparison goes:
+//! 1. **Ranges.** Both tables are checksummed over the same key ranges (checksum.rs; the
+//!    bounds are sampled from the source). A range whose rows and checksum agree is done.
+//! 2. **Narrowing.** The rows of each differing range are listed on both sides as (key, row
+//!    hash); every key whose hash differs, or that one side lacks, is a candidate.
+//! 3. **Passes.** Writes go on while this runs, and the copy follows the source through the
+//!    stream, a little later. So each candidate is judged in `passes` passes, each of which
+//!    reads the source's row, notes the WAL position, waits for the consumer's slot to confirm
+//!    that position (the copy then holds every change committed before it), reads the copy's
+//!    row, and reads the source's row again. A key whose source row changed during the pass is
+//!    moving: the pass says nothing of it. A key whose copy matches is settled and dropped. A
+//!    difference on a key that stood still while the copy caught up is real; a key still
+//!    moving at the last pass is `unsettled`.
+//!
+//! The copy may be a postgres_fdw foreign table: its server must have pg_backfill, and the
+//! comparison runs its queries there through dblink (over the foreign table's server and user
+//! mapping), so that only checksums, and the differing rows' keys and hashes, cross.
+
+use crate::checksum::{self, Level};
+use crate::encoding::Text;
+use crate::errors::{raise, OrInternal};
+use crate::side::{against, disconnect, fresh_snapshot, qualified_name, range_sums, rows_of_keys, target_side, Side};
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use pgrx::PgSqlErrorCode::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+/// Ranges a comparison checks first.
+const RANGES: i32 = 1024;
+/// How long a pass waits for the slot's consumer to catch up before it gives up on the pass.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Without a slot, the pause before each pass after the first, for the copy to catch up.
+const SETTLE_WITHOUT_SLOT: Duration = Duration::from_secs(1);
+const MAX_PASSES: i32 = 100;
+
+/// What differs about a key.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Status {
+    Missing,
+    Extra,
+    Different,
+    Unsettled,
+}
+
+impl Status {
+    fn as_str(self) -> &'static str {
+        match self {
+            Status::Missing => "missing",
+            Status::Extra => "extra",
+            Status::Different => "different",
+            Status::Unsettled => "unsettled",
+        }
+    }
+}
+
+/// backfill_compare(): the keys that differ, each with its status.
+#[pg_extern(schema = "backfill", name = "compare")]
+fn compare(
+    source: Option<pg_sys::Oid>,
+    target: Option<pg_sys::Oid>,
+    level: Option<Text>,
+    passes: Option<i32>,
+    slot: Option<Text>,
+) -> TableIterator<'static, (name!(key, JsonB), name!(status, String))> {
+    let found = differences("backfill_compare", source, target, level, passes, slot.map(|s| s.0)).keys;
+    TableIterator::new(found.into_iter().map(|(key, status)| (JsonB(key), status.as_str().to_string())))
+}
+
+/// backfill_repair(): compares, then starts one backfill of the differing keys of the source
+/// (through the comparison's slot); its id, or NULL when nothing differs.
+#[pg_extern(schema = "backfill", name = "repair")]
+#[allow(clippy::too_many_arguments)]
+fn repair(
+    source: Option<pg_sys::Oid>,
+    target: Option<pg_sys::Oid>,
+    confirm: Option<bool>,
+    level: Option<Text>,
+    passes: Option<i32>,
+    slot: Option<Text>,
+    batch_size: Option<i32>,
+) -> Option<i64> {
+    let confirm = crate::args::required(confirm, "backfill_repair", "confirm");
+    let batch_size = crate::args::required(batch_size, "backfill_repair", "batch_size");
+    crate::args::check_batch_size(batch_size);
+    let found = differences("backfill_repair", source, target, level, passes, slot.map(|s| s.0));
+    let name = crate::table::relation_name(source.unwrap_or_default());
+    if found.keys.is_empty() {
+        notice!("{name} and its copy agree: nothing to repair");
+        return None;
+    }
+    let count = |status: Status| found.keys.iter().filter(|(_, s)| *s == status).count();
+    if !confirm {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "repair not started: confirm => true is required",
+            format!(
+                "{} keys of {name} differ: {} missing, {} extra, {} different, {} unsettled.",
+                found.keys.len(),
+                count(Status::Missing),
+                count(Status::Extra),
+                count(Status::Different),
+                count(Status::Unsettled),
+            ),
+            Some("SELECT * FROM backfill_compare(...) lists them; backfill_repair(..., confirm => true) re-delivers them.".into()),
+        );
+    }
+    let keys = found.keys.into_iter().map(|(key, _)| key).collect();
+    let id = crate::api::start(
+        Some(vec![source]),
+        Some(true),
+        Some(batch_size),
+        None,
+        found.slot.map(Text),
+        None,
+        None,
+        Some(1),
+    );
+    crate::keys::record_keys(id, serde_json::Value::Array(keys));
+    Some(id)
+}
+
+struct Found {
+    keys: Vec<(serde_json::Value, Status)>,
+    slot: Option<String>,
+}
+
+fn differences(
+    function: &str,
+    source: Option<pg_sys::Oid>,
+    target: Option<pg_sys::Oid>,
+    level: Option<Text>,
+    passes: Option<i32>,
+    slot: Option<String>,
+) -> Found {
+    let source = crate::args::required(source, function, "source");
+    let target = crate::args::required(target, function, "target");
+    let level = Level::parse(&crate::args::required(level, function, "level").0);
+    let passes = crate::args::required(passes, function, "passes");
+    if !(1..=MAX_PASSES).contains(&passes) {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("passes {passes} is out of range"),
+            format!("passes is how often a difference is re-checked, 1 to {MAX_PASSES}."),
+            Some("passes => 3".into()),
+        );
+    }
+    // SAFETY: reads this transaction's isolation level.
+    if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_READ_COMMITTED as i32 {
+        raise(
+            ERRCODE_ACTIVE_SQL_TRANSACTION,
+            format!("{function} must run in a READ COMMITTED transaction"),
+            "It re-reads rows as the stream changes them: each read needs a snapshot of its own.",
+            Some("Run it on its own, or in a transaction at the default isolation level.".into()),
+        );
+    }
+    let source_name = qualified_name(source);
+    checksum::require_readable(source, &crate::table::relation_name(source));
+    let key = checksum::key_columns(source, &crate::table::relation_name(source));
+    let target_side = target_side(source, target, function);
+    let slot = slot.or_else(|| crate::privilege::as_extension_owner(|| last_slot_of(source)));
+    if let Some(slot) = &slot {
+        crate::pipeline::require_slot(slot);
+    }
+    let source_side = Side::Local { name: source_name };
+    let keys = checksum::in_utf8(|| compare_sides(&source_side, &target_side, &key, level, passes, slot.as_deref()));
+    // (After an error the connection stays open until the session ends or the next comparison.)
+    disconnect(&target_side);
+    Found { keys, slot }
+}
+
+/// The slot of the latest backfill of the table that had one, if it still exists.
+fn last_slot_of(relid: pg_sys::Oid) -> Option<String> {
+    crate::sql::select_one::<Text>(
+        "SELECT j.slot_name::text FROM backfill.job j
+           JOIN backfill.job_table t ON t.job_id = j.id
+           JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
+          WHERE t.relid = $1::oid::regclass ORDER BY j.id DESC LIMIT 1",
+        &[relid.into()],
+    )
+    .or_internal("read the table's backfills")
+    .map(|t| t.0)
+}
+
+/// The WAL position now: every change the source committed so far is before it.
+fn wal_position() -> String {
+    crate::sql::select_one::<String>(
+        "SELECT (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+                      ELSE pg_catalog.pg_current_wal_lsn() END)::text",
+        &[],
+    )
+    .or_internal("read the WAL position")
+    .unwrap_or_default()
+}
+
+/// Waits until the copy holds every change before `position`: the slot's consumer confirmed
+/// it. Without a slot, a fixed pause. False if the consumer did not catch up in time.
+fn catch_up(slot: Option<&str>, position: &str) -> bool {
+    let Some(slot) = slot else {
+        crate::pacing::sleep(SETTLE_WITHOUT_SLOT);
+        return true;
+    };
+    let started = Instant::now();
+    loop {
+        let confirmed = fresh_snapshot(|| {
+            crate::sql::select_one::<bool>(
+                "SELECT coalesce(s.confirmed_flush_lsn OPERATOR(pg_catalog.>=) $2::pg_catalog.pg_lsn, false)
+                   FROM pg_catalog.pg_replication_slots s WHERE s.slot_name OPERATOR(pg_catalog.=) $1",
+                &[Text(slot.to_string()).into(), Text(position.to_string()).into()],
+            )
+        })
+        .or_internal("read the slot's position");
+        match confirmed {
+            Some(true) => return true,
+            None => crate::pipeline::require_slot(slot),
+            Some(false) if started.elapsed() >= CATCH_UP_TIMEOUT => return false,
+            Some(false) => crate::pacing::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn compare_sides(
+    source: &Side,
+    target: &Side,
+    key: &[(String, String)],
+    level: Level,
+    passes: i32,
+    slot: Option<&str>,
+) -> Vec<(serde_json::Value, Status)> {
+    // 1. Ranges.
+    let bounds = checksum::sampled_bounds(source.name(), key, RANGES);
+    let source_sums = range_sums(source, key, &bounds, level);
+    // (Without a slot, the passes give the copy time; the ranges only find candidates.)
+    if slot.is_some() {
+        catch_up(slot, &wal_position());
+    }
+    let target_sums = range_sums(target, key, &bounds, level);
+    // 2. Narrowing.
+    let mut candidates = BTreeSet::new();
+    for (range, (source_sum, target_sum)) in source_sums.iter().zip(&target_sums).enumerate() {
+        if source_sum == target_sum {
+            continue;
+        }
+        let mut condition = Vec::new();
+        if range > 0 {
+            condition.push(against(key, ">=", &bounds[range - 1]));
+        }
+        if let Some(upper) = bounds.get(range) {
+            condition.push(against(key, "<", upper));
+        }
+        let condition = if condition.is_empty() { "true".to_string() } else { condition.join(" AND ") };
+        let (here, there) = (source.rows(key, level, &condition), target.rows(key, level, &condition));
+        candidates.extend(here.keys().chain(there.keys()).filter(|k| here.get(*k) != there.get(*k)).cloned());
+    }
+    // 3. Passes.
+    let mut verdicts = BTreeMap::new();
+    for pass in 0..passes {
+        if candidates.is_empty() {
+            break;
+        }
+        let before = rows_of_keys(source, key, level, &candidates);
+        // Without a slot, the first pass runs at once, and the next ones after a pause.
+        let caught_up = if slot.is_some() || pass > 0 { catch_up(slot, &wal_position()) } else { true };
+        let copy = rows_of_keys(target, key, level, &candidates);
+        let after = rows_of_keys(source, key, level, &candidates);
+        let previous = std::mem::take(&mut verdicts);
+        for candidate in &candidates {
+            let (was, is, copied) = (before.get(candidate), after.get(candidate), copy.get(candidate));
+            let status = if was != is || !caught_up {
+                Status::Unsettled
+            } else if is == copied {
+                continue;
+            } else if copied.is_none() {
+                Status::Missing
+            } else if is.is_none() {
+                Status::Extra
+            } else {
+                Status::Different
+            };
+            verdicts.insert(candidate.clone(), status);
+        }
+        candidates = verdicts.keys().cloned().collect();
+        // Without a slot nothing says when the copy has caught up: differences that stood
+        // still through two passes, a pause apart, are taken as real.
+        if slot.is_none() && verdicts == previous && !verdicts.values().any(|s| *s == Status::Unsettled) {
+            break;
+        }
+    }
+    verdicts
+        .into_iter()
+        .map(|(key, status)| (serde_json::from_str(&key).unwrap_or(serde_json::Value::Null), status))
+        .collect()
+}

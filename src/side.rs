@@ -1,0 +1,277 @@
+//! The two tables a comparison reads (compare.rs): the source, here, and its copy, here or, for
+//! a postgres_fdw foreign table, on the foreign table's server through dblink (over the foreign
+//! table's server and user mapping), where pg_backfill computes the checksums and row hashes.
+//! Both run the same SQL, with every result column as text.
+
+use crate::checksum::{self, Level};
+use crate::encoding::{quote_qualified, Text};
+use crate::errors::{raise, OrInternal};
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Keys per query when listing given keys' rows.
+const KEYS_PER_QUERY: usize = 5_000;
+
+/// A table of the comparison, local or behind a foreign table's server.
+pub enum Side {
+    Local { name: String },
+    Remote { dblink: String, connection: String, name: String },
+}
+
+/// A key's JSON text (as jsonb renders it: the same on both sides) and its row's
+/// hash (None at the count level).
+pub type Rows = BTreeMap<String, Option<String>>;
+
+impl Side {
+    pub fn name(&self) -> &str {
+        match self {
+            Side::Local { name } | Side::Remote { name, .. } => name,
+        }
+    }
+
+    /// Runs `sql` (every column text) here or on the remote server; rows of `columns` texts.
+    fn query(&self, sql: &str, columns: usize) -> Vec<Vec<Option<String>>> {
+        let (sql, args): (String, Vec<pgrx::datum::DatumWithOid>) = match self {
+            Side::Local { .. } => (sql.to_string(), vec![]),
+            Side::Remote { dblink, connection, .. } => (
+                format!("SELECT * FROM {dblink}.dblink($1, $2) AS r({})", text_columns(columns)),
+                vec![Text(connection.clone()).into(), Text(sql.to_string()).into()],
+            ),
+        };
+        fresh_snapshot(|| {
+            Spi::connect(|client| {
+                client
+                    .select(&sql, None, &args)?
+                    .map(|row| (1..=columns).map(|i| Ok(row.get::<Text>(i)?.map(|t| t.0))).collect())
+                    .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+            })
+        })
+        .or_internal("read the rows to compare")
+    }
+
+    /// (key, hash) of the rows `condition` selects (`backfill_row` names the row).
+    pub fn rows(&self, key: &[(String, String)], level: Level, condition: &str) -> Rows {
+        let hash = if level == Level::Hash { "backfill.row_hash(backfill_row)::pg_catalog.text" } else { "NULL" };
+        let sql = format!(
+            "SELECT {}::pg_catalog.text, {hash} FROM {} backfill_row WHERE {condition}",
+            checksum::json_object_of(key, "backfill_row."),
+            self.name()
+        );
+        self.query(&sql, 2).into_iter().map(|mut r| (r[0].take().unwrap_or_default(), r[1].take())).collect()
+    }
+}
+
+fn text_columns(columns: usize) -> String {
+    (1..=columns).map(|i| format!("c{i} text")).collect::<Vec<_>>().join(", ")
+}
+
+/// Runs `f` with a snapshot taken now: a comparison re-reads rows as they change, within one
+/// statement (read committed).
+pub fn fresh_snapshot<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: pushed here and popped after `f`; an error in `f` aborts the transaction, which
+    // clears the snapshot stack.
+    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+    let result = f();
+    // SAFETY: the snapshot pushed above.
+    unsafe { pg_sys::PopActiveSnapshot() };
+    result
+}
+
+/// The table's name, schema-qualified and quoted.
+pub fn qualified_name(relid: pg_sys::Oid) -> String {
+    let sql = "SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c
+                 JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                WHERE c.oid OPERATOR(pg_catalog.=) $1";
+    let names = Spi::connect(|client| {
+        let rows = client.select(sql, Some(1), &[relid.into()])?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let row = rows.first();
+        Ok::<_, pgrx::spi::Error>(row.get::<Text>(1)?.zip(row.get::<Text>(2)?))
+    })
+    .or_internal("read the table's name");
+    let Some((schema, name)) = names else {
+        raise(
+            ERRCODE_UNDEFINED_TABLE,
+            format!("relation with OID {} does not exist", relid.to_u32()),
+            "It was dropped.",
+            None,
+        )
+    };
+    quote_qualified(&schema.0, &name.0)
+}
+
+/// The copy: a table with the source's columns (name and type, in order) here, or a foreign
+/// table whose server runs pg_backfill.
+pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str) -> Side {
+    let (source_name, target_name) = (crate::table::relation_name(source), crate::table::relation_name(target));
+    if source == target {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{function} compares {source_name} with itself"),
+            "The source and the target are the same table.",
+            Some("Name the copy as the target.".into()),
+        );
+    }
+    checksum::require_readable(target, &target_name);
+    let columns = |relid: pg_sys::Oid| {
+        crate::sql::select_one::<Vec<Text>>(
+            "SELECT pg_catalog.array_agg(pg_catalog.format('%I %s', a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod))
+                                         ORDER BY a.attnum)
+               FROM pg_catalog.pg_attribute a
+              WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped",
+            &[relid.into()],
+        )
+        .or_internal("read the tables' columns")
+        .map(crate::encoding::strings)
+        .unwrap_or_default()
+    };
+    let (source_columns, target_columns) = (columns(source), columns(target));
+    if source_columns != target_columns {
+        raise(
+            ERRCODE_DATATYPE_MISMATCH,
+            format!("{target_name} does not have the columns of {source_name}"),
+            format!(
+                "Rows compare column by column: {source_name} has ({}), {target_name} has ({}).",
+                source_columns.join(", "),
+                target_columns.join(", ")
+            ),
+            Some("Give the copy the same columns, with the same types, in the same order.".into()),
+        );
+    }
+    let foreign = crate::sql::select_one::<bool>(
+        "SELECT c.relkind OPERATOR(pg_catalog.=) 'f' FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) $1",
+        &[target.into()],
+    )
+    .or_internal("read the target's kind")
+    .unwrap_or(false);
+    if !foreign {
+        let key = checksum::key_columns(target, &target_name);
+        if key != checksum::key_columns(source, &source_name) {
+            raise(
+                ERRCODE_DATATYPE_MISMATCH,
+                format!("{target_name} does not have the key of {source_name}"),
+                "Rows are matched by key: both tables need the same primary key (or replica identity).",
+                None,
+            );
+        }
+        return Side::Local { name: qualified_name(target) };
+    }
+    connect(target, &target_name)
+}
+
+const CONNECTION: &str = "pg_backfill_compare";
+
+/// A dblink connection to the foreign table's server, as its user mapping says.
+fn connect(target: pg_sys::Oid, target_name: &str) -> Side {
+    let dblink = crate::sql::select_one::<Text>(
+        "SELECT pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_extension e
+           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+          WHERE e.extname OPERATOR(pg_catalog.=) 'dblink'",
+        &[],
+    )
+    .or_internal("look for dblink")
+    .map(|t| t.0)
+    .unwrap_or_else(|| {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("comparing with foreign table {target_name} needs the dblink extension"),
+            "The checksums of a foreign table are computed on its server, whose queries run through dblink.",
+            Some("CREATE EXTENSION dblink; (it ships with PostgreSQL)".into()),
+        )
+    });
+    let remote = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT s.srvname::text,
+                    coalesce((SELECT o.option_value FROM pg_catalog.pg_options_to_table(ft.ftoptions) o
+                               WHERE o.option_name OPERATOR(pg_catalog.=) 'schema_name'), n.nspname::text),
+                    coalesce((SELECT o.option_value FROM pg_catalog.pg_options_to_table(ft.ftoptions) o
+                               WHERE o.option_name OPERATOR(pg_catalog.=) 'table_name'), c.relname::text)
+               FROM pg_catalog.pg_foreign_table ft
+               JOIN pg_catalog.pg_foreign_server s ON s.oid OPERATOR(pg_catalog.=) ft.ftserver
+               JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) ft.ftrelid
+               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+              WHERE ft.ftrelid OPERATOR(pg_catalog.=) $1",
+            Some(1),
+            &[target.into()],
+        )?;
+        let row = rows.first();
+        let text = |i| row.get::<Text>(i).map(|t| t.map(|t| t.0).unwrap_or_default());
+        Ok::<_, pgrx::spi::Error>((text(1)?, text(2)?, text(3)?))
+    })
+    .or_internal("read the foreign table's server");
+    let (server, schema, table) = remote;
+    // A connection of an earlier comparison that an error interrupted goes first.
+    Spi::run(&format!(
+        "SELECT {dblink}.dblink_disconnect(c) FROM pg_catalog.unnest({dblink}.dblink_get_connections()) AS c
+          WHERE c OPERATOR(pg_catalog.=) '{CONNECTION}'"
+    ))
+    .or_internal("close an earlier comparison's connection");
+    Spi::run_with_args(&format!("SELECT {dblink}.dblink_connect($1, $2)"), &[CONNECTION.into(), Text(server).into()])
+        .or_internal("connect to the foreign table's server");
+    Side::Remote { dblink, connection: CONNECTION.into(), name: quote_qualified(&schema, &table) }
+}
+
+pub fn disconnect(side: &Side) {
+    if let Side::Remote { dblink, connection, .. } = side {
+        Spi::run_with_args(&format!("SELECT {dblink}.dblink_disconnect($1)"), &[connection.as_str().into()])
+            .or_internal("close the comparison's connection");
+    }
+}
+
+/// The range checksums of `side` over `bounds`: (rows, checksum) per range.
+pub fn range_sums(
+    side: &Side,
+    key: &[(String, String)],
+    bounds: &[serde_json::Value],
+    level: Level,
+) -> Vec<(i64, Option<String>)> {
+    match side {
+        Side::Local { name } => fresh_snapshot(|| checksum::summarize(name, key, bounds, level))
+            .into_iter()
+            .map(|(_, _, _, rows, sum)| (rows, sum))
+            .collect(),
+        Side::Remote { name, .. } => {
+            let sql = format!(
+                "SELECT rows::text, checksum FROM backfill.checksum({}::regclass::oid, 1, {}, {}::jsonb) ORDER BY range",
+                spi::quote_literal(name),
+                spi::quote_literal(if level == Level::Hash { "hash" } else { "count" }),
+                spi::quote_literal(serde_json::Value::Array(bounds.to_vec()).to_string())
+            );
+            side.query(&sql, 2)
+                .into_iter()
+                .map(|mut r| (r[0].take().and_then(|n| n.parse().ok()).unwrap_or(0), r[1].take()))
+                .collect()
+        }
+    }
+}
+
+/// `backfill_row`'s key against a bound: `key >= bound` (`>=`) or `key < bound` (`<`).
+pub fn against(key: &[(String, String)], op: &str, bound: &serde_json::Value) -> String {
+    let literal = spi::quote_literal(bound.to_string());
+    let row =
+        checksum::key_expression(key, |column, _| format!("backfill_row.{}", crate::encoding::quote_ident(column)));
+    let bound = checksum::key_expression(key, |column, type_name| {
+        format!("({literal}::pg_catalog.jsonb OPERATOR(pg_catalog.->>) {})::{type_name}", spi::quote_literal(column))
+    });
+    format!("{row} OPERATOR(pg_catalog.{op}) {bound}")
+}
+
+/// The condition of the rows of the given keys.
+fn of_keys(key: &[(String, String)], keys: &[&String]) -> String {
+    let literal = spi::quote_literal(format!("[{}]", keys.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(",")));
+    let row =
+        checksum::key_expression(key, |column, _| format!("backfill_row.{}", crate::encoding::quote_ident(column)));
+    let each = checksum::key_expression(key, |column, type_name| {
+        format!("(e.v OPERATOR(pg_catalog.->>) {})::{type_name}", spi::quote_literal(column))
+    });
+    format!("{row} IN (SELECT {each} FROM pg_catalog.jsonb_array_elements({literal}::pg_catalog.jsonb) AS e(v))")
+}
+
+/// The rows of `keys` on `side`.
+pub fn rows_of_keys(side: &Side, key: &[(String, String)], level: Level, keys: &BTreeSet<String>) -> Rows {
+    let keys: Vec<&String> = keys.iter().collect();
+    keys.chunks(KEYS_PER_QUERY).flat_map(|chunk| side.rows(key, level, &of_keys(key, chunk))).collect()
+}
