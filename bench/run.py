@@ -364,6 +364,15 @@ def checksum_costs(conn, shapes, sizes, repeat):
                     f"SELECT count(*) FROM (SELECT width_bucket(t.id, %s::bigint[]), count(*),"
                     f" sum(('x' || substr(md5(t::text), 1, 16))::bit(64)::bigint) FROM {table} t GROUP BY 1) s", [ids]),
             }
+            # backfill_compare of the table and an identical copy, local, and through postgres_fdw
+            # (a loopback server: the copy's checksums run in another backend, over dblink).
+            conn.execute(f"CREATE TABLE {table}_copy AS SELECT * FROM {table}")
+            conn.execute(f"ALTER TABLE {table}_copy ADD PRIMARY KEY (id)")
+            conn.execute(f"VACUUM ANALYZE {table}_copy")
+            conn.execute("CREATE SCHEMA IF NOT EXISTS far")
+            conn.execute(f"IMPORT FOREIGN SCHEMA public LIMIT TO ({table}_copy) FROM SERVER loopback INTO far")
+            methods["compare, local copy"] = (f"SELECT count(*) FROM backfill_compare('{table}', '{table}_copy')", None)
+            methods["compare, postgres_fdw copy"] = (f"SELECT count(*) FROM backfill_compare('{table}', 'far.{table}_copy')", None)
             for sql, params in methods.values():
                 conn.execute(sql, params)  # warm the cache
             times = {m: [] for m in methods}
@@ -377,8 +386,17 @@ def checksum_costs(conn, shapes, sizes, repeat):
                 seconds = statistics.median(samples)
                 results.append({"shape": shape, "rows": size, "method": method, "seconds": seconds, "ratio_to_count": seconds / base})
                 print(f"{shape:7} {size:>9} {method:34} {seconds:>8.3f} {seconds / base:>11.2f}")
-            conn.execute(f"DROP TABLE {table}")
+            conn.execute(f"DROP TABLE {table}, {table}_copy")
+            conn.execute(f"DROP FOREIGN TABLE far.{table}_copy")
     return results
+
+
+def loopback_server(conn):
+    """A postgres_fdw server that is this database, for copies behind foreign tables."""
+    conn.execute("CREATE EXTENSION IF NOT EXISTS postgres_fdw")
+    conn.execute("CREATE EXTENSION IF NOT EXISTS dblink")
+    conn.execute(f"CREATE SERVER loopback FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '127.0.0.1', port '{PORT}', dbname 'postgres')")
+    conn.execute("CREATE USER MAPPING FOR CURRENT_USER SERVER loopback")
 
 
 def main():
@@ -406,6 +424,7 @@ def main():
         conn.execute("CREATE EXTENSION pg_backfill")
         server = conn.execute("SELECT version()").fetchone()[0]
         if args.checksum:
+            loopback_server(conn)
             results, load = checksum_costs(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat), []
         elif args.load_signal:
             load = load_signal(conn, args.pgbench_seconds, args.repeat, [int(n) for n in args.load_signal.split(",")])

@@ -224,11 +224,13 @@ struct KeySql {
 impl KeySql {
     fn of(table: &Table) -> Self {
         let columns = table.key.iter().map(|k| format!("t.{}", quote_ident(&k.name))).collect::<Vec<_>>();
-        let params = (1..=table.key.len()).map(|i| format!("${i}::pg_catalog.text[]")).collect::<Vec<_>>();
+        // ROWS FROM: a qualified unnest() takes one array (only a bare one in FROM takes several).
+        let params =
+            (1..=table.key.len()).map(|i| format!("pg_catalog.unnest(${i}::pg_catalog.text[])")).collect::<Vec<_>>();
         KeySql {
             columns: if columns.len() == 1 { columns[0].clone() } else { format!("({})", columns.join(", ")) },
             casts: table.key.iter().enumerate().map(|(i, k)| format!("k.c{i}::{}", k.type_name)).collect(),
-            unnest: format!("pg_catalog.unnest({})", params.join(", ")),
+            unnest: format!("ROWS FROM ({})", params.join(", ")),
             names: (0..table.key.len()).map(|i| format!("c{i}")).collect::<Vec<_>>().join(", "),
         }
     }

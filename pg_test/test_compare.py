@@ -1,0 +1,380 @@
+"""backfill_compare(), backfill_start(keys => ...) and backfill_repair(): differences between a
+table and its copy are found exactly, under writes no false one is reported, and a repair that a
+consumer applies leaves nothing to find. The copy is kept by a real consumer: an applier of the
+slot's stream (wal2json), which confirms a position only once it has applied what precedes it."""
+
+import decimal
+import json
+import random
+import select
+import threading
+import time
+
+import psycopg2
+import psycopg2.extras
+import pytest
+
+from conftest import error_of, readme_grants, wait_until_ended
+
+COLUMNS = """id bigint PRIMARY KEY, i int, t text, n numeric, f float8, b boolean, d date,
+             ts timestamptz, u uuid, j jsonb, y bytea, v varchar(20)"""
+# One way to change each column, by its smallest step where it has one.
+CHANGES = {
+    "i": "i = i + 1", "t": "t = t || 'x'", "n": "n = n + 0.001", "f": "f = f * (1 + 1e-15)",
+    "b": "b = NOT b", "d": "d = d + 1", "ts": "ts = ts + interval '1 microsecond'",
+    "u": "u = gen_random_uuid()", "j": "j = j || '{\"k\": 1}'", "y": "y = y || '\\x00'::bytea",
+    "v": "v = 'w' || v",
+}
+FILL = """SELECT g, g, md5(g::text), g / 7.0, g / 3.0, g % 2 = 0, date '2020-01-01' + g % 1000,
+                 timestamptz '2020-01-01 00:00:00+00' + g * interval '1 second', md5(g::text)::uuid,
+                 jsonb_build_object('g', g, 's', 'é' || g), decode(md5(g::text), 'hex'), 'v' || g
+            FROM generate_series(1, ROWS) g"""
+
+
+def make_pair(db, rows, source="src", target="dst"):
+    db.execute(f"CREATE TABLE {source} ({COLUMNS})")
+    db.execute(f"INSERT INTO {source} {FILL.replace('ROWS', str(rows))}")
+    db.execute(f"ANALYZE {source}")
+    db.execute(f"CREATE TABLE {target} (LIKE {source} INCLUDING ALL)")
+    db.execute(f"INSERT INTO {target} SELECT * FROM {source}")
+
+
+def compared(db, source="src", target="dst", **options):
+    args = "".join(f", {k} => %({k})s" for k in options)
+    rows = db.execute(f"SELECT key->>'id', status FROM backfill_compare('{source}', '{target}'{args})", options)
+    return {int(k): status for k, status in rows}
+
+
+class Applier(threading.Thread):
+    """A consumer that streams the slot (wal2json, over the replication protocol) and applies it to
+    the copy: inserts, updates and reads as upserts, deletes and absents as deletes, each source
+    transaction in one transaction. It confirms a position only once it has applied everything
+    before it."""
+
+    def __init__(self, cluster, dbname, slot, table="src", copy="dst"):
+        super().__init__(daemon=True)
+        self.cluster, self.dbname, self.slot, self.table, self.copy = cluster, dbname, slot, table, copy
+        self.stop, self.errors, self.applied = threading.Event(), [], 0
+
+    def run(self):
+        try:
+            with self.cluster.connect(self.dbname) as conn:
+                columns = [c for c, in conn.execute(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped "
+                    "ORDER BY attnum", [self.copy])]
+                self.upsert = (f"INSERT INTO {self.copy} SELECT * FROM jsonb_populate_recordset(NULL::{self.copy}, %s::jsonb) "
+                               f"ON CONFLICT (id) DO UPDATE SET ({', '.join(columns)}) = "
+                               f"({', '.join('EXCLUDED.' + c for c in columns)})")
+                self.delete = f"DELETE FROM {self.copy} WHERE id = %s"
+                self.stream(conn)
+        except Exception as e:  # the test fails on it
+            self.errors.append(repr(e))
+
+    def stream(self, conn):
+        stream = psycopg2.connect(host="127.0.0.1", port=self.cluster.port, user="postgres", dbname=self.dbname,
+                                  connection_factory=psycopg2.extras.LogicalReplicationConnection)
+        cursor = stream.cursor()
+        cursor.start_replication(slot_name=self.slot, decode=True,
+                                 options={"format-version": "2", "include-transaction": "true"})
+        transaction = None  # the statements of the source transaction being received
+        try:
+            while not self.stop.is_set():
+                message = cursor.read_message()
+                if message is None:
+                    if transaction is None:  # everything received is applied: confirm it all
+                        cursor.send_feedback(flush_lsn=cursor.wal_end, force=True)
+                    select.select([cursor], [], [], 0.02)
+                    continue
+                # (Numbers as written: a float would round a numeric.)
+                change = json.loads(message.payload, parse_float=decimal.Decimal)
+                if change["action"] == "B":
+                    transaction = []
+                elif change["action"] == "C":
+                    # One transaction, its upserts in batches: the copy keeps up with the writers.
+                    with conn.transaction():
+                        for sql, args in self.batched(transaction):
+                            conn.execute(sql, args)
+                    self.applied += len(transaction)
+                    transaction = None
+                    cursor.send_feedback(flush_lsn=message.data_start, force=True)
+                else:
+                    transaction.extend(self.statements(change))
+        finally:
+            stream.close()
+
+    def batched(self, statements):
+        """Runs of upserts of distinct keys as one statement each, in order."""
+        run, keys = [], set()
+        for kind, value in statements + [("end", None)]:
+            if kind != "upsert" or value["id"] in keys:
+                if run:
+                    yield self.upsert, [json.dumps(run, default=str)]
+                run, keys = [], set()
+            if kind == "upsert":
+                run.append(value)
+                keys.add(value["id"])
+            elif kind == "delete":
+                yield self.delete, [value]
+
+    def statements(self, change):
+        """What applying a change runs on the copy."""
+        action = change["action"]
+        if action in "IUD" and change.get("table") != self.table:
+            return []
+        values = lambda field: {c["name"]: c["value"] for c in change[field]}
+        if action in "IU":
+            row = values("columns")
+            old = values("identity")["id"] if "identity" in change else row["id"]
+            return [("delete", old)] * (old != row["id"]) + [("upsert", row)]
+        if action == "D":
+            return [("delete", values("identity")["id"])]
+        if action == "M" and change["prefix"] == "backfill":
+            message = json.loads(change["content"], parse_float=decimal.Decimal)
+            if message["op"] == "read":
+                return [("upsert", message["data"])]
+            if message["op"] == "absent":
+                return [("delete", message["key"]["id"])]
+        return []
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.join(30)
+        assert not self.errors, self.errors
+
+
+def test_identical_tables_agree_at_every_level(db):
+    make_pair(db, 5000)
+    for level in ("hash", "count"):
+        assert compared(db, level=level) == {}
+
+
+def test_a_thousand_injected_divergences_of_every_kind_are_found_exactly(db):
+    make_pair(db, 20_000)
+    rng = random.Random(7)
+    keys = rng.sample(range(1, 20_001), 1000)
+    kinds = ["missing", "extra"] + [f"different:{c}" for c in CHANGES] + ["null"]
+    expected = {}
+    for n, key in enumerate(keys):
+        kind = kinds[n % len(kinds)]
+        if kind == "missing":
+            db.execute("DELETE FROM dst WHERE id = %s", [key])
+        elif kind == "extra":
+            db.execute("DELETE FROM src WHERE id = %s", [key])
+        elif kind == "null":  # a value becomes NULL
+            db.execute("UPDATE dst SET t = NULL WHERE id = %s", [key])
+            kind = "different"
+        else:
+            db.execute(f"UPDATE dst SET {CHANGES[kind.split(':')[1]]} WHERE id = %s", [key])
+            kind = "different"
+        expected[key] = kind
+    assert len(expected) == 1000
+    assert compared(db) == expected
+    # The count level sees only rows counts: the missing and extra keys of ranges whose counts
+    # differ (a missing and an extra key in one range offset each other), and nothing else.
+    counted = compared(db, level="count")
+    assert counted.items() <= {k: s for k, s in expected.items() if s != "different"}.items()
+    assert len(counted) >= 100
+
+
+def test_a_repair_applied_by_the_consumer_leaves_nothing_to_find(cluster, db):
+    make_pair(db, 3000)
+    db.execute("SELECT pg_create_logical_replication_slot('copy', 'wal2json')")
+    db.execute("DELETE FROM dst WHERE id IN (10, 20)")
+    db.execute("UPDATE dst SET t = 'stale', j = '{}' WHERE id IN (30, 2999)")
+    db.execute("INSERT INTO dst SELECT id + 10000, i, t, n, f, b, d, ts, u, j, y, v FROM src WHERE id <= 3")
+    expected = {10: "missing", 20: "missing", 30: "different", 2999: "different",
+                10001: "extra", 10002: "extra", 10003: "extra"}
+    with Applier(cluster, db.info.dbname, "copy"):
+        assert compared(db, slot="copy") == expected
+        error = error_of(db, "SELECT backfill_repair('src', 'dst', slot => 'copy')")
+        assert error.sqlstate == "22023" and "7 keys of src differ: 2 missing, 3 extra, 2 different" in error.diag.message_detail
+        backfill_id = db.execute("SELECT backfill_repair('src', 'dst', confirm => true, slot => 'copy')").fetchone()[0]
+        assert db.execute("SELECT backfill_wait(%s, '60 s')", [backfill_id]).fetchone()[0]
+        assert db.execute("SELECT rows_done, slot_name FROM backfill_status WHERE id = %s",
+                          [backfill_id]).fetchone() == (7, "copy")
+        assert compared(db, slot="copy") == {}
+        # With the copy whole, a repair starts nothing.
+        assert db.execute("SELECT backfill_repair('src', 'dst', confirm => true)").fetchone()[0] is None
+    assert db.execute("SELECT count(*) FROM dst").fetchone()[0] == 3000
+
+
+def test_keys_are_read_or_delivered_absent_in_key_order_once(db):
+    db.execute("CREATE TABLE kv (region text, id int, v text, PRIMARY KEY (region, id))")
+    db.execute("INSERT INTO kv VALUES ('eu', 1, 'a'), ('eu', 2, 'b'), ('us', 1, 'c')")
+    db.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    keys = [{"region": "us", "id": 1}, {"region": "eu", "id": 9}, {"region": "eu", "id": 1}, {"region": "us", "id": 1}]
+    backfill_id = db.execute("SELECT backfill_start('kv', confirm => true, batch_size => 2, keys => %s)",
+                             [json.dumps(keys)]).fetchone()[0]
+    assert wait_until_ended(db, backfill_id) == "done"
+    messages = [json.loads(c["content"]) for (d,) in db.execute(
+        "SELECT data FROM pg_logical_slot_get_changes('s', NULL, NULL, 'format-version', '2')")
+        for c in [json.loads(d)] if c.get("action") == "M"]
+    assert [(m["op"], m.get("key")) for m in messages] == [
+        ("table_start", None), ("read", {"region": "eu", "id": 1}), ("absent", {"region": "eu", "id": 9}),
+        ("read", {"region": "us", "id": 1}), ("table_end", None)]
+    assert messages[0]["upper_bound"] == {"region": "us", "id": 1} and messages[-1]["rows"] == 3
+
+
+def test_an_absent_key_sorts_before_a_concurrent_insert_of_it(cluster, db):
+    """Keys given absent while a writer inserts the keys just ahead of the backfill's cursor: a
+    consumer that applies absents as deletes must still end with every inserted row (a keyed page
+    holds the table against writers from its snapshot to its commit)."""
+    db.execute("CREATE TABLE src (id bigint PRIMARY KEY, v int NOT NULL)")
+    db.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    keys = list(range(1, 3001))
+    stop = threading.Event()
+
+    def insert():
+        with cluster.connect(db.info.dbname) as conn:
+            while not stop.is_set():
+                cursor = conn.execute("SELECT coalesce(max(cursor[1]::bigint), 0) FROM backfill_tables").fetchone()[0]
+                for key in range(cursor + 1, cursor + 4):
+                    conn.execute("INSERT INTO src VALUES (%s, 1) ON CONFLICT DO NOTHING", [key])
+
+    writer = threading.Thread(target=insert)
+    writer.start()
+    backfill_id = db.execute("SELECT backfill_start('src', confirm => true, batch_size => 3, keys => %s)",
+                             [json.dumps([{"id": k} for k in keys])]).fetchone()[0]
+    state = wait_until_ended(db, backfill_id)
+    stop.set()
+    writer.join()
+    assert state == "done"
+    copy, absent = set(), 0
+    for (data,) in db.execute("SELECT data FROM pg_logical_slot_get_changes('s', NULL, NULL, 'format-version', '2')"):
+        change = json.loads(data)
+        if change["action"] == "I":
+            copy.add(change["columns"][0]["value"])
+        elif change["action"] == "M" and change["prefix"] == "backfill":
+            message = json.loads(change["content"])
+            if message["op"] == "read":
+                copy.add(message["key"]["id"])
+            elif message["op"] == "absent":
+                copy.discard(message["key"]["id"])
+                absent += 1
+    source = {k for k, in db.execute("SELECT id FROM src")}
+    assert absent > 100 and len(source) > 100, (absent, len(source))  # the race was run
+    assert copy == source, f"{len(source - copy)} inserted rows deleted by an absent"
+
+
+def test_no_false_verdict_while_writers_change_the_source(cluster, db):
+    """20 comparisons while writers change over 1,000 rows a second and the applier follows: a
+    verdict other than unsettled would be false (the copy only ever follows the stream)."""
+    db.execute("CREATE TABLE src (id bigint PRIMARY KEY, v int NOT NULL, t text, ts timestamptz)")
+    db.execute("INSERT INTO src SELECT g, 0, md5(g::text), now() FROM generate_series(1, 20000) g")
+    db.execute("ANALYZE src")
+    db.execute("CREATE TABLE dst (LIKE src INCLUDING ALL)")
+    db.execute("SELECT pg_create_logical_replication_slot('copy', 'wal2json')")
+    stop, changed = threading.Event(), [0]
+
+    def write(seed):
+        """About 600 rows a second: 50 rounds of an update of 10 rows, an insert and a delete."""
+        rng, next_round = random.Random(seed), time.monotonic()
+        with cluster.connect(db.info.dbname) as conn:
+            while not stop.is_set():
+                low = rng.randint(1, 19_990)
+                changed[0] += conn.execute("UPDATE src SET v = v + 1, ts = clock_timestamp() WHERE id BETWEEN %s AND %s",
+                                           [low, low + 9]).rowcount
+                fresh = rng.randint(100_000, 10_000_000)
+                changed[0] += conn.execute("INSERT INTO src VALUES (%s, 0, 'new', now()) ON CONFLICT DO NOTHING",
+                                           [fresh]).rowcount
+                changed[0] += conn.execute("DELETE FROM src WHERE id = %s", [rng.randint(1, 20_000)]).rowcount
+                next_round += 0.02
+                time.sleep(max(0.0, next_round - time.monotonic()))
+
+    with Applier(cluster, db.info.dbname, "copy") as applier:
+        backfill_id = db.execute("SELECT backfill_start('src', confirm => true, slot => 'copy')").fetchone()[0]
+        assert db.execute("SELECT backfill_wait(%s, '120 s')", [backfill_id]).fetchone()[0]
+        writers = [threading.Thread(target=write, args=(n,)) for n in range(2)]
+        for w in writers:
+            w.start()
+        started, false_verdicts, unsettled = time.monotonic(), [], 0
+        try:
+            for run in range(20):
+                began = time.monotonic()
+                verdicts = compared(db, slot="copy")
+                print(f"run {run}: {time.monotonic() - began:.1f} s, {len(verdicts)} unsettled")
+                time.sleep(0.2)
+                false_verdicts += [(run, k, s) for k, s in verdicts.items() if s != "unsettled"]
+                unsettled += len(verdicts)
+        finally:
+            stop.set()
+            for w in writers:
+                w.join()
+        rate = changed[0] / (time.monotonic() - started)
+    assert false_verdicts == [], false_verdicts[:10]
+    assert rate >= 1000, f"writers changed only {rate:.0f} rows/s"
+    print(f"{rate:.0f} rows/s changed, {unsettled} unsettled verdicts in 20 runs, {applier.applied} changes applied")
+
+
+def test_a_foreign_table_is_compared_on_its_own_server(cluster, db, scratch_database):
+    remote = scratch_database("compare_remote")
+    with cluster.connect(remote) as conn:
+        conn.execute("CREATE EXTENSION pg_backfill")
+        make_pair(conn, 4000, source="dst", target="unused")
+        conn.execute("DELETE FROM dst WHERE id = 5")
+        conn.execute("UPDATE dst SET n = n + 1 WHERE id = 3999")
+    db.execute(f"CREATE TABLE src ({COLUMNS})")
+    db.execute(f"INSERT INTO src {FILL.replace('ROWS', '4000')}")
+    db.execute("CREATE EXTENSION postgres_fdw")
+    db.execute("CREATE EXTENSION dblink")
+    db.execute(f"CREATE SERVER copy FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '127.0.0.1', port '{cluster.port}', dbname '{remote}')")
+    db.execute("CREATE USER MAPPING FOR CURRENT_USER SERVER copy")
+    db.execute("CREATE SCHEMA far")
+    db.execute("IMPORT FOREIGN SCHEMA public LIMIT TO (dst) FROM SERVER copy INTO far")
+    assert compared(db, target="far.dst") == {5: "missing", 3999: "different"}
+    assert compared(db, target="far.dst", level="count") == {5: "missing"}
+    db.execute("DROP EXTENSION dblink")
+    error = error_of(db, "SELECT * FROM backfill_compare('src', 'far.dst')")
+    assert error.sqlstate == "0A000" and "CREATE EXTENSION dblink" in error.diag.message_hint
+
+
+def test_compare_and_keys_refuse_what_they_cannot_do(db, roles):
+    make_pair(db, 100)
+    db.execute("CREATE TABLE other (id bigint PRIMARY KEY, x int)")
+    db.execute("CREATE TABLE keyless (LIKE src)")
+    cases = {
+        "SELECT * FROM backfill_compare(NULL, 'dst')": "22004",
+        "SELECT * FROM backfill_compare('src', NULL)": "22004",
+        "SELECT * FROM backfill_compare('src', 'dst', level => NULL)": "22004",
+        "SELECT * FROM backfill_compare('src', 'dst', passes => NULL)": "22004",
+        "SELECT * FROM backfill_compare('src', 'dst', passes => 0)": "22023",
+        "SELECT * FROM backfill_compare('src', 'dst', passes => 2147483647)": "22023",
+        "SELECT * FROM backfill_compare('src', 'dst', level => 'md5')": "22023",
+        "SELECT * FROM backfill_compare('src', 'src')": "22023",
+        "SELECT * FROM backfill_compare('src', 'other')": "42804",
+        "SELECT * FROM backfill_compare('src', 'keyless')": "55000",
+        "SELECT * FROM backfill_compare('src', 'dst', slot => 'nope')": "42704",
+        "SELECT backfill_repair('src', 'dst', confirm => NULL)": "22004",
+        "SELECT backfill_repair('src', 'dst', batch_size => 0)": "22023",
+        "SELECT backfill_start('src', confirm => true, keys => '{}')": "22023",
+        "SELECT backfill_start('src', confirm => true, keys => '[]')": "22023",
+        "SELECT backfill_start('src', confirm => true, keys => '[{\"idx\": 1}]')": "22023",
+        "SELECT backfill_start('src', confirm => true, keys => '[{\"id\": null}]')": "22023",
+        "SELECT backfill_start('src', confirm => true, keys => '[{\"id\": \"x\"}]')": "22P02",
+        "SELECT backfill_start(ARRAY['src', 'dst']::regclass[], confirm => true, keys => '[{\"id\": 1}]')": "22023",
+        "SELECT backfill.set_keys(NULL, '[{\"id\": 1}]')": "22004",
+    }
+    for sql, sqlstate in cases.items():
+        assert error_of(db, sql).sqlstate == sqlstate, sql
+    # Keys only when a backfill starts, not given to one started before.
+    backfill_id = db.execute("SELECT backfill_start('src', confirm => true, rows_per_second => 1)").fetchone()[0]
+    assert error_of(db, "SELECT backfill.set_keys(%s, '[{\"id\": 1}]')", [backfill_id]).sqlstate == "55000"
+    db.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    with db.transaction():
+        db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        assert error_of(db, "SELECT * FROM backfill_compare('src', 'dst')").sqlstate == "25001"
+    # A role reads only what it may: PUBLIC may not call it, an operator only on tables it reads.
+    nobody = roles.create("nobody")
+    assert error_of(roles.connect(nobody), "SELECT * FROM backfill_compare('src', 'dst')").sqlstate == "42501"
+    operator = roles.create("operator")
+    db.execute(readme_grants("operator", operator))
+    db.execute(f"GRANT SELECT ON src TO {operator}")
+    conn = roles.connect(operator)
+    error = error_of(conn, "SELECT * FROM backfill_compare('src', 'dst')")
+    assert error.sqlstate == "42501" and "dst" in error.diag.message_primary
+    db.execute(f"GRANT SELECT ON dst TO {operator}")
+    assert conn.execute("SELECT count(*) FROM backfill_compare('src', 'dst')").fetchone()[0] == 0
