@@ -285,10 +285,18 @@ def test_no_false_verdict_while_writers_change_the_source(cluster, db):
                 next_round += 0.02
                 time.sleep(max(0.0, next_round - time.monotonic()))
 
+    def hot():
+        """Hot rows: ten keys updated over and over, so that some key is always moving."""
+        with cluster.connect(db.info.dbname) as conn:
+            while not stop.is_set():
+                for key in range(1, 11):
+                    changed[0] += conn.execute("UPDATE src SET v = v + 1 WHERE id = %s", [key]).rowcount
+                time.sleep(0.005)
+
     with Applier(cluster, db.info.dbname, "copy") as applier:
         backfill_id = db.execute("SELECT backfill_start('src', confirm => true, slot => 'copy')").fetchone()[0]
         assert db.execute("SELECT backfill_wait(%s, '120 s')", [backfill_id]).fetchone()[0]
-        writers = [threading.Thread(target=write, args=(n,)) for n in range(2)]
+        writers = [threading.Thread(target=write, args=(n,)) for n in range(2)] + [threading.Thread(target=hot)]
         for w in writers:
             w.start()
         started, false_verdicts, unsettled = time.monotonic(), [], 0
