@@ -152,6 +152,52 @@ def test_an_operator_granted_before_0_4_0_keeps_starting_and_changing_backfills(
     assert error_of(roles.connect(bystander), "SELECT backfill_start('t', confirm => true)").sqlstate == "42501"
 
 
+# The operator grants of 0.4.0's README, on the functions as 0.4.0 declared them.
+OPERATOR_GRANTS_0_4_0 = """
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill TO {role};
+GRANT EXECUTE ON FUNCTION
+    backfill_estimate(regclass[], integer), backfill_estimate(regclass, integer), backfill_estimate(text, integer),
+    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer),
+    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer),
+    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer),
+    backfill_pause(bigint), backfill_resume(bigint), backfill_cancel(bigint),
+    backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
+    backfill_checksum(regclass, integer, text, jsonb)
+  TO {role};
+"""
+
+
+def test_an_operator_granted_before_0_5_0_starts_keyed_backfills_compares_and_repairs(db, roles):
+    """0.5.0 gives backfill_start() a keys argument, so new functions: the update carries the old
+    ones' grants over, and grants backfill_compare() and backfill_repair() (and their entry points)
+    to who could checksum and start backfills; PUBLIC's grant carries over too."""
+    db.execute("DROP EXTENSION pg_backfill")
+    db.execute("CREATE EXTENSION pg_backfill VERSION '0.4.0'")
+    operator = roles.create("operator")
+    db.execute(OPERATOR_GRANTS_0_4_0.format(role=operator))
+    db.execute("GRANT EXECUTE ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, "
+               "bigint, bigint, integer) TO PUBLIC")
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 100) g")
+    db.execute("CREATE TABLE t_copy (LIKE t INCLUDING ALL)")
+    db.execute("INSERT INTO t_copy SELECT * FROM t WHERE id <> 7")
+    db.execute(f"GRANT SELECT, UPDATE ON t, t_copy TO {operator}")
+    db.execute("ALTER EXTENSION pg_backfill UPDATE")
+    conn = roles.connect(operator)
+    assert conn.execute("SELECT key->>'id', status FROM backfill_compare('t', 't_copy')").fetchall() == [("7", "missing")]
+    backfill_id = conn.execute("SELECT backfill_repair('t', 't_copy', confirm => true)").fetchone()[0]
+    assert wait_until_ended(db, backfill_id) == "done"
+    keyed = conn.execute("SELECT backfill_start('t', confirm => true, keys => '[{\"id\": 1}]')").fetchone()[0]
+    assert wait_until_ended(db, keyed) == "done"
+    assert db.execute("SELECT rows_done FROM backfill_status WHERE id IN (%s, %s) ORDER BY id", [backfill_id, keyed]).fetchall() == [(1,), (1,)]
+    assert db.execute(
+        "SELECT has_function_privilege('public', 'backfill_start(text, boolean, integer, integer, name, name, bigint, integer, "
+        "bigint, bigint, integer, jsonb)', 'EXECUTE')"
+    ).fetchone()[0]
+    bystander = roles.create("bystander")
+    assert error_of(roles.connect(bystander), "SELECT * FROM backfill_compare('t', 't_copy')").sqlstate == "42501"
+
+
 def test_every_table_view_column_and_function_has_a_comment(db):
     missing = db.execute(
         """WITH member AS (
