@@ -386,3 +386,19 @@ def test_compare_and_keys_refuse_what_they_cannot_do(db, roles):
     assert error.sqlstate == "42501" and "dst" in error.diag.message_primary
     db.execute(f"GRANT SELECT ON dst TO {operator}")
     assert conn.execute("SELECT count(*) FROM backfill_compare('src', 'dst')").fetchone()[0] == 0
+
+
+def test_keys_mean_the_same_whatever_the_callers_date_style(db):
+    """Keys are cast to text under the worker's settings: a caller's DMY DateStyle must not make
+    the worker read 2024-02-01 as 2024-01-02 (and deliver another row, or delete it)."""
+    db.execute("CREATE TABLE days (d date PRIMARY KEY, v text)")
+    db.execute("INSERT INTO days VALUES ('2024-01-02', 'present')")
+    db.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    db.execute("SET DateStyle = 'SQL, DMY'")
+    backfill_id = db.execute("SELECT backfill_start('days', confirm => true, keys => %s)",
+                             [json.dumps([{"d": "2024-02-01"}])]).fetchone()[0]
+    assert wait_until_ended(db, backfill_id) == "done"
+    messages = [json.loads(c["content"]) for (d,) in db.execute(
+        "SELECT data FROM pg_logical_slot_get_changes('s', NULL, NULL, 'format-version', '2')")
+        for c in [json.loads(d)] if c.get("action") == "M"]
+    assert [(m["op"], m.get("key")) for m in messages if m["op"] in ("read", "absent")] == [("absent", {"d": "2024-02-01"})]

@@ -166,7 +166,11 @@ fn differences(
         crate::pipeline::require_slot(slot);
     }
     let source_side = Side::Local { name: source_name };
-    let keys = checksum::in_utf8(|| compare_sides(&source_side, &target_side, &key, level, passes, slot.as_deref()));
+    // With the worker's settings: keys print alike on both sides, and the SQL the comparison
+    // writes resolves nothing on the caller's search_path.
+    let keys = crate::privilege::with_portable_settings(|| {
+        checksum::in_utf8(|| compare_sides(&source_side, &target_side, &key, level, passes, slot.as_deref()))
+    });
     // (After an error the connection stays open until the session ends or the next comparison.)
     disconnect(&target_side);
     Found { keys, slot }
@@ -185,11 +189,12 @@ fn last_slot_of(relid: pg_sys::Oid) -> Option<String> {
     .map(|t| t.0)
 }
 
-/// The WAL position now: every change the source committed so far is before it.
+/// The WAL position now: every change the source committed so far is before it (the insert
+/// position: an asynchronous commit is visible before its record is written).
 fn wal_position() -> String {
     crate::sql::select_one::<String>(
         "SELECT (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
-                      ELSE pg_catalog.pg_current_wal_lsn() END)::text",
+                      ELSE pg_catalog.pg_current_wal_insert_lsn() END)::text",
         &[],
     )
     .or_internal("read the WAL position")
@@ -252,7 +257,7 @@ fn compare_sides(
             condition.push(against(key, "<", upper));
         }
         let condition = if condition.is_empty() { "true".to_string() } else { condition.join(" AND ") };
-        let (here, there) = (source.rows(key, level, &condition), target.rows(key, level, &condition));
+        let (here, there) = (source.rows(key, level, &condition, false), target.rows(key, level, &condition, false));
         candidates.extend(here.keys().chain(there.keys()).filter(|k| here.get(*k) != there.get(*k)).cloned());
     }
     // 3. Passes.
@@ -261,18 +266,22 @@ fn compare_sides(
         if candidates.is_empty() {
             break;
         }
-        let before = rows_of_keys(source, key, level, &candidates);
+        let before = rows_of_keys(source, key, level, &candidates, true);
         // Without a slot, the first pass runs at once, and the next ones after a pause.
         let caught_up = if slot.is_some() || pass > 0 { catch_up(slot, &wal_position()) } else { true };
-        let copy = rows_of_keys(target, key, level, &candidates);
-        let after = rows_of_keys(source, key, level, &candidates);
+        let copy = rows_of_keys(target, key, level, &candidates, false);
+        let after = rows_of_keys(source, key, level, &candidates, true);
         let previous = std::mem::take(&mut verdicts);
         for candidate in &candidates {
-            let (was, is, copied) = (before.get(candidate), after.get(candidate), copy.get(candidate));
-            let status = if was != is || !caught_up {
-                Status::Unsettled
-            } else if is == copied {
+            let (was, is) = (before.get(candidate), after.get(candidate));
+            // (The copy's rows have no version: they match by hash.)
+            let hash_of = |row: Option<&crate::side::Row>| row.map(|r| r.hash.clone());
+            let (is_hash, copied) = (hash_of(is), hash_of(copy.get(candidate)));
+            // The copy holds the source's row as it is now: nothing to report, moving or not.
+            let status = if is_hash == copied {
                 continue;
+            } else if was != is || !caught_up {
+                Status::Unsettled
             } else if copied.is_none() {
                 Status::Missing
             } else if is.is_none() {

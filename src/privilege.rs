@@ -20,37 +20,60 @@ use crate::errors::raise;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
-/// Runs `f` as `role` inside a security-restricted operation, with `search_path` set to
-/// `pg_catalog, pg_temp` and every setting `f` changes undone when it returns (as
-/// `do_analyze_rel` does). An error inside `f` aborts the (sub)transaction, which restores the
-/// caller's identity and settings by itself.
+/// The settings that fix how values print as text, as the worker has them (worker.rs): key
+/// values cast to text or JSON under them are what the worker reads back, and the same on every
+/// server. And `search_path`, so that nothing resolved by name can be a function or operator
+/// planted in a schema on the caller's path.
+const PORTABLE_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 5] = [
+    (c"search_path", c"pg_catalog, pg_temp"),
+    (c"DateStyle", c"ISO"),
+    (c"TimeZone", c"UTC"),
+    (c"IntervalStyle", c"postgres"),
+    (c"extra_float_digits", c"1"),
+];
+
+/// Runs `f` with [`PORTABLE_SETTINGS`], and every setting `f` changes undone when it returns.
+/// An error inside `f` aborts the (sub)transaction, which restores the settings by itself.
+pub fn with_portable_settings<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: a GUC nest level opened here and closed below, once `f` has returned (nothing
+    // opened inside `f` is still open then); the settings are copied by set_config_option.
+    let nest_level = unsafe {
+        let nest_level = pg_sys::NewGUCNestLevel();
+        for (name, value) in PORTABLE_SETTINGS {
+            pg_sys::set_config_option(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+        }
+        nest_level
+    };
+    let result = f();
+    // SAFETY: the nest level opened above.
+    unsafe { pg_sys::AtEOXact_GUC(false, nest_level) };
+    result
+}
+
+/// Runs `f` as `role` inside a security-restricted operation, with [`PORTABLE_SETTINGS`]
+/// (`search_path` `pg_catalog, pg_temp`) and every setting `f` changes undone when it returns
+/// (as `do_analyze_rel` does). An error inside `f` aborts the (sub)transaction, which restores
+/// the caller's identity and settings by itself.
 pub fn run_as<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
     let (mut caller, mut context) = (pg_sys::InvalidOid, 0);
     // SAFETY: plain reads and writes of the backend's current user and security context, which
     // every transaction and subtransaction abort restores to the values saved at its start.
-    let nest_level = unsafe {
+    unsafe {
         pg_sys::GetUserIdAndSecContext(&mut caller, &mut context);
         pg_sys::SetUserIdAndSecContext(role, context | pg_sys::SECURITY_RESTRICTED_OPERATION as i32);
-        let nest_level = pg_sys::NewGUCNestLevel();
-        pg_sys::set_config_option(
-            c"search_path".as_ptr(),
-            c"pg_catalog, pg_temp".as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            0,
-            false,
-        );
-        nest_level
-    };
-    let result = f();
-    // SAFETY: as above; the nest level is the one opened here, and nothing opened inside `f` is
-    // still open once it has returned.
-    unsafe {
-        pg_sys::AtEOXact_GUC(false, nest_level);
-        pg_sys::SetUserIdAndSecContext(caller, context);
     }
+    let result = with_portable_settings(f);
+    // SAFETY: as above.
+    unsafe { pg_sys::SetUserIdAndSecContext(caller, context) };
     result
 }
 

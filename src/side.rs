@@ -21,7 +21,15 @@ pub enum Side {
 
 /// A key's JSON text (as jsonb renders it: the same on both sides) and its row's
 /// hash (None at the count level).
-pub type Rows = BTreeMap<String, Option<String>>;
+pub type Rows = BTreeMap<String, Row>;
+
+/// A row as a comparison sees it: its hash (None at the count level) and, on the source, its
+/// version (xmin): a row that changed and changed back between two reads is not the same row.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Row {
+    pub hash: Option<String>,
+    pub version: Option<String>,
+}
 
 impl Side {
     pub fn name(&self) -> &str {
@@ -51,14 +59,18 @@ impl Side {
     }
 
     /// (key, hash) of the rows `condition` selects (`backfill_row` names the row).
-    pub fn rows(&self, key: &[(String, String)], level: Level, condition: &str) -> Rows {
+    pub fn rows(&self, key: &[(String, String)], level: Level, condition: &str, versioned: bool) -> Rows {
         let hash = if level == Level::Hash { "backfill.row_hash(backfill_row)::pg_catalog.text" } else { "NULL" };
+        let version = if versioned { "backfill_row.xmin::pg_catalog.text" } else { "NULL" };
         let sql = format!(
-            "SELECT {}::pg_catalog.text, {hash} FROM {} backfill_row WHERE {condition}",
+            "SELECT {}::pg_catalog.text, {hash}, {version} FROM {} backfill_row WHERE {condition}",
             checksum::json_object_of(key, "backfill_row."),
             self.name()
         );
-        self.query(&sql, 2).into_iter().map(|mut r| (r[0].take().unwrap_or_default(), r[1].take())).collect()
+        self.query(&sql, 3)
+            .into_iter()
+            .map(|mut r| (r[0].take().unwrap_or_default(), Row { hash: r[1].take(), version: r[2].take() }))
+            .collect()
     }
 }
 
@@ -211,6 +223,18 @@ fn connect(target: pg_sys::Oid, target_name: &str) -> Side {
     .or_internal("close an earlier comparison's connection");
     Spi::run_with_args(&format!("SELECT {dblink}.dblink_connect($1, $2)"), &[CONNECTION.into(), Text(server).into()])
         .or_internal("connect to the foreign table's server");
+    // The remote session prints keys as this one does (privilege::with_portable_settings), and
+    // resolves nothing on a search_path of its own.
+    Spi::run_with_args(
+        &format!("SELECT {dblink}.dblink_exec($1, $2)"),
+        &[
+            CONNECTION.into(),
+            "SET search_path = pg_catalog, pg_temp; SET DateStyle = ISO; SET TimeZone = UTC; \
+             SET IntervalStyle = postgres; SET extra_float_digits = 1"
+                .into(),
+        ],
+    )
+    .or_internal("set up the foreign table's session");
     Side::Remote { dblink, connection: CONNECTION.into(), name: quote_qualified(&schema, &table) }
 }
 
@@ -238,7 +262,7 @@ pub fn range_sums(
                 "SELECT rows::text, checksum FROM backfill.checksum({}::regclass::oid, 1, {}, {}::jsonb) ORDER BY range",
                 spi::quote_literal(name),
                 spi::quote_literal(if level == Level::Hash { "hash" } else { "count" }),
-                spi::quote_literal(serde_json::Value::Array(bounds.to_vec()).to_string())
+                spi::quote_literal(ascii_json(&serde_json::Value::Array(bounds.to_vec()).to_string()))
             );
             side.query(&sql, 2)
                 .into_iter()
@@ -248,9 +272,25 @@ pub fn range_sums(
     }
 }
 
+/// JSON text with every character outside ASCII escaped (`\\u00e9`): a literal in SQL that the
+/// comparison writes must be ASCII, whatever the database's encoding (see encoding.rs).
+fn ascii_json(json: &str) -> String {
+    let mut ascii = String::with_capacity(json.len());
+    for c in json.chars() {
+        if c.is_ascii() {
+            ascii.push(c);
+        } else {
+            for unit in c.encode_utf16(&mut [0; 2]) {
+                ascii.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    ascii
+}
+
 /// `backfill_row`'s key against a bound: `key >= bound` (`>=`) or `key < bound` (`<`).
 pub fn against(key: &[(String, String)], op: &str, bound: &serde_json::Value) -> String {
-    let literal = spi::quote_literal(bound.to_string());
+    let literal = spi::quote_literal(ascii_json(&bound.to_string()));
     let row =
         checksum::key_expression(key, |column, _| format!("backfill_row.{}", crate::encoding::quote_ident(column)));
     let bound = checksum::key_expression(key, |column, type_name| {
@@ -261,7 +301,8 @@ pub fn against(key: &[(String, String)], op: &str, bound: &serde_json::Value) ->
 
 /// The condition of the rows of the given keys.
 fn of_keys(key: &[(String, String)], keys: &[&String]) -> String {
-    let literal = spi::quote_literal(format!("[{}]", keys.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(",")));
+    let literal =
+        spi::quote_literal(ascii_json(&format!("[{}]", keys.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(","))));
     let row =
         checksum::key_expression(key, |column, _| format!("backfill_row.{}", crate::encoding::quote_ident(column)));
     let each = checksum::key_expression(key, |column, type_name| {
@@ -271,7 +312,13 @@ fn of_keys(key: &[(String, String)], keys: &[&String]) -> String {
 }
 
 /// The rows of `keys` on `side`.
-pub fn rows_of_keys(side: &Side, key: &[(String, String)], level: Level, keys: &BTreeSet<String>) -> Rows {
+pub fn rows_of_keys(
+    side: &Side,
+    key: &[(String, String)],
+    level: Level,
+    keys: &BTreeSet<String>,
+    versioned: bool,
+) -> Rows {
     let keys: Vec<&String> = keys.iter().collect();
-    keys.chunks(KEYS_PER_QUERY).flat_map(|chunk| side.rows(key, level, &of_keys(key, chunk))).collect()
+    keys.chunks(KEYS_PER_QUERY).flat_map(|chunk| side.rows(key, level, &of_keys(key, chunk), versioned)).collect()
 }
