@@ -126,12 +126,7 @@ fn sorted_keys(table: &Table, keys: Vec<serde_json::Value>) -> Vec<GivenKey> {
     Spi::connect(|client| {
         client
             .select(&sql, None, &[keys.into()])?
-            .map(|row| {
-                Ok(GivenKey {
-                    text: row.get::<Vec<KeyText>>(1)?.unwrap_or_default(),
-                    json: crate::encoding::strings(row.get::<Vec<Text>>(2)?.unwrap_or_default()),
-                })
-            })
+            .map(|row| GivenKey::of_row(&row))
             .collect::<Result<Vec<_>, pgrx::spi::Error>>()
     })
     .or_internal("read the keys")
@@ -240,11 +235,7 @@ impl KeySql {
 fn key_rows(table: &Table, locking: crate::lock::Locking) -> String {
     let KeySql { columns, casts, unnest, names } = KeySql::of(table);
     let order = table.key.iter().map(|k| format!("t.{}", quote_ident(&k.name))).collect::<Vec<_>>().join(", ");
-    let lock = match locking {
-        crate::lock::Locking::NoWait => " FOR SHARE OF t NOWAIT",
-        crate::lock::Locking::Wait => " FOR SHARE OF t",
-        crate::lock::Locking::Table | crate::lock::Locking::None => "",
-    };
+    let lock = locking.clause();
     format!(
         "SELECT {} FROM ONLY {} t WHERE {columns} IN (SELECT {} FROM {unnest} AS k({names})) ORDER BY {order}{lock}",
         crate::json::select_list(&table.columns),

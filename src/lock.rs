@@ -109,6 +109,17 @@ pub enum Locking {
     None,
 }
 
+impl Locking {
+    /// The locking clause of a page's rows query (`t` names the table).
+    pub fn clause(self) -> &'static str {
+        match self {
+            Locking::NoWait => " FOR SHARE OF t NOWAIT",
+            Locking::Wait => " FOR SHARE OF t",
+            Locking::Table | Locking::None => "",
+        }
+    }
+}
+
 /// After a failed attempt at the table, `auto` takes row locks for this long.
 const ROWS_AFTER_A_WRITER: Duration = Duration::from_secs(1);
 

@@ -214,6 +214,16 @@ pub struct GivenKey {
     pub json: Vec<String>,
 }
 
+impl GivenKey {
+    /// From a row whose first column is the key's text values and second its JSON values.
+    pub fn of_row(row: &pgrx::spi::SpiHeapTupleData) -> SpiResult<GivenKey> {
+        Ok(GivenKey {
+            text: row.get::<Vec<KeyText>>(1)?.unwrap_or_default(),
+            json: crate::encoding::strings(row.get::<Vec<Text>>(2)?.unwrap_or_default()),
+        })
+    }
+}
+
 /// Whether the scan of `position` delivers given keys rather than the whole table. (Before
 /// ALTER EXTENSION UPDATE to 0.5.0 there are no keyed backfills.)
 pub fn is_keyed(backfill_id: i64, position: i32) -> bool {
@@ -246,14 +256,6 @@ pub fn last_key(backfill_id: i64, position: i32) -> Option<(Vec<KeyText>, Vec<St
 
 fn keys_where(condition: &str, args: &[DatumWithOid]) -> Vec<GivenKey> {
     let sql = format!("SELECT key, key_json FROM backfill.job_key WHERE job_id = $1 AND position = $2 AND {condition}");
-    crate::sql::run_prepared(&sql, false, args, |rows| {
-        rows.map(|row| {
-            Ok(GivenKey {
-                text: row.get::<Vec<KeyText>>(1)?.unwrap_or_default(),
-                json: crate::encoding::strings(row.get::<Vec<Text>>(2)?.unwrap_or_default()),
-            })
-        })
-        .collect()
-    })
-    .or_internal("read the backfill's keys")
+    crate::sql::run_prepared(&sql, false, args, |rows| rows.map(|row| GivenKey::of_row(&row)).collect())
+        .or_internal("read the backfill's keys")
 }

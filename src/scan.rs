@@ -180,11 +180,7 @@ impl ScanQueries {
     pub fn page_rows(&self, after_cursor: bool, locking: Locking) -> String {
         let (range, _) = self.range(after_cursor);
         let partition = if self.partitioned { ", t.tableoid::regclass::text" } else { "" };
-        let lock = match locking {
-            Locking::NoWait => " FOR SHARE OF t NOWAIT",
-            Locking::Wait => " FOR SHARE OF t",
-            Locking::Table | Locking::None => "",
-        };
+        let lock = locking.clause();
         format!(
             "SELECT {columns}{partition} FROM {from} WHERE {range} ORDER BY {asc}{lock}",
             columns = self.row_columns,
