@@ -148,7 +148,7 @@ class Applier(threading.Thread):
 
 def test_identical_tables_agree_at_every_level(db):
     make_pair(db, 5000)
-    for level in ("hash", "count"):
+    for level in ("hash", "aggregate", "count"):
         assert compared(db, level=level) == {}
 
 
@@ -178,6 +178,12 @@ def test_a_thousand_injected_divergences_of_every_kind_are_found_exactly(db):
     counted = compared(db, level="count")
     assert counted.items() <= {k: s for k, s in expected.items() if s != "different"}.items()
     assert len(counted) >= 100
+    # The aggregate level sees what changes a sum, a NULL count or a range's least or greatest
+    # value; the keys it reports are exactly differing ones.
+    aggregated = compared(db, level="aggregate")
+    assert aggregated.items() <= expected.items()
+    assert {"missing", "extra", "different"} <= set(aggregated.values())
+    assert len(aggregated) >= 400
 
 
 def test_a_repair_applied_by_the_consumer_leaves_nothing_to_find(cluster, db):
@@ -335,6 +341,7 @@ def test_a_foreign_table_is_compared_on_its_own_server(cluster, db, scratch_data
     db.execute("IMPORT FOREIGN SCHEMA public LIMIT TO (dst) FROM SERVER copy INTO far")
     assert compared(db, target="far.dst") == {5: "missing", 3999: "different"}
     assert compared(db, target="far.dst", level="count") == {5: "missing"}
+    assert compared(db, target="far.dst", level="aggregate") == {5: "missing", 3999: "different"}
     db.execute("DROP EXTENSION dblink")
     error = error_of(db, "SELECT * FROM backfill_compare('src', 'far.dst')")
     assert error.sqlstate == "0A000" and "CREATE EXTENSION dblink" in error.diag.message_hint

@@ -75,7 +75,7 @@ RETURNS TABLE (range integer, lower jsonb, upper jsonb, rows bigint, checksum te
 LANGUAGE sql VOLATILE
 AS $$ SELECT * FROM backfill.checksum(tbl::oid, ranges, level, bounds) $$;
 COMMENT ON FUNCTION backfill_checksum(regclass, integer, text, jsonb) IS
-'One row per key range of the table: its bounds, row count and checksum (level count or hash), as the caller may read it; bounds => the ranges of another checksum, to compare two tables over identical ranges.';
+'One row per key range of the table: its bounds, row count and checksum (level count, aggregate or hash), as the caller may read it; bounds => the ranges of another checksum, to compare two tables over identical ranges.';
 
 CREATE FUNCTION backfill_compare(source regclass, target regclass, level text DEFAULT 'hash',
                                  passes integer DEFAULT 3, slot name DEFAULT NULL)

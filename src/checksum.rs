@@ -22,6 +22,9 @@ const MIN_SAMPLE: f64 = 10_000.0;
 pub enum Level {
     /// The row count only.
     Count,
+    /// The row count and per column its NULLs and, by type, an exact sum or the least and
+    /// greatest value (see [`aggregates`]).
+    Aggregate,
     /// The row count and the sum of the rows' hashes.
     Hash,
 }
@@ -30,13 +33,23 @@ impl Level {
     pub fn parse(level: &str) -> Level {
         match level {
             "count" => Level::Count,
+            "aggregate" => Level::Aggregate,
             "hash" => Level::Hash,
             other => raise(
                 ERRCODE_INVALID_PARAMETER_VALUE,
                 format!("checksum level \"{other}\" does not exist"),
-                "The levels are count (rows per range) and hash (rows and the sum of their hashes).",
+                "The levels are count (rows per range), aggregate (rows, and per column its NULLs and \
+                 its sum or its least and greatest value) and hash (rows and the sum of their hashes).",
                 Some("level => 'hash'".into()),
             ),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Count => "count",
+            Level::Aggregate => "aggregate",
+            Level::Hash => "hash",
         }
     }
 }
@@ -120,7 +133,9 @@ fn checksum(
             sampled_bounds(&name, &key, ranges)
         }
     };
-    let rows = in_utf8(|| summarize(&name, &key, &bounds, level));
+    // (The aggregate level writes dates and times as text: in one format on every server.)
+    let query_name = crate::sql::qualified_name(relid);
+    let rows = crate::privilege::with_portable_settings(|| in_utf8(|| summarize(&query_name, &key, &bounds, level)));
     TableIterator::new(rows)
 }
 
@@ -241,38 +256,91 @@ pub fn sampled_bounds(name: &str, key: &[(String, String)], ranges: i32) -> Vec<
 
 pub type RangeRow = (i32, Option<JsonB>, Option<JsonB>, i64, Option<String>);
 
-/// One scan of the table: each row's range (width_bucket over the bounds), counted and hashed.
+/// The table's ranges: at the count level, an index scan of the key per range; at the others,
+/// one scan of the table, each row's range given by width_bucket over the bounds.
 pub fn summarize(name: &str, key: &[(String, String)], bounds: &[serde_json::Value], level: Level) -> Vec<RangeRow> {
     // (The table's alias must not be one of its columns' names: a column named like it would
     // be what backfill.row_hash() gets.)
     let of_row = key_expression(key, |column, _| format!("backfill_row.{}", quote_ident(column)));
-    let of_bound = key_expression(key, |column, type_name| {
-        format!("(e.b OPERATOR(pg_catalog.->>) {})::{type_name}", spi::quote_literal(column))
-    });
+    let parameter = || JsonB(serde_json::Value::Array(bounds.to_vec()));
+    let with_bounds = format!(
+        "WITH bounds AS (
+             SELECT e.o::pg_catalog.int4 AS o, {} FROM pg_catalog.jsonb_array_elements($1) WITH ORDINALITY AS e(b, o))",
+        key.iter()
+            .enumerate()
+            .map(|(i, (column, type_name))| {
+                format!("(e.b OPERATOR(pg_catalog.->>) {})::{type_name} AS k{i}", spi::quote_literal(column))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let bound = |alias: &str| {
+        let parts: Vec<String> = (0..key.len()).map(|i| format!("{alias}.k{i}")).collect();
+        if parts.len() == 1 {
+            parts[0].clone()
+        } else {
+            format!("ROW({})", parts.join(", "))
+        }
+    };
     let range = if bounds.is_empty() {
         "0".to_string()
     } else {
-        format!("pg_catalog.width_bucket({of_row}, (SELECT a FROM bounds))")
+        format!(
+            "pg_catalog.width_bucket({of_row}, (SELECT pg_catalog.array_agg({} ORDER BY b.o) FROM bounds b))",
+            bound("b")
+        )
     };
-    let parameter = JsonB(serde_json::Value::Array(bounds.to_vec()));
-    let with_bounds = format!(
-        "WITH bounds AS (SELECT pg_catalog.array_agg({of_bound} ORDER BY e.o) AS a
-                           FROM pg_catalog.jsonb_array_elements($1) WITH ORDINALITY AS e(b, o))"
-    );
-    let found: HashMap<i32, (i64, Option<String>)> = match level {
-        // Counted by the query itself, which may aggregate in parallel.
-        Level::Count => Spi::connect(|client| {
-            let sql = format!(
-                "{with_bounds} SELECT {range}::integer, pg_catalog.count(*) FROM {name} backfill_row GROUP BY 1"
-            );
-            let rows = client.select(&sql, None, &[parameter.into()])?;
-            rows.map(|row| Ok((row.get::<i32>(1)?.unwrap_or_default(), (row.get::<i64>(2)?.unwrap_or_default(), None))))
-                .collect::<Result<HashMap<_, _>, pgrx::spi::Error>>()
+    // Each range's (number, rows, checksum), from a query that gives them.
+    let read = |sql: &str| {
+        Spi::connect(|client| {
+            let rows = client.select(sql, None, &[parameter().into()])?;
+            rows.map(|row| {
+                let range = row.get::<i32>(1)?.unwrap_or_default();
+                Ok((range, (row.get::<i64>(2)?.unwrap_or_default(), row.get::<String>(3)?)))
+            })
+            .collect::<Result<HashMap<_, _>, pgrx::spi::Error>>()
         })
-        .or_internal("count the table's ranges"),
+        .or_internal("summarize the table's ranges")
+    };
+    let found: HashMap<i32, (i64, Option<String>)> = match level {
+        // Each range counted by its own scan of the key's index, which reads the index alone
+        // where the visibility map allows: cheaper than reading every row of the table.
+        Level::Count => {
+            let count = |condition: &str| {
+                format!(
+                    "(SELECT pg_catalog.count(*) FROM {name} backfill_row WHERE {condition}), NULL::pg_catalog.text"
+                )
+            };
+            let sql = if bounds.is_empty() {
+                format!("SELECT 0, {}", count("true"))
+            } else {
+                format!(
+                    "{with_bounds}
+                     SELECT 0, {below} FROM bounds f WHERE f.o OPERATOR(pg_catalog.=) 1
+                     UNION ALL
+                     SELECT l.o, {between} FROM bounds l JOIN bounds u ON u.o OPERATOR(pg_catalog.=) (l.o OPERATOR(pg_catalog.+) 1)
+                     UNION ALL
+                     SELECT l.o, {above} FROM bounds l WHERE l.o OPERATOR(pg_catalog.=) {last}",
+                    below = count(&format!("{of_row} OPERATOR(pg_catalog.<) {}", bound("f"))),
+                    between = count(&format!(
+                        "{of_row} OPERATOR(pg_catalog.>=) {} AND {of_row} OPERATOR(pg_catalog.<) {}",
+                        bound("l"),
+                        bound("u")
+                    )),
+                    above = count(&format!("{of_row} OPERATOR(pg_catalog.>=) {}", bound("l"))),
+                    last = bounds.len(),
+                )
+            };
+            read(&sql)
+        }
+        // Aggregated by the query itself, which may aggregate in parallel.
+        Level::Aggregate => read(&format!(
+            "{with_bounds} SELECT {range}::integer, pg_catalog.count(*), {} FROM {name} backfill_row GROUP BY 1",
+            aggregates(name)
+        )),
         Level::Hash => {
             let sql = format!("{with_bounds} SELECT {range}::integer, backfill_row.* FROM {name} backfill_row");
-            let sums = crate::row_hash::scan(&sql, parameter, bounds.len() + 1, true);
+            let sums = crate::row_hash::scan(&sql, parameter(), bounds.len() + 1, true);
             (0..=bounds.len()).map(|i| (i as i32, (sums.rows[i], Some(sums.sums[i].to_string())))).collect()
         }
     };
@@ -285,4 +353,52 @@ pub fn summarize(name: &str, key: &[(String, String)], bounds: &[serde_json::Val
             (i as i32 + 1, lower, upper, rows, checksum)
         })
         .collect()
+}
+
+/// The aggregate level's checksum of a range: the md5 of a jsonb array (its text, under the
+/// portable settings) of, per column in column order, its NULLs and then by type: integers,
+/// numeric and bool (its trues) an exact sum; float4 and float8 the exact sum of the values as
+/// numeric (rounded to 6 and 15 significant digits), so that the order of summation does not
+/// matter; date, time, timetz, timestamp and timestamptz the least and greatest value.
+fn aggregates(name: &str) -> String {
+    let columns = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT a.attname::pg_catalog.text, a.atttypid FROM pg_catalog.pg_attribute a
+              WHERE a.attrelid OPERATOR(pg_catalog.=) $1::pg_catalog.regclass
+                AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+              ORDER BY a.attnum",
+            None,
+            &[name.into()],
+        )?;
+        rows.map(|row| Ok((row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(), row.get::<pg_sys::Oid>(2)?)))
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+    })
+    .or_internal("read the table's columns");
+    let mut parts = Vec::new();
+    for (column, type_oid) in columns {
+        let column = format!("backfill_row.{}", quote_ident(&column));
+        parts.push(format!("pg_catalog.count(*) OPERATOR(pg_catalog.-) pg_catalog.count({column})"));
+        // SAFETY: a type's OID, from the catalog (a domain gives its base type).
+        let base = type_oid.map(|oid| unsafe { pg_sys::getBaseType(oid) });
+        match base {
+            Some(pg_sys::INT2OID | pg_sys::INT4OID | pg_sys::INT8OID | pg_sys::NUMERICOID) => {
+                parts.push(format!("pg_catalog.sum({column})"))
+            }
+            Some(pg_sys::FLOAT4OID | pg_sys::FLOAT8OID) => {
+                parts.push(format!("pg_catalog.sum({column}::pg_catalog.numeric)"))
+            }
+            Some(pg_sys::BOOLOID) => parts.push(format!("pg_catalog.count(*) FILTER (WHERE {column})")),
+            Some(
+                pg_sys::DATEOID | pg_sys::TIMEOID | pg_sys::TIMETZOID | pg_sys::TIMESTAMPOID | pg_sys::TIMESTAMPTZOID,
+            ) => {
+                parts.push(format!("pg_catalog.min({column})"));
+                parts.push(format!("pg_catalog.max({column})"));
+            }
+            _ => {}
+        }
+    }
+    // (A function takes at most 100 arguments: the array is built in pieces.)
+    let pieces: Vec<String> =
+        parts.chunks(90).map(|chunk| format!("pg_catalog.jsonb_build_array({})", chunk.join(", "))).collect();
+    format!("pg_catalog.md5(({})::pg_catalog.text)", pieces.join(" OPERATOR(pg_catalog.||) "))
 }

@@ -22,7 +22,7 @@
 use crate::checksum::{self, Level};
 use crate::encoding::Text;
 use crate::errors::{raise, OrInternal};
-use crate::side::{against, disconnect, fresh_snapshot, qualified_name, range_sums, rows_of_keys, target_side, Side};
+use crate::side::{against, disconnect, fresh_snapshot, range_sums, rows_of_keys, target_side, Side};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use pgrx::PgSqlErrorCode::*;
@@ -157,7 +157,7 @@ fn differences(
             Some("Run it on its own, or in a transaction at the default isolation level.".into()),
         );
     }
-    let source_name = qualified_name(source);
+    let source_name = crate::sql::qualified_name(source);
     checksum::require_readable(source, &crate::table::relation_name(source));
     let key = checksum::key_columns(source, &crate::table::relation_name(source));
     let target_side = target_side(source, target, function);

@@ -60,7 +60,7 @@ impl Side {
 
     /// (key, hash) of the rows `condition` selects (`backfill_row` names the row).
     pub fn rows(&self, key: &[(String, String)], level: Level, condition: &str, versioned: bool) -> Rows {
-        let hash = if level == Level::Hash { "backfill.row_hash(backfill_row)::pg_catalog.text" } else { "NULL" };
+        let hash = if level != Level::Count { "backfill.row_hash(backfill_row)::pg_catalog.text" } else { "NULL" };
         let version = if versioned { "backfill_row.xmin::pg_catalog.text" } else { "NULL" };
         let sql = format!(
             "SELECT {}::pg_catalog.text, {hash}, {version} FROM {} backfill_row WHERE {condition}",
@@ -88,31 +88,6 @@ pub fn fresh_snapshot<R>(f: impl FnOnce() -> R) -> R {
     // SAFETY: the snapshot pushed above.
     unsafe { pg_sys::PopActiveSnapshot() };
     result
-}
-
-/// The table's name, schema-qualified and quoted.
-pub fn qualified_name(relid: pg_sys::Oid) -> String {
-    let sql = "SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c
-                 JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
-                WHERE c.oid OPERATOR(pg_catalog.=) $1";
-    let names = Spi::connect(|client| {
-        let rows = client.select(sql, Some(1), &[relid.into()])?;
-        if rows.is_empty() {
-            return Ok(None);
-        }
-        let row = rows.first();
-        Ok::<_, pgrx::spi::Error>(row.get::<Text>(1)?.zip(row.get::<Text>(2)?))
-    })
-    .or_internal("read the table's name");
-    let Some((schema, name)) = names else {
-        raise(
-            ERRCODE_UNDEFINED_TABLE,
-            format!("relation with OID {} does not exist", relid.to_u32()),
-            "It was dropped.",
-            None,
-        )
-    };
-    quote_qualified(&schema.0, &name.0)
 }
 
 /// The copy: a table with the source's columns (name and type, in order) here, or a foreign
@@ -169,7 +144,7 @@ pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str) -> 
                 None,
             );
         }
-        return Side::Local { name: qualified_name(target) };
+        return Side::Local { name: crate::sql::qualified_name(target) };
     }
     connect(target, &target_name)
 }
@@ -261,7 +236,7 @@ pub fn range_sums(
             let sql = format!(
                 "SELECT rows::text, checksum FROM backfill.checksum({}::regclass::oid, 1, {}, {}::jsonb) ORDER BY range",
                 spi::quote_literal(name),
-                spi::quote_literal(if level == Level::Hash { "hash" } else { "count" }),
+                spi::quote_literal(level.name()),
                 spi::quote_literal(ascii_json(&serde_json::Value::Array(bounds.to_vec()).to_string()))
             );
             side.query(&sql, 2)

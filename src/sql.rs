@@ -5,6 +5,7 @@
 //! a `SELECT * FROM backfill_status` write a commit record, and fails on a standby ("cannot
 //! assign TransactionIds during recovery"). Reads go through here instead.
 
+use crate::errors::OrInternal;
 use pgrx::datum::{DatumWithOid, FromDatum, IntoDatum};
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiResult, SpiTupleTable};
@@ -119,4 +120,29 @@ pub fn planned_rows(query: &str) -> Option<f64> {
     }?;
     let plan: serde_json::Value = serde_json::from_slice(&crate::encoding::to_utf8(&plan)?).ok()?;
     plan[0]["Plan"]["Plan Rows"].as_f64()
+}
+
+/// The table's name, schema-qualified and quoted.
+pub fn qualified_name(relid: pg_sys::Oid) -> String {
+    let sql = "SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c
+                 JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                WHERE c.oid OPERATOR(pg_catalog.=) $1";
+    let names = Spi::connect(|client| {
+        let rows = client.select(sql, Some(1), &[relid.into()])?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let row = rows.first();
+        Ok::<_, pgrx::spi::Error>(row.get::<crate::encoding::Text>(1)?.zip(row.get::<crate::encoding::Text>(2)?))
+    })
+    .or_internal("read the table's name");
+    let Some((schema, name)) = names else {
+        crate::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+            format!("relation with OID {} does not exist", relid.to_u32()),
+            "It was dropped.",
+            None,
+        )
+    };
+    crate::encoding::quote_qualified(&schema.0, &name.0)
 }
