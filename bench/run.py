@@ -335,10 +335,36 @@ def load_signal(conn, seconds, repeat, thresholds):
     return results
 
 
+# The columns of each shape as data-diff's PostgreSQL dialect normalises them before its md5
+# (data_diff/databases/postgresql.py: numbers as decimal(38, scale) text, timestamps rounded to
+# their precision and written by to_char, json as text, everything else cast to varchar).
+def data_diff_timestamp(value, precision=6):
+    top, bottom = "294276-12-31 23:59:59.0000", "4713-01-01 00:00:00.00 BC"
+    clamped = f"greatest('{bottom}'::timestamp(6), least('{top}'::timestamp(6), {value}::timestamp(6)))"
+    half = format(0.5 * 10 ** -precision, f".{precision + 1}f")
+    rounded = f"to_char(least('{top}'::timestamp, {clamped}) + interval '{half}', 'YYYY-mm-dd HH24:MI:SS.US')"
+    rounded = f"left({rounded}, length({rounded}) - (6 - {precision}))"
+    return f"CASE WHEN {value} IS NULL THEN NULL ELSE RPAD(LEFT({rounded}, {20 + precision}), 26, '0') END"
+
+
+DATA_DIFF_COLUMNS = {
+    "narrow": ["id::varchar", "a::varchar", "b::varchar", "c::decimal(38, 2)::varchar"],
+    "wide": ["id::varchar", "title::varchar", "body::varchar", "attrs::text", data_diff_timestamp("created")],
+}
+
+
+def data_diff_checksum(shape):
+    """data-diff's checksum of a segment: the sum of the first 48 bits of the md5 of each row's
+    normalised columns, NULLs as '<null>', joined by '|' (BaseDialect.render_checksum)."""
+    joined = " || '|' || ".join(f"coalesce({c}, '<null>')" for c in DATA_DIFF_COLUMNS[shape])
+    return f"sum(('x' || substring(md5({joined}), 21))::bit(48)::bigint - 140737488355327)"
+
+
 def checksum_costs(conn, shapes, sizes, repeat):
-    """backfill_checksum at its levels against SELECT count(*) and a data-diff-style checksum
-    (md5 of each row's text, summed per range) over the same 1,024 ranges: medians of `repeat`
-    turns, on cached tables."""
+    """backfill_checksum at its levels against SELECT count(*) and data-diff's checksum (the md5
+    of each row's normalised text, summed per range) over the same 1,024 ranges: medians of
+    `repeat` turns, on cached tables. Every query's result is read to the end (a subquery whose
+    outputs nobody reads would not be computed)."""
     results = []
     print(f"\n{'shape':7} {'rows':>9} {'method':34} {'s':>8} {'x count(*)':>11}")
     for shape in shapes:
@@ -354,15 +380,14 @@ def checksum_costs(conn, shapes, sizes, repeat):
             ).fetchone()[0]
             bounds_text = json.dumps(bounds)
             ids = "{" + ",".join(str(b["id"]) for b in bounds) + "}"
+            levels = {f"checksum {level}, 1024 ranges": (
+                "SELECT * FROM backfill_checksum(%s, level => %s, bounds => %s::jsonb)", [table, level, bounds_text])
+                for level in ("count", "aggregate", "hash")}
             methods = {
                 "count(*)": (f"SELECT count(*) FROM {table}", None),
-                "checksum count, 1024 ranges": ("SELECT count(*) FROM backfill_checksum(%s, level => 'count', bounds => %s::jsonb)",
-                                                [table, bounds_text]),
-                "checksum hash, 1024 ranges": ("SELECT count(*) FROM backfill_checksum(%s, level => 'hash', bounds => %s::jsonb)",
-                                               [table, bounds_text]),
-                "md5 of row text, 1024 ranges": (
-                    f"SELECT count(*) FROM (SELECT width_bucket(t.id, %s::bigint[]), count(*),"
-                    f" sum(('x' || substr(md5(t::text), 1, 16))::bit(64)::bigint) FROM {table} t GROUP BY 1) s", [ids]),
+                **levels,
+                "data-diff md5, 1024 ranges": (
+                    f"SELECT width_bucket(t.id, %s::bigint[]), count(*), {data_diff_checksum(shape)} FROM {table} t GROUP BY 1", [ids]),
             }
             # backfill_compare of the table and an identical copy, local, and through postgres_fdw
             # (a loopback server: the copy's checksums run in another backend, over dblink).
@@ -371,21 +396,24 @@ def checksum_costs(conn, shapes, sizes, repeat):
             conn.execute(f"VACUUM ANALYZE {table}_copy")
             conn.execute("CREATE SCHEMA IF NOT EXISTS far")
             conn.execute(f"IMPORT FOREIGN SCHEMA public LIMIT TO ({table}_copy) FROM SERVER loopback INTO far")
-            methods["compare, local copy"] = (f"SELECT count(*) FROM backfill_compare('{table}', '{table}_copy')", None)
-            methods["compare, postgres_fdw copy"] = (f"SELECT count(*) FROM backfill_compare('{table}', 'far.{table}_copy')", None)
+            methods["compare, local copy"] = (f"SELECT * FROM backfill_compare('{table}', '{table}_copy')", None)
+            methods["compare, postgres_fdw copy"] = (f"SELECT * FROM backfill_compare('{table}', 'far.{table}_copy')", None)
             for sql, params in methods.values():
-                conn.execute(sql, params)  # warm the cache
+                conn.execute(sql, params).fetchall()  # warm the cache
             times = {m: [] for m in methods}
             for _ in range(repeat):
                 for method, (sql, params) in methods.items():
                     started = time.perf_counter()
-                    conn.execute(sql, params)
+                    conn.execute(sql, params).fetchall()
                     times[method].append(time.perf_counter() - started)
             base = statistics.median(times["count(*)"])
             for method, samples in times.items():
                 seconds = statistics.median(samples)
                 results.append({"shape": shape, "rows": size, "method": method, "seconds": seconds, "ratio_to_count": seconds / base})
                 print(f"{shape:7} {size:>9} {method:34} {seconds:>8.3f} {seconds / base:>11.2f}")
+            faster = statistics.median(times["data-diff md5, 1024 ranges"]) / statistics.median(times["checksum hash, 1024 ranges"])
+            results.append({"shape": shape, "rows": size, "method": "hash level, times faster than data-diff", "ratio": faster})
+            print(f"{shape:7} {size:>9} {'hash level, x faster than data-diff':34} {'':>8} {faster:>11.2f}")
             conn.execute(f"DROP TABLE {table}, {table}_copy")
             conn.execute(f"DROP FOREIGN TABLE far.{table}_copy")
     return results

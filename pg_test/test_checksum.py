@@ -2,9 +2,12 @@
 agree whatever the session's settings; every kind of divergence shows in its range, in every
 column type; the hash is the documented encoding, byte for byte."""
 
+import decimal
+import json
 import struct
 
 import pytest
+import xxhash
 from conftest import error_of
 
 COLUMNS = {
@@ -46,8 +49,6 @@ def checksums(db, table, level="hash", ranges=16, bounds=None):
 
 def bounds_of(rows):
     """The bounds of a checksum's ranges, to check another table over the same ranges."""
-    import json
-
     return json.dumps([upper for _, _, upper, _, _ in rows if upper is not None])
 
 
@@ -154,52 +155,71 @@ def test_composite_keys_and_explicit_bounds(db):
     assert [r[0] for r, s in zip(rows_a, checksums(db, "b", bounds=bounds)) if r != s] == [2]
 
 
-def siphash24(data: bytes, k0=0, k1=0) -> int:
-    """SipHash-2-4 (Aumasson and Bernstein), written out here to check the documented encoding."""
-    mask = (1 << 64) - 1
-    rotl = lambda x, b: ((x << b) | (x >> (64 - b))) & mask  # noqa: E731
-    v0, v1, v2, v3 = k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573
+def jsonb_tokens(db, value):
+    """A jsonb document's encoding, as row_hash.rs documents it, from the parsed JSON: objects'
+    keys in jsonb's order (shorter first, then bytewise); numbers in numeric's send format, as
+    the server's numeric_send() writes them."""
+    def counted(tag, data):
+        return tag + struct.pack(">I", len(data)) + data
 
-    def rounds(n):
-        nonlocal v0, v1, v2, v3
-        for _ in range(n):
-            v0 = (v0 + v1) & mask; v1 = rotl(v1, 13); v1 ^= v0; v0 = rotl(v0, 32)  # noqa: E702
-            v2 = (v2 + v3) & mask; v3 = rotl(v3, 16); v3 ^= v2  # noqa: E702
-            v0 = (v0 + v3) & mask; v3 = rotl(v3, 21); v3 ^= v0  # noqa: E702
-            v2 = (v2 + v1) & mask; v1 = rotl(v1, 17); v1 ^= v2; v2 = rotl(v2, 32)  # noqa: E702
+    def walk(v, top=False):
+        if isinstance(v, dict):
+            keys = sorted(v, key=lambda k: (len(k.encode()), k.encode()))
+            return b"{" + b"".join(counted(b"k", k.encode()) + walk(v[k]) for k in keys) + b"}"
+        if isinstance(v, list):
+            return b"[" + b"".join(walk(e) for e in v) + b"]"
+        if top:  # a scalar document
+            return b"s" + walk(v) + b"]"
+        if v is None:
+            return b"n"
+        if isinstance(v, bool):
+            return b"t" if v else b"f"
+        if isinstance(v, str):
+            return counted(b'"', v.encode())
+        sent = bytes(db.execute("SELECT numeric_send(%s::numeric)", [str(v)]).fetchone()[0])
+        return counted(b"#", sent)
 
-    tail = len(data) % 8
-    for i in range(0, len(data) - tail, 8):
-        m = int.from_bytes(data[i:i + 8], "little")
-        v3 ^= m
-        rounds(2)
-        v0 ^= m
-    m = (len(data) & 0xFF) << 56 | int.from_bytes(data[len(data) - tail:], "little")
-    v3 ^= m
-    rounds(2)
-    v0 ^= m
-    v2 ^= 0xFF
-    rounds(4)
-    return (v0 ^ v1 ^ v2 ^ v3) & mask
+    return walk(json.loads(value, parse_float=decimal.Decimal), top=True)
 
 
 def test_the_row_hash_is_the_documented_encoding(db):
-    db.execute("CREATE TABLE enc (id int PRIMARY KEY, t text, gone int, missing bigint, at timestamptz)")
+    db.execute("CREATE TABLE enc (id int PRIMARY KEY, t text, gone int, missing bigint, at timestamptz, j jsonb)")
     db.execute("ALTER TABLE enc DROP COLUMN gone")  # dropped columns take no part
-    db.execute("INSERT INTO enc VALUES (7, 'é', NULL, '2000-01-01 00:00:01+00')")
+    # A document of more than 32 children: every 32nd entry of a container holds an offset.
+    document = ('{"b": 1.5, "aa": [true, null, "é", {"x": -0.000001}], "": "", "s": 7, "many": '
+                + json.dumps(list(range(40)) + ["end"]) + ', "wide": ' + json.dumps({f"k{i}": i * 10 for i in range(40)}) + "}")
+    db.execute("INSERT INTO enc VALUES (7, 'é', NULL, '2000-01-01 00:00:01+00', %s), (8, NULL, NULL, NULL, '12.50')",
+               [document])
     # Each column: NULL as a 0 byte; else a 1 byte, its length (4 bytes, big endian), and its
-    # send format: int4 big endian, text in UTF-8, timestamptz as microseconds since 2000-01-01 UTC.
-    encoded = b"".join([
-        b"\x01" + struct.pack(">I", 4) + struct.pack(">i", 7),
-        b"\x01" + struct.pack(">I", 2) + "é".encode(),
-        b"\x00",
-        b"\x01" + struct.pack(">I", 8) + struct.pack(">q", 1_000_000),
-    ])
-    expected = struct.unpack(">q", struct.pack(">Q", siphash24(encoded)))[0]
+    # send format: int4 big endian, text in UTF-8, timestamptz as microseconds since 2000-01-01
+    # UTC; jsonb as the tokens of a walk of it.
+    def field(data):
+        return b"\x01" + struct.pack(">I", len(data)) + data
+
+    rows = {
+        7: b"".join([field(struct.pack(">i", 7)), field("é".encode()), b"\x00",
+                     field(struct.pack(">q", 1_000_000)), field(jsonb_tokens(db, document))]),
+        8: b"".join([field(struct.pack(">i", 8)), b"\x00", b"\x00", b"\x00", field(jsonb_tokens(db, "12.50"))]),
+    }
+    expected = {k: struct.unpack(">q", struct.pack(">Q", xxhash.xxh3_64_intdigest(v)))[0] for k, v in rows.items()}
     db.execute("SET TimeZone = 'America/St_Johns'")
-    assert db.execute("SELECT backfill.row_hash(e) FROM enc e").fetchone()[0] == expected
+    assert dict(db.execute("SELECT id, backfill.row_hash(e) FROM enc e").fetchall()) == expected
     rows = checksums(db, "enc", ranges=1)
-    assert rows == [(1, None, None, 1, str(expected))]
+    assert rows == [(1, None, None, 2, str(sum(expected.values())))]
+
+
+def test_a_row_type_altered_in_the_session_is_hashed_as_it_is_now(db):
+    """A session's row hasher is made for a row type's columns: ALTER TABLE changes them under
+    the same type OID (a hasher that read an int as text crashed the server)."""
+    db.execute("CREATE TABLE altered (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO altered VALUES (1, '12345')")
+    db.execute("SELECT backfill.row_hash(a) FROM altered a")
+    db.execute("ALTER TABLE altered ALTER COLUMN v TYPE int USING v::int")
+    db.execute("ALTER TABLE altered ADD COLUMN w bigint DEFAULT 7")
+    db.execute("CREATE TABLE fresh (id int PRIMARY KEY, v int, w bigint)")
+    db.execute("INSERT INTO fresh VALUES (1, 12345, 7)")
+    assert db.execute("SELECT backfill.row_hash(a) FROM altered a").fetchone() == \
+        db.execute("SELECT backfill.row_hash(f) FROM fresh f").fetchone()
 
 
 def test_mistakes_are_refused_with_their_sqlstate(db, roles):

@@ -342,6 +342,16 @@ def test_a_foreign_table_is_compared_on_its_own_server(cluster, db, scratch_data
     assert compared(db, target="far.dst") == {5: "missing", 3999: "different"}
     assert compared(db, target="far.dst", level="count") == {5: "missing"}
     assert compared(db, target="far.dst", level="aggregate") == {5: "missing", 3999: "different"}
+    # A server whose pg_backfill hashes rows otherwise (as 0.5.0 did), or that has none, is
+    # refused before any checksum is compared.
+    with cluster.connect(remote) as conn:
+        conn.execute("CREATE FUNCTION backfill.row_hash(record) RETURNS bigint LANGUAGE plpgsql AS 'BEGIN RETURN 42; END'")
+    error = error_of(db, "SELECT * FROM backfill_compare('src', 'far.dst')")
+    assert error.sqlstate == "0A000" and "hashes rows otherwise" in error.diag.message_primary, error
+    with cluster.connect(remote) as conn:
+        conn.execute("DROP EXTENSION pg_backfill CASCADE")
+    error = error_of(db, "SELECT * FROM backfill_compare('src', 'far.dst')")
+    assert error.sqlstate == "0A000" and "has no pg_backfill" in error.diag.message_primary, error
     db.execute("DROP EXTENSION dblink")
     error = error_of(db, "SELECT * FROM backfill_compare('src', 'far.dst')")
     assert error.sqlstate == "0A000" and "CREATE EXTENSION dblink" in error.diag.message_hint

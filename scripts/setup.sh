@@ -37,6 +37,6 @@ fi
 if ! python3 -c "import psycopg, psycopg2, pytest" 2>/dev/null; then
     # (psycopg2 for its streaming replication client: the tests' consumer that applies a stream)
     log "installing the end-to-end test harness (psycopg, psycopg2, pytest)"
-    python3 -m pip install -q --disable-pip-version-check "psycopg[binary]>=3.1,<4" "psycopg2-binary>=2.9,<3" "pytest>=7,<9"
+    python3 -m pip install -q --disable-pip-version-check "psycopg[binary]>=3.1,<4" "psycopg2-binary>=2.9,<3" "pytest>=7,<9" "xxhash>=3,<4"
 fi
 log "ready"

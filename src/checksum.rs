@@ -334,13 +334,17 @@ pub fn summarize(name: &str, key: &[(String, String)], bounds: &[serde_json::Val
             read(&sql)
         }
         // Aggregated by the query itself, which may aggregate in parallel.
-        Level::Aggregate => read(&format!(
-            "{with_bounds} SELECT {range}::integer, pg_catalog.count(*), {} FROM {name} backfill_row GROUP BY 1",
-            aggregates(name)
-        )),
+        // (The planner cannot tell that there are few ranges, and would sort every row, whole,
+        // to group them; and compiling the aggregates' expressions costs more than it saves.)
+        Level::Aggregate => crate::privilege::with_settings(&[(c"enable_sort", c"off"), (c"jit", c"off")], || {
+            read(&format!(
+                "{with_bounds} SELECT {range}::integer, pg_catalog.count(*), {} FROM {name} backfill_row GROUP BY 1",
+                aggregates(name)
+            ))
+        }),
         Level::Hash => {
             let sql = format!("{with_bounds} SELECT {range}::integer, backfill_row.* FROM {name} backfill_row");
-            let sums = crate::row_hash::scan(&sql, parameter(), bounds.len() + 1, true);
+            let sums = crate::row_hash::scan(&sql, parameter(), bounds.len() + 1);
             (0..=bounds.len()).map(|i| (i as i32, (sums.rows[i], Some(sums.sums[i].to_string())))).collect()
         }
     };

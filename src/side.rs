@@ -210,7 +210,47 @@ fn connect(target: pg_sys::Oid, target_name: &str) -> Side {
         ],
     )
     .or_internal("set up the foreign table's session");
-    Side::Remote { dblink, connection: CONNECTION.into(), name: quote_qualified(&schema, &table) }
+    let side = Side::Remote { dblink, connection: CONNECTION.into(), name: quote_qualified(&schema, &table) };
+    require_same_row_hash(&side, target_name);
+    side
+}
+
+/// The copy's server hashes rows as this one does: its checksums are comparable. (pg_backfill
+/// 0.5.0 hashed the same bytes with another function.) Checked on one row of every kind of
+/// encoding.
+fn require_same_row_hash(remote: &Side, target_name: &str) {
+    let version = remote
+        .query(
+            "SELECT e.extversion::pg_catalog.text FROM pg_catalog.pg_extension e
+              WHERE e.extname OPERATOR(pg_catalog.=) 'pg_backfill'",
+            1,
+        )
+        .into_iter()
+        .next()
+        .and_then(|mut row| row[0].take());
+    let Some(version) = version else {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("the server of foreign table {target_name} has no pg_backfill"),
+            "A foreign table's checksums are computed on its own server, by its pg_backfill.",
+            Some("Install pg_backfill there too: CREATE EXTENSION pg_backfill;".into()),
+        )
+    };
+    const PROBE: &str = "SELECT backfill.row_hash(ROW(1, 'probe'::pg_catalog.text, NULL::pg_catalog.int8, \
+                         '{\"n\": [1.5, true, null], \"s\": \"x\"}'::pg_catalog.jsonb, 2.5::pg_catalog.numeric))::pg_catalog.text";
+    let hash = |side: &Side| side.query(PROBE, 1).into_iter().next().and_then(|mut row| row[0].take());
+    let here = hash(&Side::Local { name: String::new() });
+    if hash(remote) != here {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("the server of foreign table {target_name} hashes rows otherwise than this one"),
+            format!("Its pg_backfill ({version}) computes another row hash: every checksum would differ."),
+            Some(
+                "Install the same version of pg_backfill on both servers, then ALTER EXTENSION pg_backfill UPDATE;"
+                    .into(),
+            ),
+        );
+    }
 }
 
 pub fn disconnect(side: &Side) {
