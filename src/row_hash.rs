@@ -308,7 +308,10 @@ fn row_hash(row: AnyElement) -> i64 {
             }
             hasher.hash(&values, &nulls)
         });
-        pg_sys::DecrTupleDescRefCount(tupdesc);
+        // (ReleaseTupleDesc: an anonymous record's descriptor is not reference-counted.)
+        if (*tupdesc).tdrefcount >= 0 {
+            pg_sys::DecrTupleDescRefCount(tupdesc);
+        }
         hash as i64
     }
 }
