@@ -342,6 +342,14 @@ def test_a_foreign_table_is_compared_on_its_own_server(cluster, db, scratch_data
     assert compared(db, target="far.dst") == {5: "missing", 3999: "different"}
     assert compared(db, target="far.dst", level="count") == {5: "missing"}
     assert compared(db, target="far.dst", level="aggregate") == {5: "missing", 3999: "different"}
+    # The table behind the foreign table must have the source's columns too, not only its
+    # declaration here.
+    with cluster.connect(remote) as conn:
+        conn.execute("ALTER TABLE dst ADD COLUMN added int")
+    error = error_of(db, "SELECT * FROM backfill_compare('src', 'far.dst')")
+    assert error.sqlstate == "42804" and "added integer" in error.diag.message_detail, error
+    with cluster.connect(remote) as conn:
+        conn.execute("ALTER TABLE dst DROP COLUMN added")
     # A server whose pg_backfill hashes rows otherwise (as 0.5.0 did), or that has none, is
     # refused before any checksum is compared.
     with cluster.connect(remote) as conn:
@@ -403,6 +411,29 @@ def test_compare_and_keys_refuse_what_they_cannot_do(db, roles):
     assert error.sqlstate == "42501" and "dst" in error.diag.message_primary
     db.execute(f"GRANT SELECT ON dst TO {operator}")
     assert conn.execute("SELECT count(*) FROM backfill_compare('src', 'dst')").fetchone()[0] == 0
+    # A repair starts a backfill: a role that may read the source but not update it (a backfill
+    # locks rows FOR SHARE) is refused before anything is compared (here, a comparison would
+    # have been refused for the copy, which it may no longer read).
+    db.execute(f"REVOKE SELECT ON dst FROM {operator}")
+    error = error_of(conn, "SELECT backfill_repair('src', 'dst', confirm => true)")
+    assert error.sqlstate == "42501" and "UPDATE" in error.diag.message_detail, error
+
+
+def test_numeric_keys_keep_every_digit(db):
+    """Keys travel as JSON: a numeric key of more digits than a double holds is reported, and
+    re-delivered, exactly."""
+    db.execute("CREATE TABLE wide_keys (id numeric PRIMARY KEY, v text)")
+    db.execute("INSERT INTO wide_keys SELECT 12345678901234567890.123456789 + g, 'v' FROM generate_series(1, 3000) g")
+    db.execute("CREATE TABLE wide_keys_copy (LIKE wide_keys INCLUDING ALL)")
+    db.execute("INSERT INTO wide_keys_copy SELECT * FROM wide_keys WHERE id <> 12345678901234567890.123456789 + 7")
+    rows = db.execute("SELECT key::text, status FROM backfill_compare('wide_keys', 'wide_keys_copy')").fetchall()
+    assert rows == [('{"id": 12345678901234567897.123456789}', "missing")]
+    backfill_id = db.execute(
+        "SELECT backfill_start('wide_keys', confirm => true, keys => '[{\"id\": 12345678901234567897.123456789}]')"
+    ).fetchone()[0]
+    wait_until_ended(db, backfill_id)
+    assert db.execute("SELECT key_json FROM backfill.job_key WHERE job_id = %s", [backfill_id]).fetchone()[0] == \
+        ["12345678901234567897.123456789"]
 
 
 def test_keys_mean_the_same_whatever_the_callers_date_style(db):

@@ -86,6 +86,11 @@ fn repair(
     let confirm = crate::args::required(confirm, "backfill_repair", "confirm");
     let batch_size = crate::args::required(batch_size, "backfill_repair", "batch_size");
     crate::args::check_batch_size(batch_size);
+    if confirm {
+        // What backfill_start() would refuse (no UPDATE, row-level security...), before the
+        // comparison rather than after it.
+        crate::table::require(crate::args::required(source, "backfill_repair", "source"));
+    }
     let found = differences("backfill_repair", source, target, level, passes, slot.map(|s| s.0));
     let name = crate::table::relation_name(source.unwrap_or_default());
     if found.keys.is_empty() {

@@ -16,8 +16,6 @@ use crate::errors::raise;
 use pgrx::prelude::*;
 use pgrx::AnyElement;
 use pgrx::PgSqlErrorCode::*;
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::{c_int, CString};
 
 /// How one column's value enters its row's hash: its send format.
@@ -38,8 +36,6 @@ enum Encoding {
 
 /// Hashes rows of one row type.
 pub struct RowHasher {
-    /// The type of each column, None for a dropped one: what the encodings were made for.
-    types: Vec<Option<pg_sys::Oid>>,
     /// One per column, None for a dropped one.
     encodings: Vec<Option<Encoding>>,
     /// The row being encoded (kept from row to row, to allocate it once).
@@ -52,20 +48,10 @@ impl RowHasher {
     /// # Safety
     /// `tupdesc` is a valid tuple descriptor.
     pub unsafe fn new(tupdesc: pg_sys::TupleDesc, first: usize) -> Self {
-        let types = column_types(tupdesc, first);
-        let encodings = types.iter().map(|t| t.map(|t| encoding_of(t))).collect();
-        RowHasher { types, encodings, encoded: Vec::new() }
-    }
-
-    /// Whether this hashes rows of `tupdesc` as it is now (a row type's columns change with
-    /// ALTER TABLE, its OID does not).
-    ///
-    /// # Safety
-    /// As [`RowHasher::new`].
-    unsafe fn fits(&self, tupdesc: pg_sys::TupleDesc, first: usize) -> bool {
-        let attributes = &(*tupdesc).attrs.as_slice((*tupdesc).natts as usize)[first..];
-        attributes.len() == self.types.len()
-            && attributes.iter().zip(&self.types).all(|(att, t)| (!att.attisdropped).then_some(att.atttypid) == *t)
+        let attributes = (*tupdesc).attrs.as_slice((*tupdesc).natts as usize);
+        let encodings =
+            attributes[first..].iter().map(|att| (!att.attisdropped).then(|| encoding_of(att.atttypid))).collect();
+        RowHasher { encodings, encoded: Vec::new() }
     }
 
     /// The hash of one row's values (those from the descriptor's column `first` on).
@@ -107,13 +93,6 @@ impl RowHasher {
         }
         xxhash_rust::xxh3::xxh3_64(encoded)
     }
-}
-
-/// # Safety
-/// `tupdesc` is a valid tuple descriptor.
-unsafe fn column_types(tupdesc: pg_sys::TupleDesc, first: usize) -> Vec<Option<pg_sys::Oid>> {
-    let attributes = (*tupdesc).attrs.as_slice((*tupdesc).natts as usize);
-    attributes[first..].iter().map(|att| (!att.attisdropped).then_some(att.atttypid)).collect()
 }
 
 /// # Safety
@@ -267,19 +246,29 @@ fn counted(out: &mut Vec<u8>, tag: u8, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-thread_local! {
-    /// The hasher of each row type (OID and typmod) hashed by backfill.row_hash() in this process.
-    static HASHERS: RefCell<HashMap<(pg_sys::Oid, i32), RowHasher>> = RefCell::new(HashMap::new());
+/// What backfill.row_hash() keeps from call to call of one query (in its FmgrInfo): the row
+/// type it hashes, a copy of its descriptor, and its hasher.
+struct CallState {
+    row_type: (pg_sys::Oid, i32),
+    tupdesc: pg_sys::TupleDesc,
+    hasher: RowHasher,
+    values: Vec<pg_sys::Datum>,
+    nulls: Vec<bool>,
 }
 
 /// backfill.row_hash(t): the row's 64-bit hash, as backfill_checksum() sums it; a row of a
 /// table, as `t` names it in `FROM tbl t`. (Text is taken in UTF-8 here too.)
 #[pg_extern(schema = "backfill", immutable, parallel_safe)]
-fn row_hash(row: AnyElement) -> i64 {
+fn row_hash(row: AnyElement, fcinfo: pg_sys::FunctionCallInfo) -> i64 {
     // SAFETY: `row` is a composite datum (anything else is refused before it is read as one);
-    // it is detoasted, deformed with its own type's descriptor, whose reference is released.
+    // it is detoasted and deformed with a copy of its own type's descriptor, made once a query
+    // (a row type cannot change while a query reads it) in the function's memory, which drops
+    // the state with it.
     unsafe {
-        if !pg_sys::type_is_rowtype(row.oid()) {
+        let flinfo = (*fcinfo).flinfo;
+        let mut state = (*flinfo).fn_extra.cast::<CallState>();
+        // (A call's argument type is the same at every call of the query.)
+        if state.is_null() && !pg_sys::type_is_rowtype(row.oid()) {
             raise(
                 ERRCODE_DATATYPE_MISMATCH,
                 "backfill.row_hash() takes a table's row",
@@ -290,30 +279,44 @@ fn row_hash(row: AnyElement) -> i64 {
         let header = pg_sys::pg_detoast_datum(row.datum().cast_mut_ptr()) as pg_sys::HeapTupleHeader;
         // The row's own type, as its header records it (HeapTupleHeaderGetTypeId/TypMod).
         let row_type = ((*header).t_choice.t_datum.datum_typeid, (*header).t_choice.t_datum.datum_typmod);
-        let tupdesc = pg_sys::lookup_rowtype_tupdesc(row_type.0, row_type.1);
-        let natts = (*tupdesc).natts as usize;
+        if state.is_null() || (*state).row_type != row_type {
+            state = call_state(row_type, (*flinfo).fn_mcxt);
+            (*flinfo).fn_extra = state.cast();
+        }
+        let state = &mut *state;
         let mut tuple = pg_sys::HeapTupleData {
             t_len: pgrx::varsize_any(header.cast()) as u32,
             t_data: header,
             ..Default::default()
         };
-        let mut values = vec![pg_sys::Datum::from(0); natts];
-        let mut nulls = vec![false; natts];
-        pg_sys::heap_deform_tuple(&mut tuple, tupdesc, values.as_mut_ptr(), nulls.as_mut_ptr());
-        let hash = HASHERS.with(|hashers| {
-            let mut hashers = hashers.borrow_mut();
-            let hasher = hashers.entry(row_type).or_insert_with(|| RowHasher::new(tupdesc, 0));
-            if !hasher.fits(tupdesc, 0) {
-                *hasher = RowHasher::new(tupdesc, 0);
-            }
-            hasher.hash(&values, &nulls)
-        });
-        // (ReleaseTupleDesc: an anonymous record's descriptor is not reference-counted.)
-        if (*tupdesc).tdrefcount >= 0 {
-            pg_sys::DecrTupleDescRefCount(tupdesc);
-        }
-        hash as i64
+        pg_sys::heap_deform_tuple(&mut tuple, state.tupdesc, state.values.as_mut_ptr(), state.nulls.as_mut_ptr());
+        state.hasher.hash(&state.values, &state.nulls) as i64
     }
+}
+
+/// The state of row_hash() for rows of `row_type`, in `memory`.
+///
+/// # Safety
+/// `memory` is a memory context that outlives the query's calls.
+unsafe fn call_state(row_type: (pg_sys::Oid, i32), memory: pg_sys::MemoryContext) -> *mut CallState {
+    let cached = pg_sys::lookup_rowtype_tupdesc(row_type.0, row_type.1);
+    let caller_memory = pg_sys::MemoryContextSwitchTo(memory);
+    let tupdesc = pg_sys::CreateTupleDescCopy(cached);
+    pg_sys::MemoryContextSwitchTo(caller_memory);
+    // (ReleaseTupleDesc: an anonymous record's descriptor, shared after a parallel query, is
+    // not reference-counted.)
+    if (*cached).tdrefcount >= 0 {
+        pg_sys::DecrTupleDescRefCount(cached);
+    }
+    let natts = (*tupdesc).natts as usize;
+    let state = CallState {
+        row_type,
+        tupdesc,
+        hasher: RowHasher::new(tupdesc, 0),
+        values: vec![pg_sys::Datum::from(0); natts],
+        nulls: vec![false; natts],
+    };
+    pgrx::PgMemoryContexts::For(memory).leak_and_drop_on_delete(state)
 }
 
 /// Each range's row count and the sum of its rows' hashes.

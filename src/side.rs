@@ -104,16 +104,12 @@ pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str) -> 
     }
     checksum::require_readable(target, &target_name);
     let columns = |relid: pg_sys::Oid| {
-        crate::sql::select_one::<Vec<Text>>(
-            "SELECT pg_catalog.array_agg(pg_catalog.format('%I %s', a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod))
-                                         ORDER BY a.attnum)
-               FROM pg_catalog.pg_attribute a
-              WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped",
-            &[relid.into()],
-        )
+        Spi::connect(|client| {
+            let rows = client.select(&columns_of("$1"), None, &[relid.into()])?;
+            rows.map(|row| Ok(row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default()))
+                .collect::<Result<Vec<String>, pgrx::spi::Error>>()
+        })
         .or_internal("read the tables' columns")
-        .map(crate::encoding::strings)
-        .unwrap_or_default()
     };
     let (source_columns, target_columns) = (columns(source), columns(target));
     if source_columns != target_columns {
@@ -146,7 +142,40 @@ pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str) -> 
         }
         return Side::Local { name: crate::sql::qualified_name(target) };
     }
-    connect(target, &target_name)
+    let side = connect(target, &target_name);
+    require_same_row_hash(&side, &target_name);
+    // The foreign table's declaration may differ from the table it names.
+    let remote_columns: Vec<String> = side
+        .query(&columns_of(&spi::quote_literal(side.name())), 1)
+        .into_iter()
+        .filter_map(|mut r| r[0].take())
+        .collect();
+    if remote_columns != source_columns {
+        raise(
+            ERRCODE_DATATYPE_MISMATCH,
+            format!("the table of foreign table {target_name} does not have the columns of {source_name}"),
+            format!(
+                "Rows compare column by column: {source_name} has ({}), {} on the foreign server has ({}).",
+                source_columns.join(", "),
+                side.name(),
+                remote_columns.join(", ")
+            ),
+            Some("Give the copy the same columns, with the same types, in the same order.".into()),
+        );
+    }
+    side
+}
+
+/// The columns of a table (`relation`: an SQL expression of its regclass), one row each, as
+/// `name type`, in order.
+fn columns_of(relation: &str) -> String {
+    format!(
+        "SELECT pg_catalog.format('%I %s', a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod))
+           FROM pg_catalog.pg_attribute a
+          WHERE a.attrelid OPERATOR(pg_catalog.=) {relation}::pg_catalog.regclass
+            AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+          ORDER BY a.attnum"
+    )
 }
 
 const CONNECTION: &str = "pg_backfill_compare";
@@ -210,9 +239,7 @@ fn connect(target: pg_sys::Oid, target_name: &str) -> Side {
         ],
     )
     .or_internal("set up the foreign table's session");
-    let side = Side::Remote { dblink, connection: CONNECTION.into(), name: quote_qualified(&schema, &table) };
-    require_same_row_hash(&side, target_name);
-    side
+    Side::Remote { dblink, connection: CONNECTION.into(), name: quote_qualified(&schema, &table) }
 }
 
 /// The copy's server hashes rows as this one does: its checksums are comparable. (pg_backfill
