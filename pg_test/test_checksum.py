@@ -208,6 +208,20 @@ def test_the_row_hash_is_the_documented_encoding(db):
     assert rows == [(1, None, None, 2, str(sum(expected.values())))]
 
 
+def test_numeric_is_hashed_as_its_send_format(db):
+    """numeric's send format is read from the value, not asked of numeric_send(): short and long
+    headers, special values, huge and compressed values give exactly what numeric_send() gives."""
+    db.execute("CREATE TABLE num (id int PRIMARY KEY, n numeric)")
+    values = ["0", "0.000", "7", "-1.5", "12345678901234567890.123456789", "1e-20", "-99999.9999", "1e300",
+              "1." + "0" * 70 + "1", "NaN", "Infinity", "-Infinity", "9" * 5000]
+    db.execute("INSERT INTO num SELECT o, v::numeric FROM unnest(%s::text[]) WITH ORDINALITY AS u(v, o)", [values])
+    rows = db.execute("SELECT id, numeric_send(n), backfill.row_hash(t) FROM num t").fetchall()
+    assert len(rows) == len(values)
+    for id_, sent, hashed in rows:
+        encoded = b"\x01" + struct.pack(">I", 4) + struct.pack(">i", id_) + b"\x01" + struct.pack(">I", len(sent)) + bytes(sent)
+        assert hashed == struct.unpack(">q", struct.pack(">Q", xxhash.xxh3_64_intdigest(encoded)))[0], values[id_ - 1][:40]
+
+
 def test_a_row_type_altered_in_the_session_is_hashed_as_it_is_now(db):
     """A session's row hasher is made for a row type's columns: ALTER TABLE changes them under
     the same type OID (a hasher that read an int as text crashed the server)."""

@@ -14,6 +14,7 @@
 
 use crate::errors::raise;
 use pgrx::prelude::*;
+use pgrx::varlena::{vardata_any, varsize_any_exhdr};
 use pgrx::AnyElement;
 use pgrx::PgSqlErrorCode::*;
 use std::ffi::{c_int, CString};
@@ -27,9 +28,10 @@ enum Encoding {
     Uuid,
     /// text, varchar, bpchar: the characters in UTF-8.
     Text,
-    /// jsonb: the tokens of a walk of the document (see [`encode_jsonb`]); numbers by numeric's
-    /// send function.
-    Jsonb(Box<pg_sys::FmgrInfo>),
+    /// numeric: its send format, read from the value (see [`encode_numeric`]).
+    Numeric,
+    /// jsonb: the tokens of a walk of the document (see [`encode_jsonb`]).
+    Jsonb,
     /// Anything else: its type's send function.
     Send(Box<pg_sys::FmgrInfo>),
 }
@@ -69,11 +71,7 @@ impl RowHasher {
                 encoded.push(0);
                 continue;
             }
-            // A 1, the length (written once the value is), the value.
-            encoded.push(1);
-            let length_at = encoded.len();
-            encoded.extend_from_slice(&[0; 4]);
-            match encoding {
+            length_prefixed(encoded, 1, |encoded| match encoding {
                 Encoding::BigEndian(size) => encoded.extend_from_slice(&value.value().to_be_bytes()[8 - *size..]),
                 Encoding::Uuid => encoded.extend_from_slice(std::slice::from_raw_parts(value.cast_mut_ptr::<u8>(), 16)),
                 Encoding::Text => {
@@ -82,14 +80,13 @@ impl RowHasher {
                         &crate::encoding::to_utf8(bytes).unwrap_or(std::borrow::Cow::Borrowed(bytes)),
                     )
                 }
-                Encoding::Jsonb(numeric_send) => encode_jsonb(*value, numeric_send, encoded),
+                Encoding::Numeric => encode_numeric(pg_sys::pg_detoast_datum_packed(value.cast_mut_ptr()), encoded),
+                Encoding::Jsonb => encode_jsonb(*value, encoded),
                 Encoding::Send(send) => {
                     let sent = pg_sys::SendFunctionCall(&mut **send, *value);
                     encoded.extend_from_slice(pgrx::varlena::varlena_to_byte_slice(sent))
                 }
-            }
-            let length = (encoded.len() - length_at - 4) as u32;
-            encoded[length_at..length_at + 4].copy_from_slice(&length.to_be_bytes());
+            });
         }
         xxhash_rust::xxh3::xxh3_64(encoded)
     }
@@ -107,20 +104,64 @@ unsafe fn encoding_of(type_oid: pg_sys::Oid) -> Encoding {
         }
         pg_sys::UUIDOID => Encoding::Uuid,
         pg_sys::TEXTOID | pg_sys::VARCHAROID | pg_sys::BPCHAROID => Encoding::Text,
-        pg_sys::JSONBOID => Encoding::Jsonb(send_function(pg_sys::NUMERICOID)),
-        _ => Encoding::Send(send_function(type_oid)),
+        pg_sys::NUMERICOID => Encoding::Numeric,
+        pg_sys::JSONBOID => Encoding::Jsonb,
+        _ => {
+            let mut send = pg_sys::InvalidOid;
+            let mut varlena = false;
+            pg_sys::getTypeBinaryOutputInfo(type_oid, &mut send, &mut varlena);
+            let mut info = Box::new(pg_sys::FmgrInfo::default());
+            pg_sys::fmgr_info_cxt(send, &mut *info, pg_sys::TopMemoryContext);
+            Encoding::Send(info)
+        }
     }
 }
 
+/// Appends numeric's send format, as numeric_send() writes it (its digit count, weight, sign
+/// and display scale, then its base-10000 digits, each 2 bytes big endian), read from the
+/// value as numeric.c stores it (src/backend/utils/adt/numeric.c: a short or a long header, or
+/// a special value's), without calling numeric_send(), which allocates.
+///
 /// # Safety
-/// `type_oid` is a type's OID.
-unsafe fn send_function(type_oid: pg_sys::Oid) -> Box<pg_sys::FmgrInfo> {
-    let mut send = pg_sys::InvalidOid;
-    let mut varlena = false;
-    pg_sys::getTypeBinaryOutputInfo(type_oid, &mut send, &mut varlena);
-    let mut info = Box::new(pg_sys::FmgrInfo::default());
-    pg_sys::fmgr_info_cxt(send, &mut *info, pg_sys::TopMemoryContext);
-    info
+/// `numeric` is a detoasted numeric varlena (with a 1- or 4-byte header).
+unsafe fn encode_numeric(numeric: *const pg_sys::varlena, out: &mut Vec<u8>) {
+    const SIGN_MASK: u16 = 0xC000;
+    const SHORT: u16 = 0x8000;
+    const SPECIAL: u16 = 0xC000;
+    const EXT_SIGN_MASK: u16 = 0xF000;
+    const SHORT_SIGN_MASK: u16 = 0x2000;
+    const NEG: u16 = 0x4000;
+    const SHORT_DSCALE_MASK: u16 = 0x1F80;
+    const SHORT_WEIGHT_SIGN_MASK: u16 = 0x0040;
+    const SHORT_WEIGHT_MASK: u16 = 0x003F;
+    const DSCALE_MASK: u16 = 0x3FFF;
+    let data = vardata_any(numeric).cast::<u8>();
+    let size = varsize_any_exhdr(numeric);
+    // (Words in the machine's order; a value in a tuple is not always 2-byte aligned.)
+    let word = |i: usize| u16::from_ne_bytes([*data.add(2 * i), *data.add(2 * i + 1)]);
+    let header = word(0);
+    // A special value has a short header's size.
+    let short_header = header & SHORT != 0;
+    let (weight, dscale, first_digit) = if short_header {
+        let weight =
+            (header & SHORT_WEIGHT_MASK) | if header & SHORT_WEIGHT_SIGN_MASK != 0 { !SHORT_WEIGHT_MASK } else { 0 };
+        (weight, (header & SHORT_DSCALE_MASK) >> 7, 1)
+    } else {
+        (word(1), header & DSCALE_MASK, 2)
+    };
+    let sign = match header & SIGN_MASK {
+        SHORT if header & SHORT_SIGN_MASK != 0 => NEG,
+        SHORT => 0,
+        SPECIAL => header & EXT_SIGN_MASK,
+        sign => sign,
+    };
+    let digits = size / 2 - first_digit;
+    for field in [digits as u16, weight, sign, dscale] {
+        out.extend_from_slice(&field.to_be_bytes());
+    }
+    for i in first_digit..first_digit + digits {
+        out.extend_from_slice(&word(i).to_be_bytes());
+    }
 }
 
 /// Appends a jsonb document's encoding: the tokens of a walk of it, in the order jsonb keeps it
@@ -131,12 +172,11 @@ unsafe fn send_function(type_oid: pg_sys::Oid) -> Box<pg_sys::FmgrInfo> {
 /// send format, a version byte and the text, costs a text conversion of every number.)
 ///
 /// # Safety
-/// `value` is a jsonb datum; `numeric_send` is numeric's send function. What it allocates is
-/// left to the current memory context.
-unsafe fn encode_jsonb(value: pg_sys::Datum, numeric_send: &mut pg_sys::FmgrInfo, out: &mut Vec<u8>) {
+/// `value` is a jsonb datum. What it allocates is left to the current memory context.
+unsafe fn encode_jsonb(value: pg_sys::Datum, out: &mut Vec<u8>) {
     // (Detoasted, and with a 4-byte header: the document is then 4-byte aligned, as its words.)
     let jsonb = pg_sys::pg_detoast_datum(value.cast_mut_ptr()).cast::<u8>();
-    encode_container(jsonb.add(pg_sys::VARHDRSZ), numeric_send, out);
+    encode_container(jsonb.add(pg_sys::VARHDRSZ), out);
 }
 
 /// The bits of a container's header word and of its children's entry words, as jsonb stores
@@ -155,7 +195,7 @@ const JENTRY_HAS_OFF: u32 = 0x8000_0000;
 ///
 /// # Safety
 /// `container` is a jsonb container, 4-byte aligned.
-unsafe fn encode_container(container: *const u8, numeric_send: &mut pg_sys::FmgrInfo, out: &mut Vec<u8>) {
+unsafe fn encode_container(container: *const u8, out: &mut Vec<u8>) {
     pg_sys::check_stack_depth();
     let word = |at: *const u8| at.cast::<u32>().read();
     let header = word(container);
@@ -187,7 +227,7 @@ unsafe fn encode_container(container: *const u8, numeric_send: &mut pg_sys::Fmgr
             let bytes = std::slice::from_raw_parts(data.add(key_start), key_end - key_start);
             counted(out, b'k', &crate::encoding::to_utf8(bytes).unwrap_or(std::borrow::Cow::Borrowed(bytes)));
             let value_end = end_of(count + key, value_start);
-            encode_child(entry(count + key), data, value_start, value_end, numeric_send, out);
+            encode_child(entry(count + key), data, value_start, value_end, out);
             (key_start, value_start) = (key_end, value_end);
         }
         out.push(b'}');
@@ -196,7 +236,7 @@ unsafe fn encode_container(container: *const u8, numeric_send: &mut pg_sys::Fmgr
         let mut start = 0;
         for element in 0..count {
             let end = end_of(element, start);
-            encode_child(entry(element), data, start, end, numeric_send, out);
+            encode_child(entry(element), data, start, end, out);
             start = end;
         }
         out.push(b']');
@@ -208,28 +248,18 @@ unsafe fn encode_container(container: *const u8, numeric_send: &mut pg_sys::Fmgr
 ///
 /// # Safety
 /// As [`encode_container`]; `entry`, `start` and `end` are a child's of the container.
-unsafe fn encode_child(
-    entry: u32,
-    data: *const u8,
-    start: usize,
-    end: usize,
-    numeric_send: &mut pg_sys::FmgrInfo,
-    out: &mut Vec<u8>,
-) {
+unsafe fn encode_child(entry: u32, data: *const u8, start: usize, end: usize, out: &mut Vec<u8>) {
     let aligned = data.add((start + 3) & !3);
     match entry & JENTRY_TYPEMASK {
         0x0000_0000 => {
             let bytes = std::slice::from_raw_parts(data.add(start), end - start);
             counted(out, b'"', &crate::encoding::to_utf8(bytes).unwrap_or(std::borrow::Cow::Borrowed(bytes)))
         }
-        0x1000_0000 => {
-            let sent = pg_sys::SendFunctionCall(numeric_send, pg_sys::Datum::from(aligned));
-            counted(out, b'#', pgrx::varlena::varlena_to_byte_slice(sent))
-        }
+        0x1000_0000 => length_prefixed(out, b'#', |out| encode_numeric(aligned.cast(), out)),
         0x2000_0000 => out.push(b'f'),
         0x3000_0000 => out.push(b't'),
         0x4000_0000 => out.push(b'n'),
-        0x5000_0000 => encode_container(aligned, numeric_send, out),
+        0x5000_0000 => encode_container(aligned, out),
         other => raise(
             ERRCODE_DATA_CORRUPTED,
             format!("jsonb entry of unknown type {other:#x}"),
@@ -241,9 +271,17 @@ unsafe fn encode_child(
 
 /// A tag, the length of `bytes` (4 bytes, big endian), `bytes`.
 fn counted(out: &mut Vec<u8>, tag: u8, bytes: &[u8]) {
+    length_prefixed(out, tag, |out| out.extend_from_slice(bytes));
+}
+
+/// A tag, the length of what `write` appends (4 bytes, big endian, written once it has), and it.
+fn length_prefixed(out: &mut Vec<u8>, tag: u8, write: impl FnOnce(&mut Vec<u8>)) {
     out.push(tag);
-    out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
-    out.extend_from_slice(bytes);
+    let length_at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    write(out);
+    let length = (out.len() - length_at - 4) as u32;
+    out[length_at..length_at + 4].copy_from_slice(&length.to_be_bytes());
 }
 
 /// What backfill.row_hash() keeps from call to call of one query (in its FmgrInfo): the row
@@ -323,6 +361,8 @@ unsafe fn call_state(row_type: (pg_sys::Oid, i32), memory: pg_sys::MemoryContext
 pub struct RangeSums {
     pub rows: Vec<i64>,
     pub sums: Vec<i128>,
+    /// The bounds of an integer key, when the query's first column is the key, not the range.
+    integer_bounds: Option<Vec<i64>>,
     hasher: Option<RowHasher>,
     /// What hashing a row allocates, freed after each row.
     row_memory: pg_sys::MemoryContext,
@@ -335,13 +375,19 @@ struct Receiver {
     sums: *mut RangeSums,
 }
 
-/// Runs `sql` (its first column the range, 0 to `ranges - 1`; the table's columns after it),
-/// with one jsonb parameter, and sums what it returns per range: the rows are hashed here as
+/// Runs `sql` (its first column the range, 0 to `ranges - 1`, or with `integer_bounds` the
+/// key, as int8; the table's columns after it), with one jsonb parameter, and sums what it
+/// returns per range: the rows are hashed here as
 /// they come, with no row materialized twice. Not in parallel: this process would still hash
 /// every row, and workers would only pass it whole rows through a queue (measured: no faster).
-pub fn scan(sql: &str, parameter: pgrx::JsonB, ranges: usize) -> RangeSums {
-    let mut sums =
-        RangeSums { rows: vec![0; ranges], sums: vec![0; ranges], hasher: None, row_memory: std::ptr::null_mut() };
+pub fn scan(sql: &str, parameter: pgrx::JsonB, ranges: usize, integer_bounds: Option<Vec<i64>>) -> RangeSums {
+    let mut sums = RangeSums {
+        rows: vec![0; ranges],
+        sums: vec![0; ranges],
+        integer_bounds,
+        hasher: None,
+        row_memory: std::ptr::null_mut(),
+    };
     let text = CString::new(sql).expect("no NUL in SQL");
     // SAFETY: SPI is connected around the plan and its one execution; the receiver and the sums
     // it points to outlive the execution, which calls back into them only.
@@ -407,8 +453,11 @@ unsafe extern "C-unwind" fn receive(slot: *mut pg_sys::TupleTableSlot, receiver:
     }
     let values = std::slice::from_raw_parts((*slot).tts_values, natts as usize);
     let nulls = std::slice::from_raw_parts((*slot).tts_isnull, natts as usize);
-    // (width_bucket() of a key, which is never NULL, within the bounds given.)
-    let range = (values[0].value() as i32).clamp(0, sums.rows.len() as i32 - 1) as usize;
+    // As width_bucket(): the number of bounds at or below the key (which is never NULL).
+    let range = match &sums.integer_bounds {
+        Some(bounds) => bounds.partition_point(|bound| *bound <= values[0].value() as i64),
+        None => (values[0].value() as i32).clamp(0, sums.rows.len() as i32 - 1) as usize,
+    };
     sums.rows[range] += 1;
     if let Some(hasher) = &mut sums.hasher {
         // Detoasted values and send formats are the row's: gone before the next one.
