@@ -59,6 +59,7 @@ mod side;
 mod sql;
 mod state;
 mod status;
+mod stored_form;
 mod table;
 mod worker;
 mod xact;
