@@ -436,6 +436,19 @@ def test_numeric_keys_keep_every_digit(db):
         ["12345678901234567897.123456789"]
 
 
+def test_a_copy_far_from_its_source_is_refused_not_listed(db):
+    """The differing keys are kept in the backend's memory, up to backfill.compare_max_keys: an
+    empty copy of a big table fails with 54000 instead of filling it."""
+    make_pair(db, 5000)
+    db.execute("TRUNCATE dst")
+    db.execute("SET backfill.compare_max_keys = 1000")
+    error = error_of(db, "SELECT * FROM backfill_compare('src', 'dst')")
+    assert error.sqlstate == "54000" and "more than 1000 keys" in error.diag.message_primary, error
+    assert "backfill_start" in error.diag.message_hint
+    db.execute("RESET backfill.compare_max_keys")
+    assert set(compared(db).values()) == {"missing"} and len(compared(db)) == 5000
+
+
 def test_keys_mean_the_same_whatever_the_callers_date_style(db):
     """Keys are cast to text under the worker's settings: a caller's DMY DateStyle must not make
     the worker read 2024-02-01 as 2024-01-02 (and deliver another row, or delete it)."""

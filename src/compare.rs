@@ -264,6 +264,22 @@ fn compare_sides(
         let condition = if condition.is_empty() { "true".to_string() } else { condition.join(" AND ") };
         let (here, there) = (source.rows(key, level, &condition, false), target.rows(key, level, &condition, false));
         candidates.extend(here.keys().chain(there.keys()).filter(|k| here.get(*k) != there.get(*k)).cloned());
+        // The keys are kept in this backend's memory: a copy far from its source (empty, or
+        // of another table) is not a list of differences to keep.
+        let most = crate::settings::COMPARE_MAX_KEYS.get() as usize;
+        if candidates.len() > most {
+            raise(
+                ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                format!("more than {most} keys of {} differ from {}", source.name(), target.name()),
+                format!(
+                    "A comparison keeps the keys that differ in memory, at most backfill.compare_max_keys \
+                     ({most}); range {} of {} was the one that passed it.",
+                    range + 1,
+                    bounds.len() + 1
+                ),
+                Some("When most of the copy is missing or stale, backfill the table again (backfill_start); or raise backfill.compare_max_keys for this session.".into()),
+            );
+        }
     }
     // 3. Passes.
     let mut verdicts = BTreeMap::new();

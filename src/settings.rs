@@ -47,6 +47,9 @@ pub static MAX_MESSAGE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 
 /// more than the message (wal2json escapes it into a JSON string: up to twice its size).
 pub const MAX_MESSAGE_SIZE_CEILING: i32 = 256 * 1024 * 1024;
 
+/// The most keys that backfill_compare() and backfill_repair() keep as differing.
+pub static COMPARE_MAX_KEYS: GucSetting<i32> = GucSetting::<i32>::new(1_000_000);
+
 /// Background workers all backfills of the cluster may use at once.
 pub static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
 
@@ -61,6 +64,17 @@ pub fn define() {
         c"Prefix of the logical decoding messages a new backfill emits.",
         c"Consumers filter messages by prefix. Recorded per backfill when it starts.",
         &MESSAGE_PREFIX,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.compare_max_keys",
+        c"The most differing keys a comparison keeps (in the memory of the backend that runs it).",
+        c"A comparison that finds more fails with 54000 instead of filling the backend's memory: \
+          a copy that far from its source wants a new backfill, not a list of its differences.",
+        &COMPARE_MAX_KEYS,
+        1,
+        100_000_000,
         GucContext::Userset,
         GucFlags::default(),
     );
