@@ -34,9 +34,9 @@ if ! grep -qs "pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; t
     log "pointing cargo-pgrx at the system PostgreSQL 15"
     cargo pgrx init --pg15 "$PG_CONFIG"
 fi
-if ! python3 -c "import psycopg, psycopg2, pytest" 2>/dev/null; then
+if ! python3 -c "import psycopg, psycopg2, pytest, xxhash" 2>/dev/null; then
     # (psycopg2 for its streaming replication client: the tests' consumer that applies a stream)
-    log "installing the end-to-end test harness (psycopg, psycopg2, pytest)"
+    log "installing the end-to-end test harness (psycopg, psycopg2, pytest, xxhash)"
     python3 -m pip install -q --disable-pip-version-check "psycopg[binary]>=3.1,<4" "psycopg2-binary>=2.9,<3" "pytest>=7,<9" "xxhash>=3,<4"
 fi
 log "ready"
