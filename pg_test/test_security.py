@@ -340,6 +340,50 @@ def test_max_workers_caps_the_workers_that_run_at_once(db):
         db.execute("SELECT pg_reload_conf()")
 
 
+def test_max_workers_counts_a_worker_that_is_still_starting(db, cluster):
+    """A worker counts from the moment it is visible, before it is admitted: here one waits for
+    its per-worker lock, which another session holds. (Counting only admitted workers let a
+    third backfill_start through while the second's worker was starting: seen once in CI.)"""
+    for name in ("a", "b", "c"):
+        make_table(db, name, 1000)
+
+    def workers():
+        return value(db, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_backfill'")
+
+    wait_for(lambda: workers() == 0, what="the workers of earlier tests to exit")
+    db.execute("LOAD 'pg_backfill'")
+    db.execute("ALTER SYSTEM SET backfill.max_workers = 2")
+    blocker = cluster.connect(db.info.dbname)
+    try:
+        db.execute("SELECT pg_reload_conf()")
+        wait_for(lambda: value(db, "SHOW backfill.max_workers") == "2", what="the reload")
+        running = start(db, "a", batch_size=5, rows_per_second=10)
+        wait_for(lambda: workers() == 1, what="the first worker")
+        # The next backfill's first worker takes this lock before it is admitted.
+        blocker.execute("SELECT pg_advisory_lock(hashtext('pg_backfill.worker'), %s)", [running + 1])
+        starting = start(db, "b", batch_size=5, rows_per_second=10)
+        assert starting == running + 1
+        wait_for(lambda: workers() == 2, what="the second worker, held before its admission")
+        name = value(db, "SELECT application_name FROM pg_stat_activity WHERE application_name ~ '^pg_backfill starting'")
+        assert name == f"pg_backfill starting {starting}"
+        e = error_of(db, "SELECT backfill_start('c', confirm => true)")
+        assert e.sqlstate == "53400", e
+        assert "2 backfill worker(s)" in e.diag.message_detail
+        blocker.execute("SELECT pg_advisory_unlock_all()")
+        admitted = f"pg_backfill {starting}"
+        wait_for(
+            lambda: value(db, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [admitted]) == 1,
+            what="the second worker to be admitted",
+        )
+        for backfill_id in (running, starting):
+            db.execute("SELECT backfill_cancel(%s)", [backfill_id])
+            assert wait_until_ended(db, backfill_id) == "cancelled"
+    finally:
+        blocker.close()
+        db.execute("ALTER SYSTEM RESET backfill.max_workers")
+        db.execute("SELECT pg_reload_conf()")
+
+
 # --- 8. hints quote names ----------------------------------------------------------------------
 
 WEIRD = "x'); DROP TABLE victim; --"

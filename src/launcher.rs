@@ -12,6 +12,7 @@ use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTi
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 use serde::{Deserialize, Serialize};
+use std::ffi::CString;
 use std::time::Duration;
 
 /// Registers the worker of a backfill. It connects to this database and, before doing
@@ -74,7 +75,7 @@ impl Task {
 fn register(task: Task) -> bool {
     let name = match task {
         Task::Backfill { backfill_id, worker, .. } => worker_name(backfill_id, worker),
-        Task::Resume { .. } => "pg_backfill resume".into(),
+        Task::Resume { .. } => RESUMER_NAME.into(),
     };
     let extra = serde_json::to_string(&task).expect("a task serializes");
     debug_assert!(extra.len() < pg_sys::BGW_EXTRALEN as usize, "{extra}");
@@ -105,16 +106,42 @@ pub fn launch_in_this_transaction(id: i64, worker: i32) {
     }
 }
 
-/// Backfill workers admitted now, in every database, other than this process: each sets its
-/// application_name (`pg_backfill 7`) when it is admitted; the resumer never is.
-fn admitted_workers() -> i32 {
+/// The application_name of the worker that relaunches a database's backfills after a restart.
+pub const RESUMER_NAME: &str = "pg_backfill resume";
+
+/// The application_name a backfill's worker shows from the moment its process is visible
+/// until it is admitted (then it shows [`worker_name`]).
+pub fn starting_name(backfill_id: i64, worker: i32) -> String {
+    worker_name(backfill_id, worker).replacen("pg_backfill ", "pg_backfill starting ", 1)
+}
+
+/// Sets this worker's application_name before it connects, so that pg_stat_activity shows it
+/// from its first moment there: with the priority of a client's, above any the database or
+/// role sets, below the session's (configure_session() replaces it).
+pub fn show_as(name: &str) {
+    let name = CString::new(name).expect("no NUL in a worker's name");
+    // SAFETY: sets a GUC of this process, before it connects.
+    unsafe {
+        pg_sys::SetConfigOption(
+            c"application_name".as_ptr(),
+            name.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_CLIENT,
+        );
+    }
+}
+
+/// Backfill workers, in every database, other than this process: those admitted
+/// (`pg_backfill 7`, as each names itself when admitted), and with `starting` also those
+/// launched and not yet admitted (`pg_backfill starting 7`). The resumer is neither.
+fn backfill_workers(starting: bool) -> i32 {
+    let pattern = if starting { "^pg_backfill (starting )?[0-9]" } else { "^pg_backfill [0-9]" };
     crate::sql::select_one::<i32>(
         "SELECT count(*)::int FROM pg_catalog.pg_stat_activity
           WHERE backend_type OPERATOR(pg_catalog.=) 'pg_backfill'
-            AND application_name OPERATOR(pg_catalog.~~) 'pg_backfill %'
-            AND application_name OPERATOR(pg_catalog.<>) 'pg_backfill resume'
+            AND application_name OPERATOR(pg_catalog.~) $1
             AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()",
-        &[],
+        &[pattern.into()],
     )
     .or_internal("count the backfill workers")
     .unwrap_or(0)
@@ -126,7 +153,7 @@ fn too_many_workers(running: i32, needed: i32) -> ! {
         ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
         "too many backfill workers",
         format!(
-            "{running} backfill worker(s) run now and this backfill needs {needed} more; backfill.max_workers is {cap}."
+            "{running} backfill worker(s) run or are starting now and this backfill needs {needed} more; backfill.max_workers is {cap}."
         ),
         Some(
             "Wait for a backfill to finish, use fewer parallel workers, or raise backfill.max_workers \
@@ -137,10 +164,11 @@ fn too_many_workers(running: i32, needed: i32) -> ! {
 }
 
 /// backfill_start() and backfill_resume(): refuses a backfill whose workers would take more
-/// than backfill.max_workers background workers in all. (Two calls at the same moment may both
-/// pass; each worker checks again when it starts, see [`admit_within_cap`].)
+/// than backfill.max_workers background workers in all, counting those still starting. (Two
+/// calls at the same moment may both pass, as may one made while another's worker is launched
+/// and not yet visible; each worker checks again when it starts, see [`admit_within_cap`].)
 pub fn require_worker_slots(needed: i32) {
-    let running = privilege::as_extension_owner(admitted_workers);
+    let running = privilege::as_extension_owner(|| backfill_workers(true));
     if running + needed > settings::MAX_WORKERS.get() {
         too_many_workers(running, needed);
     }
@@ -160,7 +188,8 @@ pub fn admit_within_cap() {
             pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
         );
     }
-    let running = admitted_workers();
+    // (Not those still starting: two starting at once would each count the other and both stop.)
+    let running = backfill_workers(false);
     if running >= settings::MAX_WORKERS.get() {
         too_many_workers(running, 1);
     }

@@ -56,6 +56,11 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
         // postmaster does not restart a worker that exits with 0.
         unsafe { pg_sys::proc_exit(0) };
     }
+    // Counted by backfill_start() against backfill.max_workers from the moment it is visible.
+    launcher::show_as(&match task {
+        launcher::Task::Backfill { .. } => launcher::starting_name(backfill_id, worker),
+        launcher::Task::Resume { .. } => launcher::RESUMER_NAME.into(),
+    });
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
     launcher::override_search_path();
     // Log lines name the database; its name is read once, in a transaction.
