@@ -355,9 +355,21 @@ pub fn summarize(name: &str, key: &[(String, String)], bounds: &[serde_json::Val
                 Some(_) => format!("{of_row}::pg_catalog.int8"),
                 None => format!("{range}::integer"),
             };
-            let sql = format!("{with_bounds} SELECT {first}, backfill_row.* FROM {name} backfill_row");
-            let sums = crate::row_hash::scan(&sql, parameter(), bounds.len() + 1, integer_bounds);
-            (0..=bounds.len()).map(|i| (i as i32, (sums.rows[i], Some(sums.sums[i].to_string())))).collect()
+            // In parallel where it can be (parallel_hash.rs), else one scan in this process.
+            let parallel = integer_bounds.as_ref().and_then(|integer_bounds| {
+                let relid = crate::sql::select_one::<pg_sys::Oid>(
+                    "SELECT pg_catalog.to_regclass($1)::pg_catalog.oid",
+                    &[name.into()],
+                )
+                .or_internal("find the table")?;
+                crate::parallel_hash::scan(relid, name, &key[0].0, integer_bounds)
+            });
+            let (rows, sums) = parallel.unwrap_or_else(|| {
+                let sql = format!("{with_bounds} SELECT {first}, backfill_row.* FROM {name} backfill_row");
+                let sums = crate::row_hash::scan(&sql, parameter(), bounds.len() + 1, integer_bounds);
+                (sums.rows, sums.sums)
+            });
+            (0..=bounds.len()).map(|i| (i as i32, (rows[i], Some(sums[i].to_string())))).collect()
         }
     };
     (0..=bounds.len())

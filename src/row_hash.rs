@@ -58,6 +58,15 @@ impl RowHasher {
         RowHasher { encodings, encoded: Vec::new() }
     }
 
+    /// Whether every column is encoded here or by a built-in send function: one a parallel
+    /// worker may call (a user-defined type's could do anything).
+    pub fn built_in(&self) -> bool {
+        self.encodings.iter().flatten().all(|encoding| match encoding {
+            Encoding::Send(send) => send.fn_oid.to_u32() < pg_sys::FirstNormalObjectId,
+            _ => true,
+        })
+    }
+
     /// The hash of one row's values (those from the descriptor's column `first` on).
     ///
     /// # Safety

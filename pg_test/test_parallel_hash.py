@@ -1,0 +1,146 @@
+"""The hash level in parallel: PostgreSQL's parallel workers and the calling backend share one
+parallel scan of the table. Their sums are those of the serial scan, range by range, for every
+column type and key width; the cases the serial scan keeps (row-level security, inheritance
+children, temporary tables, parallel_workers = 0) keep it; a cancel, in a transaction or a
+savepoint, leaves the session usable."""
+
+import json
+import re
+
+import psycopg
+import pytest
+from conftest import error_of
+from test_checksum import COLUMNS, FILL
+
+ROWS = 40_000
+
+
+def make_table(db, table, key_type="integer", rows=ROWS):
+    """COLUMNS of test_checksum with `rows` rows, a dropped column, negative keys, and one value
+    large enough to be compressed and one stored out of line."""
+    columns = ", ".join(f"{name} {type_name}" for name, type_name in COLUMNS.items())
+    db.execute(f"CREATE TABLE {table} (id {key_type} PRIMARY KEY, gone int, {columns}, maybe int)")
+    db.execute(f"ALTER TABLE {table} DROP COLUMN gone")
+    fill = FILL.format(table=table, order="1").replace("generate_series(1, 5000)", f"generate_series(1, {rows})")
+    db.execute(fill.replace("SELECT g,", "SELECT g - 100, g,", 1))
+    db.execute(f"UPDATE {table} SET t = repeat('long ', 10000) WHERE id = 7")
+    db.execute(f"UPDATE {table} SET t = (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 400) g) WHERE id = 8")
+    db.execute(f"ANALYZE {table}")
+
+
+def with_debug(db, sql, params=None):
+    """The rows of `sql` and the parallel scan's DEBUG line, if it ran one."""
+    lines = []
+    handler = lambda diag: lines.append(diag.message_primary)  # noqa: E731
+    db.add_notice_handler(handler)
+    db.execute("SET client_min_messages = debug1")
+    try:
+        rows = db.execute(sql, params).fetchall()
+    finally:
+        db.execute("RESET client_min_messages")
+        db.remove_notice_handler(handler)
+    return rows, [line for line in lines if "parallel workers" in line]
+
+
+def checksum_sql(table):
+    return f"SELECT * FROM backfill_checksum('{table}', level => 'hash', bounds => %s::jsonb)"
+
+
+def bounds_for(db, table, ranges=64):
+    rows = db.execute(f"SELECT upper FROM backfill_checksum('{table}', ranges => {ranges}, level => 'count')").fetchall()
+    return json.dumps([upper for (upper,) in rows if upper is not None])
+
+
+@pytest.fixture
+def parallel(db):
+    """Parallel scans of small tables too."""
+    db.execute("SET min_parallel_table_scan_size = 0")
+    db.execute("SET max_parallel_workers_per_gather = 2")
+    return db
+
+
+@pytest.mark.parametrize("key_type", ["smallint", "integer", "bigint"])
+def test_parallel_workers_sum_what_the_serial_scan_sums(parallel, key_type):
+    db = parallel
+    make_table(db, "t", key_type, rows=30_000)
+    bounds = bounds_for(db, "t")
+    in_parallel, debug = with_debug(db, checksum_sql("t"), [bounds])
+    assert len(debug) == 1, debug
+    launched, by_workers, by_leader = map(int, re.search(r"by (\d+) of \d+ parallel workers \((\d+) rows\) and this backend \((\d+) rows\)", debug[0]).groups())
+    # The workers did part of the work, and every row was read once.
+    assert launched >= 1 and by_workers > 0, debug
+    assert by_workers + by_leader == 30_000
+    db.execute("SET max_parallel_workers_per_gather = 0")
+    serial, debug = with_debug(db, checksum_sql("t"), [bounds])
+    assert debug == []
+    assert in_parallel == serial
+    assert sum(rows for _, _, _, rows, _ in serial) == 30_000
+
+
+def scanned_in_parallel(db, table):
+    return with_debug(db, f"SELECT sum(rows) FROM backfill_checksum('{table}', ranges => 8, level => 'hash')")
+
+
+def test_row_level_security_keeps_the_serial_scan(parallel, roles):
+    """A policy applies to a query: the parallel scan, which reads the heap, would count rows
+    the role may not see (and leak their hashes)."""
+    db = parallel
+    make_table(db, "t")
+    db.execute("ALTER TABLE t ENABLE ROW LEVEL SECURITY")
+    db.execute("CREATE POLICY low ON t FOR SELECT USING (id <= 1000)")
+    role = roles.create("reader", "operator")
+    db.execute(f"GRANT SELECT ON t TO {role}")
+    conn = roles.connect(role)
+    conn.execute("SET min_parallel_table_scan_size = 0")
+    [(rows,)], debug = scanned_in_parallel(conn, "t")
+    assert rows == 1000 + 100  # ids -99 to 1000
+    assert debug == []
+
+
+def test_inheritance_children_keep_the_serial_scan(parallel):
+    """FROM parent reads its children too; a parallel scan of the parent's heap would not."""
+    db = parallel
+    make_table(db, "parent")
+    db.execute("CREATE TABLE child () INHERITS (parent)")
+    db.execute("INSERT INTO child SELECT * FROM parent WHERE id <= 500")
+    db.execute("UPDATE child SET id = id + 1000000")
+    [(rows,)], debug = scanned_in_parallel(db, "parent")
+    assert rows == ROWS + 600
+    assert debug == []
+
+
+def test_a_temporary_table_and_parallel_workers_0_keep_the_serial_scan(parallel):
+    db = parallel
+    make_table(db, "pg_temp.scratch", rows=20_000)
+    [(rows,)], debug = scanned_in_parallel(db, "scratch")
+    assert (rows, debug) == (20_000, [])
+    make_table(db, "t", rows=20_000)
+    db.execute("ALTER TABLE t SET (parallel_workers = 0)")
+    [(rows,)], debug = scanned_in_parallel(db, "t")
+    assert (rows, debug) == (20_000, [])
+    db.execute("ALTER TABLE t RESET (parallel_workers)")
+    [(rows,)], debug = scanned_in_parallel(db, "t")
+    assert rows == 20_000 and len(debug) == 1
+
+
+def test_a_cancelled_parallel_scan_leaves_the_session_usable(parallel):
+    """statement_timeout stops the leader and its workers; in a savepoint, the transaction
+    goes on after ROLLBACK TO (parallel mode ends with the subtransaction)."""
+    db = parallel
+    make_table(db, "t", rows=200_000)
+    bounds = bounds_for(db, "t")
+    db.execute("SET statement_timeout = '20ms'")
+    e = error_of(db, checksum_sql("t"), [bounds])
+    assert e.sqlstate == "57014"
+    db.execute("RESET statement_timeout")
+    expected = db.execute(checksum_sql("t"), [bounds]).fetchall()
+    with db.transaction():
+        db.execute("SAVEPOINT before")
+        db.execute("SET LOCAL statement_timeout = '20ms'")
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            db.execute(checksum_sql("t"), [bounds])
+        db.execute("ROLLBACK TO SAVEPOINT before")
+        db.execute("SET LOCAL statement_timeout = 0")
+        again, debug = with_debug(db, checksum_sql("t"), [bounds])
+        assert again == expected and len(debug) == 1
+    assert db.execute(checksum_sql("t"), [bounds]).fetchall() == expected
