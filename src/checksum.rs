@@ -130,12 +130,11 @@ fn checksum(
                     Some("ranges => 1024".into()),
                 );
             }
-            sampled_bounds(&name, &key, ranges)
+            sampled_bounds(&crate::sql::scanned_table(relid), &key, ranges)
         }
     };
     // (The aggregate level writes dates and times as text: in one format on every server.)
-    let query_name = crate::sql::qualified_name(relid);
-    let rows = crate::privilege::with_portable_settings(|| in_utf8(|| summarize(&query_name, &key, &bounds, level)));
+    let rows = crate::privilege::with_portable_settings(|| in_utf8(|| summarize(relid, &key, &bounds, level)));
     TableIterator::new(rows)
 }
 
@@ -221,7 +220,8 @@ pub fn checked_keys(keys: serde_json::Value, key: &[(String, String)], argument:
     keys
 }
 
-/// About `ranges` - 1 bounds at equal steps of a sample of the keys, duplicates merged.
+/// About `ranges` - 1 bounds at equal steps of a sample of the keys of `name` (a table as a
+/// FROM clause names it), duplicates merged.
 pub fn sampled_bounds(name: &str, key: &[(String, String)], ranges: i32) -> Vec<serde_json::Value> {
     if ranges == 1 {
         return Vec::new();
@@ -258,7 +258,13 @@ pub type RangeRow = (i32, Option<JsonB>, Option<JsonB>, i64, Option<String>);
 
 /// The table's ranges: at the count level, an index scan of the key per range; at the others,
 /// one scan of the table, each row's range given by width_bucket over the bounds.
-pub fn summarize(name: &str, key: &[(String, String)], bounds: &[serde_json::Value], level: Level) -> Vec<RangeRow> {
+pub fn summarize(
+    relid: pg_sys::Oid,
+    key: &[(String, String)],
+    bounds: &[serde_json::Value],
+    level: Level,
+) -> Vec<RangeRow> {
+    let name = &crate::sql::scanned_table(relid);
     // (The table's alias must not be one of its columns' names: a column named like it would
     // be what backfill.row_hash() gets.)
     let of_row = key_expression(key, |column, _| format!("backfill_row.{}", quote_ident(column)));
@@ -339,7 +345,7 @@ pub fn summarize(name: &str, key: &[(String, String)], bounds: &[serde_json::Val
         Level::Aggregate => crate::privilege::with_settings(&[(c"enable_sort", c"off"), (c"jit", c"off")], || {
             read(&format!(
                 "{with_bounds} SELECT {range}::integer, pg_catalog.count(*), {} FROM {name} backfill_row GROUP BY 1",
-                aggregates(name)
+                aggregates(relid)
             ))
         }),
         Level::Hash => {
@@ -356,14 +362,9 @@ pub fn summarize(name: &str, key: &[(String, String)], bounds: &[serde_json::Val
                 None => format!("{range}::integer"),
             };
             // In parallel where it can be (parallel_hash.rs), else one scan in this process.
-            let parallel = integer_bounds.as_ref().and_then(|integer_bounds| {
-                let relid = crate::sql::select_one::<pg_sys::Oid>(
-                    "SELECT pg_catalog.to_regclass($1)::pg_catalog.oid",
-                    &[name.into()],
-                )
-                .or_internal("find the table")?;
-                crate::parallel_hash::scan(relid, name, &key[0].0, integer_bounds)
-            });
+            let parallel = integer_bounds
+                .as_ref()
+                .and_then(|integer_bounds| crate::parallel_hash::scan(relid, name, &key[0].0, integer_bounds));
             let (rows, sums) = parallel.unwrap_or_else(|| {
                 let sql = format!("{with_bounds} SELECT {first}, backfill_row.* FROM {name} backfill_row");
                 let sums = crate::row_hash::scan(&sql, parameter(), bounds.len() + 1, integer_bounds);
@@ -388,15 +389,15 @@ pub fn summarize(name: &str, key: &[(String, String)], bounds: &[serde_json::Val
 /// numeric and bool (its trues) an exact sum; float4 and float8 the exact sum of the values as
 /// numeric (rounded to 6 and 15 significant digits), so that the order of summation does not
 /// matter; date, time, timetz, timestamp and timestamptz the least and greatest value.
-fn aggregates(name: &str) -> String {
+fn aggregates(relid: pg_sys::Oid) -> String {
     let columns = Spi::connect(|client| {
         let rows = client.select(
             "SELECT a.attname::pg_catalog.text, a.atttypid FROM pg_catalog.pg_attribute a
-              WHERE a.attrelid OPERATOR(pg_catalog.=) $1::pg_catalog.regclass
+              WHERE a.attrelid OPERATOR(pg_catalog.=) $1
                 AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
               ORDER BY a.attnum",
             None,
-            &[name.into()],
+            &[relid.into()],
         )?;
         rows.map(|row| Ok((row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(), row.get::<pg_sys::Oid>(2)?)))
             .collect::<Result<Vec<_>, pgrx::spi::Error>>()

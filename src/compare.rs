@@ -170,7 +170,7 @@ fn differences(
     if let Some(slot) = &slot {
         crate::pipeline::require_slot(slot);
     }
-    let source_side = Side::Local { name: source_name };
+    let source_side = Side::Local { name: source_name, relid: source };
     // With the worker's settings: keys print alike on both sides, and the SQL the comparison
     // writes resolves nothing on the caller's search_path.
     let keys = crate::privilege::with_portable_settings(|| {
@@ -241,7 +241,7 @@ fn compare_sides(
     slot: Option<&str>,
 ) -> Vec<(serde_json::Value, Status)> {
     // 1. Ranges.
-    let bounds = checksum::sampled_bounds(source.name(), key, RANGES);
+    let bounds = checksum::sampled_bounds(&source.from_clause(), key, RANGES);
     let source_sums = range_sums(source, key, &bounds, level);
     // (Without a slot, the passes give the copy time; the ranges only find candidates.)
     if slot.is_some() {

@@ -201,9 +201,9 @@ unsafe fn participate(
 /// The parallel workers a scan of `rel` gets, as the planner gives a Parallel Seq Scan of it:
 /// one from min_parallel_table_scan_size, one more at each three times that, at most
 /// max_parallel_workers_per_gather, or the table's parallel_workers storage parameter. 0 for
-/// a table the serial scan reads: a temporary one (only its backend sees its buffers), one with
-/// children (the serial scan reads them too) or row-level security for this role (its policies
-/// apply to a query, and their expressions are the role's); one this role may not read as a
+/// a table the serial scan reads: a temporary one (only its backend sees its buffers), a
+/// partitioned one, one with row-level security for this role (its policies apply to a query,
+/// and their expressions are the role's); one this role may not read as a
 /// whole (the serial query raises the error); one with a column whose send function is not
 /// built in (parallel safety is not known); and in a database whose encoding is not UTF-8 (a
 /// worker's text conversions are not set up).
@@ -222,7 +222,6 @@ unsafe fn planned_workers(rel: pg_sys::Relation) -> c_int {
         || pg_sys::GetDatabaseEncoding() != pg_sys::pg_enc::PG_UTF8 as c_int
         || class.relkind != pg_sys::RELKIND_RELATION as std::ffi::c_char
         || class.relpersistence == pg_sys::RELPERSISTENCE_TEMP as std::ffi::c_char
-        || class.relhassubclass
         || pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, true) != pg_sys::CheckEnableRlsResult::RLS_NONE as c_int
         || !readable()
         || !RowHasher::new((*rel).rd_att, 0).built_in()

@@ -15,7 +15,7 @@ const KEYS_PER_QUERY: usize = 5_000;
 
 /// A table of the comparison, local or behind a foreign table's server.
 pub enum Side {
-    Local { name: String },
+    Local { name: String, relid: pg_sys::Oid },
     Remote { dblink: String, connection: String, name: String },
 }
 
@@ -34,7 +34,15 @@ pub struct Row {
 impl Side {
     pub fn name(&self) -> &str {
         match self {
-            Side::Local { name } | Side::Remote { name, .. } => name,
+            Side::Local { name, .. } | Side::Remote { name, .. } => name,
+        }
+    }
+
+    /// The table as a FROM clause names it: here, as [`crate::sql::scanned_table`] gives it.
+    pub fn from_clause(&self) -> String {
+        match self {
+            Side::Local { relid, .. } => crate::sql::scanned_table(*relid),
+            Side::Remote { name, .. } => name.clone(),
         }
     }
 
@@ -65,7 +73,7 @@ impl Side {
         let sql = format!(
             "SELECT {}::pg_catalog.text, {hash}, {version} FROM {} backfill_row WHERE {condition}",
             checksum::json_object_of(key, "backfill_row."),
-            self.name()
+            self.from_clause()
         );
         self.query(&sql, 3)
             .into_iter()
@@ -140,7 +148,7 @@ pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str) -> 
                 None,
             );
         }
-        return Side::Local { name: crate::sql::qualified_name(target) };
+        return Side::Local { name: crate::sql::qualified_name(target), relid: target };
     }
     let side = connect(target, &target_name);
     require_same_row_hash(&side, &target_name);
@@ -266,7 +274,7 @@ fn require_same_row_hash(remote: &Side, target_name: &str) {
     const PROBE: &str = "SELECT backfill.row_hash(ROW(1, 'probe'::pg_catalog.text, NULL::pg_catalog.int8, \
                          '{\"n\": [1.5, true, null], \"s\": \"x\"}'::pg_catalog.jsonb, 2.5::pg_catalog.numeric))::pg_catalog.text";
     let hash = |side: &Side| side.query(PROBE, 1).into_iter().next().and_then(|mut row| row[0].take());
-    let here = hash(&Side::Local { name: String::new() });
+    let here = hash(&Side::Local { name: String::new(), relid: pg_sys::InvalidOid });
     if hash(remote) != here {
         raise(
             ERRCODE_FEATURE_NOT_SUPPORTED,
@@ -295,7 +303,7 @@ pub fn range_sums(
     level: Level,
 ) -> Vec<(i64, Option<String>)> {
     match side {
-        Side::Local { name } => fresh_snapshot(|| checksum::summarize(name, key, bounds, level))
+        Side::Local { relid, .. } => fresh_snapshot(|| checksum::summarize(*relid, key, bounds, level))
             .into_iter()
             .map(|(_, _, _, rows, sum)| (rows, sum))
             .collect(),

@@ -122,6 +122,23 @@ pub fn planned_rows(query: &str) -> Option<f64> {
     plan[0]["Plan"]["Plan Rows"].as_f64()
 }
 
+/// The table as checksums and comparisons read it, as a backfill reads it: a partitioned table
+/// with its partitions, any other `ONLY`, without its inheritance children (a child has keys of
+/// its own, and is backfilled and checked as a table of its own).
+pub fn scanned_table(relid: pg_sys::Oid) -> String {
+    let partitioned = select_one::<bool>(
+        "SELECT c.relkind OPERATOR(pg_catalog.=) 'p' FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) $1",
+        &[relid.into()],
+    )
+    .or_internal("read the table's kind");
+    let name = qualified_name(relid);
+    if partitioned == Some(true) {
+        name
+    } else {
+        format!("ONLY {name}")
+    }
+}
+
 /// The table's name, schema-qualified and quoted.
 pub fn qualified_name(relid: pg_sys::Oid) -> String {
     let sql = "SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c
