@@ -252,6 +252,24 @@ def test_a_row_type_altered_in_the_session_is_hashed_as_it_is_now(db):
         assert db.execute(anonymous).fetchone() == db.execute("SELECT backfill.row_hash(f) FROM fresh f").fetchone()
 
 
+@pytest.mark.parametrize("order", ["key", "random"])
+def test_sampled_ranges_are_balanced_whatever_the_keys_and_their_order(db, order):
+    """Skewed, gappy keys, stored in key order or shuffled: the ranges placed from a sample hold
+    about equal rows (a block sample of keys in key order would place its bounds in clumps).
+    Never analyzed, the table is sampled row by row instead, as well."""
+    keys = "CASE WHEN g <= 60000 THEN g::bigint * g ELSE 10000000000 + g END"
+    db.execute("CREATE TABLE skewed (id bigint PRIMARY KEY, v text)")
+    db.execute("CREATE TABLE fresh (LIKE skewed INCLUDING ALL)")
+    for table in ("skewed", "fresh"):
+        db.execute(f"INSERT INTO {table} SELECT {keys}, 'v' FROM generate_series(1, 120000) g ORDER BY {'1' if order == 'key' else 'random()'}")
+    db.execute("VACUUM ANALYZE skewed")
+    for table in ("skewed", "fresh"):
+        rows = [r for (r,) in db.execute(f"SELECT rows FROM backfill_checksum('{table}', ranges => 256, level => 'count')")]
+        mean = sum(rows) / len(rows)
+        assert sum(rows) == 120000 and len(rows) > 240, table
+        assert 0.4 * mean < min(rows) and max(rows) < 1.8 * mean, (table, min(rows), max(rows), mean)
+
+
 def test_mistakes_are_refused_with_their_sqlstate(db, roles):
     db.execute("CREATE TABLE k (id int PRIMARY KEY, v text)")
     db.execute("INSERT INTO k SELECT g, 'v' FROM generate_series(1, 100) g")
@@ -270,6 +288,12 @@ def test_mistakes_are_refused_with_their_sqlstate(db, roles):
         ("SELECT * FROM backfill_checksum('k', bounds => '[{\"id\": \"x\"}]')", "22P02"),
         ("SELECT * FROM backfill_checksum('keyless')", "55000"),
         ("SELECT backfill.row_hash(1)", "42804"),
+        # At most 999,999 bounds (a million ranges), like ranges => ...
+        (
+            "SELECT * FROM backfill_checksum('k', bounds => (SELECT jsonb_agg(jsonb_build_object('id', g))"
+            " FROM generate_series(1, 1000000) g))",
+            "54000",
+        ),
     ]
     for sql, sqlstate in cases:
         e = error_of(db, sql)

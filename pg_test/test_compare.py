@@ -14,7 +14,7 @@ import psycopg2
 import psycopg2.extras
 import pytest
 
-from conftest import error_of, readme_grants, wait_until_ended
+from conftest import error_of, readme_grants, wait_for, wait_until_ended
 
 COLUMNS = """id bigint PRIMARY KEY, i int, t text, n numeric, f float8, b boolean, d date,
              ts timestamptz, u uuid, j jsonb, y bytea, v varchar(20)"""
@@ -400,6 +400,14 @@ def test_compare_and_keys_refuse_what_they_cannot_do(db, roles):
     with db.transaction():
         db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         assert error_of(db, "SELECT * FROM backfill_compare('src', 'dst')").sqlstate == "25001"
+    # A keyed backfill takes at most backfill.compare_max_keys keys (cast, sorted and stored in
+    # the backend's memory when it starts).
+    db.execute("SET backfill.compare_max_keys = 2")
+    error = error_of(db, "SELECT backfill_start('src', confirm => true, keys => '[{\"id\": 1}, {\"id\": 2}, {\"id\": 3}]')")
+    assert error.sqlstate == "54000" and "compare_max_keys" in error.diag.message_detail, error
+    two = db.execute("SELECT backfill_start('src', confirm => true, keys => '[{\"id\": 1}, {\"id\": 2}]')").fetchone()[0]
+    assert wait_until_ended(db, two) == "done"
+    db.execute("RESET backfill.compare_max_keys")
     # A role reads only what it may: PUBLIC may not call it, an operator only on tables it reads.
     nobody = roles.create("nobody")
     assert error_of(roles.connect(nobody), "SELECT * FROM backfill_compare('src', 'dst')").sqlstate == "42501"
@@ -417,6 +425,37 @@ def test_compare_and_keys_refuse_what_they_cannot_do(db, roles):
     db.execute(f"REVOKE SELECT ON dst FROM {operator}")
     error = error_of(conn, "SELECT backfill_repair('src', 'dst', confirm => true)")
     assert error.sqlstate == "42501" and "UPDATE" in error.diag.message_detail, error
+
+
+def test_a_slot_dropped_while_a_comparison_waits_for_it_ends_the_wait(cluster, db):
+    """A comparison waits (up to a minute) for the slot's consumer to confirm the source's
+    position; the slot dropped meanwhile ends it at once with 42704, naming the slot."""
+    make_pair(db, 1000)
+    db.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    db.execute("UPDATE src SET i = i + 1 WHERE id = 1")  # WAL past the slot's confirmed position
+    outcome = {}
+
+    def compare():
+        started = time.monotonic()
+        outcome["error"] = error_of(db, "SELECT * FROM backfill_compare('src', 'dst', slot => 's')")
+        outcome["seconds"] = time.monotonic() - started
+
+    other = cluster.connect(db.info.dbname)
+    try:
+        thread = threading.Thread(target=compare)
+        thread.start()
+        waiting = """SELECT count(*) FROM pg_stat_activity
+                      WHERE query LIKE '%%backfill_compare%%' AND state = 'active' AND pid <> pg_backend_pid()"""
+        wait_for(lambda: other.execute(waiting).fetchone()[0] == 1, what="the comparison")
+        time.sleep(1)  # into its wait for the slot
+        other.execute("SELECT pg_drop_replication_slot('s')")
+        thread.join(40)
+        assert not thread.is_alive()
+    finally:
+        other.close()
+    error = outcome["error"]
+    assert error.sqlstate == "42704" and '"s"' in error.diag.message_primary, error
+    assert outcome["seconds"] < 20
 
 
 def test_numeric_keys_keep_every_digit(db):

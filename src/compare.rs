@@ -241,7 +241,7 @@ fn compare_sides(
     slot: Option<&str>,
 ) -> Vec<(serde_json::Value, Status)> {
     // 1. Ranges.
-    let bounds = checksum::sampled_bounds(&source.from_clause(), key, RANGES);
+    let bounds = checksum::sampled_bounds(source.relid(), key, RANGES);
     let source_sums = range_sums(source, key, &bounds, level);
     // (Without a slot, the passes give the copy time; the ranges only find candidates.)
     if slot.is_some() {

@@ -74,7 +74,18 @@ pub fn record_keys(id: i64, keys: serde_json::Value) {
         );
     }
     let key: Vec<(String, String)> = table.key.iter().map(|k| (k.name.clone(), k.type_name.clone())).collect();
-    let keys = crate::checksum::checked_keys(keys, &key, "keys");
+    // (The keys are cast, sorted and stored when the backfill starts, in this backend's memory.)
+    let most = crate::settings::COMPARE_MAX_KEYS.get() as usize;
+    let keys = crate::checksum::checked_keys(
+        keys,
+        &key,
+        "keys",
+        (
+            most,
+            "A keyed backfill takes at most backfill.compare_max_keys keys, as many as a comparison lists.",
+            "Backfill the whole table instead, or raise the setting: SET backfill.compare_max_keys = ...;",
+        ),
+    );
     if keys.is_empty() {
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,

@@ -38,8 +38,16 @@ impl Side {
         }
     }
 
+    /// The table here (InvalidOid on another server).
+    pub fn relid(&self) -> pg_sys::Oid {
+        match self {
+            Side::Local { relid, .. } => *relid,
+            Side::Remote { .. } => pg_sys::InvalidOid,
+        }
+    }
+
     /// The table as a FROM clause names it: here, as [`crate::sql::scanned_table`] gives it.
-    pub fn from_clause(&self) -> String {
+    pub fn scanned_table(&self) -> String {
         match self {
             Side::Local { relid, .. } => crate::sql::scanned_table(*relid),
             Side::Remote { name, .. } => name.clone(),
@@ -73,7 +81,7 @@ impl Side {
         let sql = format!(
             "SELECT {}::pg_catalog.text, {hash}, {version} FROM {} backfill_row WHERE {condition}",
             checksum::json_object_of(key, "backfill_row."),
-            self.from_clause()
+            self.scanned_table()
         );
         self.query(&sql, 3)
             .into_iter()
