@@ -261,7 +261,7 @@ pub fn sampled_bounds(relid: pg_sys::Oid, key: &[(String, String)], ranges: i32)
     // BERNOULLI.
     let sample = if percent >= 100.0 {
         String::new()
-    } else if let Some((blocks, rows_per_block)) = block_shape(relid) {
+    } else if let Some((blocks, rows_per_block)) = crate::sql::block_shape(relid) {
         format!(
             "WHERE s.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
                  SELECT pg_catalog.format('(%s,%s)',
@@ -294,28 +294,6 @@ pub fn sampled_bounds(relid: pg_sys::Oid, key: &[(String, String)], ranges: i32)
         Some(serde_json::Value::Array(bounds)) => bounds,
         _ => Vec::new(),
     }
-}
-
-/// A plain table's blocks now and its rows per block at its last VACUUM or ANALYZE.
-fn block_shape(relid: pg_sys::Oid) -> Option<(i64, f64)> {
-    let shape = Spi::connect(|client| {
-        let rows = client.select(
-            "SELECT pg_catalog.pg_relation_size(c.oid) OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8,
-                    (c.reltuples OPERATOR(pg_catalog./) c.relpages)::pg_catalog.float8
-               FROM pg_catalog.pg_class c
-              WHERE c.oid OPERATOR(pg_catalog.=) $1 AND c.relkind OPERATOR(pg_catalog.=) 'r'
-                AND c.relpages OPERATOR(pg_catalog.>) 0 AND c.reltuples OPERATOR(pg_catalog.>) 0",
-            Some(1),
-            &[relid.into()],
-        )?;
-        if rows.is_empty() {
-            return Ok(None);
-        }
-        let row = rows.first();
-        Ok::<_, pgrx::spi::Error>(row.get::<i64>(1)?.zip(row.get::<f64>(2)?))
-    })
-    .or_internal("read the table's size");
-    shape.filter(|(blocks, _)| *blocks > 0)
 }
 
 pub type RangeRow = (i32, Option<JsonB>, Option<JsonB>, i64, Option<String>);
@@ -372,9 +350,23 @@ pub fn summarize(
         })
         .or_internal("summarize the table's ranges")
     };
+    // An integer key's range is found by a binary search of its bounds (width_bucket costs a
+    // function call and ten comparisons through the type's comparison function); such a table
+    // is counted and hashed in parallel where it can be (parallel_scan.rs).
+    let integer_bounds: Option<Vec<i64>> = match key {
+        [(column, type_name)] if matches!(type_name.as_str(), "smallint" | "integer" | "bigint") => {
+            bounds.iter().map(|b| b.get(column).and_then(serde_json::Value::as_i64)).collect()
+        }
+        _ => None,
+    };
+    let in_parallel = |hash: bool| {
+        let (rows, sums) = crate::parallel_scan::scan(relid, name, &key[0].0, integer_bounds.as_ref()?, hash)?;
+        Some((0..=bounds.len()).map(|i| (i as i32, (rows[i], hash.then(|| sums[i].to_string())))).collect())
+    };
     let found: HashMap<i32, (i64, Option<String>)> = match level {
-        // Each range counted by its own scan of the key's index, which reads the index alone
-        // where the visibility map allows: cheaper than reading every row of the table.
+        Level::Count if let Some(found) = in_parallel(false) => found,
+        // Else each range counted by its own scan of the key's index, which reads the index
+        // alone where the visibility map allows.
         Level::Count => {
             let count = |condition: &str| {
                 format!(
@@ -409,32 +401,18 @@ pub fn summarize(
         Level::Aggregate => crate::privilege::with_settings(&[(c"enable_sort", c"off"), (c"jit", c"off")], || {
             read(&format!(
                 "{with_bounds} SELECT {range}::integer, pg_catalog.count(*), {} FROM {name} backfill_row GROUP BY 1",
-                aggregates(relid)
+                crate::aggregate::expression(relid)
             ))
         }),
+        Level::Hash if let Some(found) = in_parallel(true) => found,
         Level::Hash => {
-            // An integer key's range is found here, by a binary search of its bounds (width_bucket
-            // costs a function call and ten comparisons through the type's comparison function).
-            let integer_bounds: Option<Vec<i64>> = match key {
-                [(column, type_name)] if matches!(type_name.as_str(), "smallint" | "integer" | "bigint") => {
-                    bounds.iter().map(|b| b.get(column).and_then(serde_json::Value::as_i64)).collect()
-                }
-                _ => None,
-            };
             let first = match integer_bounds {
                 Some(_) => format!("{of_row}::pg_catalog.int8"),
                 None => format!("{range}::integer"),
             };
-            // In parallel where it can be (parallel_hash.rs), else one scan in this process.
-            let parallel = integer_bounds
-                .as_ref()
-                .and_then(|integer_bounds| crate::parallel_hash::scan(relid, name, &key[0].0, integer_bounds));
-            let (rows, sums) = parallel.unwrap_or_else(|| {
-                let sql = format!("{with_bounds} SELECT {first}, backfill_row.* FROM {name} backfill_row");
-                let sums = crate::row_hash::scan(&sql, parameter(), bounds.len() + 1, integer_bounds);
-                (sums.rows, sums.sums)
-            });
-            (0..=bounds.len()).map(|i| (i as i32, (rows[i], Some(sums[i].to_string())))).collect()
+            let sql = format!("{with_bounds} SELECT {first}, backfill_row.* FROM {name} backfill_row");
+            let sums = crate::row_hash::scan(&sql, parameter(), bounds.len() + 1, integer_bounds);
+            (0..=bounds.len()).map(|i| (i as i32, (sums.rows[i], Some(sums.sums[i].to_string())))).collect()
         }
     };
     (0..=bounds.len())
@@ -446,52 +424,4 @@ pub fn summarize(
             (i as i32 + 1, lower, upper, rows, checksum)
         })
         .collect()
-}
-
-/// The aggregate level's checksum of a range: the md5 of a jsonb array (its text, under the
-/// portable settings) of, per column in column order, its NULLs and then by type: integers,
-/// numeric and bool (its trues) an exact sum; float4 and float8 the exact sum of the values as
-/// numeric (rounded to 6 and 15 significant digits), so that the order of summation does not
-/// matter; date, time, timetz, timestamp and timestamptz the least and greatest value.
-fn aggregates(relid: pg_sys::Oid) -> String {
-    let columns = Spi::connect(|client| {
-        let rows = client.select(
-            "SELECT a.attname::pg_catalog.text, a.atttypid FROM pg_catalog.pg_attribute a
-              WHERE a.attrelid OPERATOR(pg_catalog.=) $1
-                AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
-              ORDER BY a.attnum",
-            None,
-            &[relid.into()],
-        )?;
-        rows.map(|row| Ok((row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(), row.get::<pg_sys::Oid>(2)?)))
-            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
-    })
-    .or_internal("read the table's columns");
-    let mut parts = Vec::new();
-    for (column, type_oid) in columns {
-        let column = format!("backfill_row.{}", quote_ident(&column));
-        parts.push(format!("pg_catalog.count(*) OPERATOR(pg_catalog.-) pg_catalog.count({column})"));
-        // SAFETY: a type's OID, from the catalog (a domain gives its base type).
-        let base = type_oid.map(|oid| unsafe { pg_sys::getBaseType(oid) });
-        match base {
-            Some(pg_sys::INT2OID | pg_sys::INT4OID | pg_sys::INT8OID | pg_sys::NUMERICOID) => {
-                parts.push(format!("pg_catalog.sum({column})"))
-            }
-            Some(pg_sys::FLOAT4OID | pg_sys::FLOAT8OID) => {
-                parts.push(format!("pg_catalog.sum({column}::pg_catalog.numeric)"))
-            }
-            Some(pg_sys::BOOLOID) => parts.push(format!("pg_catalog.count(*) FILTER (WHERE {column})")),
-            Some(
-                pg_sys::DATEOID | pg_sys::TIMEOID | pg_sys::TIMETZOID | pg_sys::TIMESTAMPOID | pg_sys::TIMESTAMPTZOID,
-            ) => {
-                parts.push(format!("pg_catalog.min({column})"));
-                parts.push(format!("pg_catalog.max({column})"));
-            }
-            _ => {}
-        }
-    }
-    // (A function takes at most 100 arguments: the array is built in pieces.)
-    let pieces: Vec<String> =
-        parts.chunks(90).map(|chunk| format!("pg_catalog.jsonb_build_array({})", chunk.join(", "))).collect();
-    format!("pg_catalog.md5(({})::pg_catalog.text)", pieces.join(" OPERATOR(pg_catalog.||) "))
 }

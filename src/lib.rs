@@ -22,13 +22,15 @@
 //! - `auth.rs`: the messages' authentication tags.
 //! - `status.rs`: helpers of the monitoring views.
 //! - `keys.rs`: backfills of given keys (repairs), and the `absent` message of a missing key.
-//! - `checksum.rs`, `row_hash.rs`, `parallel_hash.rs`: backfill_checksum(); `compare.rs`: backfill_compare() and
-//!   backfill_repair(); `side.rs`: the tables they read, here or through dblink.
+//! - `checksum.rs`, `aggregate.rs`, `row_hash.rs`, `parallel_scan.rs`: backfill_checksum();
+//!   `compare.rs`: backfill_compare() and backfill_repair(); `side.rs`: the tables they read,
+//!   here or through dblink.
 //! - `sql.rs`: reads through SPI that leave the transaction read-only (views, standbys).
 //! - `errors.rs`: how user errors are raised (SQLSTATE, detail, hint).
 
 use pgrx::prelude::*;
 
+mod aggregate;
 mod api;
 mod args;
 mod auth;
@@ -47,7 +49,7 @@ mod lock;
 mod message;
 mod pacing;
 mod page;
-mod parallel_hash;
+mod parallel_scan;
 mod pipeline;
 mod plan;
 mod privilege;

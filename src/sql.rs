@@ -163,3 +163,25 @@ pub fn qualified_name(relid: pg_sys::Oid) -> String {
     };
     crate::encoding::quote_qualified(&schema.0, &name.0)
 }
+
+/// A plain table's blocks now and its rows per block at its last VACUUM or ANALYZE.
+pub fn block_shape(relid: pg_sys::Oid) -> Option<(i64, f64)> {
+    let shape = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT pg_catalog.pg_relation_size(c.oid) OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8,
+                    (c.reltuples OPERATOR(pg_catalog./) c.relpages)::pg_catalog.float8
+               FROM pg_catalog.pg_class c
+              WHERE c.oid OPERATOR(pg_catalog.=) $1 AND c.relkind OPERATOR(pg_catalog.=) 'r'
+                AND c.relpages OPERATOR(pg_catalog.>) 0 AND c.reltuples OPERATOR(pg_catalog.>) 0",
+            Some(1),
+            &[relid.into()],
+        )?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let row = rows.first();
+        Ok::<_, pgrx::spi::Error>(row.get::<i64>(1)?.zip(row.get::<f64>(2)?))
+    })
+    .or_internal("read the table's size");
+    shape.filter(|(blocks, _)| *blocks > 0)
+}

@@ -1,5 +1,6 @@
-"""The hash level in parallel: PostgreSQL's parallel workers and the calling backend share one
-parallel scan of the table. Their sums are those of the serial scan, range by range, for every
+"""The count and hash levels in parallel: PostgreSQL's parallel workers and the calling backend
+share one parallel scan of the table. Their counts and sums are those of the serial queries,
+range by range, for every
 column type and key width; the cases the serial scan keeps (row-level security, temporary
 tables, parallel_workers = 0) keep it; an inheritance parent is read without its children;
 a cancel, in a transaction or a savepoint, leaves the session usable."""
@@ -42,8 +43,8 @@ def with_debug(db, sql, params=None):
     return rows, [line for line in lines if "parallel workers" in line]
 
 
-def checksum_sql(table):
-    return f"SELECT * FROM backfill_checksum('{table}', level => 'hash', bounds => %s::jsonb)"
+def checksum_sql(table, level="hash"):
+    return f"SELECT * FROM backfill_checksum('{table}', level => '{level}', bounds => %s::jsonb)"
 
 
 def bounds_for(db, table, ranges=64):
@@ -59,19 +60,27 @@ def parallel(db):
     return db
 
 
+@pytest.mark.parametrize("level", ["count", "hash"])
 @pytest.mark.parametrize("key_type", ["smallint", "integer", "bigint"])
-def test_parallel_workers_sum_what_the_serial_scan_sums(parallel, key_type):
+def test_parallel_workers_sum_what_the_serial_scan_sums(parallel, key_type, level):
     db = parallel
     make_table(db, "t", key_type, rows=30_000)
     bounds = bounds_for(db, "t")
-    in_parallel, debug = with_debug(db, checksum_sql("t"), [bounds])
+    in_parallel, debug = with_debug(db, checksum_sql("t", level), [bounds])
     assert len(debug) == 1, debug
-    launched, by_workers, by_leader = map(int, re.search(r"by (\d+) of \d+ parallel workers \((\d+) rows\) and this backend \((\d+) rows\)", debug[0]).groups())
-    # The workers did part of the work, and every row was read once.
-    assert launched >= 1 and by_workers > 0, debug
-    assert by_workers + by_leader == 30_000
+    done = {"count": "counted", "hash": "hashed"}[level]
+    pattern = rf"{done} by (\d+) of \d+ parallel workers \((\d+) rows\) and this backend \((\d+) rows\)"
+    launched, by_workers, by_leader = map(int, re.search(pattern, debug[0]).groups())
+    # Every row was read once (the workers may start after this backend has read them all).
+    assert launched >= 1 and by_workers + by_leader == 30_000, debug
+    # The workers alone, as a Gather without its leader.
+    db.execute("SET parallel_leader_participation = off")
+    by_workers_alone, debug = with_debug(db, checksum_sql("t", level), [bounds])
+    assert re.search(pattern, debug[0]).groups()[1:] == ("30000", "0"), debug
+    assert by_workers_alone == in_parallel
+    db.execute("RESET parallel_leader_participation")
     db.execute("SET max_parallel_workers_per_gather = 0")
-    serial, debug = with_debug(db, checksum_sql("t"), [bounds])
+    serial, debug = with_debug(db, checksum_sql("t", level), [bounds])
     assert debug == []
     assert in_parallel == serial
     assert sum(rows for _, _, _, rows, _ in serial) == 30_000

@@ -1,11 +1,13 @@
-//! The hash level's scan in parallel. One process hashing every row costs as much per row as
-//! the rows are wide: on a table of 750-byte rows it took 13 times a count(*), which PostgreSQL
-//! runs in parallel. Here PostgreSQL's parallel workers and this backend take blocks from one
-//! parallel table scan, as the participants of a Parallel Seq Scan do (same block allocation,
-//! same ring buffer, the same snapshot), each hashes the rows it reads and sums them per range,
-//! and this backend adds up their sums. Sums of hashes do not depend on the order of the rows,
-//! so the checksums are those of the serial scan (row_hash::scan), which still serves every
-//! case this one does not take (see [`planned_workers`]).
+//! The count and hash levels' scan in parallel, for a table with one integer key. One process
+//! hashing every row costs as much per row as the rows are wide: on a table of 750-byte rows it
+//! took 13 times a count(*), which PostgreSQL runs in parallel; and 1,024 index scans, one a
+//! range, took 2.3 to 2.6 times it. Here PostgreSQL's parallel workers and this backend take
+//! blocks from one parallel table scan, as the participants of a Parallel Seq Scan do (same
+//! block allocation, same ring buffer, the same snapshot), each counts (and hashes) the rows it
+//! reads per range, and this backend adds up their sums. Counts and sums of hashes do not
+//! depend on the order of the rows, so they are those of the serial queries (checksum.rs,
+//! row_hash::scan), which still serve every case this one does not take (see
+//! [`planned_workers`]).
 
 use crate::row_hash::RowHasher;
 use pgrx::pg_sys;
@@ -32,6 +34,8 @@ struct Task {
     bounds: usize,
     /// Participants, each with `ranges` row counts and sums: the workers, then this backend.
     participants: usize,
+    /// Whether rows are hashed too, or only counted.
+    hash: bool,
 }
 
 /// One participant's counts and sums, per range.
@@ -42,10 +46,17 @@ struct RangeSum {
     sum: i128,
 }
 
-/// Each range's row count and sum of hashes of table `relid`, whose key is its column
-/// `key_column`, an integer, with ranges split at `bounds`; computed by parallel workers, or
-/// None when this table, role, server or transaction is one the serial scan must read.
-pub fn scan(relid: pg_sys::Oid, name: &str, key_column: &str, bounds: &[i64]) -> Option<(Vec<i64>, Vec<i128>)> {
+/// Each range's row count and (with `hash`) sum of hashes of table `relid` (`name` in
+/// messages), whose key is its column `key_column`, an integer, with ranges split at `bounds`;
+/// computed by parallel workers, or None when this table, role, server or transaction is one
+/// the serial queries must read.
+pub fn scan(
+    relid: pg_sys::Oid,
+    name: &str,
+    key_column: &str,
+    bounds: &[i64],
+    hash: bool,
+) -> Option<(Vec<i64>, Vec<i128>)> {
     let ranges = bounds.len() + 1;
     if ranges > MAX_PARALLEL_RANGES {
         return None;
@@ -88,7 +99,7 @@ pub fn scan(relid: pg_sys::Oid, name: &str, key_column: &str, bounds: &[i64]) ->
             chunk
         };
         let task = allocate(KEY_TASK, sizes[0]).cast::<Task>();
-        task.write(Task { relid, key_index, key_width, bounds: bounds.len(), participants });
+        task.write(Task { relid, key_index, key_width, bounds: bounds.len(), participants, hash });
         let shared_bounds = allocate(KEY_BOUNDS, sizes[1]).cast::<i64>();
         std::ptr::copy_nonoverlapping(bounds.as_ptr(), shared_bounds, bounds.len());
         let sums = allocate(KEY_SUMS, sizes[2]).cast::<RangeSum>();
@@ -97,9 +108,12 @@ pub fn scan(relid: pg_sys::Oid, name: &str, key_column: &str, bounds: &[i64]) ->
         pg_sys::table_parallelscan_initialize(rel, parallel_scan, snapshot);
 
         pg_sys::LaunchParallelWorkers(context);
-        // This backend reads blocks too, as the last participant: all of them when no worker
+        // This backend reads blocks too, as the last participant, unless
+        // parallel_leader_participation is off, as in a Gather; all of them when no worker
         // could be started.
-        participate(rel, parallel_scan, &*task, bounds, sums, workers as usize);
+        if pg_sys::parallel_leader_participation || (*context).nworkers_launched == 0 {
+            participate(rel, parallel_scan, &*task, bounds, sums, workers as usize);
+        }
         pg_sys::WaitForParallelWorkersToFinish(context);
 
         let mut rows = vec![0i64; ranges];
@@ -112,7 +126,8 @@ pub fn scan(relid: pg_sys::Oid, name: &str, key_column: &str, bounds: &[i64]) ->
         }
         let by_workers: i64 = rows_by_participant[..workers as usize].iter().sum();
         pgrx::debug1!(
-            "pg_backfill: {name} hashed by {} of {workers} parallel workers ({by_workers} rows) and this backend ({} rows)",
+            "pg_backfill: {name} {} by {} of {workers} parallel workers ({by_workers} rows) and this backend ({} rows)",
+            if hash { "hashed" } else { "counted" },
             (*context).nworkers_launched,
             rows_by_participant[workers as usize]
         );
@@ -175,7 +190,11 @@ unsafe fn participate(
     );
     while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
         pgrx::check_for_interrupts!();
-        pg_sys::slot_getsomeattrs_int(slot, natts);
+        // (Counting reads the columns up to the key only.)
+        let needed = if task.hash { natts } else { task.key_index + 1 };
+        if c_int::from((*slot).tts_nvalid) < needed {
+            pg_sys::slot_getsomeattrs_int(slot, needed);
+        }
         let values = std::slice::from_raw_parts((*slot).tts_values, natts as usize);
         let nulls = std::slice::from_raw_parts((*slot).tts_isnull, natts as usize);
         let key = values[task.key_index as usize].value();
@@ -186,11 +205,13 @@ unsafe fn participate(
         };
         // As row_hash::scan: the number of bounds at or below the key.
         let range = &mut mine[bounds.partition_point(|bound| *bound <= key)];
-        let caller_memory = pg_sys::MemoryContextSwitchTo(row_memory);
         range.rows += 1;
-        range.sum += i128::from(hasher.hash(values, nulls) as i64);
-        pg_sys::MemoryContextSwitchTo(caller_memory);
-        pg_sys::MemoryContextReset(row_memory);
+        if task.hash {
+            let caller_memory = pg_sys::MemoryContextSwitchTo(row_memory);
+            range.sum += i128::from(hasher.hash(values, nulls) as i64);
+            pg_sys::MemoryContextSwitchTo(caller_memory);
+            pg_sys::MemoryContextReset(row_memory);
+        }
     }
     pg_sys::ExecDropSingleTupleTableSlot(slot);
     pg_sys::table_endscan(scan);
