@@ -220,3 +220,29 @@ def test_table_end_carries_the_sequences_its_columns_own(db, roles):
     assert wait_until_ended(db, backfill_id) == "done"
     ends = [m for m in backfill_messages(wal2json_changes(db, "consumer")) if m["op"] == "table_end"]
     assert [(s["column"], s["last_value"], s["next_value"]) for s in ends[0]["sequences"]] == [("id", 120, 121), ("n", None, None)]
+
+
+def test_a_sequence_renamed_while_the_end_marker_reads_it(db, cluster):
+    """The end marker reads each sequence the table owns; one renamed (or dropped) between its
+    lookup and its read is looked up again once locked, not read under a name it no longer has
+    (an internal error failed the backfill)."""
+    db.execute("CREATE TABLE seqd (id serial PRIMARY KEY, v text)")
+    db.execute("INSERT INTO seqd (v) SELECT 'x' FROM generate_series(1, 100)")
+    db.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
+    renamer = cluster.connect(db.info.dbname)
+    try:
+        renamer.execute("BEGIN")
+        renamer.execute("ALTER SEQUENCE seqd_id_seq RENAME TO renamed_seq")
+        backfill_id = db.execute("SELECT backfill_start('seqd', confirm => true)").fetchone()[0]
+        # The worker waits for the rename's lock at the sequence.
+        waiting = """SELECT count(*) FROM pg_stat_activity
+                      WHERE backend_type = 'pg_backfill' AND wait_event_type = 'Lock'"""
+        wait_for(lambda: db.execute(waiting).fetchone()[0] == 1, what="the worker to wait for the sequence")
+        renamer.execute("COMMIT")
+    finally:
+        renamer.close()
+    assert wait_until_ended(db, backfill_id) == "done", status(db, backfill_id, "last_error")
+    [end] = [m for m in backfill_messages(wal2json_changes(db, "consumer")) if m["op"] == "table_end"]
+    assert end["sequences"] == [
+        {"column": "id", "sequence": "public.renamed_seq", "last_value": 100, "next_value": 101, "increment": 1}
+    ]

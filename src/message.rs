@@ -226,7 +226,7 @@ impl OwnedSequence {
         let sql = "SELECT a.attname::text, pg_catalog.format('%I.%I', n.nspname, s.relname),
                           coalesce(pg_catalog.has_sequence_privilege(r.oid, s.oid, 'SELECT, USAGE')
                                    AND pg_catalog.has_sequence_privilege(s.oid, 'SELECT, USAGE'), false),
-                          q.seqincrement, n.nspname::text, s.relname::text
+                          q.seqincrement, s.oid
                      FROM pg_catalog.pg_depend d
                      JOIN pg_catalog.pg_class s ON s.oid OPERATOR(pg_catalog.=) d.objid AND s.relkind OPERATOR(pg_catalog.=) 'S'
                      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) s.relnamespace
@@ -245,10 +245,13 @@ impl OwnedSequence {
             let mut sequences = Vec::new();
             for row in rows {
                 let increment = row.get::<i64>(4)?.unwrap_or(1);
+                // A sequence dropped or renamed since this query's snapshot (its DROP waited for
+                // nothing this page held) is looked up again once locked: a dropped one is no
+                // longer the table's.
+                let Some(name) = row.get::<pg_sys::Oid>(5)?.and_then(locked_sequence) else { continue };
                 // The sequence's own row says whether its last value was handed out (is_called):
                 // after a RESTART, or before the first nextval(), the next value is last_value.
                 let (last_value, next_value) = if row.get::<bool>(3)?.unwrap_or(false) {
-                    let name = crate::encoding::quote_qualified(&text(&row, 5)?, &text(&row, 6)?);
                     let state = client.select(&format!("SELECT last_value, is_called FROM {name}"), Some(1), &[])?;
                     let state = state.first();
                     let (last, called) = (state.get::<i64>(1)?, state.get::<bool>(2)?.unwrap_or(false));
@@ -261,7 +264,7 @@ impl OwnedSequence {
                 };
                 sequences.push(OwnedSequence {
                     column: text(&row, 1)?,
-                    sequence: text(&row, 2)?,
+                    sequence: name,
                     last_value,
                     next_value,
                     increment,
@@ -270,6 +273,24 @@ impl OwnedSequence {
             Ok::<_, pgrx::spi::Error>(sequences)
         })
         .or_internal("read the sequences the table owns")
+    }
+}
+
+/// The name (schema-qualified and quoted) of sequence `oid`, locked until the end of the
+/// transaction, or None if it was dropped. (The system caches see the state after the lock:
+/// taking it processes the catalog's invalidations.)
+fn locked_sequence(oid: pg_sys::Oid) -> Option<String> {
+    // SAFETY: a lock on a relation that may no longer exist (then nothing conflicts with it),
+    // and lookups of its catalog entries, which return null for a dropped one.
+    unsafe {
+        pg_sys::LockRelationOid(oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let name = pg_sys::get_rel_name(oid);
+        let schema = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(oid));
+        if name.is_null() || schema.is_null() {
+            return None;
+        }
+        let text = |c: *mut std::ffi::c_char| std::ffi::CStr::from_ptr(c).to_string_lossy().into_owned();
+        Some(crate::encoding::quote_qualified(&text(schema), &text(name)))
     }
 }
 

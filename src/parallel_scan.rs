@@ -69,14 +69,15 @@ pub fn scan(
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let key_column = std::ffi::CString::new(key_column).ok()?;
         let key_index = pg_sys::get_attnum(relid, key_column.as_ptr()) as c_int - 1;
-        let workers = if key_index < 0 { 0 } else { planned_workers(rel) };
+        // (The parallel scan reads the caller's snapshot: the one its serial query would read.)
+        let snapshot = if pg_sys::ActiveSnapshotSet() { pg_sys::GetActiveSnapshot() } else { std::ptr::null_mut() };
+        let workers = if key_index < 0 || snapshot.is_null() { 0 } else { planned_workers(rel) };
         if workers == 0 {
             pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
             return None;
         }
         let key_width = c_int::from((*tuple_attribute(rel, key_index as usize)).attlen);
         let participants = workers as usize + 1;
-        let snapshot = pg_sys::GetActiveSnapshot();
 
         pg_sys::EnterParallelMode();
         let context = pg_sys::CreateParallelContext(c"pg_backfill".as_ptr(), c"backfill_hash_worker".as_ptr(), workers);
