@@ -58,6 +58,7 @@ pub fn scan(
     hash: bool,
 ) -> Option<(Vec<i64>, Vec<i128>)> {
     let ranges = bounds.len() + 1;
+    let key_column = std::ffi::CString::new(key_column).ok()?;
     if ranges > MAX_PARALLEL_RANGES {
         return None;
     }
@@ -67,7 +68,6 @@ pub fn scan(
     // transaction's abort destroys it; shared memory is laid out as estimated.
     unsafe {
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let key_column = std::ffi::CString::new(key_column).ok()?;
         let key_index = pg_sys::get_attnum(relid, key_column.as_ptr()) as c_int - 1;
         // (The parallel scan reads the caller's snapshot: the one its serial query would read.)
         let snapshot = if pg_sys::ActiveSnapshotSet() { pg_sys::GetActiveSnapshot() } else { std::ptr::null_mut() };
@@ -80,7 +80,8 @@ pub fn scan(
         let participants = workers as usize + 1;
 
         pg_sys::EnterParallelMode();
-        let context = pg_sys::CreateParallelContext(c"pg_backfill".as_ptr(), c"backfill_hash_worker".as_ptr(), workers);
+        let context =
+            pg_sys::CreateParallelContext(c"pg_backfill".as_ptr(), c"backfill_parallel_scan_worker".as_ptr(), workers);
         let sizes = [
             std::mem::size_of::<Task>(),
             std::mem::size_of_val(bounds),
@@ -145,7 +146,10 @@ pub fn scan(
 /// Called by PostgreSQL in a parallel worker, with the table of contents [`scan`] filled.
 #[pgrx::pg_guard]
 #[unsafe(no_mangle)]
-pub unsafe extern "C-unwind" fn backfill_hash_worker(_segment: *mut pg_sys::dsm_segment, toc: *mut pg_sys::shm_toc) {
+pub unsafe extern "C-unwind" fn backfill_parallel_scan_worker(
+    _segment: *mut pg_sys::dsm_segment,
+    toc: *mut pg_sys::shm_toc,
+) {
     // SAFETY: the entries [`scan`] wrote, read as it wrote them; the worker runs in the
     // leader's transaction, which holds the table's lock.
     unsafe {
