@@ -76,6 +76,7 @@ def test_parallel_workers_sum_what_the_serial_scan_sums(parallel, key_type, leve
     assert len(debug) == 1, debug
     done = {"count": "counted", "hash": "hashed"}[level]
     pattern = rf"{done} by (\d+) of \d+ parallel workers \((\d+) rows\) and this backend \((\d+) rows\)"
+    assert debug[0].startswith(f"pg_backfill: public.t {done} by "), debug  # the table, as its name reads
     launched, by_workers, by_leader = map(int, re.search(pattern, debug[0]).groups())
     # Every row was read once (the workers may start after this backend has read them all).
     assert launched >= 1 and by_workers + by_leader == 30_000, debug

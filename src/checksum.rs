@@ -296,23 +296,6 @@ pub fn sampled_bounds(relid: pg_sys::Oid, key: &[(String, String)], ranges: i32)
     }
 }
 
-/// Whether table `relid` is more than 8 times the size of its key's index: then 1,024 scans
-/// of the index cost less than one parallel scan of the table (measured on 1M rows of 750
-/// bytes, a 24-fold ratio: 1.3 to 1.6 times a count(*) against 2.3; on rows of 60 bytes, a
-/// 3-fold ratio, 2.3 to 3.2 against 1.5).
-fn rows_much_wider_than_keys(relid: pg_sys::Oid) -> bool {
-    crate::sql::select_one::<bool>(
-        "SELECT pg_catalog.pg_relation_size($1) OPERATOR(pg_catalog.>)
-                (8 OPERATOR(pg_catalog.*) pg_catalog.pg_relation_size(x.indexrelid))
-           FROM pg_catalog.pg_index x
-          WHERE x.indrelid OPERATOR(pg_catalog.=) $1 AND (x.indisprimary OR x.indisreplident)
-          ORDER BY x.indisprimary DESC LIMIT 1",
-        &[relid.into()],
-    )
-    .or_internal("compare the table's size with its key's")
-    .unwrap_or(false)
-}
-
 pub type RangeRow = (i32, Option<JsonB>, Option<JsonB>, i64, Option<String>);
 
 /// The table's ranges: at the count level, an index scan of the key per range; at the others,
@@ -377,12 +360,18 @@ pub fn summarize(
         _ => None,
     };
     let in_parallel = |hash: bool| {
-        let (rows, sums) = crate::parallel_scan::scan(relid, name, &key[0].0, integer_bounds.as_ref()?, hash)?;
+        let (rows, sums) = crate::parallel_scan::scan(
+            relid,
+            &crate::sql::qualified_name(relid),
+            &key[0].0,
+            integer_bounds.as_ref()?,
+            hash,
+        )?;
         Some((0..=bounds.len()).map(|i| (i as i32, (rows[i], hash.then(|| sums[i].to_string())))).collect())
     };
     let found: HashMap<i32, (i64, Option<String>)> = match level {
         Level::Count
-            if !rows_much_wider_than_keys(relid)
+            if !crate::sql::rows_much_wider_than_keys(relid)
                 && let Some(found) = in_parallel(false) =>
         {
             found
