@@ -147,7 +147,8 @@ class ActiveSessions:
 
 def test_a_standby_that_stops_replaying_pauses_the_backfill(cluster, db):
     limit = MB  # far above what a page writes: once replaying again, the standby keeps up
-    standby = Cluster(f"{cluster.dir}_standby1", cluster.port + 7)
+    # (Not + 7: 55440 is the demo cluster's port, which the demo leaves running.)
+    standby = Cluster(f"{cluster.dir}_standby1", cluster.port + 8)
     consumer = None
     try:
         start_standby(cluster, standby, "standby1")
