@@ -27,6 +27,8 @@
 //!   here or through dblink.
 //! - `sql.rs`: reads through SPI that leave the transaction read-only (views, standbys).
 //! - `errors.rs`: how user errors are raised (SQLSTATE, detail, hint).
+//! - `pg_compat.rs`: where PostgreSQL's C API differs between 15 and 18, one shim per
+//!   difference.
 
 use pgrx::prelude::*;
 
@@ -50,6 +52,7 @@ mod message;
 mod pacing;
 mod page;
 mod parallel_scan;
+mod pg_compat;
 mod pipeline;
 mod plan;
 mod privilege;

@@ -16,17 +16,12 @@ use crate::auth::Signer;
 use crate::encoding::Text;
 use crate::errors::OrInternal;
 use crate::json;
+use crate::pg_compat;
 use crate::table::Table;
 use pgrx::prelude::*;
 use serde::Serialize;
 use serde_json::Value;
-use std::ffi::{c_char, CString};
-
-// Not in pgrx's bindings. PG15: XLogRecPtr LogLogicalMessage(const char *prefix,
-// const char *message, size_t size, bool transactional).
-unsafe extern "C-unwind" {
-    fn LogLogicalMessage(prefix: *const c_char, message: *const c_char, size: usize, transactional: bool) -> u64;
-}
+use std::ffi::CString;
 
 /// Writes one transactional message: it is decoded at its transaction's commit, in commit order.
 /// `content` is sealed already.
@@ -35,7 +30,7 @@ pub fn emit(prefix: &CString, content: &[u8]) {
     // at the guarded boundary instead of a longjmp across Rust frames.
     unsafe {
         pg_sys::ffi::pg_guard_ffi_boundary(|| {
-            LogLogicalMessage(prefix.as_ptr(), content.as_ptr().cast(), content.len(), true)
+            pg_compat::log_transactional_message(prefix.as_ptr(), content.as_ptr().cast(), content.len())
         });
     }
 }

@@ -15,6 +15,7 @@
 //! its send format); every other type calls its send function.
 
 use crate::errors::raise;
+use crate::pg_compat;
 use crate::stored_form::{encode_jsonb, encode_numeric, length_prefixed, utf8};
 use pgrx::prelude::*;
 use pgrx::AnyElement;
@@ -52,7 +53,7 @@ impl RowHasher {
     /// # Safety
     /// `tupdesc` is a valid tuple descriptor.
     pub unsafe fn new(tupdesc: pg_sys::TupleDesc, first: usize) -> Self {
-        let attributes = (*tupdesc).attrs.as_slice((*tupdesc).natts as usize);
+        let attributes = pg_compat::tuple_attributes(tupdesc);
         let encodings =
             attributes[first..].iter().map(|att| (!att.attisdropped).then(|| encoding_of(att.atttypid))).collect();
         RowHasher { encodings, encoded: Vec::new() }

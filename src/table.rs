@@ -5,6 +5,7 @@ use crate::encoding::{strings, Text};
 use crate::errors::raise;
 use crate::errors::OrInternal;
 use crate::json::Column;
+use crate::pg_compat;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::{self, *};
 
@@ -297,7 +298,7 @@ impl Table {
             }
             let form = &*(*relation).rd_rel;
             let persistence = form.relpersistence as u8;
-            let primary = pg_sys::RelationGetPrimaryKeyIndex(relation);
+            let primary = pg_compat::primary_key_index(relation);
             let key_index =
                 if primary != pg_sys::InvalidOid { primary } else { pg_sys::RelationGetReplicaIndex(relation) };
             let found = Recheck { owner: form.relowner, same_columns: same_columns((*relation).rd_att) };
