@@ -1,7 +1,9 @@
-"""End-to-end scenarios against a real PostgreSQL 15 server.
+"""End-to-end scenarios against a real PostgreSQL server: 15, or PG_MAJOR (scripts/pg_major.sh).
 
 The session starts a throwaway cluster (scripts/cluster.sh, server running as the postgres OS
 user) with the extension installed by scripts/test.sh; every test gets a database of its own.
+A major other than 15 runs in a directory and on ports of its own by default, so that the two
+suites may share a machine.
 """
 
 import itertools
@@ -20,8 +22,19 @@ import psycopg
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CLUSTER_DIR = os.environ.get("BACKFILL_TEST_DIR", "/tmp/pg_backfill_test")
-PORT = int(os.environ.get("BACKFILL_TEST_PORT", "55433"))
+
+
+def pg_major_value(name: str) -> str:
+    """A variable of scripts/pg_major.sh (PG_MAJOR, PG_BIN) for the PG_MAJOR of this run."""
+    script = f"source '{ROOT}/scripts/pg_major.sh' && echo \"${name}\""
+    return subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True).stdout.strip()
+
+
+PG_MAJOR = int(pg_major_value("PG_MAJOR"))
+PG_BIN = pg_major_value("PG_BIN")
+DEFAULT_SUFFIX, DEFAULT_PORT = ("", 55433) if PG_MAJOR == 15 else (str(PG_MAJOR), 56433)
+CLUSTER_DIR = os.environ.get("BACKFILL_TEST_DIR", f"/tmp/pg_backfill_test{DEFAULT_SUFFIX}")
+PORT = int(os.environ.get("BACKFILL_TEST_PORT", str(DEFAULT_PORT)))
 _db_names = itertools.count()
 
 
@@ -236,7 +249,7 @@ def roles(cluster, db):
     r.drop()
 
 
-PG_RECVLOGICAL = "/usr/lib/postgresql/15/bin/pg_recvlogical"
+PG_RECVLOGICAL = f"{PG_BIN}/pg_recvlogical"
 
 
 class Consumer:
