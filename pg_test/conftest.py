@@ -24,39 +24,46 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def pg_major_value(name: str) -> str:
-    """A variable of scripts/pg_major.sh (PG_MAJOR, PG_BIN) for the PG_MAJOR of this run."""
-    script = f"source '{ROOT}/scripts/pg_major.sh' && echo \"${name}\""
+def pg_major_value(expression: str) -> str:
+    """A value from scripts/pg_major.sh for the PG_MAJOR of this run: `$PG_BIN`, `$(pg_bin_of 15)`."""
+    script = f"source '{ROOT}/scripts/pg_major.sh' && echo \"{expression}\""
     return subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True).stdout.strip()
 
 
-PG_MAJOR = int(pg_major_value("PG_MAJOR"))
-PG_BIN = pg_major_value("PG_BIN")
+PG_MAJOR = int(pg_major_value("$PG_MAJOR"))
+PG_BIN = pg_major_value("$PG_BIN")
 DEFAULT_SUFFIX, DEFAULT_PORT = ("", 55433) if PG_MAJOR == 15 else (str(PG_MAJOR), 56433)
 CLUSTER_DIR = os.environ.get("BACKFILL_TEST_DIR", f"/tmp/pg_backfill_test{DEFAULT_SUFFIX}")
 PORT = int(os.environ.get("BACKFILL_TEST_PORT", str(DEFAULT_PORT)))
 _db_names = itertools.count()
 
 
-def cluster_cmd(command: str) -> None:
-    subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/cluster.sh' && {command}"], check=True)
+def cluster_cmd(command: str, major: int = PG_MAJOR) -> None:
+    """Runs a command of scripts/cluster.sh with the programs of PostgreSQL `major`."""
+    env = {**os.environ, "PG_MAJOR": str(major)}
+    subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/cluster.sh' && {command}"], check=True, env=env)
 
 
 class Cluster:
-    def __init__(self, directory: str, port: int):
-        self.dir, self.port = directory, port
+    """A throwaway cluster of this run's major, or of `major` (test_pg_upgrade.py's 15)."""
+
+    def __init__(self, directory: str, port: int, major: int = PG_MAJOR):
+        self.dir, self.port, self.major = directory, port, major
 
     def connect(self, dbname="postgres", **kw) -> psycopg.Connection:
         return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=dbname, autocommit=True, **kw)
 
-    def start(self, extra_conf: str = "") -> None:
-        cluster_cmd(f"cluster_start '{self.dir}' {self.port} $'{extra_conf}'")
+    def start(self, extra_conf: str = "", initdb_args: str = "") -> None:
+        cluster_cmd(f"cluster_start '{self.dir}' {self.port} $'{extra_conf}' '{initdb_args}'", self.major)
 
     def stop(self) -> None:
-        cluster_cmd(f"cluster_stop '{self.dir}'")
+        cluster_cmd(f"cluster_stop '{self.dir}'", self.major)
 
     def pg_ctl(self, *args: str) -> None:
-        cluster_cmd(f"as_postgres \"$PG_BIN/pg_ctl\" -D '{self.dir}/data' -l '{self.dir}/server.log' -w {' '.join(args)} >/dev/null")
+        cluster_cmd(
+            f"as_postgres \"$PG_BIN/pg_ctl\" -D '{self.dir}/data' -l '{self.dir}/server.log' -w {' '.join(args)} >/dev/null",
+            self.major,
+        )
 
 
 @pytest.fixture(scope="session")

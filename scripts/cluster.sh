@@ -9,14 +9,16 @@ as_postgres() {
     if [ "$(id -un)" = postgres ]; then "$@"; else sudo -u postgres -- "$@"; fi
 }
 
-# cluster_start DIR PORT [EXTRA_CONF]: a fresh cluster in DIR on PORT, logical decoding on.
+# cluster_start DIR PORT [EXTRA_CONF] [INITDB_ARGS]: a fresh cluster in DIR on PORT, logical
+# decoding on. (INITDB_ARGS is split on spaces.)
 cluster_start() {
-    local dir=$1 port=$2 extra=${3:-}
+    local dir=$1 port=$2 extra=${3:-} initdb_args=${4:-}
     cluster_stop "$dir"
     rm -rf "$dir"
     mkdir -p "$dir"
     chown postgres: "$dir" 2>/dev/null || true
-    as_postgres "$PG_BIN/initdb" -D "$dir/data" -U postgres --auth=trust --no-sync >"$dir/initdb.log" 2>&1 ||
+    # shellcheck disable=SC2086
+    as_postgres "$PG_BIN/initdb" -D "$dir/data" -U postgres --auth=trust --no-sync $initdb_args >"$dir/initdb.log" 2>&1 ||
         { cat "$dir/initdb.log"; return 1; }
     # Debian's 15 admits only the decoders listed in output_plugin_libraries (its own setting:
     # a server built from PostgreSQL's source has no such list, and would refuse the line).
