@@ -54,7 +54,9 @@ class Cluster:
         return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=dbname, autocommit=True, **kw)
 
     def start(self, extra_conf: str = "", initdb_args: str = "") -> None:
-        cluster_cmd(f"cluster_start '{self.dir}' {self.port} $'{extra_conf}' '{initdb_args}'", self.major)
+        """`extra_conf`: postgresql.conf lines, in bash's $'...' (so \\n separates lines)."""
+        quoted = extra_conf.replace("'", "\\'")
+        cluster_cmd(f"cluster_start '{self.dir}' {self.port} $'{quoted}' '{initdb_args}'", self.major)
 
     def stop(self) -> None:
         cluster_cmd(f"cluster_stop '{self.dir}'", self.major)

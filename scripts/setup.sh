@@ -11,7 +11,7 @@ APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-wal2json
               clang libclang-dev sudo pkg-config libssl-dev build-essential)
 if [ "$PG_MAJOR" != 15 ]; then
     # What scripts/build_postgres.sh needs to build PostgreSQL from source.
-    APT_PACKAGES+=(bison flex libreadline-dev zlib1g-dev)
+    APT_PACKAGES+=(bison flex libreadline-dev zlib1g-dev libicu-dev)
 fi
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
