@@ -10,7 +10,6 @@ use pgrx::PgSqlErrorCode::*;
 use std::collections::HashMap;
 
 /// The most ranges a checksum splits a table into.
-const MAX_RANGES: i32 = 1_000_000;
 
 /// Sampled keys per range, to place the bounds (ANALYZE's histograms are too coarse for
 /// thousands of ranges), and at least this many in all.
@@ -59,7 +58,7 @@ impl Level {
 pub fn key_columns(relid: pg_sys::Oid, table: &str) -> Vec<(String, String)> {
     let columns = Spi::connect(|client| {
         let rows = client.select(
-            "SELECT a.attname::text, pg_catalog.format_type(a.atttypid, a.atttypmod)
+            "SELECT a.attname::text, a.atttypid::text || ':' || a.atttypmod::text
                FROM pg_catalog.pg_index i
               CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
                JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
@@ -76,7 +75,9 @@ pub fn key_columns(relid: pg_sys::Oid, table: &str) -> Vec<(String, String)> {
         rows.map(|row| {
             Ok((
                 row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(),
-                row.get::<Text>(2)?.map(|t| t.0).unwrap_or_default(),
+                // Qualified as the worker's key is: verification runs under search_path
+                // pg_catalog, pg_temp, where an enum's or a domain's bare name is unknown.
+                crate::table::qualified_type(&row.get::<Text>(2)?.map(|t| t.0).unwrap_or_default()),
             ))
         })
         .collect::<Result<Vec<_>, pgrx::spi::Error>>()
@@ -118,25 +119,42 @@ fn checksum(
     let name = crate::table::relation_name(relid);
     require_readable(relid, &name);
     let key = key_columns(relid, &name);
+    let most_ranges = crate::settings::CHECKSUM_MAX_RANGES.get();
     let bounds = match bounds {
-        Some(bounds) => checked_keys(
-            bounds.0,
-            &key,
-            "bounds",
-            (
-                MAX_RANGES as usize - 1,
-                "A checksum splits a table into at most 1000000 ranges: at most 999999 bounds.",
-                "Pass fewer bounds, or let it place them: ranges => 1024.",
-            ),
-        ),
+        Some(bounds) => {
+            let bounds = checked_keys(
+                bounds.0,
+                &key,
+                "bounds",
+                (
+                    most_ranges as usize - 1,
+                    &format!(
+                        "A checksum splits a table into at most backfill.checksum_max_ranges ({most_ranges}) ranges: \
+                         at most {} bounds.",
+                        most_ranges - 1
+                    ),
+                    "Pass fewer bounds, or ask a superuser to raise backfill.checksum_max_ranges.",
+                ),
+            );
+            require_ascending(relid, &key, &bounds);
+            bounds
+        }
         None => {
             let ranges = crate::args::required(ranges, "backfill_checksum", "ranges");
-            if !(1..=MAX_RANGES).contains(&ranges) {
+            if ranges < 1 {
                 raise(
                     ERRCODE_INVALID_PARAMETER_VALUE,
                     format!("ranges {ranges} is out of range"),
-                    format!("A checksum splits a table into 1 to {MAX_RANGES} ranges."),
+                    "A checksum splits a table into at least 1 range.",
                     Some("ranges => 1024".into()),
+                );
+            }
+            if ranges > most_ranges {
+                raise(
+                    ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                    format!("ranges {ranges} is more than backfill.checksum_max_ranges ({most_ranges})"),
+                    "Each range of a checksum costs the memory of the backend that computes it.",
+                    Some("Ask for fewer ranges, or ask a superuser to raise backfill.checksum_max_ranges.".into()),
                 );
             }
             sampled_bounds(relid, &key, ranges)
@@ -172,13 +190,18 @@ pub fn in_utf8<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> R {
     if client_encoding == utf8 {
         return f();
     }
-    // SAFETY: sets this backend's client encoding to UTF-8, a conversion every server encoding
-    // has; nothing is sent to the client until it is restored below. (Not a transactional
-    // setting, hence the explicit restore.)
-    unsafe { pg_sys::SetClientEncoding(utf8) };
+    // SAFETY: looks up (once a backend) the conversion from the database's encoding to UTF-8,
+    // which every server encoding has: without it SetClientEncoding() refuses UTF-8 in a
+    // database of another encoding (LATIN1), and the text would stay in the client's.
+    // Then sets this backend's client encoding to UTF-8; nothing is sent to the client until
+    // it is restored below. (Not a transactional setting, hence the explicit restore.)
+    let switched = unsafe { pg_sys::PrepareClientEncoding(utf8) == 0 && pg_sys::SetClientEncoding(utf8) == 0 };
+    if !switched {
+        error!("could not convert the database's encoding to UTF-8 for the row hashes");
+    }
     PgTryBuilder::new(f)
         .finally(|| {
-            // SAFETY: as above, back to what it was.
+            // SAFETY: as above, back to what it was (prepared when the session chose it).
             unsafe { pg_sys::SetClientEncoding(client_encoding) };
         })
         .execute()
@@ -191,6 +214,29 @@ pub fn key_expression(key: &[(String, String)], column: impl Fn(&str, &str) -> S
         parts[0].clone()
     } else {
         format!("ROW({})", parts.join(", "))
+    }
+}
+
+/// A key column's value in a key object (`json`, a jsonb expression), as the column's type:
+/// `(json ->> 'col')::type`, or for a composite or array key, whose JSON is an object or an
+/// array, read as jsonb_to_record() reads a column of that type from it.
+pub fn key_from_json(json: &str, column: &str, type_name: &str) -> String {
+    let structured = crate::sql::select_one::<bool>(
+        "SELECT b.typtype OPERATOR(pg_catalog.=) 'c' OR b.typcategory OPERATOR(pg_catalog.=) 'A'
+           FROM pg_catalog.pg_type t
+           JOIN pg_catalog.pg_type b ON b.oid OPERATOR(pg_catalog.=) CASE WHEN t.typbasetype OPERATOR(pg_catalog.<>) 0
+                                                                      THEN t.typbasetype ELSE t.oid END
+          WHERE t.oid OPERATOR(pg_catalog.=) pg_catalog.to_regtype($1)",
+        &[Text(type_name.to_string()).into()],
+    )
+    .or_internal("read the key's type");
+    let field = spi::quote_literal(column);
+    if structured == Some(true) {
+        format!(
+            "(SELECT r.v FROM pg_catalog.jsonb_to_record(pg_catalog.jsonb_build_object('v', {json} OPERATOR(pg_catalog.->) {field})) AS r(v {type_name}))"
+        )
+    } else {
+        format!("({json} OPERATOR(pg_catalog.->>) {field})::{type_name}")
     }
 }
 
@@ -240,6 +286,58 @@ pub fn checked_keys(
         }
     }
     keys
+}
+
+/// Bounds given by the caller are strictly ascending in the key's order (as the key's index
+/// orders it: each column with its collation), and each is a value of the key's types (cast
+/// now, even when the table is empty): else ranges would overlap or miss rows.
+fn require_ascending(relid: pg_sys::Oid, key: &[(String, String)], bounds: &[serde_json::Value]) {
+    let collations: Vec<Option<String>> = key
+        .iter()
+        .map(|(column, _)| {
+            crate::sql::select_one::<Text>(
+                "SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||)
+                        pg_catalog.quote_ident(c.collname)
+                   FROM pg_catalog.pg_attribute a
+                   JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation
+                   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.collnamespace
+                  WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attname OPERATOR(pg_catalog.=) $2",
+                &[relid.into(), Text(column.clone()).into()],
+            )
+            .or_internal("read the key's collations")
+            .map(|t| t.0)
+        })
+        .collect();
+    let each = key_expression(key, |column, type_name| {
+        let collation = key.iter().position(|(c, _)| c == column).and_then(|i| collations[i].clone());
+        let cast = key_from_json("e.b", column, type_name);
+        match collation {
+            Some(collation) => format!("{cast} COLLATE {collation}"),
+            None => cast,
+        }
+    });
+    let sql = format!(
+        "SELECT p.o::pg_catalog.int4 FROM (
+             SELECT e.o, {each} AS k, pg_catalog.lag({each}) OVER (ORDER BY e.o) AS previous
+               FROM pg_catalog.jsonb_array_elements($1) WITH ORDINALITY AS e(b, o)) p
+          WHERE NOT (p.previous OPERATOR(pg_catalog.<) p.k) ORDER BY p.o LIMIT 1"
+    );
+    let first_out_of_order =
+        crate::sql::select_one::<i32>(&sql, &[JsonB(serde_json::Value::Array(bounds.to_vec())).into()])
+            .or_internal("check the bounds' order");
+    if let Some(position) = first_out_of_order {
+        let at = position as usize - 1;
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("bounds are not in ascending key order at element {position}"),
+            format!(
+                "Bound {} is not above the bound before it, {}: ranges lie between ascending bounds, each key in one.",
+                bounds[at],
+                bounds[at - 1]
+            ),
+            Some("List the bounds in ascending key order, each once.".into()),
+        );
+    }
 }
 
 /// About `ranges` - 1 bounds at equal steps of a sample of the keys of table `relid`,
@@ -316,9 +414,7 @@ pub fn summarize(
              SELECT e.o::pg_catalog.int4 AS o, {} FROM pg_catalog.jsonb_array_elements($1) WITH ORDINALITY AS e(b, o))",
         key.iter()
             .enumerate()
-            .map(|(i, (column, type_name))| {
-                format!("(e.b OPERATOR(pg_catalog.->>) {})::{type_name} AS k{i}", spi::quote_literal(column))
-            })
+            .map(|(i, (column, type_name))| { format!("{} AS k{i}", key_from_json("e.b", column, type_name)) })
             .collect::<Vec<_>>()
             .join(", ")
     );
