@@ -516,7 +516,7 @@ def test_inheritance_children_hide_no_difference_on_either_side(cluster, db, scr
         # copy would look whole.
         conn.execute("INSERT INTO dst_child SELECT * FROM dst WHERE id IN (5, 999)")
         conn.execute("DELETE FROM ONLY dst WHERE id = 5")
-        conn.execute("UPDATE ONLY dst SET t = 'stale' WHERE id = 999")
+        conn.execute("UPDATE ONLY dst SET i = i + 1 WHERE id = 999")
     db.execute(f"CREATE TABLE src ({COLUMNS})")
     db.execute(f"INSERT INTO src {FILL.replace('ROWS', '1000')}")
     db.execute("CREATE TABLE src_child () INHERITS (src)")

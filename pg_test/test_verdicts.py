@@ -58,3 +58,109 @@ def test_every_key_type_is_checksummed_compared_and_repaired(zoo, kind):
     backfill_id = db.execute("SELECT backfill_repair('public.src', 'public.dst', confirm => true)").fetchone()[0]
     assert wait_until_ended(db, backfill_id) == "done"
     assert db.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == 2
+
+
+def hash_of(db, row_sql):
+    return db.execute(f"SELECT backfill.row_hash({row_sql})").fetchone()[0]
+
+
+def test_the_row_hash_follows_sql_equality_of_floats_everywhere(db):
+    """'Infinity' - 'Infinity' is a NaN of other bits than the literal 'NaN', and -0 has other
+    bits than 0; SQL finds each pair equal, and so does the hash: in columns, domains, arrays
+    and composites. Values SQL finds different still hash differently."""
+    db.execute("CREATE TYPE reading AS (at int, value float8, low real)")
+    db.execute("CREATE DOMAIN measure AS float8")
+    computed_nan = "('Infinity'::float8 - 'Infinity'::float8)"
+    assert db.execute(f"SELECT {computed_nan} = 'NaN'::float8, '-0'::float8 = 0::float8").fetchone() == (True, True)
+    equal = [
+        (f"ROW({computed_nan})", "ROW('NaN'::float8)"),
+        ("ROW(('Infinity'::real - 'Infinity'::real))", "ROW('NaN'::real)"),
+        ("ROW('-0'::float8, '-0'::real)", "ROW(0::float8, 0::real)"),
+        (f"ROW({computed_nan}::measure)", "ROW('NaN'::measure)"),
+        (f"ROW(ARRAY[1, {computed_nan}, '-0'])", "ROW(ARRAY[1, 'NaN', 0]::float8[])"),
+        (f"ROW(ROW(1, {computed_nan}, '-0')::reading)", "ROW(ROW(1, 'NaN', 0)::reading)"),
+        (f"ROW(ARRAY[ROW(1, {computed_nan}, 1)::reading])", "ROW(ARRAY[ROW(1, 'NaN', 1)::reading])"),
+    ]
+    for computed, literal in equal:
+        assert hash_of(db, computed) == hash_of(db, literal), computed
+    different = [
+        ("ROW('NaN'::float8)", "ROW(0::float8)"),
+        ("ROW(1.5::float8)", "ROW(2.5::float8)"),
+        ("ROW(ARRAY[1, 2]::float8[])", "ROW(ARRAY[2, 1]::float8[])"),
+        ("ROW(ARRAY[1, 2]::float8[])", "ROW(ARRAY[[1, 2]]::float8[])"),
+        ("ROW(ARRAY[1, NULL]::float8[])", "ROW(ARRAY[1]::float8[])"),
+        ("ROW(ROW(1, 1, 1)::reading)", "ROW(ROW(1, 1, NULL)::reading)"),
+    ]
+    for one, other in different:
+        assert hash_of(db, one) != hash_of(db, other), (one, other)
+    # A copy whose NaNs were computed, compared with a source of literals: equal, and after a
+    # repair is applied (re-delivering "NaN"), still equal, not "different" for ever.
+    db.execute("CREATE TABLE src (id int PRIMARY KEY, f float8, r reading, a float8[])")
+    db.execute("INSERT INTO src SELECT g, 'NaN', ROW(g, 'NaN', 0)::reading, ARRAY['NaN'::float8, 0] FROM generate_series(1, 100) g")
+    db.execute("CREATE TABLE dst (LIKE src INCLUDING ALL)")
+    db.execute(f"INSERT INTO dst SELECT g, {computed_nan}, ROW(g, {computed_nan}, '-0')::reading, ARRAY[{computed_nan}, '-0'] "
+               "FROM generate_series(1, 100) g")
+    assert db.execute("SELECT count(*) FROM backfill_compare('src', 'dst')").fetchone()[0] == 0
+    db.execute("UPDATE dst SET f = 1 WHERE id = 50")
+    assert db.execute("SELECT key->>'id', status FROM backfill_compare('src', 'dst')").fetchall() == [("50", "different")]
+
+
+def test_the_row_hash_is_the_same_in_every_encoding_and_client_encoding(cluster, scratch_database):
+    """Text reaches the hash in UTF-8 whatever the database's and the client's encodings: json,
+    name, enums, arrays and composites of text too (their send functions write the client's
+    encoding). A LATIN1 database and a UTF-8 one hash the same rows alike."""
+    hashes = set()
+    for encoding in ("LATIN1", "UTF8"):
+        name = scratch_database(f"hash_{encoding.lower()}", f"ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+        with cluster.connect(name) as conn:
+            conn.execute("SET client_encoding = 'UTF8'")
+            conn.execute("CREATE EXTENSION pg_backfill")
+            conn.execute("CREATE TYPE note AS (who name, said text)")
+            conn.execute("CREATE TYPE mood AS ENUM ('ravi', 'déçu')")
+            conn.execute("""CREATE TABLE t (id int PRIMARY KEY, j json, n name, words text[], note note, m mood,
+                                            doc jsonb, v varchar)""")
+            conn.execute("""INSERT INTO t VALUES (1, '{"café": "crème"}', 'hélène', ARRAY['déjà', 'vu'],
+                                                  ROW('zoé', 'très bien'), 'déçu', '{"é": "à"}', 'ça')""")
+            for client_encoding in ("LATIN1", "UTF8"):
+                conn.execute(f"SET client_encoding = '{client_encoding}'")
+                hashes.add(conn.execute("SELECT backfill.row_hash(t) FROM t").fetchone()[0])
+                conn.execute("SET client_encoding = 'UTF8'")
+    assert len(hashes) == 1, hashes
+
+
+def test_the_row_hash_is_stable_not_immutable(db):
+    """It reads an enum's label, which ALTER TYPE ... RENAME VALUE changes: an index on it would
+    go stale, so PostgreSQL must not take it for immutable."""
+    assert db.execute("SELECT provolatile FROM pg_proc WHERE oid = 'backfill.row_hash(anyelement)'::regprocedure").fetchone()[0] == "s"
+    db.execute("CREATE TYPE mood AS ENUM ('calm')")
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, m mood)")
+    e = error_of(db, "CREATE INDEX ON t (backfill.row_hash(t))")
+    assert e.sqlstate == "42P17", e  # functions in index expression must be marked IMMUTABLE
+
+
+def test_bounds_must_ascend_and_be_keys_even_on_an_empty_table(db):
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    db.execute("CREATE TABLE e (id int PRIMARY KEY)")
+    db.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 100) g")
+    for table in ("t", "e"):
+        for bounds in ('[{"id": 50}, {"id": 10}]', '[{"id": 10}, {"id": 10}]'):
+            e = error_of(db, "SELECT * FROM backfill_checksum(%s, bounds => %s::jsonb)", [table, bounds])
+            assert e.sqlstate == "22023" and "ascending" in e.diag.message_primary, (table, bounds, e)
+        e = error_of(db, "SELECT * FROM backfill_checksum(%s, bounds => %s::jsonb)", [table, '[{"id": "x"}]'])
+        assert e.sqlstate == "22P02", (table, e)
+    db.execute("CREATE TABLE c (region text COLLATE \"C\", n int, PRIMARY KEY (region, n))")
+    ascending = '[{"region": "B", "n": 1}, {"region": "a", "n": 0}, {"region": "a", "n": 5}]'  # 'B' < 'a' in C
+    assert len(db.execute("SELECT * FROM backfill_checksum('c', bounds => %s::jsonb)", [ascending]).fetchall()) == 4
+    e = error_of(db, "SELECT * FROM backfill_checksum('c', bounds => %s::jsonb)",
+                 ['[{"region": "a", "n": 5}, {"region": "a", "n": 0}]'])
+    assert e.sqlstate == "22023" and "element 2" in e.diag.message_primary
+
+
+def test_keys_are_given_once(db):
+    """A second list of keys for the backfill started in the same statement is refused with
+    55000 (it was a raw unique violation, 23505)."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    db.execute("INSERT INTO t SELECT generate_series(1, 10)")
+    e = error_of(db, """SELECT backfill.set_keys(backfill_start('t', confirm => true, keys => '[{"id": 1}]'),
+                                                 '[{"id": 2}]')""")
+    assert e.sqlstate == "55000" and "already has its keys" in e.diag.message_primary, e
