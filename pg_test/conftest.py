@@ -236,7 +236,8 @@ def roles(cluster, db):
     r.drop()
 
 
-PG_RECVLOGICAL = "/usr/lib/postgresql/15/bin/pg_recvlogical"
+PG_BIN = os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin")
+PG_RECVLOGICAL = f"{PG_BIN}/pg_recvlogical"
 
 
 class Consumer:

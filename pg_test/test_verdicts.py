@@ -164,3 +164,47 @@ def test_keys_are_given_once(db):
     e = error_of(db, """SELECT backfill.set_keys(backfill_start('t', confirm => true, keys => '[{"id": 1}]'),
                                                  '[{"id": 2}]')""")
     assert e.sqlstate == "55000" and "already has its keys" in e.diag.message_primary, e
+
+
+def private_peak_mb(pid):
+    """A backend's peak resident memory less the shared memory it touched (shared buffers)."""
+    fields = {line.split(":")[0]: line.split()[1] for line in open(f"/proc/{pid}/status") if line.split()[1:]}
+    return (int(fields["VmHWM"]) - int(fields["RssShmem"])) / 1024
+
+
+def test_verification_memory_is_capped_by_settings_only_a_superuser_raises(cluster, db, roles):
+    """A comparison keeps at most backfill.compare_max_keys differing keys (about 1 kB each) and a
+    checksum splits into at most backfill.checksum_max_ranges ranges (about 2.5 kB each); a role
+    that may only read cannot raise either. Measured here: 99,000 missing keys, and 10,000
+    ranges, each within its documented bound (README, "Verification memory")."""
+    db.execute("CREATE TABLE src (id bigint PRIMARY KEY, v text)")
+    db.execute("INSERT INTO src SELECT g, md5(g::text) FROM generate_series(1, 150000) g")
+    db.execute("ANALYZE src")
+    db.execute("CREATE TABLE dst (LIKE src INCLUDING ALL)")
+    db.execute("INSERT INTO dst SELECT * FROM src WHERE id > 99000")
+    reader = roles.create("reader", "operator")
+    db.execute(f"GRANT SELECT ON src, dst TO {reader}")
+    # Set before the library is loaded, the value is a placeholder that the library, once
+    # loaded, drops (with a warning); set after, it is refused.
+    early = roles.connect(reader)
+    early.execute("SET backfill.compare_max_keys = 1000000")
+    early.execute("SELECT count(*) FROM backfill_checksum('src', 1)")
+    assert early.execute("SHOW backfill.compare_max_keys").fetchone()[0] == "100000"
+    conn = roles.connect(reader)
+    conn.execute("SELECT count(*) FROM backfill_checksum('src', 1)")
+    for setting, value in (("compare_max_keys", 1000000), ("checksum_max_ranges", 1000000)):
+        e = error_of(conn, f"SET backfill.{setting} = {value}")
+        assert e.sqlstate == "42501", (setting, e)
+    e = error_of(conn, "SELECT * FROM backfill_checksum('src', 10001)")
+    assert e.sqlstate == "54000" and "checksum_max_ranges" in e.diag.message_primary, e
+    bounds = "[" + ", ".join(f'{{"id": {i}}}' for i in range(1, 10001)) + "]"
+    e = error_of(conn, "SELECT * FROM backfill_checksum('src', bounds => %s::jsonb)", [bounds])
+    assert e.sqlstate == "54000" and "checksum_max_ranges" in e.diag.message_detail, e
+    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    assert conn.execute("SELECT count(*) FROM backfill_checksum('src', 10000)").fetchone()[0] == 10000
+    assert private_peak_mb(pid) < 64, private_peak_mb(pid)
+    assert conn.execute("SELECT count(*) FROM backfill_compare('src', 'dst')").fetchone()[0] == 99000
+    assert private_peak_mb(pid) < 192, private_peak_mb(pid)
+    db.execute("INSERT INTO src SELECT g, 'more' FROM generate_series(150001, 152000) g")
+    e = error_of(conn, "SELECT count(*) FROM backfill_compare('src', 'dst')")
+    assert e.sqlstate == "54000" and "compare_max_keys" in e.diag.message_detail, e
