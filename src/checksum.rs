@@ -2,14 +2,14 @@
 //! that a destination can be checked against its source range by range. The row hash and the
 //! scan that sums it are in row_hash.rs.
 
+use crate::encoding::in_utf8;
 use crate::encoding::{quote_ident, Text};
 use crate::errors::{raise, OrInternal};
+use crate::key_json::{checked_keys, json_object_of, key_expression, key_from_json, require_ascending};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use pgrx::PgSqlErrorCode::*;
 use std::collections::HashMap;
-
-/// The most ranges a checksum splits a table into.
 
 /// Sampled keys per range, to place the bounds (ANALYZE's histograms are too coarse for
 /// thousands of ranges), and at least this many in all.
@@ -177,165 +177,6 @@ pub fn require_readable(relid: pg_sys::Oid, name: &str) {
             format!("permission denied for table {name}"),
             "A checksum reads every row of the table, as the role that calls it.",
             Some(format!("GRANT SELECT ON {name} TO ...;")),
-        );
-    }
-}
-
-/// Runs `f` with the client encoding UTF-8, restored however `f` ends: send functions write
-/// text in the client's encoding, and the hashes take it in UTF-8, whatever the session's.
-pub fn in_utf8<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> R {
-    // SAFETY: reads this backend's client encoding.
-    let client_encoding = unsafe { pg_sys::pg_get_client_encoding() };
-    let utf8 = pg_sys::pg_enc::PG_UTF8 as i32;
-    if client_encoding == utf8 {
-        return f();
-    }
-    // SAFETY: looks up (once a backend) the conversion from the database's encoding to UTF-8,
-    // which every server encoding has: without it SetClientEncoding() refuses UTF-8 in a
-    // database of another encoding (LATIN1), and the text would stay in the client's.
-    // Then sets this backend's client encoding to UTF-8; nothing is sent to the client until
-    // it is restored below. (Not a transactional setting, hence the explicit restore.)
-    let switched = unsafe { pg_sys::PrepareClientEncoding(utf8) == 0 && pg_sys::SetClientEncoding(utf8) == 0 };
-    if !switched {
-        error!("could not convert the database's encoding to UTF-8 for the row hashes");
-    }
-    PgTryBuilder::new(f)
-        .finally(|| {
-            // SAFETY: as above, back to what it was (prepared when the session chose it).
-            unsafe { pg_sys::SetClientEncoding(client_encoding) };
-        })
-        .execute()
-}
-
-/// Each key column of a bound, as JSON: `t.col` or `b->>'col'` cast to its type.
-pub fn key_expression(key: &[(String, String)], column: impl Fn(&str, &str) -> String) -> String {
-    let parts: Vec<String> = key.iter().map(|(name, type_name)| column(name, type_name)).collect();
-    if parts.len() == 1 {
-        parts[0].clone()
-    } else {
-        format!("ROW({})", parts.join(", "))
-    }
-}
-
-/// A key column's value in a key object (`json`, a jsonb expression), as the column's type:
-/// `(json ->> 'col')::type`, or for a composite or array key, whose JSON is an object or an
-/// array, read as jsonb_to_record() reads a column of that type from it.
-pub fn key_from_json(json: &str, column: &str, type_name: &str) -> String {
-    let structured = crate::sql::select_one::<bool>(
-        "SELECT b.typtype OPERATOR(pg_catalog.=) 'c' OR b.typcategory OPERATOR(pg_catalog.=) 'A'
-           FROM pg_catalog.pg_type t
-           JOIN pg_catalog.pg_type b ON b.oid OPERATOR(pg_catalog.=) CASE WHEN t.typbasetype OPERATOR(pg_catalog.<>) 0
-                                                                      THEN t.typbasetype ELSE t.oid END
-          WHERE t.oid OPERATOR(pg_catalog.=) pg_catalog.to_regtype($1)",
-        &[Text(type_name.to_string()).into()],
-    )
-    .or_internal("read the key's type");
-    let field = spi::quote_literal(column);
-    if structured == Some(true) {
-        format!(
-            "(SELECT r.v FROM pg_catalog.jsonb_to_record(pg_catalog.jsonb_build_object('v', {json} OPERATOR(pg_catalog.->) {field})) AS r(v {type_name}))"
-        )
-    } else {
-        format!("({json} OPERATOR(pg_catalog.->>) {field})::{type_name}")
-    }
-}
-
-pub fn json_object_of(key: &[(String, String)], prefix: &str) -> String {
-    let fields: Vec<String> =
-        key.iter().map(|(name, _)| format!("{}, {prefix}{}", spi::quote_literal(name), quote_ident(name))).collect();
-    format!("pg_catalog.jsonb_build_object({})", fields.join(", "))
-}
-
-/// Keys given by the caller (`argument`: bounds, keys): an array of objects with a non-null
-/// value for every key column.
-pub fn checked_keys(
-    keys: serde_json::Value,
-    key: &[(String, String)],
-    argument: &str,
-    (most, why_so_few, instead): (usize, &str, &str),
-) -> Vec<serde_json::Value> {
-    let serde_json::Value::Array(keys) = keys else {
-        raise(
-            ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("{argument} must be a JSON array"),
-            format!("{argument} lists keys, as key objects."),
-            Some(format!(r#"{argument} => '[{{"id": 1000}}, {{"id": 2000}}]'"#)),
-        );
-    };
-    if keys.len() > most {
-        raise(
-            ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-            format!("{argument} lists {} keys, more than {most}", keys.len()),
-            why_so_few,
-            Some(instead.into()),
-        );
-    }
-    for value in &keys {
-        let complete =
-            value.as_object().is_some_and(|o| key.iter().all(|(name, _)| o.get(name).is_some_and(|v| !v.is_null())));
-        if !complete {
-            raise(
-                ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("{argument} element {value} does not name every key column"),
-                format!(
-                    "Each element is an object with a non-null value for every key column: {}.",
-                    key.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
-                ),
-                None,
-            );
-        }
-    }
-    keys
-}
-
-/// Bounds given by the caller are strictly ascending in the key's order (as the key's index
-/// orders it: each column with its collation), and each is a value of the key's types (cast
-/// now, even when the table is empty): else ranges would overlap or miss rows.
-fn require_ascending(relid: pg_sys::Oid, key: &[(String, String)], bounds: &[serde_json::Value]) {
-    let collations: Vec<Option<String>> = key
-        .iter()
-        .map(|(column, _)| {
-            crate::sql::select_one::<Text>(
-                "SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||)
-                        pg_catalog.quote_ident(c.collname)
-                   FROM pg_catalog.pg_attribute a
-                   JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation
-                   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.collnamespace
-                  WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attname OPERATOR(pg_catalog.=) $2",
-                &[relid.into(), Text(column.clone()).into()],
-            )
-            .or_internal("read the key's collations")
-            .map(|t| t.0)
-        })
-        .collect();
-    let each = key_expression(key, |column, type_name| {
-        let collation = key.iter().position(|(c, _)| c == column).and_then(|i| collations[i].clone());
-        let cast = key_from_json("e.b", column, type_name);
-        match collation {
-            Some(collation) => format!("{cast} COLLATE {collation}"),
-            None => cast,
-        }
-    });
-    let sql = format!(
-        "SELECT p.o::pg_catalog.int4 FROM (
-             SELECT e.o, {each} AS k, pg_catalog.lag({each}) OVER (ORDER BY e.o) AS previous
-               FROM pg_catalog.jsonb_array_elements($1) WITH ORDINALITY AS e(b, o)) p
-          WHERE NOT (p.previous OPERATOR(pg_catalog.<) p.k) ORDER BY p.o LIMIT 1"
-    );
-    let first_out_of_order =
-        crate::sql::select_one::<i32>(&sql, &[JsonB(serde_json::Value::Array(bounds.to_vec())).into()])
-            .or_internal("check the bounds' order");
-    if let Some(position) = first_out_of_order {
-        let at = position as usize - 1;
-        raise(
-            ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("bounds are not in ascending key order at element {position}"),
-            format!(
-                "Bound {} is not above the bound before it, {}: ranges lie between ascending bounds, each key in one.",
-                bounds[at],
-                bounds[at - 1]
-            ),
-            Some("List the bounds in ascending key order, each once.".into()),
         );
     }
 }

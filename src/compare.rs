@@ -180,7 +180,7 @@ fn differences(
     // With the worker's settings: keys print alike on both sides, and the SQL the comparison
     // writes resolves nothing on the caller's search_path.
     let keys = crate::privilege::with_portable_settings(|| {
-        checksum::in_utf8(|| compare_sides(&source_side, &target_side, &key, level, passes, slot.as_deref()))
+        crate::encoding::in_utf8(|| compare_sides(&source_side, &target_side, &key, level, passes, slot.as_deref()))
     });
     // (After an error the connection stays open until the session ends or the next comparison.)
     disconnect(&target_side);

@@ -84,7 +84,7 @@ pub fn record_keys(id: i64, keys: serde_json::Value) {
     let key: Vec<(String, String)> = table.key.iter().map(|k| (k.name.clone(), k.type_name.clone())).collect();
     // (The keys are cast, sorted and stored when the backfill starts, in this backend's memory.)
     let most = crate::settings::COMPARE_MAX_KEYS.get() as usize;
-    let keys = crate::checksum::checked_keys(
+    let keys = crate::key_json::checked_keys(
         keys,
         &key,
         "keys",
@@ -117,7 +117,7 @@ fn sorted_keys(table: &Table, keys: Vec<serde_json::Value>) -> Vec<GivenKey> {
         .key
         .iter()
         .enumerate()
-        .map(|(i, k)| format!("{} AS c{i}", crate::checksum::key_from_json("e.v", &k.name, &k.type_name)))
+        .map(|(i, k)| format!("{} AS c{i}", crate::key_json::key_from_json("e.v", &k.name, &k.type_name)))
         .collect();
     let order: Vec<String> = table
         .key

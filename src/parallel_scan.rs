@@ -9,7 +9,7 @@
 //! row_hash::scan), which still serve every case this one does not take (see
 //! [`planned_workers`]).
 
-use crate::row_hash::RowHasher;
+use crate::row_encoding::RowHasher;
 use pgrx::pg_sys;
 use std::ffi::c_int;
 

@@ -6,6 +6,7 @@
 use crate::checksum::{self, Level};
 use crate::encoding::{quote_qualified, Text};
 use crate::errors::{raise, OrInternal};
+use crate::key_json;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -91,7 +92,7 @@ impl Side {
         let version = if versioned { "backfill_row.xmin::pg_catalog.text" } else { "NULL" };
         let sql = format!(
             "SELECT {}::pg_catalog.text, {hash}, {version} FROM {} backfill_row WHERE {condition}",
-            checksum::json_object_of(key, "backfill_row."),
+            key_json::json_object_of(key, "backfill_row."),
             self.scanned_table()
         );
         self.query(&sql, 3)
@@ -378,9 +379,9 @@ fn ascii_json(json: &str) -> String {
 pub fn against(key: &[(String, String)], op: &str, bound: &serde_json::Value) -> String {
     let literal = spi::quote_literal(ascii_json(&bound.to_string()));
     let row =
-        checksum::key_expression(key, |column, _| format!("backfill_row.{}", crate::encoding::quote_ident(column)));
-    let bound = checksum::key_expression(key, |column, type_name| {
-        checksum::key_from_json(&format!("{literal}::pg_catalog.jsonb"), column, type_name)
+        key_json::key_expression(key, |column, _| format!("backfill_row.{}", crate::encoding::quote_ident(column)));
+    let bound = key_json::key_expression(key, |column, type_name| {
+        key_json::key_from_json(&format!("{literal}::pg_catalog.jsonb"), column, type_name)
     });
     format!("{row} OPERATOR(pg_catalog.{op}) {bound}")
 }
@@ -390,11 +391,11 @@ fn of_keys(key: &[(String, String)], keys: &[&String]) -> String {
     let literal =
         spi::quote_literal(ascii_json(&format!("[{}]", keys.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(","))));
     let row =
-        checksum::key_expression(key, |column, _| format!("backfill_row.{}", crate::encoding::quote_ident(column)));
+        key_json::key_expression(key, |column, _| format!("backfill_row.{}", crate::encoding::quote_ident(column)));
     // (A subquery's columns, one per key column: `ROW(a, b) IN (SELECT ROW(...))` compares a
     // row with one column.)
     let each: Vec<String> =
-        key.iter().map(|(column, type_name)| checksum::key_from_json("e.v", column, type_name)).collect();
+        key.iter().map(|(column, type_name)| key_json::key_from_json("e.v", column, type_name)).collect();
     format!(
         "{row} IN (SELECT {} FROM pg_catalog.jsonb_array_elements({literal}::pg_catalog.jsonb) AS e(v))",
         each.join(", ")
