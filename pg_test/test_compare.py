@@ -502,3 +502,49 @@ def test_keys_mean_the_same_whatever_the_callers_date_style(db):
         "SELECT data FROM pg_logical_slot_get_changes('s', NULL, NULL, 'format-version', '2')")
         for c in [json.loads(d)] if c.get("action") == "M"]
     assert [(m["op"], m.get("key")) for m in messages if m["op"] in ("read", "absent")] == [("absent", {"d": "2024-02-01"})]
+
+
+def test_inheritance_children_hide_no_difference_on_either_side(cluster, db, scratch_database):
+    """Every query of a side reads the rows its checksums count, local or remote: the table
+    without its inheritance children (a child has keys of its own, and is compared on its own)."""
+    remote = scratch_database("compare_children")
+    with cluster.connect(remote) as conn:
+        conn.execute("CREATE EXTENSION pg_backfill")
+        make_pair(conn, 1000, source="dst", target="unused")
+        conn.execute("CREATE TABLE dst_child () INHERITS (dst)")
+        # The child holds the keys the parent lacks or holds stale: read with its children, the
+        # copy would look whole.
+        conn.execute("INSERT INTO dst_child SELECT * FROM dst WHERE id IN (5, 999)")
+        conn.execute("DELETE FROM ONLY dst WHERE id = 5")
+        conn.execute("UPDATE ONLY dst SET i = i + 1 WHERE id = 999")
+    db.execute(f"CREATE TABLE src ({COLUMNS})")
+    db.execute(f"INSERT INTO src {FILL.replace('ROWS', '1000')}")
+    db.execute("CREATE TABLE src_child () INHERITS (src)")
+    db.execute("INSERT INTO src_child SELECT * FROM src WHERE id BETWEEN 100 AND 110")
+    db.execute("CREATE EXTENSION postgres_fdw")
+    db.execute("CREATE EXTENSION dblink")
+    db.execute(f"CREATE SERVER copy FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '127.0.0.1', port '{cluster.port}', dbname '{remote}')")
+    db.execute("CREATE USER MAPPING FOR CURRENT_USER SERVER copy")
+    db.execute("CREATE SCHEMA far")
+    db.execute("IMPORT FOREIGN SCHEMA public LIMIT TO (dst) FROM SERVER copy INTO far")
+    for level in ("hash", "aggregate"):
+        assert compared(db, target="far.dst", level=level) == {5: "missing", 999: "different"}, level
+    assert compared(db, target="far.dst", level="count") == {5: "missing"}
+
+
+def test_a_repair_checks_the_slots_right_before_comparing(db, roles):
+    """backfill_repair() binds its backfill to the slot of the table's last backfill: a role
+    without REPLICATION is refused at once, not after a comparison that waits for that slot."""
+    make_pair(db, 500)
+    db.execute("DELETE FROM dst WHERE id = 7")
+    db.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    first = db.execute("SELECT backfill_start('src', confirm => true, slot => 's')").fetchone()[0]
+    db.execute("SELECT backfill_cancel(%s)", [first])
+    db.execute("UPDATE src SET i = i + 1 WHERE id = 1")  # WAL past the slot's confirmed position
+    operator = roles.create("operator", "operator")
+    db.execute(f"GRANT SELECT, UPDATE ON src TO {operator}")
+    db.execute(f"GRANT SELECT ON dst TO {operator}")
+    started = time.monotonic()
+    error = error_of(roles.connect(operator), "SELECT backfill_repair('src', 'dst', confirm => true)")
+    assert error.sqlstate == "42501" and '"s"' in error.diag.message_primary, error
+    assert time.monotonic() - started < 10, "the right was checked only after the comparison waited for the slot"

@@ -1,10 +1,13 @@
 """Operations: pipelines (slot and publication), pausing with the consumer, back-pressure,
 pacing, retries, failures, waiting for delivery, and surviving server restarts."""
 
+import shutil
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
-from conftest import (PG_MAJOR, Cluster, Consumer, assert_each_row_read_once, backfill_messages, error_of, status, wait_for,
+from conftest import (PG_BIN, PG_MAJOR, ROOT, Cluster, Consumer, assert_each_row_read_once, backfill_messages, error_of, status, wait_for,
                       wait_until_ended, wal2json_changes, worker_pid)
 
 @pytest.fixture
@@ -306,3 +309,35 @@ def test_a_native_subscriber_of_a_for_all_tables_publication_keeps_applying(clus
             s.execute("ALTER SUBSCRIPTION sub_all DISABLE")
             s.execute("ALTER SUBSCRIPTION sub_all SET (slot_name = NONE)")
             s.execute("DROP SUBSCRIPTION sub_all")
+
+
+def test_installing_a_new_library_leaves_a_running_preloaded_server_up(cluster, tmp_path):
+    """The scripts install as package managers do: each file written beside its destination and
+    renamed over it. A preloaded server, whose every process maps the installed library, keeps
+    the file it mapped and runs on; its backfill completes. (Copied in place, the new bytes
+    replaced the code those processes were running: they crashed, and with the library preloaded
+    the server could stay down.) The "new library" here is another module's (pgoutput's), so
+    that a process that ran its bytes would certainly fail; the real one is put back after."""
+    other, backfill_id = restart_scenario(cluster, "install", preload=True)
+    library = subprocess.run([f"{PG_BIN}/pg_config", "--pkglibdir"], capture_output=True, text=True, check=True).stdout.strip()
+    installed = Path(library) / "pg_backfill.so"
+
+    def install(source: Path):
+        stage = tmp_path / source.name
+        target = stage / installed.relative_to("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/install.sh' && install_package_files '{stage}'"], check=True)
+
+    saved = tmp_path / "saved" / "pg_backfill.so"
+    saved.parent.mkdir()
+    shutil.copyfile(installed, saved)
+    try:
+        install(Path(library) / "pgoutput.so")
+        with other.connect() as conn:
+            assert wait_until_ended(conn, backfill_id) == "done"
+            assert_each_row_read_once(backfill_messages(wal2json_changes(conn, "consumer")), range(1, 60001))
+    finally:
+        install(saved)
+        other.stop()
+    assert "terminated by signal" not in (Path(other.dir) / "server.log").read_text()

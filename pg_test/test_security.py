@@ -384,6 +384,41 @@ def test_max_workers_counts_a_worker_that_is_still_starting(db, cluster):
         db.execute("SELECT pg_reload_conf()")
 
 
+def test_an_operator_cannot_take_the_workers_kept_for_superusers(db, roles):
+    """backfill.superuser_reserved_workers (1 by default) of backfill.max_workers are kept for
+    superusers, as superuser_reserved_connections keeps connections: an operator's slow
+    backfills (or a loop of starts) cannot refuse everyone else, and a superuser can always
+    start one, a repair say, while the operator's run."""
+    for name in ("a", "b", "c"):
+        make_table(db, name, 1000)
+
+    def workers():
+        return value(db, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_backfill'")
+
+    wait_for(lambda: workers() == 0, what="the workers of earlier tests to exit")
+    operator = roles.create("operator", "operator")
+    db.execute(f"GRANT SELECT, UPDATE ON a, b, c TO {operator}")
+    conn = roles.connect(operator)
+    db.execute("LOAD 'pg_backfill'")
+    db.execute("ALTER SYSTEM SET backfill.max_workers = 2")
+    try:
+        db.execute("SELECT pg_reload_conf()")
+        wait_for(lambda: value(db, "SHOW backfill.max_workers") == "2", what="the reload")
+        first = start(conn, "a", batch_size=5, rows_per_second=10)
+        wait_for(lambda: workers() == 1, what="the operator's worker")
+        e = error_of(conn, "SELECT backfill_start('b', confirm => true, rows_per_second => 10)")
+        assert e.sqlstate == "53400" and "not a superuser" in e.diag.message_primary, e
+        assert "superuser_reserved_workers" in e.diag.message_detail
+        kept = start(db, "c", batch_size=5, rows_per_second=10)  # the superuser's, in the kept worker
+        wait_for(lambda: workers() == 2, what="the superuser's worker")
+        for backfill_id in (first, kept):
+            db.execute("SELECT backfill_cancel(%s)", [backfill_id])
+            assert wait_until_ended(db, backfill_id) == "cancelled"
+    finally:
+        db.execute("ALTER SYSTEM RESET backfill.max_workers")
+        db.execute("SELECT pg_reload_conf()")
+
+
 # --- 8. hints quote names ----------------------------------------------------------------------
 
 WEIRD = "x'); DROP TABLE victim; --"

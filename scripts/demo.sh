@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/cluster.sh
+source scripts/install.sh
 
 if [ "$PG_MAJOR" = 15 ]; then
     DEMO_DIR=${DEMO_DIR:-/tmp/pg_backfill_demo} DEMO_PORT=${DEMO_PORT:-55440}
@@ -18,7 +19,7 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 show() { printf '\033[2m%s\033[0m\n' "$1"; "${PSQL[@]}" -c "$1"; }
 
 step "Building and installing the extension"
-cargo pgrx install --release "${PG_FEATURES[@]}" --pg-config "$PG_CONFIG" >/dev/null
+install_extension "$PG_CONFIG" "${PG_FEATURES[@]}"
 
 step "Starting a throwaway PostgreSQL $PG_MAJOR cluster in $DEMO_DIR (port $DEMO_PORT, wal_level = logical)"
 cluster_start "$DEMO_DIR" "$DEMO_PORT"

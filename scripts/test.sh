@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/pg_major.sh
+source scripts/install.sh
 
 if [ $# -eq 0 ]; then
     echo "== formatting and lints (cargo fmt, cargo clippy; PostgreSQL $PG_MAJOR) =="
@@ -22,6 +23,7 @@ if [ $# -eq 0 ]; then
     PGDATA_DIR=${BACKFILL_PGRX_TEST_DIR:-/tmp/pg_backfill_pgrx_test}
     rm -rf "$PGDATA_DIR" && mkdir -p "$PGDATA_DIR" && chown postgres: "$PGDATA_DIR"
     chmod o+rx "$(pwd)" target 2>/dev/null || true
+    retire_installed_library "$PG_CONFIG"
     cargo pgrx test "pg$PG_MAJOR" --runas postgres --pgdata "$PGDATA_DIR"
     # The build above has no test_hooks feature, like a release: it must not carry the hook.
     if grep -q test_skip_row_locks "target/debug/pg_backfill-pg$PG_MAJOR$("$PG_CONFIG" --pkglibdir)/pg_backfill.so"; then
@@ -32,7 +34,9 @@ fi
 
 echo "== end-to-end tests (pg_test/, PostgreSQL $PG_MAJOR) =="
 # The end-to-end tests need the test hooks (a release build never has them).
-cargo pgrx install --release "${PG_FEATURES[@]}" --features test_hooks --pg-config "$PG_CONFIG" >/dev/null
+# (Written beside the installed files and renamed over them: a server running from them, such
+# as the demo's, keeps running; see scripts/install.sh.)
+install_extension "$PG_CONFIG" "${PG_FEATURES[@]}" --features test_hooks
 # Earlier versions' install scripts, for the upgrade tests (CREATE EXTENSION ... VERSION, then UPDATE).
 cp sql/history/pg_backfill--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 if [ "$PG_MAJOR" != 15 ]; then

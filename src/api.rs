@@ -190,6 +190,9 @@ pub(crate) fn start(
         if lock_mode != LockMode::Auto {
             catalog::set_lock_mode(backfill_id, lock_mode);
         }
+        if let Some(slot) = &slot {
+            catalog::set_slot_identity(backfill_id, pipeline::slot_identity(slot));
+        }
         let mut position = 0;
         for (table, estimate) in tables.iter().zip(&estimates) {
             for range in plan::key_ranges(table, estimate.rows, parallel) {

@@ -23,6 +23,9 @@ pub struct Job {
     pub message_prefix: String,
     pub started_by: String,
     pub slot_name: Option<String>,
+    /// The slot's identity when the backfill started (pipeline::slot_identity): None before 0.7.0.
+    pub slot_identity: Option<String>,
+    pub publication_name: Option<String>,
     pub max_lag_bytes: Option<i64>,
     pub lock_mode: LockMode,
     pub source: SourceOptions,
@@ -39,7 +42,8 @@ pub fn job(id: i64) -> Option<Job> {
                       max_lag_bytes, parallel, pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'lock_mode',
                       (pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'max_replica_lag_bytes')::pg_catalog.int8,
                       (pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'max_retained_wal_bytes')::pg_catalog.int8,
-                      (pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'max_active_sessions')::pg_catalog.int8
+                      (pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'max_active_sessions')::pg_catalog.int8,
+                      pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'slot_identity', publication_name::text
                  FROM backfill.job j WHERE id = $1";
     run_prepared(sql, false, &[id.into()], |rows| {
         if rows.is_empty() {
@@ -61,6 +65,8 @@ pub fn job(id: i64) -> Option<Job> {
                 max_retained_wal: row.get(11)?,
                 max_active_sessions: row.get(12)?,
             },
+            slot_identity: row.get(13)?,
+            publication_name: row.get::<Text>(14)?.map(|t| t.0),
         }))
     })
     .or_internal("read the backfill")
@@ -165,6 +171,18 @@ pub fn insert_job(job: &NewJob) -> i64 {
     )
     .map(|id| id.unwrap_or_default())
     .or_internal("record the backfill")
+}
+
+/// The identity of the backfill's slot (pipeline::slot_identity), which its pages check. (Its
+/// own statement, skipped on a schema before 0.7.0, still in place until ALTER EXTENSION UPDATE.)
+pub fn set_slot_identity(backfill_id: i64, identity: Option<String>) {
+    Spi::run_with_args(
+        "UPDATE backfill.job j SET slot_identity = $2 WHERE id = $1
+            AND EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                         WHERE a.attrelid = 'backfill.job'::pg_catalog.regclass AND a.attname = 'slot_identity')",
+        &[backfill_id.into(), identity.into()],
+    )
+    .or_internal("record the slot's identity")
 }
 
 /// A backfill's lock mode, when not the column's default (auto). (Its own statement: a 0.2.0

@@ -2,15 +2,14 @@
 //! that a destination can be checked against its source range by range. The row hash and the
 //! scan that sums it are in row_hash.rs.
 
+use crate::encoding::in_utf8;
 use crate::encoding::{quote_ident, Text};
 use crate::errors::{raise, OrInternal};
+use crate::key_json::{checked_keys, json_object_of, key_expression, key_from_json, require_ascending};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use pgrx::PgSqlErrorCode::*;
 use std::collections::HashMap;
-
-/// The most ranges a checksum splits a table into.
-const MAX_RANGES: i32 = 1_000_000;
 
 /// Sampled keys per range, to place the bounds (ANALYZE's histograms are too coarse for
 /// thousands of ranges), and at least this many in all.
@@ -59,7 +58,7 @@ impl Level {
 pub fn key_columns(relid: pg_sys::Oid, table: &str) -> Vec<(String, String)> {
     let columns = Spi::connect(|client| {
         let rows = client.select(
-            "SELECT a.attname::text, pg_catalog.format_type(a.atttypid, a.atttypmod)
+            "SELECT a.attname::text, a.atttypid::text || ':' || a.atttypmod::text
                FROM pg_catalog.pg_index i
               CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
                JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
@@ -76,7 +75,9 @@ pub fn key_columns(relid: pg_sys::Oid, table: &str) -> Vec<(String, String)> {
         rows.map(|row| {
             Ok((
                 row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(),
-                row.get::<Text>(2)?.map(|t| t.0).unwrap_or_default(),
+                // Qualified as the worker's key is: verification runs under search_path
+                // pg_catalog, pg_temp, where an enum's or a domain's bare name is unknown.
+                crate::table::qualified_type(&row.get::<Text>(2)?.map(|t| t.0).unwrap_or_default()),
             ))
         })
         .collect::<Result<Vec<_>, pgrx::spi::Error>>()
@@ -118,25 +119,42 @@ fn checksum(
     let name = crate::table::relation_name(relid);
     require_readable(relid, &name);
     let key = key_columns(relid, &name);
+    let most_ranges = crate::settings::CHECKSUM_MAX_RANGES.get();
     let bounds = match bounds {
-        Some(bounds) => checked_keys(
-            bounds.0,
-            &key,
-            "bounds",
-            (
-                MAX_RANGES as usize - 1,
-                "A checksum splits a table into at most 1000000 ranges: at most 999999 bounds.",
-                "Pass fewer bounds, or let it place them: ranges => 1024.",
-            ),
-        ),
+        Some(bounds) => {
+            let bounds = checked_keys(
+                bounds.0,
+                &key,
+                "bounds",
+                (
+                    most_ranges as usize - 1,
+                    &format!(
+                        "A checksum splits a table into at most backfill.checksum_max_ranges ({most_ranges}) ranges: \
+                         at most {} bounds.",
+                        most_ranges - 1
+                    ),
+                    "Pass fewer bounds, or ask a superuser to raise backfill.checksum_max_ranges.",
+                ),
+            );
+            require_ascending(relid, &key, &bounds);
+            bounds
+        }
         None => {
             let ranges = crate::args::required(ranges, "backfill_checksum", "ranges");
-            if !(1..=MAX_RANGES).contains(&ranges) {
+            if ranges < 1 {
                 raise(
                     ERRCODE_INVALID_PARAMETER_VALUE,
                     format!("ranges {ranges} is out of range"),
-                    format!("A checksum splits a table into 1 to {MAX_RANGES} ranges."),
+                    "A checksum splits a table into at least 1 range.",
                     Some("ranges => 1024".into()),
+                );
+            }
+            if ranges > most_ranges {
+                raise(
+                    ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                    format!("ranges {ranges} is more than backfill.checksum_max_ranges ({most_ranges})"),
+                    "Each range of a checksum costs the memory of the backend that computes it.",
+                    Some("Ask for fewer ranges, or ask a superuser to raise backfill.checksum_max_ranges.".into()),
                 );
             }
             sampled_bounds(relid, &key, ranges)
@@ -161,85 +179,6 @@ pub fn require_readable(relid: pg_sys::Oid, name: &str) {
             Some(format!("GRANT SELECT ON {name} TO ...;")),
         );
     }
-}
-
-/// Runs `f` with the client encoding UTF-8, restored however `f` ends: send functions write
-/// text in the client's encoding, and the hashes take it in UTF-8, whatever the session's.
-pub fn in_utf8<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> R {
-    // SAFETY: reads this backend's client encoding.
-    let client_encoding = unsafe { pg_sys::pg_get_client_encoding() };
-    let utf8 = pg_sys::pg_enc::PG_UTF8 as i32;
-    if client_encoding == utf8 {
-        return f();
-    }
-    // SAFETY: sets this backend's client encoding to UTF-8, a conversion every server encoding
-    // has; nothing is sent to the client until it is restored below. (Not a transactional
-    // setting, hence the explicit restore.)
-    unsafe { pg_sys::SetClientEncoding(utf8) };
-    PgTryBuilder::new(f)
-        .finally(|| {
-            // SAFETY: as above, back to what it was.
-            unsafe { pg_sys::SetClientEncoding(client_encoding) };
-        })
-        .execute()
-}
-
-/// Each key column of a bound, as JSON: `t.col` or `b->>'col'` cast to its type.
-pub fn key_expression(key: &[(String, String)], column: impl Fn(&str, &str) -> String) -> String {
-    let parts: Vec<String> = key.iter().map(|(name, type_name)| column(name, type_name)).collect();
-    if parts.len() == 1 {
-        parts[0].clone()
-    } else {
-        format!("ROW({})", parts.join(", "))
-    }
-}
-
-pub fn json_object_of(key: &[(String, String)], prefix: &str) -> String {
-    let fields: Vec<String> =
-        key.iter().map(|(name, _)| format!("{}, {prefix}{}", spi::quote_literal(name), quote_ident(name))).collect();
-    format!("pg_catalog.jsonb_build_object({})", fields.join(", "))
-}
-
-/// Keys given by the caller (`argument`: bounds, keys): an array of objects with a non-null
-/// value for every key column.
-pub fn checked_keys(
-    keys: serde_json::Value,
-    key: &[(String, String)],
-    argument: &str,
-    (most, why_so_few, instead): (usize, &str, &str),
-) -> Vec<serde_json::Value> {
-    let serde_json::Value::Array(keys) = keys else {
-        raise(
-            ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("{argument} must be a JSON array"),
-            format!("{argument} lists keys, as key objects."),
-            Some(format!(r#"{argument} => '[{{"id": 1000}}, {{"id": 2000}}]'"#)),
-        );
-    };
-    if keys.len() > most {
-        raise(
-            ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-            format!("{argument} lists {} keys, more than {most}", keys.len()),
-            why_so_few,
-            Some(instead.into()),
-        );
-    }
-    for value in &keys {
-        let complete =
-            value.as_object().is_some_and(|o| key.iter().all(|(name, _)| o.get(name).is_some_and(|v| !v.is_null())));
-        if !complete {
-            raise(
-                ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("{argument} element {value} does not name every key column"),
-                format!(
-                    "Each element is an object with a non-null value for every key column: {}.",
-                    key.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
-                ),
-                None,
-            );
-        }
-    }
-    keys
 }
 
 /// About `ranges` - 1 bounds at equal steps of a sample of the keys of table `relid`,
@@ -316,9 +255,7 @@ pub fn summarize(
              SELECT e.o::pg_catalog.int4 AS o, {} FROM pg_catalog.jsonb_array_elements($1) WITH ORDINALITY AS e(b, o))",
         key.iter()
             .enumerate()
-            .map(|(i, (column, type_name))| {
-                format!("(e.b OPERATOR(pg_catalog.->>) {})::{type_name} AS k{i}", spi::quote_literal(column))
-            })
+            .map(|(i, (column, type_name))| { format!("{} AS k{i}", key_from_json("e.b", column, type_name)) })
             .collect::<Vec<_>>()
             .join(", ")
     );

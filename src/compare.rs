@@ -66,7 +66,7 @@ fn compare(
     passes: Option<i32>,
     slot: Option<Text>,
 ) -> TableIterator<'static, (name!(key, JsonB), name!(status, String))> {
-    let found = differences("backfill_compare", source, target, level, passes, slot.map(|s| s.0)).keys;
+    let found = differences("backfill_compare", source, target, level, passes, slot.map(|s| s.0), false).keys;
     TableIterator::new(found.into_iter().map(|(key, status)| (JsonB(key), status.as_str().to_string())))
 }
 
@@ -91,7 +91,7 @@ fn repair(
         // comparison rather than after it.
         crate::table::require(crate::args::required(source, "backfill_repair", "source"));
     }
-    let found = differences("backfill_repair", source, target, level, passes, slot.map(|s| s.0));
+    let found = differences("backfill_repair", source, target, level, passes, slot.map(|s| s.0), confirm);
     let name = crate::table::relation_name(source.unwrap_or_default());
     if found.keys.is_empty() {
         notice!("{name} and its copy agree: nothing to repair");
@@ -140,6 +140,7 @@ fn differences(
     level: Option<Text>,
     passes: Option<i32>,
     slot: Option<String>,
+    starts_backfill: bool,
 ) -> Found {
     let source = crate::args::required(source, function, "source");
     let target = crate::args::required(target, function, "target");
@@ -168,13 +169,18 @@ fn differences(
     let target_side = target_side(source, target, function);
     let slot = slot.or_else(|| crate::privilege::as_extension_owner(|| last_slot_of(source)));
     if let Some(slot) = &slot {
+        // A repair's backfill is bound to the slot: the right to do that is checked before a
+        // comparison that may wait minutes for the slot's consumer, not after it.
+        if starts_backfill {
+            crate::privilege::require_replication(slot);
+        }
         crate::pipeline::require_slot(slot);
     }
     let source_side = Side::Local { name: source_name, relid: source };
     // With the worker's settings: keys print alike on both sides, and the SQL the comparison
     // writes resolves nothing on the caller's search_path.
     let keys = crate::privilege::with_portable_settings(|| {
-        checksum::in_utf8(|| compare_sides(&source_side, &target_side, &key, level, passes, slot.as_deref()))
+        crate::encoding::in_utf8(|| compare_sides(&source_side, &target_side, &key, level, passes, slot.as_deref()))
     });
     // (After an error the connection stays open until the session ends or the next comparison.)
     disconnect(&target_side);

@@ -364,3 +364,29 @@ mod tests {
         }
     }
 }
+
+/// Runs `f` with the client encoding UTF-8, restored however `f` ends: send functions write
+/// text in the client's encoding, and the hashes take it in UTF-8, whatever the session's.
+pub fn in_utf8<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> R {
+    // SAFETY: reads this backend's client encoding.
+    let client_encoding = unsafe { pg_sys::pg_get_client_encoding() };
+    let utf8 = pg_sys::pg_enc::PG_UTF8 as i32;
+    if client_encoding == utf8 {
+        return f();
+    }
+    // SAFETY: looks up (once a backend) the conversion from the database's encoding to UTF-8,
+    // which every server encoding has: without it SetClientEncoding() refuses UTF-8 in a
+    // database of another encoding (LATIN1), and the text would stay in the client's.
+    // Then sets this backend's client encoding to UTF-8; nothing is sent to the client until
+    // it is restored below. (Not a transactional setting, hence the explicit restore.)
+    let switched = unsafe { pg_sys::PrepareClientEncoding(utf8) == 0 && pg_sys::SetClientEncoding(utf8) == 0 };
+    if !switched {
+        pgrx::error!("could not convert the database's encoding to UTF-8 for the row hashes");
+    }
+    pgrx::PgTryBuilder::new(f)
+        .finally(|| {
+            // SAFETY: as above, back to what it was (prepared when the session chose it).
+            unsafe { pg_sys::SetClientEncoding(client_encoding) };
+        })
+        .execute()
+}

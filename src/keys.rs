@@ -63,6 +63,14 @@ pub fn record_keys(id: i64, keys: serde_json::Value) {
             Some("Start one backfill per table, with parallel => 1.".into()),
         );
     };
+    if as_extension_owner(|| ranges::is_keyed(id, job_table.position)) {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("backfill {id} already has its keys"),
+            "Keys are given once, when the backfill starts; a second list would be delivered with the first.",
+            Some("Give every key in one list: backfill_start(..., keys => '[{\"id\": 7}, {\"id\": 8}]').".into()),
+        );
+    }
     let table = crate::table::require(job_table.relid);
     if table.partitioned {
         raise(
@@ -76,7 +84,7 @@ pub fn record_keys(id: i64, keys: serde_json::Value) {
     let key: Vec<(String, String)> = table.key.iter().map(|k| (k.name.clone(), k.type_name.clone())).collect();
     // (The keys are cast, sorted and stored when the backfill starts, in this backend's memory.)
     let most = crate::settings::COMPARE_MAX_KEYS.get() as usize;
-    let keys = crate::checksum::checked_keys(
+    let keys = crate::key_json::checked_keys(
         keys,
         &key,
         "keys",
@@ -109,9 +117,7 @@ fn sorted_keys(table: &Table, keys: Vec<serde_json::Value>) -> Vec<GivenKey> {
         .key
         .iter()
         .enumerate()
-        .map(|(i, k)| {
-            format!("(e.v OPERATOR(pg_catalog.->>) {})::{} AS c{i}", spi::quote_literal(&k.name), k.type_name)
-        })
+        .map(|(i, k)| format!("{} AS c{i}", crate::key_json::key_from_json("e.v", &k.name, &k.type_name)))
         .collect();
     let order: Vec<String> = table
         .key

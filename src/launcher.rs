@@ -167,10 +167,26 @@ fn too_many_workers(running: i32, needed: i32) -> ! {
 /// than backfill.max_workers background workers in all, counting those still starting. (Two
 /// calls at the same moment may both pass, as may one made while another's worker is launched
 /// and not yet visible; each worker checks again when it starts, see [`admit_within_cap`].)
+///
+/// A role that is not a superuser leaves backfill.superuser_reserved_workers of them free.
 pub fn require_worker_slots(needed: i32) {
     let running = privilege::as_extension_owner(|| backfill_workers(true));
     if running + needed > settings::MAX_WORKERS.get() {
         too_many_workers(running, needed);
+    }
+    let reserved = settings::SUPERUSER_RESERVED_WORKERS.get();
+    // SAFETY: reads whether the current role is a superuser.
+    if running + needed > settings::MAX_WORKERS.get() - reserved && !unsafe { pg_sys::superuser() } {
+        raise(
+            ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            "too many backfill workers for a role that is not a superuser",
+            format!(
+                "{running} backfill worker(s) run or are starting now and this backfill needs {needed} more; \
+                 of backfill.max_workers ({}), backfill.superuser_reserved_workers ({reserved}) are kept for superusers.",
+                settings::MAX_WORKERS.get()
+            ),
+            Some("Wait for a backfill to finish, or ask a superuser to cancel one or to raise backfill.max_workers.".into()),
+        );
     }
 }
 

@@ -22,7 +22,9 @@
 //! - `auth.rs`: the messages' authentication tags.
 //! - `status.rs`: helpers of the monitoring views.
 //! - `keys.rs`: backfills of given keys (repairs), and the `absent` message of a missing key.
-//! - `checksum.rs`, `aggregate.rs`, `row_hash.rs`, `parallel_scan.rs`: backfill_checksum();
+//! - `checksum.rs`, `aggregate.rs`, `row_hash.rs`, `row_encoding.rs` (what a row's hash is
+//!   computed over), `parallel_scan.rs`: backfill_checksum(); `key_json.rs`: keys as JSON objects
+//!   (bounds, keys given, keys reported);
 //!   `compare.rs`: backfill_compare() and backfill_repair(); `side.rs`: the tables they read,
 //!   here or through dblink.
 //! - `sql.rs`: reads through SPI that leave the transaction read-only (views, standbys).
@@ -45,6 +47,7 @@ mod delivery;
 mod encoding;
 mod errors;
 mod json;
+mod key_json;
 mod keys;
 mod launcher;
 mod lock;
@@ -58,6 +61,7 @@ mod plan;
 mod privilege;
 mod progress;
 mod ranges;
+mod row_encoding;
 mod row_hash;
 mod scan;
 mod settings;

@@ -209,6 +209,11 @@ impl<'a> TableScan<'a> {
         let found = self.table.recheck(|descriptor| unsafe { row.describes(descriptor) });
         self.owner = found.owner;
         privilege::require_starter_rights(&job.started_by, self.table.relid, &self.table.qualified_name());
+        // A table dropped from the pipeline's publication mid-run: its consumer no longer wants
+        // it, though pgoutput would still pass its messages on.
+        if let Some(publication) = &job.publication_name {
+            pipeline::require_published(publication, &self.table);
+        }
         let signer = Signer::for_this_transaction();
         if progress.state == RangeState::Pending {
             return self.start_scan(&progress, &signer);

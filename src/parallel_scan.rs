@@ -10,7 +10,7 @@
 //! [`planned_workers`]).
 
 use crate::pg_compat;
-use crate::row_hash::RowHasher;
+use crate::row_encoding::RowHasher;
 use pgrx::pg_sys;
 use std::ffi::c_int;
 

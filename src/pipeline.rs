@@ -87,12 +87,30 @@ pub fn require_published(publication: &str, table: &Table) {
     }
 }
 
-/// Why the backfill must wait for its slot's consumer now, if it must.
+/// A slot's identity, which its name is not: a slot dropped and created again under the same
+/// name is another slot, and its consumer never receives what was written before it was made.
+/// PostgreSQL gives slots no id; each has a directory, `pg_replslot/<name>` (a temporary slot
+/// too), made when the slot is created: its inode and its birth time (to the nanosecond) tell
+/// one creation from the next (a freed inode is soon reused). None if the slot has none.
+pub fn slot_identity(slot: &str) -> Option<String> {
+    // (A backend's working directory is the data directory.)
+    let metadata = std::fs::metadata(std::path::Path::new("pg_replslot").join(slot)).ok()?;
+    let born = metadata.created().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+    use std::os::unix::fs::MetadataExt;
+    Some(match born {
+        Some(born) => format!("{}@{}.{:09}", metadata.ino(), born.as_secs(), born.subsec_nanos()),
+        None => metadata.ino().to_string(),
+    })
+}
+
+/// Why the backfill must wait for its slot's consumer now, if it must; an error if the slot is
+/// gone, is another slot of the same name, or was invalidated.
 pub fn blocker(job: &Job) -> Option<String> {
     let slot = job.slot_name.as_deref()?;
     let row = Spi::connect(|client| {
         let rows = client.select(
-            "SELECT active, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+            "SELECT active, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
+                    wal_status
                FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
             None,
             &[slot.into()],
@@ -101,10 +119,10 @@ pub fn blocker(job: &Job) -> Option<String> {
             return Ok::<_, spi::Error>(None);
         }
         let row = rows.first();
-        Ok(Some((row.get::<bool>(1)?.unwrap_or(false), row.get::<i64>(2)?.unwrap_or(0))))
+        Ok(Some((row.get::<bool>(1)?.unwrap_or(false), row.get::<i64>(2)?.unwrap_or(0), row.get::<String>(3)?)))
     })
     .or_internal("read the slot");
-    let Some((active, lag)) = row else {
+    let Some((active, lag, wal_status)) = row else {
         raise(
             ERRCODE_UNDEFINED_OBJECT,
             format!("replication slot \"{slot}\" no longer exists"),
@@ -112,6 +130,24 @@ pub fn blocker(job: &Job) -> Option<String> {
             Some("Start a new backfill for the pipeline's current slot.".into()),
         );
     };
+    if job.slot_identity.is_some() && slot_identity(slot) != job.slot_identity {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("replication slot \"{slot}\" was dropped and created again"),
+            "The backfill was started for the slot of that name that was dropped: what it delivered \
+             after that slot's consumer last confirmed never reaches the new slot.",
+            Some("Start a new backfill for the pipeline's new slot.".into()),
+        );
+    }
+    if wal_status.as_deref() == Some("lost") {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("replication slot \"{slot}\" was invalidated"),
+            "The server removed WAL its consumer had not received (wal_status lost, see max_slot_wal_keep_size): \
+             the slot can no longer be read, so the backfill's messages would reach no consumer.",
+            Some("Create the pipeline's slot again, re-sync its consumer, and start a new backfill for it.".into()),
+        );
+    }
     if !active {
         return Some(format!("the consumer of slot \"{slot}\": none is connected"));
     }

@@ -1,131 +1,12 @@
-//! The row hash of backfill_checksum(), and the scan that sums it per key range.
-//!
-//! A row's hash is XXH3-64, with seed 0, of its columns in column order (dropped ones aside),
-//! each as a byte 0 when NULL, else a byte 1, its length as 4 bytes big endian, and its binary
-//! send format (the format of COPY BINARY and of the wire protocol), text in UTF-8. A range's
-//! checksum is the exact sum of its rows' hashes read as signed 64-bit integers: the same rows
-//! give the same sum in any order, and a duplicate row changes it. Send formats do not depend
-//! on TimeZone, DateStyle or extra_float_digits, nor on the architecture: identical rows give
-//! identical checksums on every server. (0.5.0 hashed the same bytes with SipHash-2-4; XXH3 reads
-//! long values, text above all, about ten times faster.)
-//!
-//! The common fixed-size types and text are written here as their send functions write them,
-//! without calling them (a call allocates its result); numeric and jsonb are read from their
-//! stored form (stored_form.rs: jsonb's encoding is the tokens of a walk of the document, not
-//! its send format); every other type calls its send function.
+//! The row hash of backfill_checksum(): the SQL function backfill.row_hash(), and the scan that
+//! sums it per key range. What a row's hash is computed over is in row_encoding.rs.
 
 use crate::errors::raise;
-use crate::pg_compat;
-use crate::stored_form::{encode_jsonb, encode_numeric, length_prefixed, utf8};
+use crate::row_encoding::RowHasher;
 use pgrx::prelude::*;
 use pgrx::AnyElement;
 use pgrx::PgSqlErrorCode::*;
 use std::ffi::{c_int, CString};
-
-/// How one column's value enters its row's hash: its send format.
-enum Encoding {
-    /// A by-value integer (or the bits of a float) of this many bytes, big endian: int2, int4,
-    /// int8, oid, date, time, timestamp, timestamptz, float4, float8, bool.
-    BigEndian(usize),
-    /// uuid: its 16 bytes.
-    Uuid,
-    /// text, varchar, bpchar: the characters in UTF-8.
-    Text,
-    /// numeric: its send format, read from the value (see [`encode_numeric`]).
-    Numeric,
-    /// jsonb: the tokens of a walk of the document (see [`encode_jsonb`]).
-    Jsonb,
-    /// Anything else: its type's send function.
-    Send(Box<pg_sys::FmgrInfo>),
-}
-
-/// Hashes rows of one row type.
-pub struct RowHasher {
-    /// One per column, None for a dropped one.
-    encodings: Vec<Option<Encoding>>,
-    /// The row being encoded (kept from row to row, to allocate it once).
-    encoded: Vec<u8>,
-}
-
-impl RowHasher {
-    /// For rows of `tupdesc`, from its column `first` on.
-    ///
-    /// # Safety
-    /// `tupdesc` is a valid tuple descriptor.
-    pub unsafe fn new(tupdesc: pg_sys::TupleDesc, first: usize) -> Self {
-        let attributes = pg_compat::tuple_attributes(tupdesc);
-        let encodings =
-            attributes[first..].iter().map(|att| (!att.attisdropped).then(|| encoding_of(att.atttypid))).collect();
-        RowHasher { encodings, encoded: Vec::new() }
-    }
-
-    /// Whether every column is encoded here or by a built-in send function: one a parallel
-    /// worker may call (a user-defined type's could do anything).
-    pub fn built_in(&self) -> bool {
-        self.encodings.iter().flatten().all(|encoding| match encoding {
-            Encoding::Send(send) => send.fn_oid.to_u32() < pg_sys::FirstNormalObjectId,
-            _ => true,
-        })
-    }
-
-    /// The hash of one row's values (those from the descriptor's column `first` on).
-    ///
-    /// # Safety
-    /// The values are of the descriptor's types; a non-null one is a valid datum.
-    /// What it allocates (detoasted values, send formats) is left to the current memory context,
-    /// which the caller resets.
-    pub unsafe fn hash(&mut self, values: &[pg_sys::Datum], nulls: &[bool]) -> u64 {
-        let encoded = &mut self.encoded;
-        encoded.clear();
-        for ((encoding, value), null) in self.encodings.iter_mut().zip(values).zip(nulls) {
-            let Some(encoding) = encoding else { continue };
-            if *null {
-                encoded.push(0);
-                continue;
-            }
-            length_prefixed(encoded, 1, |encoded| match encoding {
-                Encoding::BigEndian(size) => encoded.extend_from_slice(&value.value().to_be_bytes()[8 - *size..]),
-                Encoding::Uuid => encoded.extend_from_slice(std::slice::from_raw_parts(value.cast_mut_ptr::<u8>(), 16)),
-                Encoding::Text => {
-                    let bytes = crate::encoding::text_of(*value);
-                    encoded.extend_from_slice(&utf8(bytes))
-                }
-                Encoding::Numeric => encode_numeric(pg_sys::pg_detoast_datum_packed(value.cast_mut_ptr()), encoded),
-                Encoding::Jsonb => encode_jsonb(*value, encoded),
-                Encoding::Send(send) => {
-                    let sent = pg_sys::SendFunctionCall(&mut **send, *value);
-                    encoded.extend_from_slice(pgrx::varlena::varlena_to_byte_slice(sent))
-                }
-            });
-        }
-        xxhash_rust::xxh3::xxh3_64(encoded)
-    }
-}
-
-/// # Safety
-/// `type_oid` is a type's OID.
-unsafe fn encoding_of(type_oid: pg_sys::Oid) -> Encoding {
-    match type_oid {
-        pg_sys::BOOLOID => Encoding::BigEndian(1),
-        pg_sys::INT2OID => Encoding::BigEndian(2),
-        pg_sys::INT4OID | pg_sys::OIDOID | pg_sys::DATEOID | pg_sys::FLOAT4OID => Encoding::BigEndian(4),
-        pg_sys::INT8OID | pg_sys::TIMEOID | pg_sys::TIMESTAMPOID | pg_sys::TIMESTAMPTZOID | pg_sys::FLOAT8OID => {
-            Encoding::BigEndian(8)
-        }
-        pg_sys::UUIDOID => Encoding::Uuid,
-        pg_sys::TEXTOID | pg_sys::VARCHAROID | pg_sys::BPCHAROID => Encoding::Text,
-        pg_sys::NUMERICOID => Encoding::Numeric,
-        pg_sys::JSONBOID => Encoding::Jsonb,
-        _ => {
-            let mut send = pg_sys::InvalidOid;
-            let mut varlena = false;
-            pg_sys::getTypeBinaryOutputInfo(type_oid, &mut send, &mut varlena);
-            let mut info = Box::new(pg_sys::FmgrInfo::default());
-            pg_sys::fmgr_info_cxt(send, &mut *info, pg_sys::TopMemoryContext);
-            Encoding::Send(info)
-        }
-    }
-}
 
 /// What backfill.row_hash() keeps from call to call of one query (in its FmgrInfo): the row
 /// type it hashes, a copy of its descriptor, and its hasher.
@@ -139,7 +20,8 @@ struct CallState {
 
 /// backfill.row_hash(t): the row's 64-bit hash, as backfill_checksum() sums it; a row of a
 /// table, as `t` names it in `FROM tbl t`. (Text is taken in UTF-8 here too.)
-#[pg_extern(schema = "backfill", immutable, parallel_safe)]
+// STABLE, not IMMUTABLE: an enum's label, which the hash reads, can be renamed.
+#[pg_extern(schema = "backfill", stable, parallel_safe)]
 fn row_hash(row: AnyElement, fcinfo: pg_sys::FunctionCallInfo) -> i64 {
     // SAFETY: `row` is a composite datum (anything else is refused before it is read as one);
     // it is detoasted and deformed with a copy of its own type's descriptor, made once a query
@@ -171,7 +53,10 @@ fn row_hash(row: AnyElement, fcinfo: pg_sys::FunctionCallInfo) -> i64 {
             ..Default::default()
         };
         pg_sys::heap_deform_tuple(&mut tuple, state.tupdesc, state.values.as_mut_ptr(), state.nulls.as_mut_ptr());
-        state.hasher.hash(&state.values, &state.nulls) as i64
+        // Called from SQL (a comparison's row listing, here or through dblink, whose session
+        // has the caller's database's encoding as its client's): text in UTF-8 all the same.
+        // (The state is left as it was if hashing fails: the query ends with the error.)
+        crate::encoding::in_utf8(std::panic::AssertUnwindSafe(|| state.hasher.hash(&state.values, &state.nulls) as i64))
     }
 }
 

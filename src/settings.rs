@@ -47,11 +47,23 @@ pub static MAX_MESSAGE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 
 /// more than the message (wal2json escapes it into a JSON string: up to twice its size).
 pub const MAX_MESSAGE_SIZE_CEILING: i32 = 256 * 1024 * 1024;
 
-/// The most keys that backfill_compare() and backfill_repair() keep as differing.
-pub static COMPARE_MAX_KEYS: GucSetting<i32> = GucSetting::<i32>::new(1_000_000);
+/// The most keys that backfill_compare() and backfill_repair() keep as differing (and that a
+/// keyed backfill takes): each costs the backend's memory (see the README's figures).
+pub static COMPARE_MAX_KEYS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
+
+/// The most ranges a checksum (backfill_checksum(), and so a comparison's first pass) splits a
+/// table into: each costs the backend's memory.
+pub static CHECKSUM_MAX_RANGES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+
+/// The most ranges backfill.checksum_max_ranges can be raised to.
+pub const CHECKSUM_MAX_RANGES_CEILING: i32 = 1_000_000;
 
 /// Background workers all backfills of the cluster may use at once.
 pub static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
+
+/// Of backfill.max_workers, how many only superusers' backfills may take, so that no
+/// operator's backfills can take every worker (as superuser_reserved_connections does).
+pub static SUPERUSER_RESERVED_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
 
 /// Test-only: read pages without row locks, to show that the ordering tests catch the race.
 /// Only in builds with the `test_hooks` feature, which the test suite installs.
@@ -71,11 +83,23 @@ pub fn define() {
         c"backfill.compare_max_keys",
         c"The most differing keys a comparison keeps (in the memory of the backend that runs it).",
         c"A comparison that finds more fails with 54000 instead of filling the backend's memory: \
-          a copy that far from its source wants a new backfill, not a list of its differences.",
+          a copy that far from its source wants a new backfill, not a list of its differences. \
+          Only a superuser may raise it: each key costs memory.",
         &COMPARE_MAX_KEYS,
         1,
         100_000_000,
-        GucContext::Userset,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.checksum_max_ranges",
+        c"The most key ranges a checksum splits a table into (in the memory of the backend that runs it).",
+        c"A checksum of more ranges, or of more bounds, fails with 54000. Only a superuser may \
+          raise it: each range costs memory.",
+        &CHECKSUM_MAX_RANGES,
+        1,
+        CHECKSUM_MAX_RANGES_CEILING,
+        GucContext::Suset,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
@@ -202,6 +226,17 @@ pub fn define() {
           it is refused (SQLSTATE 53400).",
         &MAX_WORKERS,
         1,
+        pg_sys::MAX_BACKENDS as i32,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.superuser_reserved_workers",
+        c"Of backfill.max_workers, how many only superusers' backfills may take.",
+        c"A role that is not a superuser starts a backfill only while its workers leave this many \
+          free, so that one operator cannot take every worker from everyone else.",
+        &SUPERUSER_RESERVED_WORKERS,
+        0,
         pg_sys::MAX_BACKENDS as i32,
         GucContext::Sighup,
         GucFlags::default(),

@@ -6,6 +6,7 @@
 use crate::checksum::{self, Level};
 use crate::encoding::{quote_qualified, Text};
 use crate::errors::{raise, OrInternal};
+use crate::key_json;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,8 +16,17 @@ const KEYS_PER_QUERY: usize = 5_000;
 
 /// A table of the comparison, local or behind a foreign table's server.
 pub enum Side {
-    Local { name: String, relid: pg_sys::Oid },
-    Remote { dblink: String, connection: String, name: String },
+    Local {
+        name: String,
+        relid: pg_sys::Oid,
+    },
+    /// `scanned`: the remote table as a FROM clause reads it there (see [`Side::scanned_table`]).
+    Remote {
+        dblink: String,
+        connection: String,
+        name: String,
+        scanned: String,
+    },
 }
 
 /// A key's JSON text (as jsonb renders it: the same on both sides) and its row's
@@ -46,11 +56,13 @@ impl Side {
         }
     }
 
-    /// The table as a FROM clause names it: here, as [`crate::sql::scanned_table`] gives it.
+    /// The table as a FROM clause names it, as [`crate::sql::scanned_table`] gives it, here or
+    /// there: without inheritance children, whose rows a checksum of the table (which reads
+    /// `ONLY`) does not count either.
     pub fn scanned_table(&self) -> String {
         match self {
             Side::Local { relid, .. } => crate::sql::scanned_table(*relid),
-            Side::Remote { name, .. } => name.clone(),
+            Side::Remote { scanned, .. } => scanned.clone(),
         }
     }
 
@@ -80,7 +92,7 @@ impl Side {
         let version = if versioned { "backfill_row.xmin::pg_catalog.text" } else { "NULL" };
         let sql = format!(
             "SELECT {}::pg_catalog.text, {hash}, {version} FROM {} backfill_row WHERE {condition}",
-            checksum::json_object_of(key, "backfill_row."),
+            key_json::json_object_of(key, "backfill_row."),
             self.scanned_table()
         );
         self.query(&sql, 3)
@@ -255,7 +267,22 @@ fn connect(target: pg_sys::Oid, target_name: &str) -> Side {
         ],
     )
     .or_internal("set up the foreign table's session");
-    Side::Remote { dblink, connection: CONNECTION.into(), name: quote_qualified(&schema, &table) }
+    let name = quote_qualified(&schema, &table);
+    let mut remote = Side::Remote { dblink, connection: CONNECTION.into(), scanned: name.clone(), name };
+    let partitioned = remote.query(
+        &format!(
+            "SELECT (c.relkind OPERATOR(pg_catalog.=) 'p')::pg_catalog.text FROM pg_catalog.pg_class c
+              WHERE c.oid OPERATOR(pg_catalog.=) {}::pg_catalog.regclass",
+            spi::quote_literal(remote.name())
+        ),
+        1,
+    );
+    if let Side::Remote { scanned, name, .. } = &mut remote {
+        if partitioned.first().and_then(|row| row[0].as_deref()) != Some("true") {
+            *scanned = format!("ONLY {name}");
+        }
+    }
+    remote
 }
 
 /// The copy's server hashes rows as this one does: its checksums are comparable. (pg_backfill
@@ -279,8 +306,10 @@ fn require_same_row_hash(remote: &Side, target_name: &str) {
             Some("Install pg_backfill there too: CREATE EXTENSION pg_backfill;".into()),
         )
     };
+    // (-0 and an array: 0.6.0 hashed both otherwise.)
     const PROBE: &str = "SELECT backfill.row_hash(ROW(1, 'probe'::pg_catalog.text, NULL::pg_catalog.int8, \
-                         '{\"n\": [1.5, true, null], \"s\": \"x\"}'::pg_catalog.jsonb, 2.5::pg_catalog.numeric))::pg_catalog.text";
+                         '{\"n\": [1.5, true, null], \"s\": \"x\"}'::pg_catalog.jsonb, 2.5::pg_catalog.numeric, \
+                         '-0'::pg_catalog.float8, ARRAY[1, NULL]::pg_catalog.int4[]))::pg_catalog.text";
     let hash = |side: &Side| side.query(PROBE, 1).into_iter().next().and_then(|mut row| row[0].take());
     let here = hash(&Side::Local { name: String::new(), relid: pg_sys::InvalidOid });
     if hash(remote) != here {
@@ -350,9 +379,9 @@ fn ascii_json(json: &str) -> String {
 pub fn against(key: &[(String, String)], op: &str, bound: &serde_json::Value) -> String {
     let literal = spi::quote_literal(ascii_json(&bound.to_string()));
     let row =
-        checksum::key_expression(key, |column, _| format!("backfill_row.{}", crate::encoding::quote_ident(column)));
-    let bound = checksum::key_expression(key, |column, type_name| {
-        format!("({literal}::pg_catalog.jsonb OPERATOR(pg_catalog.->>) {})::{type_name}", spi::quote_literal(column))
+        key_json::key_expression(key, |column, _| format!("backfill_row.{}", crate::encoding::quote_ident(column)));
+    let bound = key_json::key_expression(key, |column, type_name| {
+        key_json::key_from_json(&format!("{literal}::pg_catalog.jsonb"), column, type_name)
     });
     format!("{row} OPERATOR(pg_catalog.{op}) {bound}")
 }
@@ -362,11 +391,15 @@ fn of_keys(key: &[(String, String)], keys: &[&String]) -> String {
     let literal =
         spi::quote_literal(ascii_json(&format!("[{}]", keys.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(","))));
     let row =
-        checksum::key_expression(key, |column, _| format!("backfill_row.{}", crate::encoding::quote_ident(column)));
-    let each = checksum::key_expression(key, |column, type_name| {
-        format!("(e.v OPERATOR(pg_catalog.->>) {})::{type_name}", spi::quote_literal(column))
-    });
-    format!("{row} IN (SELECT {each} FROM pg_catalog.jsonb_array_elements({literal}::pg_catalog.jsonb) AS e(v))")
+        key_json::key_expression(key, |column, _| format!("backfill_row.{}", crate::encoding::quote_ident(column)));
+    // (A subquery's columns, one per key column: `ROW(a, b) IN (SELECT ROW(...))` compares a
+    // row with one column.)
+    let each: Vec<String> =
+        key.iter().map(|(column, type_name)| key_json::key_from_json("e.v", column, type_name)).collect();
+    format!(
+        "{row} IN (SELECT {} FROM pg_catalog.jsonb_array_elements({literal}::pg_catalog.jsonb) AS e(v))",
+        each.join(", ")
+    )
 }
 
 /// The rows of `keys` on `side`.

@@ -332,7 +332,7 @@ impl Table {
 /// format_type() leaves a type unqualified when the caller's search_path shows it, and the
 /// name is later resolved under another path (`pg_catalog, pg_temp`), where it could be a
 /// type the caller created in pg_temp.
-fn qualified_type(oid_and_typmod: &str) -> String {
+pub(crate) fn qualified_type(oid_and_typmod: &str) -> String {
     let (oid, typmod) = oid_and_typmod.split_once(':').unwrap_or((oid_and_typmod, "-1"));
     let oid = pg_sys::Oid::from(oid.parse::<u32>().unwrap_or_default());
     let typmod = typmod.parse::<i32>().unwrap_or(-1);

@@ -1,0 +1,84 @@
+"""The pipeline a backfill serves changes under it: its slot dropped and created again under the
+same name, its slot invalidated, its table dropped from its publication. The backfill fails
+with an error that names what changed, instead of delivering rows nobody receives."""
+
+from conftest import Consumer, error_of, status, wait_for, wait_until_ended
+
+
+def make_items(db, rows=20000):
+    db.execute(f"""CREATE TABLE items (id bigint PRIMARY KEY, body text NOT NULL);
+                   INSERT INTO items SELECT g, repeat('x', 50) FROM generate_series(1, {rows}) g;
+                   ANALYZE items;""")
+
+
+def test_a_slot_created_again_under_its_name_fails_the_backfill(cluster, db):
+    """The consumer stops, someone drops the slot and creates one of the same name, the consumer
+    comes back: what was written between the two slots never reaches it, so the backfill stops
+    at its next page (it ended done and delivered before 0.7.0, with rows missing)."""
+    make_items(db)
+    db.execute("SELECT pg_create_logical_replication_slot('p', 'test_decoding')")
+    consumer = Consumer(cluster, db.info.dbname, "p")
+    try:
+        backfill_id = db.execute(
+            "SELECT backfill_start('items', confirm => true, slot => 'p', batch_size => 100, rows_per_second => 4000)"
+        ).fetchone()[0]
+        wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 1000, what="the first pages")
+    finally:
+        consumer.stop()
+    wait_for(lambda: db.execute("SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'p'").fetchone()[0])
+    db.execute("SELECT pg_drop_replication_slot('p')")
+    db.execute("SELECT pg_create_logical_replication_slot('p', 'test_decoding')")
+    consumer = Consumer(cluster, db.info.dbname, "p")
+    try:
+        assert wait_until_ended(db, backfill_id, timeout=60) == "failed"
+    finally:
+        consumer.stop()
+    sqlstate, error = status(db, backfill_id, "last_error_sqlstate", "last_error")
+    assert sqlstate == "55000" and 'slot "p" was dropped and created again' in error, error
+    assert not status(db, backfill_id, "delivered")
+    e = error_of(db, "SELECT backfill_wait(%s)", [backfill_id])
+    assert e.sqlstate == "55000" and "failed" in e.diag.message_primary
+
+
+def test_an_invalidated_slot_fails_the_backfill_and_names_the_slot(cluster, db):
+    """A slot whose WAL the server removed (max_slot_wal_keep_size) can never be read again: the
+    backfill waiting for its consumer fails, where it used to wait for ever."""
+    make_items(db, rows=1000)
+    db.execute("SELECT pg_create_logical_replication_slot('p', 'test_decoding')")
+    backfill_id = db.execute("SELECT backfill_start('items', confirm => true, slot => 'p')").fetchone()[0]
+    wait_for(lambda: "none is connected" in (status(db, backfill_id, "waiting_for") or ""), what="the wait")
+    try:
+        db.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        db.execute("SELECT pg_reload_conf()")
+        db.execute("CREATE TABLE filler (v text)")
+        for _ in range(4):  # past the kept WAL, into new segments, then a checkpoint invalidates
+            db.execute("INSERT INTO filler SELECT repeat('y', 1000) FROM generate_series(1, 2000)")
+            db.execute("SELECT pg_switch_wal()")
+        db.execute("CHECKPOINT")
+        wait_for(lambda: db.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'p'").fetchone()[0] == "lost",
+                 what="the slot's invalidation")
+        assert wait_until_ended(db, backfill_id, timeout=30) == "failed"
+    finally:
+        db.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        db.execute("SELECT pg_reload_conf()")
+    sqlstate, error = status(db, backfill_id, "last_error_sqlstate", "last_error")
+    assert sqlstate == "55000" and 'slot "p" was invalidated' in error, error
+    e = error_of(db, "SELECT backfill_wait(%s)", [backfill_id])
+    assert e.sqlstate == "55000"
+
+
+def test_a_table_dropped_from_the_publication_mid_run_fails_the_backfill(db):
+    """The pipeline no longer captures the table: pgoutput would still pass the backfill's
+    messages on, reads of a table the consumer does not subscribe to."""
+    make_items(db)
+    db.execute("CREATE TABLE other (id int PRIMARY KEY)")
+    db.execute("CREATE PUBLICATION pipeline FOR TABLE items, other")
+    backfill_id = db.execute(
+        "SELECT backfill_start('items', confirm => true, publication => 'pipeline', batch_size => 100, rows_per_second => 2000)"
+    ).fetchone()[0]
+    wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
+    db.execute("ALTER PUBLICATION pipeline DROP TABLE items")
+    assert wait_until_ended(db, backfill_id, timeout=30) == "failed"
+    sqlstate, error = status(db, backfill_id, "last_error_sqlstate", "last_error")
+    assert sqlstate == "55000" and 'table public.items is not in publication "pipeline"' in error, error
+    assert status(db, backfill_id, "rows_done") < 20000
