@@ -12,7 +12,7 @@ from contextlib import suppress
 
 import psycopg
 import pytest
-from conftest import ROOT, error_of, messages_with_xids, readme_grants, status, wait_for, wait_until_ended, worker_pid
+from conftest import PG_MAJOR, ROOT, error_of, messages_with_xids, readme_grants, status, wait_for, wait_until_ended, worker_pid
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -621,7 +621,9 @@ def test_consumer_grants_allow_reading_the_key_and_verifying_and_nothing_less_do
 
 def test_security_check_flags_emit_message_for_public_until_revoked(db):
     check = "SELECT ok, fix FROM backfill_security_check() WHERE item ILIKE '%pg_logical_emit_message%'"
-    public_may_emit = "SELECT has_function_privilege('public', 'pg_logical_emit_message(boolean,text,text)', 'EXECUTE')"
+    # (17 added an argument, flush, with a default.)
+    signature = "boolean,text,text" if PG_MAJOR < 17 else "boolean,text,text,boolean"
+    public_may_emit = f"SELECT has_function_privilege('public', 'pg_logical_emit_message({signature})', 'EXECUTE')"
     assert value(db, public_may_emit) is True  # PostgreSQL's default
     [(ok, fix)] = db.execute(check).fetchall()
     assert ok is False and "REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message" in fix

@@ -322,11 +322,17 @@ CREATE FUNCTION backfill_security_check()
 RETURNS TABLE (item text, ok boolean, detail text, fix text)
 LANGUAGE sql STABLE
 AS $$
+-- Whatever signatures the server has: (boolean, text, text) and (boolean, text, bytea), to
+-- which PostgreSQL 17 added a fourth argument, flush.
 SELECT 'pg_logical_emit_message is executable by PUBLIC',
-       NOT (pg_catalog.has_function_privilege('public', 'pg_catalog.pg_logical_emit_message(boolean, text, text)', 'EXECUTE')
-            OR pg_catalog.has_function_privilege('public', 'pg_catalog.pg_logical_emit_message(boolean, text, bytea)', 'EXECUTE')),
+       NOT pg_catalog.bool_or(pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')),
        'Any role can write a message with pg_backfill''s prefix into every consumer''s stream; only consumers that check each message''s auth tag tell it from a genuine one.',
-       'REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text), pg_catalog.pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC;'
+       pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC;',
+                         pg_catalog.string_agg(pg_catalog.format('pg_catalog.pg_logical_emit_message(%s)', pg_catalog.oidvectortypes(p.proargtypes)),
+                                               ', ' ORDER BY p.oid))
+  FROM pg_catalog.pg_proc p
+ WHERE p.proname OPERATOR(pg_catalog.=) 'pg_logical_emit_message'
+   AND p.pronamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace
 UNION ALL
 SELECT 'the message key is readable by PUBLIC',
        NOT pg_catalog.has_table_privilege('public', 'backfill.message_key', 'SELECT'),
