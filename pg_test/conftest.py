@@ -202,14 +202,19 @@ def worker_pid(conn, backfill_id: int):
 GRANT_BLOCKS = {"operator": "etl", "consumer": "consumer"}  # README block: the role it is written for
 
 
-def readme_grants(kind, role) -> str:
-    """The README's ```sql block after `<!-- {kind} grants: the tests run this block -->`, for `role`."""
+def readme_block(name) -> str:
+    """The README's ```sql block after `<!-- {name}: the tests run this block -->`."""
     text = (ROOT / "README.md").read_text()
-    marker = f"<!-- {kind} grants: the tests run this block -->"
+    marker = f"<!-- {name}: the tests run this block -->"
     assert text.count(marker) == 1, f"README.md must have the line {marker} exactly once"
     block = re.match(r"\s*```sql\n(.*?)\n```", text[text.index(marker) + len(marker) :], re.S)
     assert block, f"README.md: no ```sql block right after {marker}"
-    return re.sub(rf"\b{GRANT_BLOCKS[kind]}\b", role, block[1])
+    return block[1]
+
+
+def readme_grants(kind, role) -> str:
+    """The README's ```sql block after `<!-- {kind} grants: the tests run this block -->`, for `role`."""
+    return re.sub(rf"\b{GRANT_BLOCKS[kind]}\b", role, readme_block(f"{kind} grants"))
 
 
 class Roles:

@@ -1,12 +1,16 @@
 """pg_upgrade from PostgreSQL 15 to this run's major, with backfills in the state tables.
 
 Runs in a run of a newer major (PG_MAJOR=18) on a machine with Debian's 15 as well. The 15 cluster
-loads pg_backfill from the package scripts/test.sh built for 15 (BACKFILL_PG15_PACKAGE), through
-Debian's extension_destdir, so that nothing is written into the system's PostgreSQL 15.
+loads pg_backfill from the package scripts/test.sh built for 15 (BACKFILL_PG15_PACKAGE), so that
+nothing is written into the system's PostgreSQL 15: Debian's extension_destdir finds the control
+and SQL files and `$libdir/pg_backfill` there, and dynamic_library_path the library by its bare
+name, as shared_preload_libraries and the workers name it (without it, they loaded the system's
+copy as well, a second library: "attempt to redefine parameter").
 
 The test does what the README tells a DBA to do ("Across pg_upgrade"): pg_upgrade from 15 carries
 no replication slot, so the consumer reads its slot to the end before the upgrade, and the slot
-is created again, under the same name, before the paused backfill is resumed.
+is created again, under the same name, before the paused backfill is resumed. A backfill that was
+started for that slot (`slot =>`) cannot go on: the slot made after the upgrade is another one.
 """
 
 import os
@@ -16,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PG_BIN, PG_MAJOR, Cluster, Consumer, assert_each_row_read_once, pg_major_value, status, wait_for, wait_until_ended
+from conftest import (PG_BIN, PG_MAJOR, Cluster, Consumer, assert_each_row_read_once, pg_major_value, readme_block, status,
+                      wait_for, wait_until_ended)
 
 OLD_MAJOR = 15
 OLD_BIN = pg_major_value(f"$(pg_bin_of {OLD_MAJOR})")
@@ -52,9 +57,10 @@ def test_a_paused_backfill_resumes_after_pg_upgrade_from_15_and_delivers_each_ro
     new = Cluster(f"{cluster.dir}_upgrade{PG_MAJOR}", cluster.port + 10)
     consumers = []
     try:
-        # 15, with pg_backfill preloaded: one backfill finished, one paused half way; a consumer
-        # streams the database's slot.
-        old.start(f"{preload}\\nextension_destdir = '{PACKAGE}'")
+        # 15, with pg_backfill preloaded: one backfill finished, one paused half way, one for the
+        # slot paused too; a consumer streams the database's slot.
+        libdir = subprocess.run([f"{OLD_BIN}/pg_config", "--pkglibdir"], capture_output=True, text=True, check=True).stdout.strip()
+        old.start(f"{preload}\\nextension_destdir = '{PACKAGE}'\\ndynamic_library_path = '{PACKAGE}{libdir}:$libdir'")
         with old.connect() as admin:
             admin.execute("CREATE DATABASE app")
         with old.connect("app") as conn:
@@ -63,7 +69,9 @@ def test_a_paused_backfill_resumes_after_pg_upgrade_from_15_and_delivers_each_ro
                     CREATE TABLE finished (id bigint PRIMARY KEY, body text NOT NULL);
                     INSERT INTO finished SELECT g, 'f' || g FROM generate_series(1, {FINISHED_ROWS}) g;
                     CREATE TABLE pending (id bigint PRIMARY KEY, body text NOT NULL);
-                    INSERT INTO pending SELECT g, repeat('p', 50) FROM generate_series(1, {PAUSED_ROWS}) g;"""
+                    INSERT INTO pending SELECT g, repeat('p', 50) FROM generate_series(1, {PAUSED_ROWS}) g;
+                    CREATE TABLE for_slot (id bigint PRIMARY KEY);
+                    INSERT INTO for_slot SELECT generate_series(1, {PAUSED_ROWS});"""
             )
             conn.execute("SELECT pg_create_logical_replication_slot('pipe', 'test_decoding')")
             consumers.append(Consumer(old, "app", "pipe"))
@@ -78,10 +86,22 @@ def test_a_paused_backfill_resumes_after_pg_upgrade_from_15_and_delivers_each_ro
                      what="the pause")
             rows_at_pause = status(conn, paused_id, "rows_done")
             assert 0 < rows_at_pause < PAUSED_ROWS
+            slot_bound_id = conn.execute(
+                "SELECT backfill_start('for_slot', confirm => true, slot => 'pipe', batch_size => 200, rows_per_second => 4000)"
+            ).fetchone()[0]
+            wait_for(lambda: status(conn, slot_bound_id, "rows_done") >= 1000, what="the backfill for the slot to get going")
+            conn.execute("SELECT backfill_pause(%s)", [slot_bound_id])
+            wait_for(lambda: status(conn, slot_bound_id, "state") == "paused" and status(conn, slot_bound_id, "worker_pid") is None,
+                     what="the pause")
             # Before the upgrade the consumer reads its slot to the end: the slot stays behind.
             caught_up(conn, "pipe")
         consumers[0].stop()
         before = consumers[0].messages()
+        # This machine's 15 marks every column with an option 18 does not know (pg_attver):
+        # the README's step for such a 15, in every database.
+        for dbname in ("postgres", "app"):
+            with old.connect(dbname) as conn:
+                conn.execute(readme_block("pg_upgrade attver"))
         old.pg_ctl("-m fast stop")  # pg_upgrade needs a clean shutdown
 
         # The new major's cluster, stopped, with the old one's settings. (18's initdb turns data
@@ -114,12 +134,19 @@ def test_a_paused_backfill_resumes_after_pg_upgrade_from_15_and_delivers_each_ro
             conn.execute("SELECT backfill_resume(%s)", [paused_id])
             assert wait_until_ended(conn, paused_id) == "done"
             assert status(conn, paused_id, "rows_done") == PAUSED_ROWS
+            # The backfill for the old slot refuses the new one: what the old slot's consumer
+            # had not confirmed would never reach it (README: "the slot dropped and created
+            # again").
+            conn.execute("SELECT backfill_resume(%s)", [slot_bound_id])
+            assert wait_until_ended(conn, slot_bound_id) == "failed"
+            sqlstate, error = status(conn, slot_bound_id, "last_error_sqlstate", "last_error")
+            assert sqlstate == "55000" and "dropped and created again" in error, error
             caught_up(conn, "pipe")
         consumers[1].stop()
         after = consumers[1].messages()
 
         of = lambda messages, backfill_id: [m for m in messages if m["backfill_id"] == backfill_id]  # noqa: E731
-        assert of(after, finished_id) == []
+        assert of(after, finished_id) == [] and [m for m in of(after, slot_bound_id) if m["op"] == "read"] == []
         assert_each_row_read_once(of(before, finished_id), range(1, FINISHED_ROWS + 1))
         assert Counter(m["op"] for m in of(before, paused_id))["read"] == rows_at_pause
         assert_each_row_read_once(of(before, paused_id) + of(after, paused_id), range(1, PAUSED_ROWS + 1))
