@@ -289,6 +289,28 @@ def test_a_role_sees_only_its_own_backfills_unless_it_is_in_pg_monitor(db, roles
     assert cursor and upper_bound == ["2000"]
 
 
+@pytest.mark.skipif(PG_MAJOR < 16, reason="grants WITH INHERIT FALSE, SET FALSE are new in PostgreSQL 16")
+def test_a_member_that_may_neither_use_nor_become_a_role_does_not_act_as_it(db, roles, a_backfill):
+    """16 separated membership from its powers: a role granted another WITH INHERIT FALSE, SET
+    FALSE is its member (pg_has_role's MEMBER) yet has none of its privileges and may not SET
+    ROLE to it. Such a member of A, and of pg_monitor, sees and controls A's backfill no more
+    than a stranger does; granted SET (so it may become A), it controls it, as any member on 15."""
+    role, _, backfill_id = a_backfill
+    bare = roles.create("bare", "operator")
+    db.execute(f"GRANT {role} TO {bare} WITH INHERIT FALSE, SET FALSE")
+    db.execute(f"GRANT pg_monitor TO {bare} WITH INHERIT FALSE, SET FALSE")
+    b = roles.connect(bare)
+    assert value(b, "SELECT pg_has_role(%s, 'MEMBER')", [role]) is True
+    assert value(b, "SELECT count(*) FROM backfill_status") == 0
+    assert value(b, "SELECT count(*) FROM backfill_tables") == 0
+    assert value(b, "SELECT backfill.workers_running(%s)", [backfill_id]) == 0
+    assert error_of(b, "SELECT backfill_pause(%s)", [backfill_id]).sqlstate == "42501"
+    db.execute(f"GRANT {role} TO {bare} WITH SET TRUE")
+    assert value(b, "SELECT count(*) FROM backfill_status WHERE id = %s", [backfill_id]) == 1
+    b.execute("SELECT backfill_pause(%s)", [backfill_id])
+    assert status(db, backfill_id, "state") == "paused"
+
+
 def test_a_role_that_may_no_longer_read_the_table_sees_none_of_its_progress(db, a_backfill):
     role, a, backfill_id = a_backfill
     of_table = "SELECT cursor, upper_bound, rows_done FROM backfill_tables WHERE backfill_id = %s"

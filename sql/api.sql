@@ -135,11 +135,9 @@ COMMENT ON FUNCTION backfill_wait(bigint, interval) IS
 CREATE FUNCTION backfill.visible(started_by name)
 RETURNS boolean
 LANGUAGE sql STABLE
-AS $$ SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER')
-             OR EXISTS (SELECT FROM pg_catalog.pg_roles r
-                         WHERE r.rolname OPERATOR(pg_catalog.=) started_by AND pg_catalog.pg_has_role(r.oid, 'MEMBER')) $$;
+AS $$ SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR backfill.may_act_as(CURRENT_USER, started_by) $$;
 COMMENT ON FUNCTION backfill.visible(name) IS
-'Whether the current role sees a backfill started by this role: a member of it, a superuser or a member of pg_monitor';
+'Whether the current role sees a backfill started by this role: one that may act as it or as pg_monitor (backfill.may_act_as), or a superuser';
 
 -- The views show each role the backfills started by it or a role it is a member of;
 -- superusers and members of pg_monitor see every backfill. Key values, counts and errors
@@ -200,7 +198,7 @@ SELECT j.id,
                pg_catalog.bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
           FROM backfill.job_table jt
          WHERE jt.job_id = j.id) t
- CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER') OR t.all_selectable AS readable) v
+ CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR t.all_selectable AS readable) v
   LEFT JOIN LATERAL (
         SELECT ((pg_catalog.max(p.rows_done) OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done))
                 OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) OPERATOR(pg_catalog.-) pg_catalog.min(p.at)), 0))::bigint
@@ -265,7 +263,7 @@ SELECT jt.job_id AS backfill_id,
        jt.pages_row_locked
   FROM backfill.job_table jt
   JOIN backfill.job j ON j.id = jt.job_id
- CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER')
+ CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor')
                             OR coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) v
  WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_tables IS 'One row per table of each backfill: scan state, cursor and counters';
@@ -401,6 +399,7 @@ COMMENT ON FUNCTION backfill.wait(bigint, double precision) IS 'Entry point of b
 COMMENT ON FUNCTION backfill.max_slot_lag_bytes() IS 'backfill.max_slot_lag in bytes, for backfill_status';
 COMMENT ON FUNCTION backfill.auto_resume() IS 'Whether pg_backfill is preloaded, so that running backfills resume after a restart';
 COMMENT ON FUNCTION backfill.workers_running(bigint) IS 'Background workers of a backfill of this database running now';
+COMMENT ON FUNCTION backfill.may_act_as(text, text) IS 'Whether role member holds the privileges of role role or may SET ROLE to it (a bare member, granted WITH INHERIT FALSE, SET FALSE on 16+, may not): who sees and controls a role''s backfills';
 COMMENT ON FUNCTION backfill.waiting_for(bigint) IS 'What the workers of a backfill wait for now (a row lock held by a pid, or the slot''s consumer), or NULL';
 COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 'Whether a message is genuine: its auth tag verifies for the transaction id its decoder reported (needs SELECT on backfill.message_key)';
@@ -409,5 +408,6 @@ COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 -- the grants for operators and for consumers. The views' helpers stay executable by all.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
-                          backfill.waiting_for(bigint), backfill.visible(name), backfill.source_limit(text, bigint) TO PUBLIC;
+                          backfill.waiting_for(bigint), backfill.visible(name), backfill.source_limit(text, bigint),
+                          backfill.may_act_as(text, text) TO PUBLIC;
 

@@ -43,3 +43,111 @@ SELECT 'backfills can be started by PUBLIC',
        'Every role could start backfills of the tables it may update, and take background workers.',
        'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
 $$;
+
+-- Who sees and controls a role's backfills: a role that may act as it (backfill.may_act_as),
+-- no longer any member. Since 16 a member granted WITH INHERIT FALSE, SET FALSE has neither
+-- the role's privileges nor the right to become it, yet pg_has_role(..., 'MEMBER') counted it.
+CREATE  FUNCTION backfill."may_act_as"(
+	"member" TEXT, /* &str */
+	"role" TEXT /* &str */
+) RETURNS bool /* bool */
+STRICT STABLE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'may_act_as_wrapper';
+COMMENT ON FUNCTION backfill.may_act_as(text, text) IS 'Whether role member holds the privileges of role role or may SET ROLE to it (a bare member, granted WITH INHERIT FALSE, SET FALSE on 16+, may not): who sees and controls a role''s backfills';
+REVOKE EXECUTE ON FUNCTION backfill.may_act_as(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION backfill.may_act_as(text, text) TO PUBLIC;
+CREATE OR REPLACE FUNCTION backfill.visible(started_by name)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$ SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR backfill.may_act_as(CURRENT_USER, started_by) $$;
+COMMENT ON FUNCTION backfill.visible(name) IS
+'Whether the current role sees a backfill started by this role: one that may act as it or as pg_monitor (backfill.may_act_as), or a superuser';
+CREATE OR REPLACE VIEW backfill_status WITH (security_barrier) AS
+SELECT j.id,
+       j.state,
+       j.pause_reason,
+       t.tables,
+       t.current_table,
+       CASE WHEN v.readable THEN t.rows_done END AS rows_done,
+       CASE WHEN v.readable THEN t.rows_estimated END AS rows_estimated,
+       CASE WHEN NOT v.readable THEN NULL
+            WHEN j.state = 'done' THEN 100.0 ELSE pg_catalog.round((100 OPERATOR(pg_catalog.*) t.fraction_done)::numeric, 1) END AS percent_done,
+       CASE WHEN v.readable THEN r.rows_per_second END AS rows_per_second_last_minute,
+       CASE WHEN v.readable AND j.state = 'running' AND r.rows_per_second OPERATOR(pg_catalog.>) 0
+            THEN pg_catalog.make_interval(secs => pg_catalog.round(((1 OPERATOR(pg_catalog.-) t.fraction_done) OPERATOR(pg_catalog.*) t.rows_estimated
+                                                               OPERATOR(pg_catalog./) r.rows_per_second)::numeric))
+       END AS time_left,
+       j.slot_name,
+       -- (A standby has no current WAL position of its own: it shows what it has replayed.)
+       pg_catalog.pg_wal_lsn_diff(CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+                                       ELSE pg_catalog.pg_current_wal_lsn() END,
+                                  s.confirmed_flush_lsn)::bigint AS slot_lag_bytes,
+       j.watermark_lsn,
+       j.state = 'done' AND (j.slot_name IS NULL OR s.confirmed_flush_lsn >= j.watermark_lsn) AS delivered,
+       a.pid AS worker_pid,
+       backfill.workers_running(j.id) AS workers_running,
+       CASE WHEN j.state = 'running' THEN backfill.waiting_for(j.id) END AS waiting_for,
+       j.parallel,
+       j.batch_size,
+       j.rows_per_second,
+       CASE WHEN j.slot_name IS NOT NULL THEN coalesce(j.max_lag_bytes, backfill.max_slot_lag_bytes()) END AS max_lag_bytes,
+       j.publication_name,
+       j.message_prefix,
+       backfill.auto_resume() AS auto_resume,
+       j.started_by,
+       j.started_at,
+       j.finished_at,
+       CASE WHEN v.readable THEN j.last_error_sqlstate END AS last_error_sqlstate,
+       CASE WHEN v.readable THEN j.last_error END AS last_error,
+       j.lock_mode,
+       backfill.source_limit('max_replica_lag', j.max_replica_lag_bytes) AS max_replica_lag_bytes,
+       backfill.source_limit('max_retained_wal', j.max_retained_wal_bytes) AS max_retained_wal_bytes,
+       backfill.source_limit('max_active_sessions', j.max_active_sessions)::integer AS max_active_sessions
+  FROM backfill.job j
+ CROSS JOIN LATERAL (
+        SELECT pg_catalog.array_agg(jt.relid ORDER BY jt.position) AS tables,
+               (pg_catalog.array_agg(jt.relid ORDER BY jt.position) FILTER (WHERE jt.state = 'running'))[1] AS current_table,
+               pg_catalog.sum(jt.rows_done)::bigint AS rows_done,
+               pg_catalog.sum(jt.rows_estimated)::bigint AS rows_estimated,
+               coalesce(pg_catalog.sum(jt.rows_estimated OPERATOR(pg_catalog.*) CASE jt.state WHEN 'done' THEN 1
+                                                              WHEN 'pending' THEN 0
+                                                              ELSE coalesce(jt.key_fraction_done,
+                                                                            least(1, jt.rows_done::float8 OPERATOR(pg_catalog./) nullif(jt.rows_estimated, 0)), 0)
+                                                 END) OPERATOR(pg_catalog./) nullif(pg_catalog.sum(jt.rows_estimated), 0), 0) AS fraction_done,
+               pg_catalog.bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
+          FROM backfill.job_table jt
+         WHERE jt.job_id = j.id) t
+ CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR t.all_selectable AS readable) v
+  LEFT JOIN LATERAL (
+        SELECT ((pg_catalog.max(p.rows_done) OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done))
+                OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) OPERATOR(pg_catalog.-) pg_catalog.min(p.at)), 0))::bigint
+               AS rows_per_second
+          FROM backfill.job_progress p
+         WHERE p.job_id = j.id AND p.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')) r ON true
+  LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = j.worker_pid AND j.state IN ('running', 'paused')
+ WHERE backfill.visible(j.started_by);
+CREATE OR REPLACE VIEW backfill_tables WITH (security_barrier) AS
+SELECT jt.job_id AS backfill_id,
+       jt.position,
+       jt.relid AS table_name,
+       jt.part,
+       CASE WHEN j.state IN ('cancelled', 'failed') AND jt.state <> 'done' THEN j.state
+            ELSE jt.state END AS state,
+       jt.key_columns,
+       CASE WHEN v.readable THEN jt.cursor END AS cursor,
+       CASE WHEN v.readable THEN jt.upper_bound END AS upper_bound,
+       CASE WHEN v.readable THEN jt.rows_done END AS rows_done,
+       CASE WHEN v.readable THEN jt.rows_estimated END AS rows_estimated,
+       CASE WHEN v.readable THEN jt.bytes_done END AS bytes_done,
+       jt.last_page_lsn,
+       jt.started_at,
+       jt.finished_at,
+       jt.pages_table_locked,
+       jt.pages_row_locked
+  FROM backfill.job_table jt
+  JOIN backfill.job j ON j.id = jt.job_id
+ CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor')
+                            OR coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) v
+ WHERE backfill.visible(j.started_by);

@@ -50,6 +50,21 @@ pub unsafe fn set_signal_handler(signal: u32, handler: pg_sys::pqsigfunc) {
     pg_sys::pqsignal_be(signal as c_int, handler);
 }
 
+/// Whether `member` may act as `role`: it holds the role's privileges or may `SET ROLE` to it
+/// (a superuser may both).
+///
+/// On 15 every member may `SET ROLE` (`is_member_of_role`). 16 separated membership from both
+/// powers: a member granted `WITH INHERIT FALSE, SET FALSE` is still a member (what
+/// `pg_has_role(..., 'MEMBER')` answers) yet may do nothing as the role.
+pub fn may_act_as(member: pg_sys::Oid, role: pg_sys::Oid) -> bool {
+    #[cfg(feature = "pg15")]
+    // SAFETY: catalog lookups of two role ids, inside a transaction.
+    return unsafe { pg_sys::is_member_of_role(member, role) };
+    #[cfg(feature = "pg18")]
+    // SAFETY: catalog lookups of two role ids, inside a transaction.
+    return unsafe { pg_sys::has_privs_of_role(member, role) || pg_sys::member_can_set_role(member, role) };
+}
+
 /// Ends the process with `code` (`proc_exit`). 18's headers declare it `pg_noreturn` in a way
 /// the bindings no longer see, so the shim restores the `!`.
 pub fn exit_process(code: i32) -> ! {
