@@ -203,4 +203,4 @@ def test_reading_the_views_writes_nothing(orders):
 
 def test_an_error_reports_where_it_was_raised(orders):
     e = error_of(orders, "SELECT backfill_start('orders')")
-    assert e.sqlstate == "22023" and e.diag.source_file.endswith("api.rs"), e.diag.source_file
+    assert e.sqlstate == "22023" and e.diag.source_file.endswith("api/start.rs"), e.diag.source_file

@@ -1,0 +1,74 @@
+//! Helpers of the monitoring views that must work for every role (the views themselves are in
+//! `sql/api.sql`).
+
+use crate::pg::encoding::Text;
+use crate::pg::privilege;
+use crate::worker::launcher::WORKERS_OF_BACKFILL;
+use pgrx::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set in the postmaster when the library is preloaded; backends inherit it.
+pub static PRELOADED: AtomicBool = AtomicBool::new(false);
+
+/// Whether pg_backfill is in shared_preload_libraries, so that running backfills resume after a
+/// server restart. (Reading that setting needs pg_read_all_settings; this does not.)
+#[pg_extern(schema = "backfill", stable)]
+fn auto_resume() -> bool {
+    PRELOADED.load(Ordering::Relaxed)
+}
+
+/// Whether the caller ($2) sees backfill $1 (as the views decide, see backfill.visible): the
+/// helpers below run as the extension's owner, and answer only about such a backfill.
+const VISIBLE_TO_CALLER: &str = "(pg_catalog.pg_has_role($2, 'pg_monitor', 'MEMBER')
+    OR EXISTS (SELECT FROM backfill.job j JOIN pg_catalog.pg_roles r ON r.rolname OPERATOR(pg_catalog.=) j.started_by
+                WHERE j.id OPERATOR(pg_catalog.=) $1 AND pg_catalog.pg_has_role($2, r.oid, 'MEMBER')))";
+
+fn caller() -> pg_sys::Oid {
+    // SAFETY: the current user, read before the switch to the extension's owner.
+    unsafe { pg_sys::GetUserId() }
+}
+
+/// Background workers of a backfill of this database running now. pg_stat_activity hides
+/// other roles' application names, so they are counted as the extension's owner.
+#[pg_extern(schema = "backfill", stable)]
+fn workers_running(backfill_id: i64) -> i32 {
+    let caller = caller();
+    privilege::as_extension_owner(|| {
+        crate::pg::spi::select_one::<i32>(
+            &format!(
+                "SELECT count(*)::int FROM pg_catalog.pg_stat_activity a WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}"
+            ),
+            &[backfill_id.into(), caller.into()],
+        )
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(0)
+}
+
+/// What the workers of a running backfill wait for now: a row lock another process holds (a
+/// one-row page waits up to backfill.lock_timeout for it, then retries), the slot's consumer
+/// (away, or lagging past max_lag: the workers say so in pg_stat_activity), or nothing (NULL).
+#[pg_extern(schema = "backfill", stable)]
+fn waiting_for(backfill_id: i64) -> Option<Text> {
+    let caller = caller();
+    let skip = crate::worker::page::WAITING_FOR.len() + 1;
+    privilege::as_extension_owner(|| {
+        crate::pg::spi::select_one::<Text>(
+            &format!(
+                "SELECT coalesce(
+                    (SELECT 'a row lock held by pid ' OPERATOR(pg_catalog.||) pg_catalog.string_agg(DISTINCT b::text, ', ')
+                       FROM pg_catalog.pg_stat_activity a, pg_catalog.unnest(pg_catalog.pg_blocking_pids(a.pid)) b
+                      WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}),
+                    (SELECT pg_catalog.string_agg(DISTINCT pg_catalog.substr(a.query, {skip}), '; ')
+                       FROM pg_catalog.pg_stat_activity a
+                      WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}
+                        AND pg_catalog.starts_with(a.query, '{waiting}')))",
+                waiting = crate::worker::page::WAITING_FOR,
+            ),
+            &[backfill_id.into(), caller.into()],
+        )
+    })
+    .ok()
+    .flatten()
+}

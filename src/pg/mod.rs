@@ -1,0 +1,8 @@
+//! PostgreSQL plumbing that every layer above uses: errors, encodings, SPI, settings, privileges, argument checks.
+
+pub(crate) mod args;
+pub(crate) mod encoding;
+pub(crate) mod errors;
+pub(crate) mod privilege;
+pub(crate) mod settings;
+pub(crate) mod spi;
