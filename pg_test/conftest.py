@@ -46,6 +46,21 @@ class Cluster:
         cluster_cmd(f"as_postgres \"$PG_BIN/pg_ctl\" -D '{self.dir}/data' -l '{self.dir}/server.log' -w {' '.join(args)} >/dev/null")
 
 
+# The test clusters besides the session's, each with a port of its own: the session's port
+# plus 100 plus its place here (clear of the demo's, 55440, and of another run's 1,000 above).
+EXTRA_CLUSTERS = ["replica", "standby1", "preload", "nopreload", "install", "huge", "pmdeath", "standby", "resumer"]
+
+
+def extra_cluster(cluster: "Cluster", name: str) -> Cluster:
+    """Another cluster for one test, in a directory and on a port of its own (not yet started)."""
+    return Cluster(f"{cluster.dir}_{name}", cluster.port + 100 + EXTRA_CLUSTERS.index(name))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cluster: starts a PostgreSQL cluster of its own (extra_cluster)")
+    config.addinivalue_line("markers", "slow: takes more than about 10 seconds")
+
+
 @pytest.fixture(scope="session")
 def cluster():
     c = Cluster(CLUSTER_DIR, PORT)

@@ -10,7 +10,7 @@ from contextlib import suppress
 
 import psycopg
 import pytest
-from conftest import ROOT, Cluster, Consumer, assert_each_row_read_once, error_of, status, wait_for, wait_until_ended
+from conftest import ROOT, Cluster, Consumer, extra_cluster, assert_each_row_read_once, error_of, status, wait_for, wait_until_ended
 
 MB = 1024 * 1024
 GB = 1024 * MB
@@ -145,10 +145,11 @@ class ActiveSessions:
                 conn.close()
 
 
+@pytest.mark.cluster
 def test_a_standby_that_stops_replaying_pauses_the_backfill(cluster, db):
     limit = MB  # far above what a page writes: once replaying again, the standby keeps up
     # (Not + 7: 55440 is the demo cluster's port, which the demo leaves running.)
-    standby = Cluster(f"{cluster.dir}_standby1", cluster.port + 8)
+    standby = extra_cluster(cluster, "standby1")
     consumer = None
     try:
         start_standby(cluster, standby, "standby1")

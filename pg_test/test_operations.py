@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (PG_BIN, ROOT, Cluster, Consumer, assert_each_row_read_once, backfill_messages, error_of, status, wait_for,
+from conftest import (PG_BIN, ROOT, Consumer, extra_cluster, assert_each_row_read_once, backfill_messages, error_of, status, wait_for,
                       wait_until_ended, wal2json_changes, worker_pid)
 
 @pytest.fixture
@@ -208,7 +208,7 @@ def test_backfill_wait_times_out_refuses_its_own_transaction_and_sees_delivery(c
 
 
 def restart_scenario(cluster, name, preload):
-    other = Cluster(f"{cluster.dir}_{name}", cluster.port + 2)
+    other = extra_cluster(cluster, name)
     conf = "shared_preload_libraries = 'pg_backfill'" if preload else ""
     other.start(conf)
     conn = other.connect()
@@ -226,6 +226,7 @@ def restart_scenario(cluster, name, preload):
     return other, backfill_id
 
 
+@pytest.mark.cluster
 def test_preloaded_backfill_resumes_by_itself_after_an_immediate_stop(cluster):
     other, backfill_id = restart_scenario(cluster, "preload", preload=True)
     try:
@@ -239,6 +240,7 @@ def test_preloaded_backfill_resumes_by_itself_after_an_immediate_stop(cluster):
         other.stop()
 
 
+@pytest.mark.cluster
 def test_without_preloading_a_restart_leaves_it_to_backfill_resume(cluster):
     other, backfill_id = restart_scenario(cluster, "nopreload", preload=False)
     try:
@@ -247,7 +249,7 @@ def test_without_preloading_a_restart_leaves_it_to_backfill_resume(cluster):
             assert status(conn, backfill_id, "state", "auto_resume") == ("running", False)
             time.sleep(1.5)
             assert worker_pid(conn, backfill_id) is None
-            assert conn.execute("SELECT backfill_resume(%s)", [backfill_id]).fetchone()[0] is True
+            conn.execute("SELECT backfill_resume(%s)", [backfill_id])
             assert wait_until_ended(conn, backfill_id) == "done"
             assert_each_row_read_once(backfill_messages(wal2json_changes(conn, "consumer")), range(1, 60001))
     finally:
@@ -293,6 +295,7 @@ def test_a_native_subscriber_of_a_for_all_tables_publication_keeps_applying(clus
             s.execute("DROP SUBSCRIPTION sub_all")
 
 
+@pytest.mark.cluster
 def test_installing_a_new_library_leaves_a_running_preloaded_server_up(cluster, tmp_path):
     """The scripts install as package managers do: each file written beside its destination and
     renamed over it. A preloaded server, whose every process maps the installed library, keeps

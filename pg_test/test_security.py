@@ -126,7 +126,7 @@ def test_binding_a_slot_needs_replication(db, roles, operator):
     assert e.sqlstate == "42501"
     db.execute(f"ALTER ROLE {role} REPLICATION")
     backfill_id = start(conn, "t", slot=slot)
-    assert value(conn, "SELECT backfill_cancel(%s)", [backfill_id]) is True
+    conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
     assert wait_until_ended(db, backfill_id) == "cancelled"
 
 
@@ -183,12 +183,16 @@ def test_the_callers_search_path_cannot_make_it_superuser(db, roles):
 
     conn.execute("SELECT * FROM backfill_estimate('t')").fetchall()
     backfill_id = value(conn, "SELECT backfill_start('t', confirm => true, batch_size => 10, rows_per_second => 50)")
-    assert value(conn, "SELECT backfill_set(%s, rows_per_second => 40)", [backfill_id]) is True
-    assert value(conn, "SELECT backfill_pause(%s)", [backfill_id]) is True
+    conn.execute("SELECT backfill_set(%s, rows_per_second => 40)", [backfill_id])
+    assert status(db, backfill_id, "rows_per_second") == 40
+    conn.execute("SELECT backfill_pause(%s)", [backfill_id])
     wait_for(lambda: worker_pid(db, backfill_id) is None, what="the paused worker to exit")
-    assert value(conn, "SELECT backfill_resume(%s)", [backfill_id]) is True
+    assert status(db, backfill_id, "state") == "paused"
+    conn.execute("SELECT backfill_resume(%s)", [backfill_id])
+    assert status(db, backfill_id, "state") == "running"
     assert value(conn, "SELECT backfill_wait(%s, timeout => '5 s')", [backfill_id]) is False
-    assert value(conn, "SELECT backfill_cancel(%s)", [backfill_id]) is True
+    conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    assert wait_until_ended(db, backfill_id) == "cancelled"
     conn.execute("SELECT * FROM backfill_status").fetchall()
     conn.execute("SELECT * FROM backfill_tables").fetchall()
     assert wait_until_ended(db, backfill_id) == "cancelled"
@@ -689,12 +693,13 @@ def test_a_key_type_the_caller_shadows_in_pg_temp_is_not_used(db, roles):
     assert not is_superuser(db, atk)
 
 
+@pytest.mark.cluster
 def test_after_a_restart_the_resumer_trusts_no_table_but_the_extensions_own(cluster, roles, db):
     """With preloading, the resumer visits every database as the bootstrap superuser; a fake
     backfill.job in a database without the extension must run nothing."""
-    from conftest import Cluster
+    from conftest import extra_cluster
 
-    other = Cluster(f"{cluster.dir}_resumer", cluster.port + 5)
+    other = extra_cluster(cluster, "resumer")
     other.start("shared_preload_libraries = 'pg_backfill'")
     try:
         with other.connect() as admin:

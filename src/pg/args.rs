@@ -7,16 +7,18 @@ use pgrx::PgSqlErrorCode::*;
 
 const MAX_BATCH_SIZE: i32 = 100_000;
 
-/// An argument that must not be NULL.
+/// An argument that must not be NULL (the error's location is the caller's).
+#[track_caller]
 pub fn required<T>(value: Option<T>, function: &str, argument: &str) -> T {
-    value.unwrap_or_else(|| {
-        raise(
+    match value {
+        Some(value) => value,
+        None => raise(
             ERRCODE_NULL_VALUE_NOT_ALLOWED,
             format!("argument {argument} of {function} must not be NULL"),
             format!("{function} was called with {argument} => NULL."),
             Some(format!("Pass a value, or leave {argument} out for its default.")),
-        )
-    })
+        ),
+    }
 }
 
 /// Backfills write WAL: a standby cannot start or change one. (Its views show the primary's

@@ -8,7 +8,8 @@ use std::borrow::Cow;
 use std::fmt::Write;
 
 /// Raises an ERROR; never returns. The error's LOCATION is the caller's (track_caller), not
-/// this helper's.
+/// this helper's. A helper that raises on its caller's behalf carries #[track_caller] too, and
+/// calls this outside any closure (a closure's location would be reported).
 #[track_caller]
 pub fn raise(code: PgSqlErrorCode, message: impl Into<String>, detail: impl Into<String>, hint: Option<String>) -> ! {
     let text = |text: String| for_server(&text).into_owned();
@@ -49,15 +50,17 @@ pub trait OrInternal<T> {
 }
 
 impl<T, E: std::fmt::Display> OrInternal<T> for Result<T, E> {
+    // (A match, not unwrap_or_else: a closure would be the caller that track_caller reports.)
     #[track_caller]
     fn or_internal(self, doing: &str) -> T {
-        self.unwrap_or_else(|e| {
-            raise(
+        match self {
+            Ok(value) => value,
+            Err(e) => raise(
                 pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
                 format!("pg_backfill could not {doing}"),
                 e.to_string(),
                 None,
-            )
-        })
+            ),
+        }
     }
 }
