@@ -55,6 +55,7 @@ def test_backfill_waits_while_the_slot_has_no_consumer_and_names_its_slot(cluste
     backfill_id = events.execute("SELECT backfill_start('events', confirm => true, slot => 'pipe')").fetchone()[0]
     waiting = 'the consumer of slot "pipe": none is connected'
     wait_for(lambda: status(events, backfill_id, "waiting_for") == waiting, what="the wait")
+    assert status(events, backfill_id, "waiting_kind") == "consumer_away"
     assert status(events, backfill_id, "state") == "running"  # waiting is not a state: it still runs
     assert worker_pid(events, backfill_id) is not None, "it waits; it did not give up"
     time.sleep(1.5)
@@ -80,7 +81,8 @@ def test_back_pressure_stops_below_the_lag_limit_and_resumes_when_the_consumer_c
         backfill_id = events.execute(
             "SELECT backfill_start('events', confirm => true, slot => 'pipe', max_lag => %s, batch_size => 100)", [limit]
         ).fetchone()[0]
-        wait_for(lambda: "lags" in (status(events, backfill_id, "waiting_for") or ""), what="back-pressure")
+        wait_for(lambda: status(events, backfill_id, "waiting_kind") == "consumer_lag", what="back-pressure")
+        assert "lags" in status(events, backfill_id, "waiting_for")
         assert status(events, backfill_id, "state") == "running"
         held = status(events, backfill_id, "rows_done")
         lag = status(events, backfill_id, "slot_lag_bytes")

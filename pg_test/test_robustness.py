@@ -320,6 +320,7 @@ def test_a_stall_on_a_row_lock_shows_who_holds_it(cluster, items):
         holder = writer.execute("SELECT pg_backend_pid()").fetchone()[0]
         wait_for(lambda: status(items, backfill_id, "waiting_for") == f"a row lock held by pid {holder}",
                  timeout=20, what="the stall to show")
+        assert status(items, backfill_id, "waiting_kind") == "row_lock"
         writer.execute("ROLLBACK")
     assert wait_until_ended(items, backfill_id) == "done"
 

@@ -185,7 +185,8 @@ SELECT j.id,
        j.lock_mode,
        backfill.source_limit('max_replica_lag', j.max_replica_lag_bytes) AS max_replica_lag_bytes,
        backfill.source_limit('max_retained_wal', j.max_retained_wal_bytes) AS max_retained_wal_bytes,
-       backfill.source_limit('max_active_sessions', j.max_active_sessions)::integer AS max_active_sessions
+       backfill.source_limit('max_active_sessions', j.max_active_sessions)::integer AS max_active_sessions,
+       CASE WHEN j.state = 'running' THEN backfill.waiting_kind(j.id) END AS waiting_kind
   FROM backfill.job j
  CROSS JOIN LATERAL (
         SELECT pg_catalog.array_agg(jt.relid ORDER BY jt.position) AS tables,
@@ -225,6 +226,7 @@ COMMENT ON COLUMN backfill_status.rows_done IS 'Read messages delivered so far';
 COMMENT ON COLUMN backfill_status.rows_estimated IS 'Planner estimate of the rows when the backfill started';
 COMMENT ON COLUMN backfill_status.percent_done IS 'Share of the key ranges scanned (from pg_stats histograms; rows against the estimate without them); 100 once done';
 COMMENT ON COLUMN backfill_status.waiting_for IS 'What a running backfill''s workers wait for now, if anything: a row lock held by another process (its pid), the slot''s consumer (none connected, or lagging past max_lag_bytes), a standby replaying past max_replica_lag_bytes, a slot retaining more than max_retained_wal_bytes, or the server''s load past max_active_sessions (then it slows down rather than waits)';
+COMMENT ON COLUMN backfill_status.waiting_kind IS 'The kind of what a running backfill''s workers wait for now, stable for monitoring: row_lock, consumer_away, consumer_lag, replica_lag, retained_wal or load (then it slows down rather than waits); NULL when nothing holds it back';
 COMMENT ON COLUMN backfill_status.worker_pid IS 'Process id of the running background worker, if any';
 COMMENT ON COLUMN backfill_status.last_error_sqlstate IS 'SQLSTATE of the error that failed the backfill';
 COMMENT ON COLUMN backfill_status.last_error IS 'Message of the error that failed the backfill, with the table and key';
@@ -396,6 +398,7 @@ COMMENT ON FUNCTION backfill.max_slot_lag_bytes() IS 'backfill.max_slot_lag in b
 COMMENT ON FUNCTION backfill.auto_resume() IS 'Whether pg_backfill is preloaded, so that running backfills resume after a restart';
 COMMENT ON FUNCTION backfill.workers_running(bigint) IS 'Background workers of a backfill of this database running now';
 COMMENT ON FUNCTION backfill.waiting_for(bigint) IS 'What the workers of a backfill wait for now (a row lock held by a pid, or the slot''s consumer), or NULL';
+COMMENT ON FUNCTION backfill.waiting_kind(bigint) IS 'The kind of what the workers of a backfill wait for now (row_lock, consumer_away, consumer_lag, replica_lag, retained_wal, load), or NULL';
 COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 'Whether a message is genuine: its auth tag verifies for the transaction id its decoder reported (needs SELECT on backfill.message_key)';
 
@@ -403,5 +406,6 @@ COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 -- the grants for operators and for consumers. The views' helpers stay executable by all.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
-                          backfill.waiting_for(bigint), backfill.visible(name), backfill.source_limit(text, bigint) TO PUBLIC;
+                          backfill.waiting_for(bigint), backfill.waiting_kind(bigint), backfill.visible(name),
+                          backfill.source_limit(text, bigint) TO PUBLIC;
 

@@ -5,6 +5,8 @@
 -- tables with such columns differ from 0.6.0's, and a comparison refuses a server of the other.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.7.0'" to load this file. \quit
 
+-- backfill_status gains waiting_kind, the stable kind of what a running backfill waits for.
+
 -- (As every update script: the state tables first, in the order a worker's page takes them.)
 LOCK TABLE backfill.job, backfill.job_table IN ACCESS EXCLUSIVE MODE;
 
@@ -14,3 +16,81 @@ COMMENT ON COLUMN backfill.job.slot_identity IS 'Which slot of that name it was 
 ALTER FUNCTION backfill.row_hash(anyelement) STABLE;
 
 COMMENT ON FUNCTION backfill.row_hash(anyelement) IS 'A table row''s 64-bit hash over its columns'' binary send formats (XXH3-64; floats as SQL compares them, arrays and composites element by element, jsonb as the tokens of a walk of it, text in UTF-8), for backfill_checksum()';
+
+CREATE FUNCTION backfill."waiting_kind"(
+	"backfill_id" bigint /* i64 */
+) RETURNS text /* Option < Text > */
+STRICT STABLE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'waiting_kind_wrapper';
+COMMENT ON FUNCTION backfill.waiting_kind(bigint) IS 'The kind of what the workers of a backfill wait for now (row_lock, consumer_away, consumer_lag, replica_lag, retained_wal, load), or NULL';
+GRANT EXECUTE ON FUNCTION backfill.waiting_kind(bigint) TO PUBLIC;
+
+CREATE OR REPLACE VIEW backfill_status WITH (security_barrier) AS
+SELECT j.id,
+       j.state,
+       j.pause_reason,
+       t.tables,
+       t.current_table,
+       CASE WHEN v.readable THEN t.rows_done END AS rows_done,
+       CASE WHEN v.readable THEN t.rows_estimated END AS rows_estimated,
+       CASE WHEN NOT v.readable THEN NULL
+            WHEN j.state = 'done' THEN 100.0 ELSE pg_catalog.round((100 OPERATOR(pg_catalog.*) t.fraction_done)::numeric, 1) END AS percent_done,
+       CASE WHEN v.readable THEN r.rows_per_second END AS rows_per_second_last_minute,
+       CASE WHEN v.readable AND j.state = 'running' AND r.rows_per_second OPERATOR(pg_catalog.>) 0
+            THEN pg_catalog.make_interval(secs => pg_catalog.round(((1 OPERATOR(pg_catalog.-) t.fraction_done) OPERATOR(pg_catalog.*) t.rows_estimated
+                                                               OPERATOR(pg_catalog./) r.rows_per_second)::numeric))
+       END AS time_left,
+       j.slot_name,
+       -- (A standby has no current WAL position of its own: it shows what it has replayed.)
+       pg_catalog.pg_wal_lsn_diff(CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+                                       ELSE pg_catalog.pg_current_wal_lsn() END,
+                                  s.confirmed_flush_lsn)::bigint AS slot_lag_bytes,
+       j.watermark_lsn,
+       j.state = 'done' AND (j.slot_name IS NULL OR s.confirmed_flush_lsn >= j.watermark_lsn) AS delivered,
+       a.pid AS worker_pid,
+       backfill.workers_running(j.id) AS workers_running,
+       CASE WHEN j.state = 'running' THEN backfill.waiting_for(j.id) END AS waiting_for,
+       j.parallel,
+       j.batch_size,
+       j.rows_per_second,
+       CASE WHEN j.slot_name IS NOT NULL THEN coalesce(j.max_lag_bytes, backfill.max_slot_lag_bytes()) END AS max_lag_bytes,
+       j.publication_name,
+       j.message_prefix,
+       backfill.auto_resume() AS auto_resume,
+       j.started_by,
+       j.started_at,
+       j.finished_at,
+       CASE WHEN v.readable THEN j.last_error_sqlstate END AS last_error_sqlstate,
+       CASE WHEN v.readable THEN j.last_error END AS last_error,
+       j.lock_mode,
+       backfill.source_limit('max_replica_lag', j.max_replica_lag_bytes) AS max_replica_lag_bytes,
+       backfill.source_limit('max_retained_wal', j.max_retained_wal_bytes) AS max_retained_wal_bytes,
+       backfill.source_limit('max_active_sessions', j.max_active_sessions)::integer AS max_active_sessions,
+       CASE WHEN j.state = 'running' THEN backfill.waiting_kind(j.id) END AS waiting_kind
+  FROM backfill.job j
+ CROSS JOIN LATERAL (
+        SELECT pg_catalog.array_agg(jt.relid ORDER BY jt.position) AS tables,
+               (pg_catalog.array_agg(jt.relid ORDER BY jt.position) FILTER (WHERE jt.state = 'running'))[1] AS current_table,
+               pg_catalog.sum(jt.rows_done)::bigint AS rows_done,
+               pg_catalog.sum(jt.rows_estimated)::bigint AS rows_estimated,
+               coalesce(pg_catalog.sum(jt.rows_estimated OPERATOR(pg_catalog.*) CASE jt.state WHEN 'done' THEN 1
+                                                              WHEN 'pending' THEN 0
+                                                              ELSE coalesce(jt.key_fraction_done,
+                                                                            least(1, jt.rows_done::float8 OPERATOR(pg_catalog./) nullif(jt.rows_estimated, 0)), 0)
+                                                 END) OPERATOR(pg_catalog./) nullif(pg_catalog.sum(jt.rows_estimated), 0), 0) AS fraction_done,
+               pg_catalog.bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
+          FROM backfill.job_table jt
+         WHERE jt.job_id = j.id) t
+ CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER') OR t.all_selectable AS readable) v
+  LEFT JOIN LATERAL (
+        SELECT ((pg_catalog.max(p.rows_done) OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done))
+                OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) OPERATOR(pg_catalog.-) pg_catalog.min(p.at)), 0))::bigint
+               AS rows_per_second
+          FROM backfill.job_progress p
+         WHERE p.job_id = j.id AND p.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')) r ON true
+  LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = j.worker_pid AND j.state IN ('running', 'paused')
+ WHERE backfill.visible(j.started_by);
+
+COMMENT ON COLUMN backfill_status.waiting_kind IS 'The kind of what a running backfill''s workers wait for now, stable for monitoring: row_lock, consumer_away, consumer_lag, replica_lag, retained_wal or load (then it slows down rather than waits); NULL when nothing holds it back';

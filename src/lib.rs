@@ -17,14 +17,15 @@
 //!   and the hot path from executor to message (`delivery.rs`).
 //! - `throttle/`: what holds a backfill back: how pages lock (`lock.rs`), rows_per_second
 //!   (`pacing.rs`), the consumer's slot and publication (`pipeline.rs`), the source's
-//!   standbys, slots and load (`backpressure.rs`).
+//!   standbys, slots and load (`backpressure.rs`), and the typed reason a page waits
+//!   (`wait.rs`).
 //! - `verify/`: backfill_checksum() (`checksum.rs`, `aggregate.rs`, `row_hash.rs`,
 //!   `row_encoding.rs`: what a row's hash is computed over, `numeric_jsonb.rs`: numeric's and
 //!   jsonb's encodings, `parallel_heap_scan.rs`: its parallel scan), keys as JSON
 //!   (`key_json.rs`), backfill_compare() (`compare.rs`) and the tables it reads, here or
 //!   through dblink (`sides.rs`).
 //! - `worker/`: the background worker: its process, tables in order, retries, failures
-//!   (`process.rs`), registering workers and the preloaded launcher (`launcher.rs`), its
+//!   (`process.rs`), how its processes show in pg_stat_activity (`activity.rs`), registering workers and the preloaded launcher (`launcher.rs`), its
 //!   transactions (`xact.rs`), one page as one transaction, where the cursor is advanced
 //!   (`page.rs`), pages of given keys (`keyed_page.rs`), progress samples and log lines
 //!   (`progress.rs`).

@@ -3,7 +3,7 @@
 
 use crate::pg::encoding::Text;
 use crate::pg::privilege;
-use crate::worker::launcher::WORKERS_OF_BACKFILL;
+use crate::worker::activity::{WAITING_FOR_OF_ACTIVITY, WAITING_KIND_OF_ACTIVITY, WORKERS_OF_BACKFILL};
 use pgrx::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -48,23 +48,36 @@ fn workers_running(backfill_id: i64) -> i32 {
 
 /// What the workers of a running backfill wait for now: a row lock another process holds (a
 /// one-row page waits up to backfill.lock_timeout for it, then retries), the slot's consumer
-/// (away, or lagging past max_lag: the workers say so in pg_stat_activity), or nothing (NULL).
+/// (away, or lagging past max_lag), the source (a standby, a slot's WAL, its load: the workers
+/// say so in pg_stat_activity), or nothing (NULL).
 #[pg_extern(schema = "backfill", stable)]
 fn waiting_for(backfill_id: i64) -> Option<Text> {
+    let row_lock = "'a row lock held by pid ' OPERATOR(pg_catalog.||) pg_catalog.string_agg(DISTINCT b::text, ', ')";
+    waiting(backfill_id, row_lock, WAITING_FOR_OF_ACTIVITY)
+}
+
+/// The kind of what the workers of a running backfill wait for now, for monitoring and tests:
+/// row_lock, consumer_away, consumer_lag, replica_lag, retained_wal or load; NULL for none.
+#[pg_extern(schema = "backfill", stable)]
+fn waiting_kind(backfill_id: i64) -> Option<Text> {
+    waiting(backfill_id, "'row_lock'", WAITING_KIND_OF_ACTIVITY)
+}
+
+/// A backfill's row-lock waits (`row_lock`, over the blocking pids `b`) or else what its workers
+/// report (`reported`, over their pg_stat_activity rows `a`), several joined by '; '.
+fn waiting(backfill_id: i64, row_lock: &str, reported: &str) -> Option<Text> {
     let caller = caller();
-    let skip = crate::worker::page::WAITING_FOR.len() + 1;
     privilege::as_extension_owner(|| {
         crate::pg::spi::select_one::<Text>(
             &format!(
                 "SELECT coalesce(
-                    (SELECT 'a row lock held by pid ' OPERATOR(pg_catalog.||) pg_catalog.string_agg(DISTINCT b::text, ', ')
+                    (SELECT {row_lock}
                        FROM pg_catalog.pg_stat_activity a, pg_catalog.unnest(pg_catalog.pg_blocking_pids(a.pid)) b
-                      WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}),
-                    (SELECT pg_catalog.string_agg(DISTINCT pg_catalog.substr(a.query, {skip}), '; ')
-                       FROM pg_catalog.pg_stat_activity a
                       WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}
-                        AND pg_catalog.starts_with(a.query, '{waiting}')))",
-                waiting = crate::worker::page::WAITING_FOR,
+                     HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 0),
+                    (SELECT pg_catalog.string_agg(DISTINCT {reported}, '; ')
+                       FROM pg_catalog.pg_stat_activity a
+                      WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}))"
             ),
             &[backfill_id.into(), caller.into()],
         )

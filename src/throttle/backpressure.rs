@@ -7,6 +7,7 @@ use crate::catalog::job::SourceOptions;
 use crate::pg::encoding::Text;
 use crate::pg::errors::OrInternal;
 use crate::pg::settings;
+use crate::throttle::wait::WaitReason;
 use pgrx::prelude::*;
 use std::time::{Duration, Instant};
 
@@ -69,7 +70,7 @@ fn source_limit(setting: Option<Text>, option: Option<i64>) -> Option<i64> {
 
 /// Why pages must wait for the source now, if they must: a standby replaying too far behind,
 /// or a slot retaining too much WAL. Read without a transaction id, so waiting writes nothing.
-pub fn blocker(options: &SourceOptions, own_slot: Option<&str>) -> Option<String> {
+pub fn blocker(options: &SourceOptions, own_slot: Option<&str>) -> Option<WaitReason> {
     if let Some(limit) = SourceLimit::ReplicaLag.in_force(options.max_replica_lag) {
         // Physical walsenders connect to no database. A standby that has not reported a replay
         // position yet is judged by what it flushed.
@@ -83,9 +84,7 @@ pub fn blocker(options: &SourceOptions, own_slot: Option<&str>) -> Option<String
             None,
         );
         if let Some((standby, lag)) = furthest.filter(|(_, lag)| *lag > limit) {
-            return Some(format!(
-                "standby \"{standby}\": it replays {lag} bytes behind, more than max_replica_lag {limit}"
-            ));
+            return Some(WaitReason::ReplicaLag { standby, lag, limit });
         }
     }
     if let Some(limit) = SourceLimit::RetainedWal.in_force(options.max_retained_wal) {
@@ -100,9 +99,7 @@ pub fn blocker(options: &SourceOptions, own_slot: Option<&str>) -> Option<String
             own_slot,
         );
         if let Some((slot, retained)) = greediest.filter(|(_, retained)| *retained > limit) {
-            return Some(format!(
-                "WAL retained by slot \"{slot}\": {retained} bytes, more than max_retained_wal {limit}"
-            ));
+            return Some(WaitReason::RetainedWal { slot, retained, limit });
         }
     }
     None
@@ -198,14 +195,9 @@ impl LoadGovernor {
 
     /// What the load does to the backfill now, for backfill_status.waiting_for; None when the
     /// load does not hold it back.
-    pub fn holding_back(&self, limit: Option<i64>) -> Option<String> {
-        let (cap, limit) = (self.cap?, limit?);
-        let active = self.active;
-        Some(if active > limit as f64 {
-            format!("server load: {active:.1} active sessions, more than max_active_sessions {limit}; slowed to {cap:.0} rows/s")
-        } else {
-            format!("server load: {active:.1} active sessions, at most max_active_sessions {limit}; recovering, at {cap:.0} rows/s")
-        })
+    pub fn holding_back(&self, limit: Option<i64>) -> Option<WaitReason> {
+        let (rate, limit) = (self.cap?, limit?);
+        Some(WaitReason::Load { active: self.active, limit, rate })
     }
 }
 

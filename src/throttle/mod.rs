@@ -4,3 +4,4 @@ pub(crate) mod backpressure;
 pub(crate) mod lock;
 pub(crate) mod pacing;
 pub(crate) mod pipeline;
+pub(crate) mod wait;

@@ -8,6 +8,7 @@ use crate::pg::encoding::Text;
 use crate::pg::errors::raise;
 use crate::pg::errors::OrInternal;
 use crate::pg::settings;
+use crate::throttle::wait::WaitReason;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
@@ -105,7 +106,7 @@ pub fn slot_identity(slot: &str) -> Option<String> {
 
 /// Why the backfill must wait for its slot's consumer now, if it must; an error if the slot is
 /// gone, is another slot of the same name, or was invalidated.
-pub fn blocker(job: &Job) -> Option<String> {
+pub fn blocker(job: &Job) -> Option<WaitReason> {
     let slot = job.slot_name.as_deref()?;
     let row = Spi::connect(|client| {
         let rows = client.select(
@@ -148,9 +149,10 @@ pub fn blocker(job: &Job) -> Option<String> {
             Some("Create the pipeline's slot again, re-sync its consumer, and start a new backfill for it.".into()),
         );
     }
+    let slot = slot.to_string();
     if !active {
-        return Some(format!("the consumer of slot \"{slot}\": none is connected"));
+        return Some(WaitReason::ConsumerAway { slot });
     }
     let limit = job.max_lag_bytes.unwrap_or(i64::from(settings::MAX_SLOT_LAG_KB.get()) * 1024);
-    (lag > limit).then(|| format!("the consumer of slot \"{slot}\": it lags {lag} bytes, more than max_lag {limit}"))
+    (lag > limit).then_some(WaitReason::ConsumerLag { slot, lag, limit })
 }

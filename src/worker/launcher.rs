@@ -7,6 +7,7 @@ use crate::pg::errors::raise;
 use crate::pg::errors::OrInternal;
 use crate::pg::privilege;
 use crate::pg::settings;
+use crate::worker::activity::{self, worker_name, RESUMER_NAME, WORKERS_OF_BACKFILL};
 use crate::worker::xact::{in_transaction, who};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::prelude::*;
@@ -106,15 +107,6 @@ pub fn launch_in_this_transaction(id: i64, worker: i32) {
     }
 }
 
-/// The application_name of the worker that relaunches a database's backfills after a restart.
-pub const RESUMER_NAME: &str = "pg_backfill resume";
-
-/// The application_name a backfill's worker shows from the moment its process is visible
-/// until it is admitted (then it shows [`worker_name`]).
-pub fn starting_name(backfill_id: i64, worker: i32) -> String {
-    worker_name(backfill_id, worker).replacen("pg_backfill ", "pg_backfill starting ", 1)
-}
-
 /// Sets this worker's application_name before it connects, so that pg_stat_activity shows it
 /// from its first moment there: with the priority of a client's, above any the database or
 /// role sets, below the session's (configure_session() replaces it).
@@ -135,7 +127,7 @@ pub fn show_as(name: &str) {
 /// (`pg_backfill 7`, as each names itself when admitted), and with `starting` also those
 /// launched and not yet admitted (`pg_backfill starting 7`). The resumer is neither.
 fn backfill_workers(starting: bool) -> i32 {
-    let pattern = if starting { "^pg_backfill (starting )?[0-9]" } else { "^pg_backfill [0-9]" };
+    let pattern = if starting { activity::ANY_WORKER_NAME } else { activity::ADMITTED_WORKER_NAME };
     crate::pg::spi::select_one::<i32>(
         "SELECT count(*)::int FROM pg_catalog.pg_stat_activity
           WHERE backend_type OPERATOR(pg_catalog.=) 'pg_backfill'
@@ -256,21 +248,6 @@ pub fn override_search_path() {
             pg_sys::GucContext::PGC_SUSET,
             pg_sys::GucSource::PGC_S_OVERRIDE,
         );
-    }
-}
-
-/// The workers of backfill $1 of this database, in pg_stat_activity (alias a).
-pub const WORKERS_OF_BACKFILL: &str = "a.backend_type OPERATOR(pg_catalog.=) 'pg_backfill'
-    AND a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
-    AND pg_catalog.split_part(a.application_name, '/', 1) OPERATOR(pg_catalog.=) ('pg_backfill ' OPERATOR(pg_catalog.||) $1)";
-
-/// `pg_backfill 7` for a backfill's first worker, `pg_backfill 7/1` for its second: the
-/// application_name it shows in pg_stat_activity.
-pub fn worker_name(backfill_id: i64, worker: i32) -> String {
-    if worker == 0 {
-        format!("pg_backfill {backfill_id}")
-    } else {
-        format!("pg_backfill {backfill_id}/{worker}")
     }
 }
 

@@ -1,5 +1,6 @@
 //! The background worker: its process, its launcher, its transactions and pages.
 
+pub(crate) mod activity;
 pub(crate) mod keyed_page;
 pub(crate) mod launcher;
 pub(crate) mod page;

@@ -36,6 +36,7 @@ use crate::throttle::backpressure::{self, LoadGovernor, SourceLimit};
 use crate::throttle::lock::{LockPolicy, Locking};
 use crate::throttle::pacing::{self, Pacer};
 use crate::throttle::pipeline;
+use crate::worker::activity;
 use crate::worker::xact::{in_transaction, in_transaction_retried, sqlstate_of, who, PageError};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
@@ -60,9 +61,10 @@ pub struct TableScan<'a> {
     /// Prepared once per scan: the page bound query (by whether a cursor exists) and the page
     /// rows query (by that and the locking).
     pub(crate) slot: Option<String>,
-    /// What the backfill waits for now (its slot's consumer, a standby, a slot's WAL), if anything: it shows in
-    /// pg_stat_activity, where backfill_status.waiting_for reads it.
-    pub(crate) waiting_for: Option<String>,
+    /// The kind of what the backfill waits for now (its slot's consumer, a standby, a slot's
+    /// WAL), if anything: logged when it changes. (What it waits for shows in pg_stat_activity,
+    /// worker/activity.rs.)
+    waiting: Option<&'static str>,
     pub(crate) position: i32,
     pub(crate) batch_size: i32,
     pub(crate) pacer: Pacer,
@@ -130,7 +132,7 @@ impl<'a> TableScan<'a> {
             row,
             messages: ReadMessage::new(backfill_id, job.slot_name.as_deref(), &table),
             slot: job.slot_name.clone(),
-            waiting_for: None,
+            waiting: None,
             owner: table.owner,
             table,
         })
@@ -172,16 +174,15 @@ impl<'a> TableScan<'a> {
         if let Some(reason) =
             pipeline::blocker(&job).or_else(|| backpressure::blocker(&job.source, job.slot_name.as_deref()))
         {
-            // Logged once for what it waits for, not again each time its figures change.
-            let what = |reason: &str| reason.chars().filter(|c| !c.is_ascii_digit()).collect::<String>();
-            if self.waiting_for.as_deref().map(what) != Some(what(&reason)) {
+            // Logged when the kind of what it waits for changes, not each time its figures do.
+            if self.waiting != Some(reason.kind()) {
                 log!("{}: waits for {reason}", who(self.backfill_id));
             }
-            report_activity(&format!("{WAITING_FOR}{reason}"));
-            self.waiting_for = Some(reason);
+            report_activity(&activity::waiting(&reason));
+            self.waiting = Some(reason.kind());
             return Page::Waiting;
         }
-        if self.waiting_for.take().is_some() {
+        if self.waiting.take().is_some() {
             log!("{}: continues, what it waited for is back and caught up", who(self.backfill_id));
         }
         let progress = job_table::job_table(self.backfill_id, self.position)
@@ -198,7 +199,7 @@ impl<'a> TableScan<'a> {
             self.slowed_by_load = slowed.is_some();
         }
         report_activity(&match slowed {
-            Some(reason) => format!("{WAITING_FOR}{reason}"),
+            Some(reason) => activity::waiting(&reason),
             None => format!(
                 "backfill {}: {} after key ({})",
                 self.backfill_id,
@@ -424,9 +425,6 @@ impl<'a> TableScan<'a> {
         (sink.rows, sink.bytes)
     }
 }
-
-/// How a worker's activity starts while it waits for its slot's consumer (api/views.rs reads it).
-pub const WAITING_FOR: &str = "waiting for ";
 
 pub fn report_activity(what: &str) {
     // pg_stat_activity shows it to clients in the database's encoding.

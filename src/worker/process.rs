@@ -10,7 +10,8 @@ use crate::model::table;
 use crate::pg::errors::OrInternal;
 use crate::pg::settings;
 use crate::throttle::pacing;
-use crate::worker::launcher::{self, admit_within_cap, worker_name};
+use crate::worker::activity::{self, worker_name};
+use crate::worker::launcher::{self, admit_within_cap};
 use crate::worker::page::{Page, TableScan};
 use crate::worker::xact::{in_transaction, in_transaction_retried, who, PageError};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
@@ -59,8 +60,8 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
     }
     // Counted by backfill_start() against backfill.max_workers from the moment it is visible.
     launcher::show_as(&match task {
-        launcher::Task::Backfill { .. } => launcher::starting_name(backfill_id, worker),
-        launcher::Task::Resume { .. } => launcher::RESUMER_NAME.into(),
+        launcher::Task::Backfill { .. } => activity::starting_name(backfill_id, worker),
+        launcher::Task::Resume { .. } => activity::RESUMER_NAME.into(),
     });
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
     launcher::override_search_path();
