@@ -65,15 +65,16 @@ for path, used in imports.items():
 if cycle := cycle_in(module_graph):
     problems.append("modules import each other: " + " -> ".join(cycle))
 
-# impl blocks live with their type.
+# impl blocks live with their type: in the folder (worker/scan/, say) of the file that defines it.
 defined = {}
 for path in files:
     for name in re.findall(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:struct|enum)\s+(\w+)", path.read_text(), re.M):
-        defined.setdefault(name, set()).add(folder_of(path))
+        defined.setdefault(name, set()).add(path.parent)
 for path in files:
     for name in re.findall(r"^impl(?:<[^>]*>)?\s+(?:[\w:<>', ]+\s+for\s+)?(?:\w+::)*(\w+)", code(path), re.M):
-        if name in defined and folder_of(path) not in defined[name]:
-            problems.append(f"src/{path.relative_to(SRC)} has an impl of {name}, defined in {'/'.join(sorted(defined[name]))}/")
+        if name in defined and path.parent not in defined[name]:
+            homes = ", ".join(f"src/{d.relative_to(SRC)}/" for d in sorted(defined[name]))
+            problems.append(f"src/{path.relative_to(SRC)} has an impl of {name}, defined in {homes}")
 
 # lib.rs's map names every module.
 lib = (SRC / "lib.rs").read_text()

@@ -25,10 +25,12 @@
 //!   (`key_json.rs`), backfill_compare() (`compare.rs`) and the tables it reads, here or
 //!   through dblink (`sides.rs`).
 //! - `worker/`: the background worker: its process, tables in order, retries, failures
-//!   (`process.rs`), how its processes show in pg_stat_activity (`activity.rs`), registering workers and the preloaded launcher (`launcher.rs`), its
-//!   transactions (`xact.rs`), one page as one transaction, where the cursor is advanced
-//!   (`page.rs`), pages of given keys (`keyed_page.rs`), progress samples and log lines
-//!   (`progress.rs`).
+//!   (`process.rs`), how its processes show in pg_stat_activity (`activity.rs`), registering
+//!   workers and the preloaded launcher (`launcher.rs`), its transactions (`xact.rs`), and
+//!   `scan/`: the scan of one table, one page per transaction, where the cursor is advanced
+//!   (`mod.rs`: `TableScan` and `page()`), its start and end markers (`markers.rs`), pages of
+//!   a key range (`range_page.rs`) and of given keys (`keyed_page.rs`), what holds its pages
+//!   back and their size (`throttle.rs`), progress samples and log lines (`progress.rs`).
 //! - `api/`: the SQL functions: backfill_start() and backfill_estimate() (`start.rs`) with
 //!   the estimate and key ranges (`plan.rs`), pause, resume, set, wait and cancel
 //!   (`control.rs`), keys given to a backfill (`keyed.rs`), backfill_repair() (`repair.rs`),

@@ -2,7 +2,11 @@
 //! by which the views and the launcher find them: their application_name, and what a waiting
 //! worker reports as its activity. Everything that writes or reads either is here.
 
+use crate::model::table::Table;
+use crate::pg::encoding::{show_key, KeyText};
 use crate::throttle::wait::WaitReason;
+use pgrx::pg_sys;
+use std::ffi::CString;
 
 /// The application_name of the worker that relaunches a database's backfills after a restart.
 pub const RESUMER_NAME: &str = "pg_backfill resume";
@@ -46,3 +50,21 @@ pub const WAITING_KIND_OF_ACTIVITY: &str = "pg_catalog.substring(a.query FROM '^
 
 /// The prose a waiting worker's activity reports, NULL for one that does not wait.
 pub const WAITING_FOR_OF_ACTIVITY: &str = "pg_catalog.substring(a.query FROM '^waiting for \\[[a-z_]+\\] (.*)$')";
+
+/// What a worker scanning reports as its activity: `backfill 7: public.orders after key (42)`.
+pub fn scanning(backfill_id: i64, table: &Table, cursor: Option<&[KeyText]>) -> String {
+    format!(
+        "backfill {backfill_id}: {} after key ({})",
+        table.qualified_name(),
+        cursor.map(show_key).unwrap_or_default()
+    )
+}
+
+/// Reports `what` as this process's activity in pg_stat_activity.
+pub fn report(what: &str) {
+    // pg_stat_activity shows it to clients in the database's encoding.
+    if let Ok(what) = CString::new(crate::pg::encoding::to_server(what).into_owned()) {
+        // SAFETY: copies the string into this backend's status entry.
+        unsafe { pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, what.as_ptr()) };
+    }
+}

@@ -4,7 +4,6 @@
 
 use crate::catalog::job;
 use crate::catalog::job_table::{self, JobTable};
-use crate::model::state::LockMode;
 use crate::model::state::{JobState, RangeState};
 use crate::model::table;
 use crate::pg::errors::OrInternal;
@@ -12,7 +11,7 @@ use crate::pg::settings;
 use crate::throttle::pacing;
 use crate::worker::activity::{self, worker_name};
 use crate::worker::launcher::{self, admit_within_cap};
-use crate::worker::page::{Page, TableScan};
+use crate::worker::scan::{Page, TableScan};
 use crate::worker::xact::{in_transaction, in_transaction_retried, who, PageError};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
@@ -202,45 +201,36 @@ fn run(backfill_id: i64, worker: i32) {
 
 /// Pages until the table is done (true) or the backfill stops (false).
 fn scan_table(scan: &mut TableScan) -> bool {
-    let mut rows_per_page = scan.batch_size;
     let mut failures = 0;
     loop {
         reload_config_if_asked();
-        rows_per_page = rows_per_page.min(scan.batch_size).min(scan.pacer.page_limit());
-        if !scan.pacer.ready_for(rows_per_page) {
+        if !scan.throttle().ready_for_page() {
             // Not its turn yet: look at the backfill again (cancelled, paused, paced anew?).
             match in_transaction(AssertUnwindSafe(|| scan.refresh())) {
                 Ok(Err(state)) => {
-                    log!("{}: {state}, its worker exits", who(scan.backfill_id));
+                    log!("{}: {state}, its worker exits", who(scan.backfill_id()));
                     return false;
                 }
                 Ok(Ok(_)) | Err(_) => continue,
             }
         }
-        let rows = rows_per_page;
-        let result = in_transaction(AssertUnwindSafe(|| scan.page(rows)));
+        let result = in_transaction(AssertUnwindSafe(|| scan.page()));
         match result {
             Ok(Page::Waiting) => {
                 pacing::sleep(pacing::LONGEST_SLEEP);
             }
             Ok(Page::More) => {
-                scan.pacer.spend(rows_per_page);
+                scan.throttle().page_delivered();
                 failures = 0;
-                // Grow back after a lock conflict made the pages small.
-                rows_per_page = (rows_per_page * 2).min(scan.batch_size);
             }
             Ok(Page::TableDone) => return true,
             Ok(Page::Stopped(state)) => {
-                log!("{}: {state}, its worker exits", who(scan.backfill_id));
+                log!("{}: {state}, its worker exits", who(scan.backfill_id()));
                 return false;
             }
-            Err(e)
-                if e.code == ERRCODE_LOCK_NOT_AVAILABLE && rows_per_page > 1 && scan.locks.mode != LockMode::Table =>
-            {
-                // A writer holds one of the page's rows: retry at once with half the page,
-                // down to the one row that waits.
-                rows_per_page = (rows_per_page / 2).max(1);
-            }
+            // A writer holds one of the page's rows: the page is retried at once, with half the
+            // rows (the guard shrinks the page, when it can).
+            Err(e) if e.code == ERRCODE_LOCK_NOT_AVAILABLE && scan.throttle().shrink_after_lock_conflict() => {}
             Err(e) if e.is_transient() && failures < settings::MAX_RETRIES.get() => {
                 failures += 1;
                 if !back_off(scan, failures) {
@@ -260,12 +250,12 @@ fn scan_table(scan: &mut TableScan) -> bool {
 fn back_off(scan: &TableScan, failures: i32) -> bool {
     let millis = 50u64 << failures.clamp(0, 5);
     pacing::sleep(Duration::from_millis(millis));
-    !matches!(in_transaction(|| job::job_state(scan.backfill_id)), Ok(Some(state)) if state != JobState::Running)
+    !matches!(in_transaction(|| job::job_state(scan.backfill_id())), Ok(Some(state)) if state != JobState::Running)
 }
 
 fn fail(scan: &TableScan, e: &PageError) {
-    let job_table = in_transaction(|| job_table::job_table(scan.backfill_id, scan.position)).ok().flatten();
-    record_failure(scan.backfill_id, job_table.as_ref(), e);
+    let job_table = in_transaction(|| job_table::job_table(scan.backfill_id(), scan.position())).ok().flatten();
+    record_failure(scan.backfill_id(), job_table.as_ref(), e);
 }
 
 fn reload_config_if_asked() {

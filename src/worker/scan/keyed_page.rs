@@ -9,60 +9,35 @@
 //! the page, so its change is decoded after the `absent`. (Row locks could not give this: an
 //! absent row has none.)
 
+use super::{Page, TableScan};
 use crate::catalog::job_table::{self, JobTable};
 use crate::model::table::Table;
-use crate::pg::encoding::{quote_ident, KeyText, Text};
+use crate::pg::encoding::quote_ident;
 use crate::pg::errors::OrInternal;
 use crate::pg::privilege;
 use crate::stream::message;
 use crate::stream::sign::Signer;
-use crate::worker::page::{Page, TableScan};
+use crate::throttle::lock::Locking;
 use pgrx::datum::DatumWithOid;
-use pgrx::prelude::*;
 
 impl TableScan<'_> {
-    /// The scan's upper bound, as text values and as JSON values, None if the table is empty:
-    /// a keyed scan's greatest key given, else the table's greatest key now.
-    pub(crate) fn greatest_key(&self) -> Option<(Vec<KeyText>, Vec<String>)> {
-        if self.keyed {
-            return job_table::last_key(self.backfill_id, self.position);
-        }
-        privilege::run_as(self.owner, || {
-            Spi::connect(|client| {
-                let rows = client.select(&self.queries.upper_bound(), None, &[])?;
-                if rows.is_empty() {
-                    return Ok::<_, pgrx::spi::Error>(None);
-                }
-                let row = rows.first();
-                let k = self.queries.key_len();
-                // Key columns are never NULL.
-                let key = (1..=k)
-                    .map(|i| row.get::<KeyText>(i).map(Option::unwrap_or_default))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let json = (k + 1..=2 * k)
-                    .map(|i| row.get::<Text>(i).map(|v| v.map(|t| t.0).unwrap_or_default()))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(Some((key, json)))
-            })
-        })
-        .or_internal("read the table's greatest key")
-    }
-
     /// One page of a keyed scan: the next keys, each read (if its row exists) or delivered
     /// absent, under the table's SHARE lock (see the module's comment).
-    pub(crate) fn key_page(&mut self, progress: &JobTable, rows_per_page: i32, signer: &Signer) -> Page {
-        let (locking, rows_per_page) = self.locks.lock_page(self.table.relid, rows_per_page);
-        let keys = job_table::next_keys(self.backfill_id, self.position, progress.rows_done, rows_per_page);
+    pub(super) fn key_page(&mut self, progress: &JobTable, signer: &Signer) -> Page {
+        let (locking, rows_per_page) = self.throttle.lock_page(self.shape.table.relid);
+        let (backfill_id, position) = (self.context.backfill_id, self.context.position);
+        let keys = job_table::next_keys(backfill_id, position, progress.rows_done, rows_per_page);
         let Some(last) = keys.last() else {
             return self.end_scan(progress.rows_done, signer);
         };
+        let table = &self.shape.table;
         // One text[] of values per key column.
-        let args: Vec<DatumWithOid> = (0..self.table.key.len())
+        let args: Vec<DatumWithOid> = (0..table.key.len())
             .map(|column| keys.iter().map(|k| k.text[column].clone()).collect::<Vec<_>>().into())
             .collect();
-        let (read, mut bytes) = self.deliver_rows(&key_rows(&self.table, locking), &args, signer);
-        let absent_sql = absent_keys(&self.table);
-        let absent: Vec<i64> = privilege::run_as(self.owner, || {
+        let (rows_sql, absent_sql) = (key_rows(table, locking), absent_keys(table));
+        let (read, mut bytes) = self.deliver_rows(&rows_sql, &args, signer);
+        let absent: Vec<i64> = privilege::run_as(self.shape.owner, || {
             crate::pg::spi::run_prepared(&absent_sql, false, &args, |rows| {
                 rows.map(|row| Ok(row.get::<i64>(1)?.unwrap_or_default())).collect()
             })
@@ -70,20 +45,13 @@ impl TableScan<'_> {
         .or_internal("find the absent keys");
         for ordinal in &absent {
             let key = &keys[*ordinal as usize - 1];
-            let marker = message::absent(self.backfill_id, self.slot.as_deref(), &self.table, &key.json);
+            let marker = message::absent(backfill_id, self.context.slot.as_deref(), &self.shape.table, &key.json);
             bytes += marker.len() as i64;
-            message::emit_marker(self.prefix, signer, marker);
+            message::emit_marker(self.context.prefix, signer, marker);
         }
-        self.load.delivered(read + absent.len() as i64);
-        let counted = self.counts_lock_paths.then_some(locking == crate::throttle::lock::Locking::Table);
-        job_table::advance_cursor(
-            self.backfill_id,
-            self.position,
-            last.text.clone(),
-            keys.len() as i64,
-            bytes,
-            counted,
-        );
+        self.throttle.delivered(read + absent.len() as i64);
+        let counted = self.context.counts_lock_paths.then_some(locking == Locking::Table);
+        job_table::advance_cursor(backfill_id, position, last.text.clone(), keys.len() as i64, bytes, counted);
         Page::More
     }
 }
@@ -114,7 +82,7 @@ impl KeySql {
 }
 
 /// The rows of a keyed page, for delivery: those of the given keys that exist.
-fn key_rows(table: &Table, locking: crate::throttle::lock::Locking) -> String {
+fn key_rows(table: &Table, locking: Locking) -> String {
     let KeySql { columns, casts, unnest, names } = KeySql::of(table);
     let order = table.key.iter().map(|k| format!("t.{}", quote_ident(&k.name))).collect::<Vec<_>>().join(", ");
     let lock = locking.clause();
