@@ -72,7 +72,7 @@ pub fn record_keys(id: i64, keys: serde_json::Value) {
     }
     let key: Vec<(String, String)> = table.key.iter().map(|k| (k.name.clone(), k.type_name.clone())).collect();
     // (The keys are cast, sorted and stored when the backfill starts, in this backend's memory.)
-    let most = crate::pg::settings::COMPARE_MAX_KEYS.get() as usize;
+    let most = crate::pg::settings::compare_max_keys();
     let keys = crate::verify::key_json::checked_keys(
         keys,
         &key,

@@ -1,46 +1,49 @@
-//! The `backfill.*` settings. Each is an ordinary GUC with a unit and a documented default.
+//! The `backfill.*` settings. Each is an ordinary GUC with a unit and a documented default,
+//! read through an accessor that returns what the code needs (a `Duration`, bytes, a count),
+//! so that no call site converts units.
 
 use crate::pg::errors::raise;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
 use std::ffi::CString;
+use std::time::Duration;
 
 /// Prefix of every logical decoding message; recorded per backfill when it starts.
-pub static MESSAGE_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"backfill"));
+static MESSAGE_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"backfill"));
 
 /// How long a one-row page waits for a row lock held by a writer before it gives up and retries.
-pub static LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
+static LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
 
 /// backfill.lock_mode: how a new backfill's pages lock (see lock.rs); recorded per backfill.
-pub static LOCK_MODE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"auto"));
+static LOCK_MODE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"auto"));
 
 /// backfill.table_lock_max_ms: how long a page holding its table in SHARE mode may hold up writers.
-pub static TABLE_LOCK_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
+static TABLE_LOCK_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
 
 /// How many times in a row a page may fail for a transient reason before the backfill fails.
-pub static MAX_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(100);
+static MAX_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(100);
 
 /// Back-pressure: a backfill for a slot waits while the slot lags more than this (kB).
-pub static MAX_SLOT_LAG_KB: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+static MAX_SLOT_LAG_KB: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
 /// Back-pressure from standbys: pages wait while a physical standby replays more than this
 /// behind (kB; 0 = off).
-pub static MAX_REPLICA_LAG_KB: GucSetting<i32> = GucSetting::<i32>::new(0);
+static MAX_REPLICA_LAG_KB: GucSetting<i32> = GucSetting::<i32>::new(0);
 
 /// Back-pressure from slots: pages wait while a slot retains more WAL than this (MB; 0 = off;
 /// -1 = half of max_slot_wal_keep_size where that is set).
-pub static MAX_RETAINED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
+static MAX_RETAINED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
 
 /// Back-pressure from load: pages slow down while more client sessions than this are active
 /// (0 = off).
-pub static MAX_ACTIVE_SESSIONS: GucSetting<i32> = GucSetting::<i32>::new(0);
+static MAX_ACTIVE_SESSIONS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
 /// How often a running backfill logs a progress line (seconds; 0 turns it off).
-pub static LOG_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
+static LOG_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
 
 /// The largest message a backfill writes, in bytes.
-pub static MAX_MESSAGE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 * 1024);
+static MAX_MESSAGE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 * 1024);
 
 /// What backfill.max_message_size can be raised to. PostgreSQL reads a WAL record back only if
 /// it fits one allocation (1 GB minus one byte, headers included), and a decoder may need
@@ -49,26 +52,26 @@ pub const MAX_MESSAGE_SIZE_CEILING: i32 = 256 * 1024 * 1024;
 
 /// The most keys that backfill_compare() and backfill_repair() keep as differing (and that a
 /// keyed backfill takes): each costs the backend's memory (see the README's figures).
-pub static COMPARE_MAX_KEYS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
+static COMPARE_MAX_KEYS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 
 /// The most ranges a checksum (backfill_checksum(), and so a comparison's first pass) splits a
 /// table into: each costs the backend's memory.
-pub static CHECKSUM_MAX_RANGES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+static CHECKSUM_MAX_RANGES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 
 /// The most ranges backfill.checksum_max_ranges can be raised to.
 pub const CHECKSUM_MAX_RANGES_CEILING: i32 = 1_000_000;
 
 /// Background workers all backfills of the cluster may use at once.
-pub static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
+static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
 
 /// Of backfill.max_workers, how many only superusers' backfills may take, so that no
 /// operator's backfills can take every worker (as superuser_reserved_connections does).
-pub static SUPERUSER_RESERVED_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
+static SUPERUSER_RESERVED_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
 
 /// Test-only: read pages without row locks, to show that the ordering tests catch the race.
 /// Only in builds with the `test_hooks` feature, which the test suite installs.
 #[cfg(feature = "test_hooks")]
-pub static TEST_SKIP_ROW_LOCKS: GucSetting<bool> = GucSetting::<bool>::new(false);
+static TEST_SKIP_ROW_LOCKS: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 pub fn define() {
     GucRegistry::define_string_guc(
@@ -288,9 +291,81 @@ pub fn message_prefix() -> String {
     String::from_utf8(prefix).expect("printable ASCII is UTF-8")
 }
 
-/// backfill.max_slot_lag in bytes, for the status view. Calling it loads the library, so the
-/// view shows the setting in force even in a session that has not used pg_backfill yet.
+/// The slot lag past which a backfill for a slot waits, in bytes (backfill.max_slot_lag); also
+/// for the status view: calling it loads the library, so the view shows the setting in force
+/// even in a session that has not used pg_backfill yet.
 #[pgrx::pg_extern(schema = "backfill", stable)]
-fn max_slot_lag_bytes() -> i64 {
+pub fn max_slot_lag_bytes() -> i64 {
     i64::from(MAX_SLOT_LAG_KB.get()) * 1024
+}
+
+/// How long a one-row page waits for a row lock held by a writer (backfill.lock_timeout).
+pub fn lock_timeout() -> Duration {
+    Duration::from_millis(LOCK_TIMEOUT_MS.get().max(0) as u64)
+}
+
+/// backfill.lock_mode as set (lock.rs checks it).
+pub fn lock_mode_name() -> String {
+    LOCK_MODE.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// How long a page holding its table in SHARE mode may hold up writers (backfill.table_lock_max_ms).
+pub fn table_lock_max() -> Duration {
+    Duration::from_millis(TABLE_LOCK_MAX_MS.get().max(0) as u64)
+}
+
+/// Consecutive transient failures of a page before the backfill fails (backfill.max_retries).
+pub fn max_retries() -> i32 {
+    MAX_RETRIES.get()
+}
+
+/// The replay lag of a standby past which pages wait, in bytes; 0: off (backfill.max_replica_lag).
+pub fn max_replica_lag_bytes() -> i64 {
+    i64::from(MAX_REPLICA_LAG_KB.get()) * 1024
+}
+
+/// The WAL a slot may retain before pages wait, in bytes; 0: off; None: half of
+/// max_slot_wal_keep_size (backfill.max_retained_wal = -1).
+pub fn max_retained_wal_bytes() -> Option<i64> {
+    match MAX_RETAINED_WAL_MB.get() {
+        -1 => None,
+        mb => Some(i64::from(mb) * 1024 * 1024),
+    }
+}
+
+/// Active client sessions past which pages slow down; 0: off (backfill.max_active_sessions).
+pub fn max_active_sessions() -> i64 {
+    i64::from(MAX_ACTIVE_SESSIONS.get())
+}
+
+/// How often a running backfill logs a progress line; None: never (backfill.log_interval).
+pub fn log_interval() -> Option<Duration> {
+    let seconds = LOG_INTERVAL_S.get();
+    (seconds > 0).then(|| Duration::from_secs(seconds as u64))
+}
+
+/// The largest message a backfill writes, in bytes (backfill.max_message_size).
+pub fn max_message_bytes() -> usize {
+    MAX_MESSAGE_SIZE.get().max(0) as usize
+}
+
+/// The most differing keys a comparison keeps, and keys a keyed backfill takes
+/// (backfill.compare_max_keys).
+pub fn compare_max_keys() -> usize {
+    COMPARE_MAX_KEYS.get().max(0) as usize
+}
+
+/// The most ranges a checksum splits a table into (backfill.checksum_max_ranges).
+pub fn checksum_max_ranges() -> i32 {
+    CHECKSUM_MAX_RANGES.get()
+}
+
+/// Background workers all backfills of the cluster may use at once (backfill.max_workers).
+pub fn max_workers() -> i32 {
+    MAX_WORKERS.get()
+}
+
+/// Of those, how many only superusers' backfills may take (backfill.superuser_reserved_workers).
+pub fn superuser_reserved_workers() -> i32 {
+    SUPERUSER_RESERVED_WORKERS.get()
 }

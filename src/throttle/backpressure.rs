@@ -34,18 +34,17 @@ impl SourceLimit {
     /// The setting, in the option's unit (bytes, sessions); None when it is off.
     fn setting(self) -> Option<i64> {
         let value = match self {
-            SourceLimit::ReplicaLag => i64::from(settings::MAX_REPLICA_LAG_KB.get()) * 1024,
-            SourceLimit::RetainedWal => match settings::MAX_RETAINED_WAL_MB.get() {
+            SourceLimit::ReplicaLag => settings::max_replica_lag_bytes(),
+            SourceLimit::RetainedWal => settings::max_retained_wal_bytes().unwrap_or_else(|| {
                 // SAFETY: a GUC variable of the server, read in the process that owns it.
-                -1 => match unsafe { pg_sys::max_slot_wal_keep_size_mb } {
+                match unsafe { pg_sys::max_slot_wal_keep_size_mb } {
                     // Half: a slot at the limit then still has the other half before the
                     // server invalidates it, for what everything else writes meanwhile.
                     keep if keep > 0 => i64::from(keep) * 1024 * 1024 / 2,
                     _ => 0,
-                },
-                mb => i64::from(mb) * 1024 * 1024,
-            },
-            SourceLimit::ActiveSessions => i64::from(settings::MAX_ACTIVE_SESSIONS.get()),
+                }
+            }),
+            SourceLimit::ActiveSessions => settings::max_active_sessions(),
         };
         (value > 0).then_some(value)
     }

@@ -56,7 +56,7 @@ use std::time::{Duration, Instant};
 
 /// backfill.lock_mode as a backfill records it when it starts (22023 if it is none of the modes).
 pub fn lock_mode() -> LockMode {
-    let mode = settings::LOCK_MODE.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+    let mode = settings::lock_mode_name();
     LockMode::parse(&mode).unwrap_or_else(|| {
         crate::pg::errors::raise(
             pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -120,7 +120,7 @@ impl LockPolicy {
         let read_committed = unsafe { pg_sys::XactIsoLevel } == pg_sys::XACT_READ_COMMITTED as i32;
         match self.mode {
             LockMode::Table if read_committed => {
-                let deadline = Instant::now() + Duration::from_millis(settings::LOCK_TIMEOUT_MS.get() as u64);
+                let deadline = Instant::now() + settings::lock_timeout();
                 while !try_share_lock(relid) {
                     if Instant::now() >= deadline {
                         crate::pg::errors::raise(
@@ -151,7 +151,7 @@ impl LockPolicy {
     /// cursor's update, just before the commit): the next ones are sized to hold it at most
     /// backfill.table_lock_max_ms, in proportion, growing at most twofold a page.
     pub fn table_page_took(&mut self, rows: i32, held: Duration, batch_size: i32) {
-        let max = settings::TABLE_LOCK_MAX_MS.get() as f64 / 1000.0;
+        let max = settings::table_lock_max().as_secs_f64();
         let fitting = f64::from(rows.max(1)) * max / held.as_secs_f64().max(1e-6);
         let next = fitting.min(f64::from(self.table_page_rows) * 2.0);
         self.table_page_rows = (next as i32).clamp(1, batch_size.max(1));
@@ -178,7 +178,7 @@ fn row_locking(rows: i32) -> Locking {
 
 fn set_lock_timeout() {
     use crate::pg::errors::OrInternal;
-    let timeout = settings::LOCK_TIMEOUT_MS.get().to_string();
+    let timeout = settings::lock_timeout().as_millis().to_string();
     pgrx::Spi::run_with_args("SELECT pg_catalog.set_config('lock_timeout', $1, true)", &[timeout.into()])
         .or_internal("set the page's lock_timeout");
 }

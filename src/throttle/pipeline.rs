@@ -153,6 +153,6 @@ pub fn blocker(job: &Job) -> Option<WaitReason> {
     if !active {
         return Some(WaitReason::ConsumerAway { slot });
     }
-    let limit = job.max_lag_bytes.unwrap_or(i64::from(settings::MAX_SLOT_LAG_KB.get()) * 1024);
+    let limit = job.max_lag_bytes.unwrap_or_else(settings::max_slot_lag_bytes);
     (lag > limit).then_some(WaitReason::ConsumerLag { slot, lag, limit })
 }

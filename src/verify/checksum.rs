@@ -119,7 +119,7 @@ fn checksum(
     let name = crate::model::table::relation_name(relid);
     require_readable(relid, &name);
     let key = key_columns(relid, &name);
-    let most_ranges = crate::pg::settings::CHECKSUM_MAX_RANGES.get();
+    let most_ranges = crate::pg::settings::checksum_max_ranges();
     let bounds = match bounds {
         Some(bounds) => {
             let bounds = checked_keys(

@@ -214,7 +214,7 @@ fn compare_sides(
         candidates.extend(here.keys().chain(there.keys()).filter(|k| here.get(*k) != there.get(*k)).cloned());
         // The keys are kept in this backend's memory: a copy far from its source (empty, or
         // of another table) is not a list of differences to keep.
-        let most = crate::pg::settings::COMPARE_MAX_KEYS.get() as usize;
+        let most = crate::pg::settings::compare_max_keys();
         if candidates.len() > most {
             raise(
                 ERRCODE_PROGRAM_LIMIT_EXCEEDED,

@@ -140,7 +140,7 @@ fn backfill_workers(starting: bool) -> i32 {
 }
 
 fn too_many_workers(running: i32, needed: i32) -> ! {
-    let cap = settings::MAX_WORKERS.get();
+    let cap = settings::max_workers();
     raise(
         ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
         "too many backfill workers",
@@ -163,19 +163,19 @@ fn too_many_workers(running: i32, needed: i32) -> ! {
 /// A role that is not a superuser leaves backfill.superuser_reserved_workers of them free.
 pub fn require_worker_slots(needed: i32) {
     let running = privilege::as_extension_owner(|| backfill_workers(true));
-    if running + needed > settings::MAX_WORKERS.get() {
+    if running + needed > settings::max_workers() {
         too_many_workers(running, needed);
     }
-    let reserved = settings::SUPERUSER_RESERVED_WORKERS.get();
+    let reserved = settings::superuser_reserved_workers();
     // SAFETY: reads whether the current role is a superuser.
-    if running + needed > settings::MAX_WORKERS.get() - reserved && !unsafe { pg_sys::superuser() } {
+    if running + needed > settings::max_workers() - reserved && !unsafe { pg_sys::superuser() } {
         raise(
             ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
             "too many backfill workers for a role that is not a superuser",
             format!(
                 "{running} backfill worker(s) run or are starting now and this backfill needs {needed} more; \
                  of backfill.max_workers ({}), backfill.superuser_reserved_workers ({reserved}) are kept for superusers.",
-                settings::MAX_WORKERS.get()
+                settings::max_workers()
             ),
             Some("Wait for a backfill to finish, or ask a superuser to cancel one or to raise backfill.max_workers.".into()),
         );
@@ -198,7 +198,7 @@ pub fn admit_within_cap() {
     }
     // (Not those still starting: two starting at once would each count the other and both stop.)
     let running = backfill_workers(false);
-    if running >= settings::MAX_WORKERS.get() {
+    if running >= settings::max_workers() {
         too_many_workers(running, 1);
     }
 }

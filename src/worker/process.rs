@@ -231,7 +231,7 @@ fn scan_table(scan: &mut TableScan) -> bool {
             // A writer holds one of the page's rows: the page is retried at once, with half the
             // rows (the guard shrinks the page, when it can).
             Err(e) if e.code == ERRCODE_LOCK_NOT_AVAILABLE && scan.throttle().shrink_after_lock_conflict() => {}
-            Err(e) if e.is_transient() && failures < settings::MAX_RETRIES.get() => {
+            Err(e) if e.is_transient() && failures < settings::max_retries() => {
                 failures += 1;
                 if !back_off(scan, failures) {
                     return false;

@@ -101,7 +101,7 @@ pub fn in_transaction_retried<R>(mut body: impl FnMut() -> R) -> Result<R, PageE
     let mut failures = 0;
     loop {
         match in_transaction(std::panic::AssertUnwindSafe(&mut body)) {
-            Err(e) if e.is_transient() && failures < crate::pg::settings::MAX_RETRIES.get() => {
+            Err(e) if e.is_transient() && failures < crate::pg::settings::max_retries() => {
                 failures += 1;
                 crate::throttle::pacing::sleep(std::time::Duration::from_millis(50 << failures.min(5)));
             }

@@ -58,8 +58,7 @@ impl TableScan<'_> {
         })
         .unwrap_or(None);
         job_table::set_key_fraction(self.context.backfill_id, self.context.position, fraction);
-        let interval = settings::LOG_INTERVAL_S.get();
-        if interval > 0 && self.progress.last_log.elapsed() >= Duration::from_secs(interval as u64) {
+        if settings::log_interval().is_some_and(|interval| self.progress.last_log.elapsed() >= interval) {
             self.progress.last_log = Instant::now();
             let percent = fraction.map(|f| format!("{:.1}% of the key range, ", 100.0 * f)).unwrap_or_default();
             log!(

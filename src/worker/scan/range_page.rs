@@ -100,7 +100,7 @@ impl TableScan<'_> {
             messages: &mut shape.messages,
             prefix: self.context.prefix,
             signer,
-            max_message_size: settings::MAX_MESSAGE_SIZE.get() as usize,
+            max_message_size: settings::max_message_bytes(),
             table: &table_name,
             rows: 0,
             bytes: 0,
