@@ -128,3 +128,34 @@ def test_parallel_workers_split_skewed_keys_evenly_and_read_every_row_exactly_on
     messages = delivered(db)
     assert_each_row_read_once(messages, ids)
     assert [m["rows"] for m in messages if m["op"] == "table_end"] == [200000]
+
+
+def test_every_failure_is_kept_in_backfill_errors(db, roles):
+    """last_error shows the latest failure, and a resume clears it; backfill_errors keeps each,
+    oldest first, with the table, the key it stopped after, its SQLSTATE, message and detail,
+    and shows them as backfill_status does: to who may read the table."""
+    make_table(db, rows=5000)
+    backfill_id = db.execute(
+        "SELECT backfill_start('events', confirm => true, batch_size => 100, rows_per_second => 2000)"
+    ).fetchone()[0]
+    wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
+    db.execute("ALTER TABLE events SET UNLOGGED")
+    assert wait_until_ended(db, backfill_id) == "failed"
+    db.execute("SELECT backfill_resume(%s)", [backfill_id])  # still unlogged: fails again
+    assert wait_until_ended(db, backfill_id) == "failed"
+    db.execute("ALTER TABLE events SET LOGGED")
+    db.execute("SELECT backfill_resume(%s)", [backfill_id])
+    assert wait_until_ended(db, backfill_id) == "done"
+    assert status(db, backfill_id, "last_error") is None  # the latest is gone from the status
+    errors = db.execute(
+        "SELECT table_name, stopped_after_key, sqlstate, message FROM backfill_errors WHERE backfill_id = %s ORDER BY occurred_at",
+        [backfill_id],
+    ).fetchall()
+    assert len(errors) == 2, errors
+    for table_name, stopped_after_key, sqlstate, message in errors:
+        assert (table_name, sqlstate) == ("public.events", "55000"), errors
+        assert "became unlogged" in message and int(stopped_after_key) > 0, errors
+    assert int(errors[0][1]) <= int(errors[1][1])
+    # A role that did not start it sees nothing of it.
+    other = roles.connect(roles.create("other"))
+    assert other.execute("SELECT count(*) FROM backfill_errors").fetchone()[0] == 0

@@ -290,6 +290,29 @@ COMMENT ON COLUMN backfill_tables.pages_row_locked IS 'Pages that locked their r
 
 GRANT SELECT ON backfill_status, backfill_tables TO PUBLIC;
 
+CREATE VIEW backfill_errors WITH (security_barrier) AS
+SELECT e.job_id AS backfill_id,
+       e.occurred_at,
+       e.table_name,
+       CASE WHEN v.readable THEN e.stopped_after_key END AS stopped_after_key,
+       CASE WHEN v.readable THEN e.sqlstate END AS sqlstate,
+       CASE WHEN v.readable THEN e.message END AS message,
+       CASE WHEN v.readable THEN e.detail END AS detail
+  FROM backfill.job_error e
+  JOIN backfill.job j ON j.id = e.job_id
+ CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER')
+                            OR coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false) AS readable) v
+ WHERE backfill.visible(j.started_by);
+COMMENT ON VIEW backfill_errors IS 'Every error that failed a backfill, oldest first: backfill_status.last_error shows the latest only, and a resume clears it';
+COMMENT ON COLUMN backfill_errors.backfill_id IS 'The backfill (backfill_status.id)';
+COMMENT ON COLUMN backfill_errors.occurred_at IS 'When it failed';
+COMMENT ON COLUMN backfill_errors.table_name IS 'The table it was scanning when it failed, if any';
+COMMENT ON COLUMN backfill_errors.stopped_after_key IS 'The last key it had delivered of that table';
+COMMENT ON COLUMN backfill_errors.sqlstate IS 'SQLSTATE of the error';
+COMMENT ON COLUMN backfill_errors.message IS 'The error''s message';
+COMMENT ON COLUMN backfill_errors.detail IS 'The error''s detail, if any';
+GRANT SELECT ON backfill_errors TO PUBLIC;
+
 -- Authenticated messages (see the README's Security section).
 CREATE FUNCTION backfill_key(OUT key_id integer, OUT key bytea)
 LANGUAGE sql STABLE

@@ -247,6 +247,44 @@ pub fn move_job(
     .or_internal("record the backfill's state")
 }
 
+/// An error that failed a backfill, as backfill.job_error keeps it.
+pub struct JobError<'a> {
+    pub backfill_id: i64,
+    pub relid: Option<pg_sys::Oid>,
+    pub table: Option<&'a str>,
+    pub stopped_after_key: Option<&'a str>,
+    pub sqlstate: &'a str,
+    pub message: &'a str,
+    pub detail: Option<&'a str>,
+}
+
+/// Keeps an error that failed a backfill in backfill.job_error: last_error shows the latest
+/// only, and a resume clears it. (Skipped on a schema before 0.7.0, still in place until ALTER
+/// EXTENSION UPDATE.)
+pub fn record_error(error: &JobError) {
+    let exists =
+        crate::pg::spi::select_one::<bool>("SELECT pg_catalog.to_regclass('backfill.job_error') IS NOT NULL", &[])
+            .or_internal("look for the errors' table")
+            .unwrap_or(false);
+    if !exists {
+        return;
+    }
+    Spi::run_with_args(
+        "INSERT INTO backfill.job_error (job_id, relid, table_name, stopped_after_key, sqlstate, message, detail)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        &[
+            error.backfill_id.into(),
+            error.relid.into(),
+            error.table.map(Text::from).into(),
+            error.stopped_after_key.map(Text::from).into(),
+            error.sqlstate.into(),
+            Text::from(error.message).into(),
+            error.detail.map(Text::from).into(),
+        ],
+    )
+    .or_internal("record the backfill's error")
+}
+
 /// A running backfill whose worker was launched before the server last started: without
 /// shared_preload_libraries nothing relaunched it.
 pub fn worker_lost_to_restart(backfill_id: i64) -> bool {

@@ -280,16 +280,28 @@ fn wait_for_flush_at_commit() {
 fn record_failure(backfill_id: i64, table: Option<&JobTable>, e: &PageError) {
     let recorded = in_transaction(AssertUnwindSafe(|| {
         wait_for_flush_at_commit();
-        let place = table
-            .map(|t| {
-                let cursor = t.cursor.as_deref().map(crate::pg::encoding::show_key).unwrap_or_else(|| "(start)".into());
-                format!(" [table {}, stopped after key {cursor}]", table::relation_name(t.relid))
-            })
-            .unwrap_or_default();
+        let cursor =
+            table.map(|t| t.cursor.as_deref().map(crate::pg::encoding::show_key).unwrap_or_else(|| "(start)".into()));
+        let table_name = table.map(|t| table::relation_name(t.relid));
+        let place = match (&table_name, &cursor) {
+            (Some(name), Some(cursor)) => format!(" [table {name}, stopped after key {cursor}]"),
+            _ => String::new(),
+        };
         // Stored as errors are reported (see errors::for_server): it names tables and keys.
-        let message = crate::pg::errors::for_server(&format!("{}{place}", e.message)).into_owned();
+        let text = |text: &str| crate::pg::errors::for_server(text).into_owned();
+        let message = text(&format!("{}{place}", e.message));
         warning!("{} failed: {} {message}", who(backfill_id), e.sqlstate);
-        job::move_job(backfill_id, &[JobState::Running], JobState::Failed, None, Some((&e.sqlstate, &message)));
+        if job::move_job(backfill_id, &[JobState::Running], JobState::Failed, None, Some((&e.sqlstate, &message))) {
+            job::record_error(&job::JobError {
+                backfill_id,
+                relid: table.map(|t| t.relid),
+                table: table_name.as_deref(),
+                stopped_after_key: cursor.as_deref().map(text).as_deref(),
+                sqlstate: &e.sqlstate,
+                message: &text(&e.primary),
+                detail: e.detail.as_deref().map(text).as_deref(),
+            });
+        }
     }));
     if let Err(e) = recorded {
         warning!("{}: could not record its failure: {}", who(backfill_id), e.message);

@@ -12,17 +12,28 @@ use std::panic::UnwindSafe;
 pub struct PageError {
     pub code: PgSqlErrorCode,
     pub sqlstate: String,
+    /// The message, with the detail after it in parentheses (as backfill_status.last_error
+    /// shows it).
     pub message: String,
+    /// The message alone, and the detail, as backfill_errors keeps them.
+    pub primary: String,
+    pub detail: Option<String>,
 }
 
 impl PageError {
     pub fn from_report(report: &ErrorReportWithLevel) -> Self {
         let code = report.sql_error_code();
-        let mut message = report.message().to_string();
-        if let Some(detail) = report.detail() {
-            message.push_str(&format!(" ({detail})"));
-        }
-        PageError { code, sqlstate: sqlstate_of(code), message }
+        let primary = report.message().to_string();
+        let detail = report.detail().map(str::to_string);
+        PageError::new(code, primary, detail)
+    }
+
+    pub fn new(code: PgSqlErrorCode, primary: String, detail: Option<String>) -> Self {
+        let message = match &detail {
+            Some(detail) => format!("{primary} ({detail})"),
+            None => primary.clone(),
+        };
+        PageError { code, sqlstate: sqlstate_of(code), message, primary, detail }
     }
 
     /// Failures that a later attempt of the same page can get past.
@@ -134,7 +145,7 @@ mod tests {
     use super::*;
 
     fn error(code: PgSqlErrorCode) -> PageError {
-        PageError { code, sqlstate: sqlstate_of(code), message: String::new() }
+        PageError::new(code, String::new(), None)
     }
 
     #[pg_test]

@@ -31,7 +31,7 @@ use crate::stream::sign::Signer;
 use crate::throttle::lock::Locking;
 use crate::throttle::pipeline;
 use crate::worker::activity;
-use crate::worker::xact::{in_transaction, in_transaction_retried, sqlstate_of, who, PageError};
+use crate::worker::xact::{in_transaction, in_transaction_retried, who, PageError};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 use std::ffi::CString;
@@ -109,10 +109,8 @@ impl<'a> TableScan<'a> {
     pub fn open(backfill_id: i64, job: &Job, job_table: &JobTable, prefix: &'a CString) -> Result<Self, PageError> {
         let relid = job_table.relid;
         let inspected = in_transaction_retried(|| table::inspect(relid))?;
-        let table = inspected.map_err(|why| PageError {
-            code: why.code,
-            sqlstate: sqlstate_of(why.code),
-            message: format!("table {relid:?} can no longer be backfilled: {}", why.reason),
+        let table = inspected.map_err(|why| {
+            PageError::new(why.code, format!("table {relid:?} can no longer be backfilled: {}", why.reason), None)
         })?;
         let partitioned = table.partitioned;
         let (shape, counts_lock_paths, keyed) = in_transaction(|| {
