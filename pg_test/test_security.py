@@ -49,7 +49,7 @@ def hint_statement(error) -> str:
 
 @pytest.fixture
 def operator(db, roles):
-    """An operator (the README's grants) that may SELECT and UPDATE table t (200 rows): (role, connection)."""
+    """An operator (the grants of docs/security.md) that may SELECT and UPDATE table t (200 rows): (role, connection)."""
     make_table(db, "t", 200)
     role = roles.create("op", "operator")
     db.execute(f"GRANT SELECT, UPDATE ON t TO {role}")
