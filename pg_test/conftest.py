@@ -192,16 +192,17 @@ def worker_pid(conn, backfill_id: int):
     return row[0] if row else None
 
 
-GRANT_BLOCKS = {"operator": "etl", "consumer": "consumer"}  # README block: the role it is written for
+GRANT_BLOCKS = {"operator": "etl", "consumer": "consumer"}  # grant block: the role it is written for
+GRANTS_DOC = "docs/security.md"  # where the grant blocks are printed (the README links to them)
 
 
 def readme_grants(kind, role) -> str:
-    """The README's ```sql block after `<!-- {kind} grants: the tests run this block -->`, for `role`."""
-    text = (ROOT / "README.md").read_text()
+    """The ```sql block of docs/security.md after `<!-- {kind} grants: the tests run this block -->`, for `role`."""
+    text = (ROOT / GRANTS_DOC).read_text()
     marker = f"<!-- {kind} grants: the tests run this block -->"
-    assert text.count(marker) == 1, f"README.md must have the line {marker} exactly once"
+    assert text.count(marker) == 1, f"{GRANTS_DOC} must have the line {marker} exactly once"
     block = re.match(r"\s*```sql\n(.*?)\n```", text[text.index(marker) + len(marker) :], re.S)
-    assert block, f"README.md: no ```sql block right after {marker}"
+    assert block, f"{GRANTS_DOC}: no ```sql block right after {marker}"
     return re.sub(rf"\b{GRANT_BLOCKS[kind]}\b", role, block[1])
 
 
@@ -214,7 +215,7 @@ class Roles:
         self.suffix = db.info.dbname.split("_")[0]
 
     def create(self, base, *grants):
-        """A role; `grants` names README blocks ("operator", "consumer") run for it as postgres."""
+        """A role; `grants` names grant blocks of docs/security.md ("operator", "consumer") run for it as postgres."""
         name = f"{base}_{self.suffix}"
         self.db.execute(f"CREATE ROLE {name} LOGIN")
         self.names.append(name)

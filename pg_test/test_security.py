@@ -1,4 +1,4 @@
-"""Security: who may call what (the README's grant blocks, run as written), the checks on the
+"""Security: who may call what (the grant blocks of docs/security.md, run as written), the checks on the
 caller, no escalation to superuser through the caller's search_path or a table's own code, what
 each role sees in the views, the worker cap, hints that quote names, the message prefix, and
 authenticated messages."""
@@ -49,7 +49,7 @@ def hint_statement(error) -> str:
 
 @pytest.fixture
 def operator(db, roles):
-    """An operator (the README's grants) that may SELECT and UPDATE table t (200 rows): (role, connection)."""
+    """An operator (the grants of docs/security.md) that may SELECT and UPDATE table t (200 rows): (role, connection)."""
     make_table(db, "t", 200)
     role = roles.create("op", "operator")
     db.execute(f"GRANT SELECT, UPDATE ON t TO {role}")
@@ -506,9 +506,11 @@ def message_keys(db) -> dict:
 
 
 def readme_verifier():
-    """The README's Python check (`genuine`), run as printed there."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Authenticated messages") :]
+    """The Python check (`genuine`) of docs/consumers.md, run as printed there."""
+    text = (ROOT / "docs/consumers.md").read_text()
+    heading = "\n## Authenticated messages\n"
+    assert text.count(heading) == 1, f"docs/consumers.md must have the heading {heading.strip()} exactly once"
+    section = text[text.index(heading) :]
     code = re.search(r"```python\n(.*?)\n```", section, re.S)[1]
     namespace = {}
     exec(code, namespace)
@@ -517,7 +519,7 @@ def readme_verifier():
 
 def tag_is_valid(keys, content, xid) -> bool:
     """The check, done here independently: HMAC-SHA256(key, "<xid>:" + content without its auth
-    field); the README's code must give the same answer."""
+    field); the code of docs/consumers.md must give the same answer."""
     auth = AUTH.search(content)
     if not auth or int(auth[1]) not in keys:
         independent = False
@@ -527,7 +529,7 @@ def tag_is_valid(keys, content, xid) -> bool:
         expected = hmac.new(bytes(keys[int(auth[1])]), f"{xid}:".encode() + body, hashlib.sha256).hexdigest()
         independent = hmac.compare_digest(expected, auth[2])
     readme = readme_verifier()(content.encode(), xid, {k: bytes(v) for k, v in keys.items()})
-    assert readme == independent, "the README's verification disagrees"
+    assert readme == independent, "the verification of docs/consumers.md disagrees"
     return independent
 
 
