@@ -313,7 +313,7 @@ COMMENT ON COLUMN backfill_errors.message IS 'The error''s message';
 COMMENT ON COLUMN backfill_errors.detail IS 'The error''s detail, if any';
 GRANT SELECT ON backfill_errors TO PUBLIC;
 
--- Authenticated messages (see the README's Security section).
+-- Authenticated messages (see docs/consumers.md and docs/security.md).
 CREATE FUNCTION backfill_key(OUT key_id integer, OUT key bytea)
 LANGUAGE sql STABLE
 AS $$ SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1 $$;
@@ -425,7 +425,7 @@ COMMENT ON FUNCTION backfill.waiting_kind(bigint) IS 'The kind of what the worke
 COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 'Whether a message is genuine: its auth tag verifies for the transaction id its decoder reported (needs SELECT on backfill.message_key)';
 
--- Nothing that starts, controls or reveals backfills is executable by PUBLIC: the README shows
+-- Nothing that starts, controls or reveals backfills is executable by PUBLIC: docs/security.md shows
 -- the grants for operators and for consumers. The views' helpers stay executable by all.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),

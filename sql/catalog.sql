@@ -179,7 +179,7 @@ COMMENT ON COLUMN backfill.message_key.created_at IS 'When the key was made (CRE
 -- Not dumped: a restored database is another database, with a key of its own.
 INSERT INTO backfill.message_key DEFAULT VALUES;
 -- Only the extension's owner reads the key: privileges that ALTER DEFAULT PRIVILEGES gave the
--- new table are taken back; the README shows the grant for consumers.
+-- new table are taken back; docs/security.md shows the grant for consumers.
 DO $$
 DECLARE
     grantee oid;

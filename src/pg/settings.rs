@@ -51,7 +51,7 @@ static MAX_MESSAGE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 * 10
 pub const MAX_MESSAGE_SIZE_CEILING: i32 = 256 * 1024 * 1024;
 
 /// The most keys that backfill_compare() and backfill_repair() keep as differing (and that a
-/// keyed backfill takes): each costs the backend's memory (see the README's figures).
+/// keyed backfill takes): each costs the backend's memory (see docs/verification.md's figures).
 static COMPARE_MAX_KEYS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 
 /// The most ranges a checksum (backfill_checksum(), and so a comparison's first pass) splits a
