@@ -61,16 +61,12 @@ impl Table {
     }
 }
 
-const INSPECT_SQL: &str = "
-SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text,
-       pg_catalog.has_table_privilege(c.oid, 'SELECT'),
-       n.nspname IN ('pg_catalog', 'information_schema', 'pg_toast', 'backfill'),
-       k.names, k.types, k.collations, k.all_default_opclasses, cols.names, cols.types,
-       pg_catalog.has_any_column_privilege(c.oid, 'UPDATE'), pg_catalog.row_security_active(c.oid), c.relowner, k.index,
-       k.collation_schemas
-  FROM pg_catalog.pg_class c
-  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-  LEFT JOIN LATERAL (
+/// The key a table `c` (pg_class) is read in the order of, as `LEFT JOIN LATERAL (...) k`: its
+/// primary key, else its replica identity index (valid ones), key columns only (an index's
+/// INCLUDE columns aside), in index order, with their types (`oid:typmod`), collations and
+/// whether their operator classes are pg_catalog's defaults. One rule for backfills and for
+/// verification (two drifted: a checksum took INCLUDE columns for key columns).
+const KEY_OF_TABLE: &str = "  LEFT JOIN LATERAL (
         SELECT pg_catalog.array_agg(a.attname::text ORDER BY k.ord) AS names,
                pg_catalog.array_agg(a.atttypid::pg_catalog.text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) a.atttypmod
                          ORDER BY k.ord) AS types,
@@ -91,12 +87,44 @@ SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text
           JOIN pg_catalog.pg_opclass opc ON opc.oid = k.opclass
           LEFT JOIN pg_catalog.pg_collation coll ON coll.oid = k.collid
           LEFT JOIN pg_catalog.pg_namespace cn ON cn.oid = coll.collnamespace
-         WHERE k.ord <= i.indnkeyatts) k ON true
+         WHERE k.ord <= i.indnkeyatts) k ON true";
+
+fn inspect_sql() -> String {
+    format!(
+        "
+SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text,
+       pg_catalog.has_table_privilege(c.oid, 'SELECT'),
+       n.nspname IN ('pg_catalog', 'information_schema', 'pg_toast', 'backfill'),
+       k.names, k.types, k.collations, k.all_default_opclasses, cols.names, cols.types,
+       pg_catalog.has_any_column_privilege(c.oid, 'UPDATE'), pg_catalog.row_security_active(c.oid), c.relowner, k.index,
+       k.collation_schemas
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+{KEY_OF_TABLE}
   LEFT JOIN LATERAL (
         SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attnum) AS names, pg_catalog.array_agg(a.atttypid ORDER BY a.attnum) AS types
           FROM pg_catalog.pg_attribute a
          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) cols ON true
- WHERE c.oid = $1";
+ WHERE c.oid = $1"
+    )
+}
+
+/// The columns of a table's key (see [`KEY_OF_TABLE`]), in key order: (name, type as SQL
+/// writes it, schema-qualified); empty when it has none.
+pub fn key_of(relid: pg_sys::Oid) -> Vec<(String, String)> {
+    let sql = format!("SELECT k.names, k.types FROM pg_catalog.pg_class c {KEY_OF_TABLE} WHERE c.oid = $1");
+    let key = Spi::connect(|client| {
+        let rows = client.select(&sql, Some(1), &[relid.into()])?;
+        if rows.is_empty() {
+            return Ok::<_, spi::Error>(None);
+        }
+        let row = rows.first();
+        Ok(row.get::<Vec<Text>>(1)?.zip(row.get::<Vec<String>>(2)?))
+    })
+    .or_internal("read the table's key");
+    let Some((names, types)) = key else { return Vec::new() };
+    strings(names).into_iter().zip(types.iter().map(|t| qualified_type(t))).collect()
+}
 
 /// Each key column's collation, qualified and quoted, where the index has one.
 fn collations(schemas: Option<Vec<Option<Text>>>, names: Option<Vec<Option<Text>>>) -> Vec<Option<String>> {
@@ -125,7 +153,7 @@ fn relkind_name(relkind: &str) -> &'static str {
 /// Looks a table up and decides whether it can be backfilled by the current user.
 pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
     let row = Spi::connect(|client| {
-        let rows = client.select(INSPECT_SQL, None, &[relid.into()])?;
+        let rows = client.select(&inspect_sql(), None, &[relid.into()])?;
         if rows.is_empty() {
             return Ok(None);
         }

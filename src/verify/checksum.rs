@@ -56,33 +56,8 @@ impl Level {
 /// The columns of a table's key (primary key, else replica identity index), in key order:
 /// (name, type as SQL writes it).
 pub fn key_columns(relid: pg_sys::Oid, table: &str) -> Vec<(String, String)> {
-    let columns = Spi::connect(|client| {
-        let rows = client.select(
-            "SELECT a.attname::text, a.atttypid::text || ':' || a.atttypmod::text
-               FROM pg_catalog.pg_index i
-              CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-               JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
-                                             AND a.attnum OPERATOR(pg_catalog.=) k.attnum
-              WHERE i.indrelid OPERATOR(pg_catalog.=) $1
-                AND i.indexrelid OPERATOR(pg_catalog.=) (
-                    SELECT x.indexrelid FROM pg_catalog.pg_index x
-                     WHERE x.indrelid OPERATOR(pg_catalog.=) $1 AND (x.indisprimary OR x.indisreplident)
-                     ORDER BY x.indisprimary DESC LIMIT 1)
-              ORDER BY k.ord",
-            None,
-            &[relid.into()],
-        )?;
-        rows.map(|row| {
-            Ok((
-                row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(),
-                // Qualified as the worker's key is: verification runs under search_path
-                // pg_catalog, pg_temp, where an enum's or a domain's bare name is unknown.
-                crate::model::table::qualified_type(&row.get::<Text>(2)?.map(|t| t.0).unwrap_or_default()),
-            ))
-        })
-        .collect::<Result<Vec<_>, pgrx::spi::Error>>()
-    })
-    .or_internal("read the table's key");
+    // The key a backfill reads the table by (model/table.rs): one rule for both.
+    let columns = crate::model::table::key_of(relid);
     if columns.is_empty() {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
