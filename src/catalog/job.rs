@@ -39,19 +39,19 @@ pub struct Job {
 }
 
 pub fn job(id: i64) -> Option<Job> {
-    // lock_mode and the source limits through to_jsonb: an older schema (before ALTER
-    // EXTENSION UPDATE) has no such columns; its backfills lock as auto does and follow the
-    // settings.
+    // The columns of later versions through the row as jsonb (made once): an older schema
+    // (before ALTER EXTENSION UPDATE) has no such columns; its backfills lock as auto does,
+    // follow the settings and know their slot by its name only.
     // A 0.2.0 worker still running the old code after the upgrade pauses its backfill
     // "waiting..." while its consumer is away: that backfill is running.
     let sql = "SELECT CASE WHEN state = 'paused' AND pause_reason LIKE 'waiting%' THEN 'running' ELSE state END,
                       batch_size, message_prefix, started_by::text, rows_per_second, slot_name::text,
-                      max_lag_bytes, parallel, pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'lock_mode',
-                      (pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'max_replica_lag_bytes')::pg_catalog.int8,
-                      (pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'max_retained_wal_bytes')::pg_catalog.int8,
-                      (pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'max_active_sessions')::pg_catalog.int8,
-                      pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'slot_identity', publication_name::text
-                 FROM backfill.job j WHERE id = $1";
+                      max_lag_bytes, parallel, v.row OPERATOR(pg_catalog.->>) 'lock_mode',
+                      (v.row OPERATOR(pg_catalog.->>) 'max_replica_lag_bytes')::pg_catalog.int8,
+                      (v.row OPERATOR(pg_catalog.->>) 'max_retained_wal_bytes')::pg_catalog.int8,
+                      (v.row OPERATOR(pg_catalog.->>) 'max_active_sessions')::pg_catalog.int8,
+                      v.row OPERATOR(pg_catalog.->>) 'slot_identity', publication_name::text
+                 FROM backfill.job j CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(j) AS row) v WHERE id = $1";
     run_prepared(sql, false, &[id.into()], |rows| {
         if rows.is_empty() {
             return Ok(None);
