@@ -46,12 +46,12 @@ pub fn job(id: i64) -> Option<Job> {
     // "waiting..." while its consumer is away: that backfill is running.
     let sql = "SELECT CASE WHEN state = 'paused' AND pause_reason LIKE 'waiting%' THEN 'running' ELSE state END,
                       batch_size, message_prefix, started_by::text, rows_per_second, slot_name::text,
-                      max_lag_bytes, parallel, v.row OPERATOR(pg_catalog.->>) 'lock_mode',
-                      (v.row OPERATOR(pg_catalog.->>) 'max_replica_lag_bytes')::pg_catalog.int8,
-                      (v.row OPERATOR(pg_catalog.->>) 'max_retained_wal_bytes')::pg_catalog.int8,
-                      (v.row OPERATOR(pg_catalog.->>) 'max_active_sessions')::pg_catalog.int8,
-                      v.row OPERATOR(pg_catalog.->>) 'slot_identity', publication_name::text
-                 FROM backfill.job j CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(j) AS row) v WHERE id = $1";
+                      max_lag_bytes, parallel, v.job_row OPERATOR(pg_catalog.->>) 'lock_mode',
+                      (v.job_row OPERATOR(pg_catalog.->>) 'max_replica_lag_bytes')::pg_catalog.int8,
+                      (v.job_row OPERATOR(pg_catalog.->>) 'max_retained_wal_bytes')::pg_catalog.int8,
+                      (v.job_row OPERATOR(pg_catalog.->>) 'max_active_sessions')::pg_catalog.int8,
+                      v.job_row OPERATOR(pg_catalog.->>) 'slot_identity', publication_name::text
+                 FROM backfill.job j CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(j) AS job_row) v WHERE id = $1";
     run_prepared(sql, false, &[id.into()], |rows| {
         if rows.is_empty() {
             return Ok(None);
