@@ -445,7 +445,9 @@ def main():
                         help="only the source's cost on quiet frozen tables (lock modes), and writers' p99 latency per lock mode")
     args = parser.parse_args()
 
-    subprocess.run(["cargo", "pgrx", "install", "--release", "--pg-config", "/usr/lib/postgresql/15/bin/pg_config"],
+    # Installed beside the installed files and renamed over them (scripts/install.sh): a
+    # server running from them keeps running.
+    subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/install.sh' && install_extension /usr/lib/postgresql/15/bin/pg_config"],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     # wal_keep_size: pg_waldump reads the WAL of each measurement after its checkpoints.
     sh(f"cluster_start {DIR} {PORT} $'fsync = on\\nsynchronous_commit = on\\nautovacuum = off\\nfull_page_writes = on\\nwal_keep_size = 16GB'")
