@@ -64,3 +64,35 @@ impl<T, E: std::fmt::Display> OrInternal<T> for Result<T, E> {
         }
     }
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use super::*;
+    use pgrx::pg_sys::panic::CaughtError;
+
+    /// Where an error caught in `f` says it was raised: (file, line).
+    fn location_of(f: impl FnOnce() + std::panic::UnwindSafe) -> Option<(String, u32)> {
+        PgTryBuilder::new(|| {
+            f();
+            None
+        })
+        .catch_others(|caught| match caught {
+            CaughtError::ErrorReport(report)
+            | CaughtError::PostgresError(report)
+            | CaughtError::RustPanic { ereport: report, .. } => Some((report.file().to_string(), report.line_number())),
+        })
+        .execute()
+    }
+
+    #[pg_test]
+    fn a_helper_reports_its_callers_location() {
+        let (file, line) = (file!().to_string(), line!());
+        let internal = location_of(|| Err::<(), _>("it broke").or_internal("test the location"));
+        assert_eq!(internal, Some((file.clone(), line + 1)));
+        let null = location_of(|| {
+            crate::pg::args::required(None::<i32>, "f", "x");
+        });
+        assert_eq!(null, Some((file, line + 4)));
+    }
+}

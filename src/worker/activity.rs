@@ -46,10 +46,10 @@ pub fn waiting(reason: &WaitReason) -> String {
 const WAITING_FOR: &str = "waiting for ";
 
 /// The kind a waiting worker's activity (`a.query`) reports, NULL for one that does not wait.
-pub const WAITING_KIND_OF_ACTIVITY: &str = "pg_catalog.substring(a.query FROM '^waiting for \\[([a-z_]+)\\] ')";
+pub const WAITING_KIND_OF_ACTIVITY: &str = "pg_catalog.substring(a.query, '^waiting for \\[([a-z_]+)\\] ')";
 
 /// The prose a waiting worker's activity reports, NULL for one that does not wait.
-pub const WAITING_FOR_OF_ACTIVITY: &str = "pg_catalog.substring(a.query FROM '^waiting for \\[[a-z_]+\\] (.*)$')";
+pub const WAITING_FOR_OF_ACTIVITY: &str = "pg_catalog.substring(a.query, '^waiting for \\[[a-z_]+\\] (.*)$')";
 
 /// What a worker scanning reports as its activity: `backfill 7: public.orders after key (42)`.
 pub fn scanning(backfill_id: i64, table: &Table, cursor: Option<&[KeyText]>) -> String {
