@@ -147,6 +147,7 @@ class ActiveSessions:
                 conn.close()
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_a_standby_that_stops_replaying_pauses_the_backfill(cluster, db):
     limit = MB  # far above what a page writes: once replaying again, the standby keeps up
@@ -307,6 +308,7 @@ def test_max_retained_wal_follows_max_slot_wal_keep_size(db):
         db.execute("SELECT pg_reload_conf()")
 
 
+@pytest.mark.slow
 def test_server_load_slows_the_backfill_and_it_recovers(cluster, db):
     db.execute(
         """CREATE TABLE busy (id bigint PRIMARY KEY, v int NOT NULL);

@@ -41,6 +41,7 @@ def test_test_decoding_and_pgoutput_receive_the_messages(db):
     assert content["op"] == "read" and content["key"] == {"id": 1}
 
 
+@pytest.mark.slow
 def test_a_million_rows_arrive_through_a_slot_exactly_once(db):
     db.execute(
         """CREATE TABLE big (id bigint PRIMARY KEY, a int, b text);

@@ -71,6 +71,7 @@ def test_backfill_waits_while_the_slot_has_no_consumer_and_names_its_slot(cluste
     assert all(m["slot"] == "pipe" for m in messages)
 
 
+@pytest.mark.slow
 def test_back_pressure_stops_below_the_lag_limit_and_resumes_when_the_consumer_catches_up(cluster, events):
     events.execute("SELECT pg_create_logical_replication_slot('pipe', 'test_decoding')")
     consumer = Consumer(cluster, events.info.dbname, "pipe")
@@ -97,6 +98,7 @@ def test_back_pressure_stops_below_the_lag_limit_and_resumes_when_the_consumer_c
         consumer.stop()
 
 
+@pytest.mark.slow
 def test_rate_limit_holds_within_ten_percent_over_ten_seconds(events):
     backfill_id = events.execute(
         "SELECT backfill_start('events', confirm => true, batch_size => 200, rows_per_second => 1500)"

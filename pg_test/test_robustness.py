@@ -55,6 +55,7 @@ def test_the_bound_cannot_be_raised_past_its_ceiling(db):
     db.execute("ALTER SYSTEM RESET backfill.max_message_size")
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_a_row_of_over_a_gigabyte_leaves_the_server_restartable_and_its_slot_decodable(cluster):
     """The case that once left a server unable to start: a row whose JSON passes 1 GB (six
@@ -213,6 +214,7 @@ def test_dump_and_restore_into_another_database_starts_with_no_backfills(cluster
         assert status(restored, new_id, "rows_done") == 2000
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_on_a_standby_functions_refuse_with_25006_and_the_views_work(cluster, items):
     backfill_id = items.execute("SELECT backfill_start('items', confirm => true)").fetchone()[0]

@@ -25,6 +25,8 @@ STRICT STABLE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'waiting_kind_wrapper';
 COMMENT ON FUNCTION backfill.waiting_kind(bigint) IS 'The kind of what the workers of a backfill wait for now (row_lock, consumer_away, consumer_lag, replica_lag, retained_wal, load), or NULL';
+-- (Revoked, then granted: the privileges of a fresh install, in its order.)
+REVOKE EXECUTE ON FUNCTION backfill.waiting_kind(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.waiting_kind(bigint) TO PUBLIC;
 
 CREATE OR REPLACE VIEW backfill_status WITH (security_barrier) AS
