@@ -3,6 +3,8 @@ wal2json; and a 1M-row table arrives through a slot exactly once."""
 
 import json
 
+import pytest
+
 from conftest import wait_until_ended
 
 
