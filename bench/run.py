@@ -3,6 +3,7 @@ pg_backfill, side by side on the same generated tables, in one run on a throwawa
 
     python3 bench/run.py                       # after scripts/setup.sh; sizes 250k,1M,4M; narrow and wide
     python3 bench/run.py --sizes 250000,1000000 --shapes narrow --repeat 3
+    PG_MAJOR=18 python3 bench/run.py           # on PostgreSQL 18 (scripts/pg_major.sh), after PG_MAJOR=18 scripts/setup.sh
 
 Prints a table and writes the figures to bench/results/<timestamp>.json for later comparison.
 Figures on a shared machine are noisy: each is the median of --repeat runs, and ratios are
@@ -23,7 +24,16 @@ from pathlib import Path
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
-DIR, PORT = "/tmp/pg_backfill_bench", 55450
+
+
+def pg_major_value(expression: str) -> str:
+    """A value from scripts/pg_major.sh for this run's PG_MAJOR (15 unless set)."""
+    script = f"source '{ROOT}/scripts/pg_major.sh' && echo \"{expression}\""
+    return subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True).stdout.strip()
+
+
+PG_MAJOR, PG_BIN = int(pg_major_value("$PG_MAJOR")), pg_major_value("$PG_BIN")
+DIR, PORT = ("/tmp/pg_backfill_bench", 55450) if PG_MAJOR == 15 else (f"/tmp/pg_backfill_bench{PG_MAJOR}", 56450)
 
 SHAPES = {
     "narrow": (
@@ -116,8 +126,8 @@ METHODS = {
     "pg_backfill x2": lambda conn, table, rows: run_pg_backfill(conn, table, rows, parallel=2),
 }
 
-PGBENCH = "/usr/lib/postgresql/15/bin/pgbench"
-PG_WALDUMP = "/usr/lib/postgresql/15/bin/pg_waldump"
+PGBENCH = f"{PG_BIN}/pgbench"
+PG_WALDUMP = f"{PG_BIN}/pg_waldump"
 
 
 def waldump_stats(start, end):
@@ -445,9 +455,8 @@ def main():
                         help="only the source's cost on quiet frozen tables (lock modes), and writers' p99 latency per lock mode")
     args = parser.parse_args()
 
-    # Installed beside the installed files and renamed over them (scripts/install.sh): a
-    # server running from them keeps running.
-    subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/install.sh' && install_extension /usr/lib/postgresql/15/bin/pg_config"],
+    # Installed by rename, as scripts/install.sh does it, built for PG_MAJOR.
+    subprocess.run(["bash", "-c", 'source scripts/pg_major.sh && source scripts/install.sh && install_extension "$PG_CONFIG" "${PG_FEATURES[@]}"'],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     # wal_keep_size: pg_waldump reads the WAL of each measurement after its checkpoints.
     sh(f"cluster_start {DIR} {PORT} $'fsync = on\\nsynchronous_commit = on\\nautovacuum = off\\nfull_page_writes = on\\nwal_keep_size = 16GB'")

@@ -1,7 +1,9 @@
-"""End-to-end scenarios against a real PostgreSQL 15 server.
+"""End-to-end scenarios against a real PostgreSQL server: 15, or PG_MAJOR (scripts/pg_major.sh).
 
 The session starts a throwaway cluster (scripts/cluster.sh, server running as the postgres OS
 user) with the extension installed by scripts/test.sh; every test gets a database of its own.
+A major other than 15 runs in a directory and on ports of its own by default, so that the two
+suites may share a machine.
 """
 
 import itertools
@@ -20,40 +22,62 @@ import psycopg
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CLUSTER_DIR = os.environ.get("BACKFILL_TEST_DIR", "/tmp/pg_backfill_test")
-PORT = int(os.environ.get("BACKFILL_TEST_PORT", "55433"))
+
+
+def pg_major_value(expression: str) -> str:
+    """A value from scripts/pg_major.sh for the PG_MAJOR of this run: `$PG_BIN`, `$(pg_bin_of 15)`."""
+    script = f"source '{ROOT}/scripts/pg_major.sh' && echo \"{expression}\""
+    return subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True).stdout.strip()
+
+
+PG_MAJOR = int(pg_major_value("$PG_MAJOR"))
+PG_BIN = pg_major_value("$PG_BIN")
+DEFAULT_SUFFIX, DEFAULT_PORT = ("", 55433) if PG_MAJOR == 15 else (str(PG_MAJOR), 56433)
+CLUSTER_DIR = os.environ.get("BACKFILL_TEST_DIR", f"/tmp/pg_backfill_test{DEFAULT_SUFFIX}")
+PORT = int(os.environ.get("BACKFILL_TEST_PORT", str(DEFAULT_PORT)))
 _db_names = itertools.count()
 
 
-def cluster_cmd(command: str) -> None:
-    subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/cluster.sh' && {command}"], check=True)
+def cluster_cmd(command: str, major: int = PG_MAJOR) -> None:
+    """Runs a command of scripts/cluster.sh with the programs of PostgreSQL `major`."""
+    env = {**os.environ, "PG_MAJOR": str(major)}
+    subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/cluster.sh' && {command}"], check=True, env=env)
 
 
 class Cluster:
-    def __init__(self, directory: str, port: int):
-        self.dir, self.port = directory, port
+    """A throwaway cluster of this run's major, or of `major` (test_pg_upgrade.py's 15)."""
+
+    def __init__(self, directory: str, port: int, major: int = PG_MAJOR):
+        self.dir, self.port, self.major = directory, port, major
 
     def connect(self, dbname="postgres", **kw) -> psycopg.Connection:
         return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=dbname, autocommit=True, **kw)
 
-    def start(self, extra_conf: str = "") -> None:
-        cluster_cmd(f"cluster_start '{self.dir}' {self.port} $'{extra_conf}'")
+    def start(self, extra_conf: str = "", initdb_args: str = "") -> None:
+        """`extra_conf`: postgresql.conf lines, in bash's $'...' (so \\n separates lines)."""
+        quoted = extra_conf.replace("'", "\\'")
+        cluster_cmd(f"cluster_start '{self.dir}' {self.port} $'{quoted}' '{initdb_args}'", self.major)
 
     def stop(self) -> None:
-        cluster_cmd(f"cluster_stop '{self.dir}'")
+        cluster_cmd(f"cluster_stop '{self.dir}'", self.major)
 
     def pg_ctl(self, *args: str) -> None:
-        cluster_cmd(f"as_postgres \"$PG_BIN/pg_ctl\" -D '{self.dir}/data' -l '{self.dir}/server.log' -w {' '.join(args)} >/dev/null")
+        cluster_cmd(
+            f"as_postgres \"$PG_BIN/pg_ctl\" -D '{self.dir}/data' -l '{self.dir}/server.log' -w {' '.join(args)} >/dev/null",
+            self.major,
+        )
 
 
 # The test clusters besides the session's, each with a port of its own: the session's port
 # plus 100 plus its place here (clear of the demo's, 55440, and of another run's 1,000 above).
-EXTRA_CLUSTERS = ["replica", "standby1", "preload", "nopreload", "install", "huge", "pmdeath", "standby", "resumer"]
+EXTRA_CLUSTERS = ["replica", "standby1", "preload", "nopreload", "install", "huge", "pmdeath", "standby", "resumer",
+                  "upgrade_old", "upgrade_new"]
 
 
-def extra_cluster(cluster: "Cluster", name: str) -> Cluster:
-    """Another cluster for one test, in a directory and on a port of its own (not yet started)."""
-    return Cluster(f"{cluster.dir}_{name}", cluster.port + 100 + EXTRA_CLUSTERS.index(name))
+def extra_cluster(cluster: "Cluster", name: str, major: int = PG_MAJOR) -> Cluster:
+    """Another cluster for one test (of this run's major, or of `major`), in a directory and on
+    a port of its own (not yet started)."""
+    return Cluster(f"{cluster.dir}_{name}", cluster.port + 100 + EXTRA_CLUSTERS.index(name), major=major)
 
 
 def pytest_configure(config):
@@ -196,14 +220,20 @@ GRANT_BLOCKS = {"operator": "etl", "consumer": "consumer"}  # grant block: the r
 GRANTS_DOC = "docs/security.md"  # where the grant blocks are printed (the README links to them)
 
 
+def doc_block(doc, name) -> str:
+    """The ```sql block of `doc` (a path from the repository's root) after
+    `<!-- {name}: the tests run this block -->`, as the docs print it."""
+    text = (ROOT / doc).read_text()
+    marker = f"<!-- {name}: the tests run this block -->"
+    assert text.count(marker) == 1, f"{doc} must have the line {marker} exactly once"
+    block = re.match(r"\s*```sql\n(.*?)\n```", text[text.index(marker) + len(marker) :], re.S)
+    assert block, f"{doc}: no ```sql block right after {marker}"
+    return block[1]
+
+
 def readme_grants(kind, role) -> str:
     """The ```sql block of docs/security.md after `<!-- {kind} grants: the tests run this block -->`, for `role`."""
-    text = (ROOT / GRANTS_DOC).read_text()
-    marker = f"<!-- {kind} grants: the tests run this block -->"
-    assert text.count(marker) == 1, f"{GRANTS_DOC} must have the line {marker} exactly once"
-    block = re.match(r"\s*```sql\n(.*?)\n```", text[text.index(marker) + len(marker) :], re.S)
-    assert block, f"{GRANTS_DOC}: no ```sql block right after {marker}"
-    return re.sub(rf"\b{GRANT_BLOCKS[kind]}\b", role, block[1])
+    return re.sub(rf"\b{GRANT_BLOCKS[kind]}\b", role, doc_block(GRANTS_DOC, f"{kind} grants"))
 
 
 class Roles:
@@ -252,7 +282,6 @@ def roles(cluster, db):
     r.drop()
 
 
-PG_BIN = os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin")
 PG_RECVLOGICAL = f"{PG_BIN}/pg_recvlogical"
 
 

@@ -10,7 +10,8 @@ from contextlib import suppress
 
 import psycopg
 import pytest
-from conftest import ROOT, Cluster, Consumer, extra_cluster, assert_each_row_read_once, error_of, status, wait_for, wait_until_ended
+from conftest import (PG_BIN, ROOT, Cluster, Consumer, assert_each_row_read_once, error_of, extra_cluster, status, wait_for,
+                      wait_until_ended)
 
 MB = 1024 * 1024
 GB = 1024 * MB
@@ -34,7 +35,7 @@ def start_standby(cluster: Cluster, standby: Cluster, name: str) -> None:
     trust` line in pg_hba.conf, and max_wal_senders = 16 (scripts/cluster.sh)."""
     subprocess.run(["bash", "-c", f"rm -rf '{standby.dir}' && mkdir -p '{standby.dir}' && chown postgres: '{standby.dir}'"],
                    check=True)
-    as_postgres("/usr/lib/postgresql/15/bin/pg_basebackup", "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres",
+    as_postgres(f"{PG_BIN}/pg_basebackup", "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres",
                 "-D", f"{standby.dir}/data", "-R", "-X", "stream")
     with open(f"{standby.dir}/data/postgresql.auto.conf", "a") as conf:
         # (The last of two primary_conninfo lines wins: this one names the standby.) The default

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 import xxhash
-from conftest import error_of
+from conftest import PG_MAJOR, error_of
 
 COLUMNS = {
     "i": "integer",
@@ -244,9 +244,11 @@ def test_a_row_type_altered_in_the_session_is_hashed_as_it_is_now(db):
     # the session's anonymous row types are in shared memory, and their descriptors, not
     # reference-counted, must not be released as if they were: XX000.)
     db.execute("SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; SET min_parallel_table_scan_size = 0")
-    db.execute("SET force_parallel_mode = on")  # (PostgreSQL 15's name)
+    # (16 renamed force_parallel_mode to debug_parallel_query.)
+    force_parallel = "force_parallel_mode" if PG_MAJOR == 15 else "debug_parallel_query"
+    db.execute(f"SET {force_parallel} = on")
     db.execute("SELECT count(*) FROM fresh")
-    db.execute("RESET force_parallel_mode")
+    db.execute(f"RESET {force_parallel}")
     for anonymous in ["SELECT backfill.row_hash(ROW(1, 12345, 7::bigint))",
                       "SELECT h FROM backfill.row_hash(ROW(1, 12345, 7::bigint)) AS h"]:
         assert db.execute(anonymous).fetchone() == db.execute("SELECT backfill.row_hash(f) FROM fresh f").fetchone()

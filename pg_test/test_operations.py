@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (PG_BIN, ROOT, Consumer, extra_cluster, assert_each_row_read_once, backfill_messages, error_of, status, wait_for,
+from conftest import (PG_BIN, PG_MAJOR, ROOT, Consumer, extra_cluster, assert_each_row_read_once, backfill_messages, error_of, status, wait_for,
                       wait_until_ended, wal2json_changes, worker_pid)
 
 @pytest.fixture
@@ -68,6 +68,24 @@ def test_backfill_waits_while_the_slot_has_no_consumer_and_names_its_slot(cluste
         consumer.stop()
     messages = consumer.messages()
     assert len([m for m in messages if m["op"] == "read"]) == 20000
+    assert all(m["slot"] == "pipe" for m in messages)
+
+
+@pytest.mark.skipif(PG_MAJOR < 17, reason="failover slots are new in PostgreSQL 17")
+def test_a_failover_slot_serves_as_the_backfills_slot(cluster, events):
+    """A slot made to be synchronized to standbys (failover => true, 17+) is an ordinary logical
+    slot to the backfill: its consumer receives every row once."""
+    events.execute("SELECT pg_create_logical_replication_slot('pipe', 'test_decoding', failover => true)")
+    assert events.execute("SELECT failover FROM pg_replication_slots WHERE slot_name = 'pipe'").fetchone()[0] is True
+    consumer = Consumer(cluster, events.info.dbname, "pipe")
+    try:
+        backfill_id = events.execute("SELECT backfill_start('events', confirm => true, slot => 'pipe')").fetchone()[0]
+        assert wait_until_ended(events, backfill_id) == "done"
+        wait_for(lambda: status(events, backfill_id, "delivered"), what="delivery")
+    finally:
+        consumer.stop()
+    messages = consumer.messages()
+    assert_each_row_read_once(messages, range(1, 20001))
     assert all(m["slot"] == "pipe" for m in messages)
 
 

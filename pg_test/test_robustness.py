@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import Consumer, extra_cluster, error_of, status, wait_for, wait_until_ended, worker_pid
+from conftest import PG_BIN, Consumer, error_of, extra_cluster, status, wait_for, wait_until_ended, worker_pid
 
 
 def set_system(conn, setting, value):
@@ -202,10 +202,10 @@ def test_dump_and_restore_into_another_database_starts_with_no_backfills(cluster
     run = lambda *args: subprocess.run(  # noqa: E731
         ["sudo", "-u", "postgres", *args, "-h", "127.0.0.1", "-p", str(cluster.port)], check=True, capture_output=True
     )
-    run("/usr/lib/postgresql/15/bin/pg_dump", "-Fc", "-f", dump, "-d", source)
+    run(f"{PG_BIN}/pg_dump", "-Fc", "-f", dump, "-d", source)
     items.execute("SELECT backfill_cancel(%s)", [backfill_id])
     scratch_database(target)
-    run("/usr/lib/postgresql/15/bin/pg_restore", "-d", target, dump)
+    run(f"{PG_BIN}/pg_restore", "-d", target, dump)
     with cluster.connect(target) as restored:
         assert restored.execute("SELECT count(*) FROM items").fetchone()[0] == 2000
         assert restored.execute("SELECT count(*) FROM backfill_status").fetchone()[0] == 0
@@ -222,7 +222,7 @@ def test_on_a_standby_functions_refuse_with_25006_and_the_views_work(cluster, it
     standby = extra_cluster(cluster, "standby")
     subprocess.run(["bash", "-c", f"rm -rf '{standby.dir}' && mkdir -p '{standby.dir}' && chown postgres: '{standby.dir}'"], check=True)
     subprocess.run(
-        ["sudo", "-u", "postgres", "/usr/lib/postgresql/15/bin/pg_basebackup", "-h", "127.0.0.1", "-p", str(cluster.port),
+        ["sudo", "-u", "postgres", f"{PG_BIN}/pg_basebackup", "-h", "127.0.0.1", "-p", str(cluster.port),
          "-U", "postgres", "-D", f"{standby.dir}/data", "-R", "-X", "stream"],
         check=True, capture_output=True,
     )

@@ -12,7 +12,7 @@ from contextlib import suppress
 
 import psycopg
 import pytest
-from conftest import ROOT, error_of, messages_with_xids, readme_grants, status, wait_for, wait_until_ended, worker_pid
+from conftest import PG_MAJOR, ROOT, error_of, messages_with_xids, readme_grants, status, wait_for, wait_until_ended, worker_pid
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -291,6 +291,28 @@ def test_a_role_sees_only_its_own_backfills_unless_it_is_in_pg_monitor(db, roles
         "SELECT cursor, upper_bound FROM backfill_tables WHERE backfill_id = %s", [backfill_id]
     ).fetchone()
     assert cursor and upper_bound == ["2000"]
+
+
+@pytest.mark.skipif(PG_MAJOR < 16, reason="grants WITH INHERIT FALSE, SET FALSE are new in PostgreSQL 16")
+def test_a_member_that_may_neither_use_nor_become_a_role_does_not_act_as_it(db, roles, a_backfill):
+    """16 separated membership from its powers: a role granted another WITH INHERIT FALSE, SET
+    FALSE is its member (pg_has_role's MEMBER) yet has none of its privileges and may not SET
+    ROLE to it. Such a member of A, and of pg_monitor, sees and controls A's backfill no more
+    than a stranger does; granted SET (so it may become A), it controls it, as any member on 15."""
+    role, _, backfill_id = a_backfill
+    bare = roles.create("bare", "operator")
+    db.execute(f"GRANT {role} TO {bare} WITH INHERIT FALSE, SET FALSE")
+    db.execute(f"GRANT pg_monitor TO {bare} WITH INHERIT FALSE, SET FALSE")
+    b = roles.connect(bare)
+    assert value(b, "SELECT pg_has_role(%s, 'MEMBER')", [role]) is True
+    assert value(b, "SELECT count(*) FROM backfill_status") == 0
+    assert value(b, "SELECT count(*) FROM backfill_tables") == 0
+    assert value(b, "SELECT backfill.workers_running(%s)", [backfill_id]) == 0
+    assert error_of(b, "SELECT backfill_pause(%s)", [backfill_id]).sqlstate == "42501"
+    db.execute(f"GRANT {role} TO {bare} WITH SET TRUE")
+    assert value(b, "SELECT count(*) FROM backfill_status WHERE id = %s", [backfill_id]) == 1
+    b.execute("SELECT backfill_pause(%s)", [backfill_id])
+    assert status(db, backfill_id, "state") == "paused"
 
 
 def test_a_role_that_may_no_longer_read_the_table_sees_none_of_its_progress(db, a_backfill):
@@ -627,7 +649,9 @@ def test_consumer_grants_allow_reading_the_key_and_verifying_and_nothing_less_do
 
 def test_security_check_flags_emit_message_for_public_until_revoked(db):
     check = "SELECT ok, fix FROM backfill_security_check() WHERE item ILIKE '%pg_logical_emit_message%'"
-    public_may_emit = "SELECT has_function_privilege('public', 'pg_logical_emit_message(boolean,text,text)', 'EXECUTE')"
+    # (17 added an argument, flush, with a default.)
+    signature = "boolean,text,text" if PG_MAJOR < 17 else "boolean,text,text,boolean"
+    public_may_emit = f"SELECT has_function_privilege('public', 'pg_logical_emit_message({signature})', 'EXECUTE')"
     assert value(db, public_may_emit) is True  # PostgreSQL's default
     [(ok, fix)] = db.execute(check).fetchall()
     assert ok is False and "REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message" in fix

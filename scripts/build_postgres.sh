@@ -2,7 +2,9 @@
 # Builds and installs PostgreSQL MAJOR from Debian's source package under /usr/local/pgsql-MAJOR,
 # with its contrib modules and wal2json (the tests' decoder), as root. Debian 12 packages only
 # PostgreSQL 15; the newer majors come from the source packages of Debian's newer suites.
-# Skips everything when /usr/local/pgsql-MAJOR/bin/pg_config already answers.
+# Skips everything when /usr/local/pgsql-MAJOR/bin/pg_config already answers for a build with
+# ICU (as every packaged PostgreSQL has it: the suite sorts keys by an ICU collation); a build
+# without it is replaced.
 #
 #   bash scripts/build_postgres.sh 18
 #
@@ -24,7 +26,8 @@ case $major in
     *) echo "build_postgres.sh: no source suite known for PostgreSQL $major" >&2; exit 2 ;;
 esac
 
-if ! "$prefix/bin/pg_config" --version >/dev/null 2>&1; then
+if ! "$prefix/bin/pg_config" --version >/dev/null 2>&1 || "$prefix/bin/pg_config" --configure | grep -q -- --without-icu; then
+    rm -rf "$prefix"
     mkdir -p "$work/apt/lists/partial" "$work/apt/parts" "$work/src"
     echo "deb-src [trusted=yes] http://deb.debian.org/debian $suite main" >"$work/apt/parts/source.list"
     apt_private=(-o Dir::Etc::sourcelist=/dev/null -o "Dir::Etc::sourceparts=$work/apt/parts"
@@ -36,7 +39,7 @@ if ! "$prefix/bin/pg_config" --version >/dev/null 2>&1; then
     log "building $(basename "$tarball") into $prefix (about 10 minutes on 2 cores)"
     tar -C "$work/src" -xf "$tarball"
     cd "$work/src"/postgresql-"$major".*/
-    ./configure --prefix="$prefix" --without-icu >"$work/configure.log" 2>&1 || { tail -30 "$work/configure.log"; exit 1; }
+    ./configure --prefix="$prefix" >"$work/configure.log" 2>&1 || { tail -30 "$work/configure.log"; exit 1; }
     make -j"$(nproc)" >"$work/make.log" 2>&1 || { tail -30 "$work/make.log"; exit 1; }
     make -C contrib -j"$(nproc)" >>"$work/make.log" 2>&1 || { tail -30 "$work/make.log"; exit 1; }
     make install >"$work/install.log" 2>&1 && make -C contrib install >>"$work/install.log" 2>&1 ||

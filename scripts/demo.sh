@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
-# The demo: builds and installs pg_backfill, starts a throwaway PostgreSQL 15 cluster with
-# logical decoding, backfills a 50,000-row orders table through a replication slot while an
-# application keeps writing, and shows what the decoder receives.
+# The demo: builds and installs pg_backfill, starts a throwaway PostgreSQL cluster with logical
+# decoding, backfills a 50,000-row orders table through a replication slot while an application
+# keeps writing, and shows what the decoder receives. On PostgreSQL 15, or on PG_MAJOR
+# (`PG_MAJOR=18 bash scripts/demo.sh`, see pg_major.sh), in a directory and on a port of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/cluster.sh
 source scripts/install.sh
 
-DEMO_DIR=${DEMO_DIR:-/tmp/pg_backfill_demo}
-DEMO_PORT=${DEMO_PORT:-55440}
-PSQL=(psql -X -v ON_ERROR_STOP=1 -h "$DEMO_DIR" -p "$DEMO_PORT" -U postgres -d postgres)
+if [ "$PG_MAJOR" = 15 ]; then
+    DEMO_DIR=${DEMO_DIR:-/tmp/pg_backfill_demo} DEMO_PORT=${DEMO_PORT:-55440}
+else
+    DEMO_DIR=${DEMO_DIR:-/tmp/pg_backfill_demo$PG_MAJOR} DEMO_PORT=${DEMO_PORT:-56440}
+fi
+PSQL=("$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h "$DEMO_DIR" -p "$DEMO_PORT" -U postgres -d postgres)
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 show() { printf '\033[2m%s\033[0m\n' "$1"; "${PSQL[@]}" -c "$1"; }
 
 step "Building and installing the extension"
-install_extension "$PG_BIN/pg_config"
+install_extension "$PG_CONFIG" "${PG_FEATURES[@]}"
 
-step "Starting a throwaway cluster in $DEMO_DIR (port $DEMO_PORT, wal_level = logical)"
+step "Starting a throwaway PostgreSQL $PG_MAJOR cluster in $DEMO_DIR (port $DEMO_PORT, wal_level = logical)"
 cluster_start "$DEMO_DIR" "$DEMO_PORT"
 
 step "A sample table: 50,000 orders"
@@ -89,7 +93,7 @@ show "SELECT data FROM pg_logical_slot_peek_changes('demo_slot', NULL, NULL) WHE
 
 step "Done. The cluster is still running:"
 cat <<EOF_HINT
-  psql -h $DEMO_DIR -p $DEMO_PORT -U postgres postgres
+  $PG_BIN/psql -h $DEMO_DIR -p $DEMO_PORT -U postgres postgres
   e.g. SELECT * FROM backfill_status;  SELECT * FROM pg_logical_slot_get_changes('demo_slot', NULL, NULL);
   Stop it with: sudo -u postgres $PG_BIN/pg_ctl -D $DEMO_DIR/data stop
 EOF_HINT

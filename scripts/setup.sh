@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Installs what building and testing pg_backfill needs on Debian 12, as root.
-# Idempotent: every step skips what is already there.
+# Installs what building and testing pg_backfill needs on Debian 12, as root, for PostgreSQL
+# PG_MAJOR (15 unless set; see pg_major.sh). Debian's 15 is always installed: it is the default,
+# and the 18 suite upgrades a 15 cluster. Idempotent: every step skips what is already there.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/pg_major.sh
 
 PGRX_VERSION=0.18.1
-PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-wal2json
               clang libclang-dev sudo pkg-config libssl-dev build-essential)
+if [ "$PG_MAJOR" != 15 ]; then
+    # What scripts/build_postgres.sh needs to build PostgreSQL from source.
+    APT_PACKAGES+=(bison flex libreadline-dev zlib1g-dev libicu-dev)
+fi
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
@@ -30,9 +36,23 @@ if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION"; then
     cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
 fi
 
-if ! grep -qs "pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-    log "pointing cargo-pgrx at the system PostgreSQL 15"
-    cargo pgrx init --pg15 "$PG_CONFIG"
+if [ "$PG_MAJOR" != 15 ]; then
+    bash scripts/build_postgres.sh "$PG_MAJOR"
+fi
+
+# cargo pgrx init rewrites its config with only the versions it is given: give it every major
+# installed, so that a run for one does not drop another.
+init=()
+missing_from_config=
+for major in 15 17 18; do
+    pg_config=$(pg_bin_of "$major")/pg_config
+    [ -x "$pg_config" ] || continue
+    init+=("--pg$major" "$pg_config")
+    grep -qs "pg$major = \"$pg_config\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml" || missing_from_config+=" $major"
+done
+if [ -n "$missing_from_config" ]; then
+    log "pointing cargo-pgrx at PostgreSQL$missing_from_config"
+    cargo pgrx init "${init[@]}"
 fi
 if ! python3 -c "import psycopg, psycopg2, pytest, xxhash" 2>/dev/null; then
     # (psycopg2 for its streaming replication client: the tests' consumer that applies a stream)

@@ -2,37 +2,49 @@
 # Runs every test: the unit tests inside PostgreSQL (cargo pgrx test) and the end-to-end
 # scenarios in pg_test/ against a throwaway cluster. Installs what is missing first.
 # Pass pytest arguments to narrow the end-to-end run, e.g. scripts/test.sh -k ordering.
+#
+# PG_MAJOR=18 runs it all against PostgreSQL 18 (15 unless set; see pg_major.sh). Where it runs:
+#   BACKFILL_TEST_DIR, BACKFILL_TEST_PORT  the end-to-end cluster (pg_test/conftest.py; other
+#                                          clusters take ports above it)
+#   BACKFILL_PGRX_TEST_DIR                 the unit tests' cluster
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+source scripts/pg_major.sh
 source scripts/install.sh
 
-PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-
 if [ $# -eq 0 ]; then
-    echo "== formatting and lints (cargo fmt, cargo clippy) =="
+    echo "== formatting and lints (cargo fmt, cargo clippy; PostgreSQL $PG_MAJOR) =="
     cargo fmt --check
-    cargo clippy --all-targets --features test_hooks -- -D warnings
+    cargo clippy --all-targets "${PG_FEATURES[@]}" --features test_hooks -- -D warnings
     python3 scripts/check_structure.py
-    echo "== unit tests (cargo pgrx test) =="
+    echo "== unit tests (cargo pgrx test pg$PG_MAJOR) =="
     # PostgreSQL refuses to run as root: the test cluster runs as the postgres OS user.
-    PGDATA_DIR=/tmp/pg_backfill_pgrx_test
+    PGDATA_DIR=${BACKFILL_PGRX_TEST_DIR:-/tmp/pg_backfill_pgrx_test}
     rm -rf "$PGDATA_DIR" && mkdir -p "$PGDATA_DIR" && chown postgres: "$PGDATA_DIR"
     chmod o+rx "$(pwd)" target 2>/dev/null || true
     retire_installed_library "$PG_CONFIG"
-    cargo pgrx test pg15 --runas postgres --pgdata "$PGDATA_DIR"
+    cargo pgrx test "pg$PG_MAJOR" --runas postgres --pgdata "$PGDATA_DIR"
     # The build above has no test_hooks feature, like a release: it must not carry the hook.
-    if grep -q test_skip_row_locks target/debug/pg_backfill-pg15/usr/lib/postgresql/15/lib/pg_backfill.so; then
+    if grep -q test_skip_row_locks "target/debug/pg_backfill-pg$PG_MAJOR$("$PG_CONFIG" --pkglibdir)/pg_backfill.so"; then
         echo "a build without the test_hooks feature contains a test hook" >&2
         exit 1
     fi
 fi
 
-echo "== end-to-end tests (pg_test/) =="
+echo "== end-to-end tests (pg_test/, PostgreSQL $PG_MAJOR) =="
 # The end-to-end tests need the test hooks (a release build never has them).
 # (Written beside the installed files and renamed over them: a server running from them, such
 # as the demo's, keeps running; see scripts/install.sh.)
-install_extension "$PG_CONFIG" --features test_hooks
+install_extension "$PG_CONFIG" "${PG_FEATURES[@]}" --features test_hooks
 # Earlier versions' install scripts, for the upgrade tests (CREATE EXTENSION ... VERSION, then UPDATE).
 cp sql/history/pg_backfill--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
+if [ "$PG_MAJOR" != 15 ]; then
+    # test_pg_upgrade.py's PostgreSQL 15 cluster loads pg_backfill from this package directory
+    # (Debian's extension_destdir): nothing is written into the system's PostgreSQL 15, whose
+    # servers may be running.
+    export BACKFILL_PG15_PACKAGE=$PWD/target/pg15-package
+    cargo pgrx package --no-default-features --features pg15 --pg-config "$(pg_bin_of 15)/pg_config" \
+        --out-dir "$BACKFILL_PG15_PACKAGE" >/dev/null
+fi
 python3 -m pytest pg_test -p no:cacheprovider -q "$@"

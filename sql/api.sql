@@ -135,11 +135,9 @@ COMMENT ON FUNCTION backfill_wait(bigint, interval) IS
 CREATE FUNCTION backfill.visible(started_by name)
 RETURNS boolean
 LANGUAGE sql STABLE
-AS $$ SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER')
-             OR EXISTS (SELECT FROM pg_catalog.pg_roles r
-                         WHERE r.rolname OPERATOR(pg_catalog.=) started_by AND pg_catalog.pg_has_role(r.oid, 'MEMBER')) $$;
+AS $$ SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR backfill.may_act_as(CURRENT_USER, started_by) $$;
 COMMENT ON FUNCTION backfill.visible(name) IS
-'Whether the current role sees a backfill started by this role: a member of it, a superuser or a member of pg_monitor';
+'Whether the current role sees a backfill started by this role: one that may act as it or as pg_monitor (backfill.may_act_as), or a superuser';
 
 -- The views show each role the backfills started by it or a role it is a member of;
 -- superusers and members of pg_monitor see every backfill. Key values, counts and errors
@@ -201,7 +199,7 @@ SELECT j.id,
                pg_catalog.bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
           FROM backfill.job_table jt
          WHERE jt.job_id = j.id) t
- CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER') OR t.all_selectable AS readable) v
+ CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR t.all_selectable AS readable) v
   LEFT JOIN LATERAL (
         SELECT ((pg_catalog.max(p.rows_done) OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done))
                 OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) OPERATOR(pg_catalog.-) pg_catalog.min(p.at)), 0))::bigint
@@ -267,7 +265,7 @@ SELECT jt.job_id AS backfill_id,
        jt.pages_row_locked
   FROM backfill.job_table jt
   JOIN backfill.job j ON j.id = jt.job_id
- CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER')
+ CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor')
                             OR coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) v
  WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_tables IS 'One row per table of each backfill: scan state, cursor and counters';
@@ -300,7 +298,7 @@ SELECT e.job_id AS backfill_id,
        CASE WHEN v.readable THEN e.detail END AS detail
   FROM backfill.job_error e
   JOIN backfill.job j ON j.id = e.job_id
- CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER')
+ CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor')
                             OR coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false) AS readable) v
  WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_errors IS 'Every error that failed a backfill, oldest first: backfill_status.last_error shows the latest only, and a resume clears it';
@@ -347,11 +345,17 @@ CREATE FUNCTION backfill_security_check()
 RETURNS TABLE (item text, ok boolean, detail text, fix text)
 LANGUAGE sql STABLE
 AS $$
+-- Whatever signatures the server has: (boolean, text, text) and (boolean, text, bytea), to
+-- which PostgreSQL 17 added a fourth argument, flush.
 SELECT 'pg_logical_emit_message is executable by PUBLIC',
-       NOT (pg_catalog.has_function_privilege('public', 'pg_catalog.pg_logical_emit_message(boolean, text, text)', 'EXECUTE')
-            OR pg_catalog.has_function_privilege('public', 'pg_catalog.pg_logical_emit_message(boolean, text, bytea)', 'EXECUTE')),
+       NOT pg_catalog.bool_or(pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')),
        'Any role can write a message with pg_backfill''s prefix into every consumer''s stream; only consumers that check each message''s auth tag tell it from a genuine one.',
-       'REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text), pg_catalog.pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC;'
+       pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC;',
+                         pg_catalog.string_agg(pg_catalog.format('pg_catalog.pg_logical_emit_message(%s)', pg_catalog.oidvectortypes(p.proargtypes)),
+                                               ', ' ORDER BY p.oid))
+  FROM pg_catalog.pg_proc p
+ WHERE p.proname OPERATOR(pg_catalog.=) 'pg_logical_emit_message'
+   AND p.pronamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace
 UNION ALL
 SELECT 'the message key is readable by PUBLIC',
        NOT pg_catalog.has_table_privilege('public', 'backfill.message_key', 'SELECT'),
@@ -420,6 +424,7 @@ COMMENT ON FUNCTION backfill.wait(bigint, double precision) IS 'Entry point of b
 COMMENT ON FUNCTION backfill.max_slot_lag_bytes() IS 'backfill.max_slot_lag in bytes, for backfill_status';
 COMMENT ON FUNCTION backfill.auto_resume() IS 'Whether pg_backfill is preloaded, so that running backfills resume after a restart';
 COMMENT ON FUNCTION backfill.workers_running(bigint) IS 'Background workers of a backfill of this database running now';
+COMMENT ON FUNCTION backfill.may_act_as(text, text) IS 'Whether role member holds the privileges of role role or may SET ROLE to it (a bare member, granted WITH INHERIT FALSE, SET FALSE on 16+, may not): who sees and controls a role''s backfills';
 COMMENT ON FUNCTION backfill.waiting_for(bigint) IS 'What the workers of a backfill wait for now (a row lock held by a pid, or the slot''s consumer), or NULL';
 COMMENT ON FUNCTION backfill.waiting_kind(bigint) IS 'The kind of what the workers of a backfill wait for now (row_lock, consumer_away, consumer_lag, replica_lag, retained_wal, load), or NULL';
 COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
@@ -430,5 +435,5 @@ COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
                           backfill.waiting_for(bigint), backfill.waiting_kind(bigint), backfill.visible(name),
-                          backfill.source_limit(text, bigint) TO PUBLIC;
+                          backfill.source_limit(text, bigint), backfill.may_act_as(text, text) TO PUBLIC;
 

@@ -18,6 +18,55 @@ ALTER FUNCTION backfill.row_hash(anyelement) STABLE;
 
 COMMENT ON FUNCTION backfill.row_hash(anyelement) IS 'A table row''s 64-bit hash over its columns'' binary send formats (XXH3-64; floats as SQL compares them, arrays and composites element by element, jsonb as the tokens of a walk of it, text in UTF-8), for backfill_checksum()';
 
+-- backfill_security_check() names pg_logical_emit_message by whatever signatures the server
+-- has: 17 added an argument, and 0.6.0's check failed there ("function ... does not exist").
+CREATE OR REPLACE FUNCTION backfill_security_check()
+RETURNS TABLE (item text, ok boolean, detail text, fix text)
+LANGUAGE sql STABLE
+AS $$
+-- Whatever signatures the server has: (boolean, text, text) and (boolean, text, bytea), to
+-- which PostgreSQL 17 added a fourth argument, flush.
+SELECT 'pg_logical_emit_message is executable by PUBLIC',
+       NOT pg_catalog.bool_or(pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')),
+       'Any role can write a message with pg_backfill''s prefix into every consumer''s stream; only consumers that check each message''s auth tag tell it from a genuine one.',
+       pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC;',
+                         pg_catalog.string_agg(pg_catalog.format('pg_catalog.pg_logical_emit_message(%s)', pg_catalog.oidvectortypes(p.proargtypes)),
+                                               ', ' ORDER BY p.oid))
+  FROM pg_catalog.pg_proc p
+ WHERE p.proname OPERATOR(pg_catalog.=) 'pg_logical_emit_message'
+   AND p.pronamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace
+UNION ALL
+SELECT 'the message key is readable by PUBLIC',
+       NOT pg_catalog.has_table_privilege('public', 'backfill.message_key', 'SELECT'),
+       'A role that can read the key can forge messages that verify.',
+       'REVOKE ALL ON backfill.message_key FROM PUBLIC; SELECT backfill_rotate_key(retire_old_keys => true);'
+UNION ALL
+SELECT 'backfills can be started by PUBLIC',
+       NOT pg_catalog.has_function_privilege('public', 'backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer)', 'EXECUTE'),
+       'Every role could start backfills of the tables it may update, and take background workers.',
+       'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
+$$;
+
+-- Who sees and controls a role's backfills: a role that may act as it (backfill.may_act_as),
+-- no longer any member. Since 16 a member granted WITH INHERIT FALSE, SET FALSE has neither
+-- the role's privileges nor the right to become it, yet pg_has_role(..., 'MEMBER') counted it.
+CREATE  FUNCTION backfill."may_act_as"(
+	"member" TEXT, /* &str */
+	"role" TEXT /* &str */
+) RETURNS bool /* bool */
+STRICT STABLE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'may_act_as_wrapper';
+COMMENT ON FUNCTION backfill.may_act_as(text, text) IS 'Whether role member holds the privileges of role role or may SET ROLE to it (a bare member, granted WITH INHERIT FALSE, SET FALSE on 16+, may not): who sees and controls a role''s backfills';
+REVOKE EXECUTE ON FUNCTION backfill.may_act_as(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION backfill.may_act_as(text, text) TO PUBLIC;
+CREATE OR REPLACE FUNCTION backfill.visible(started_by name)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$ SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR backfill.may_act_as(CURRENT_USER, started_by) $$;
+COMMENT ON FUNCTION backfill.visible(name) IS
+'Whether the current role sees a backfill started by this role: one that may act as it or as pg_monitor (backfill.may_act_as), or a superuser';
+
 CREATE FUNCTION backfill."waiting_kind"(
 	"backfill_id" bigint /* i64 */
 ) RETURNS text /* Option < Text > */
@@ -85,7 +134,7 @@ SELECT j.id,
                pg_catalog.bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
           FROM backfill.job_table jt
          WHERE jt.job_id = j.id) t
- CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER') OR t.all_selectable AS readable) v
+ CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR t.all_selectable AS readable) v
   LEFT JOIN LATERAL (
         SELECT ((pg_catalog.max(p.rows_done) OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done))
                 OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) OPERATOR(pg_catalog.-) pg_catalog.min(p.at)), 0))::bigint
@@ -95,7 +144,29 @@ SELECT j.id,
   LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = j.worker_pid AND j.state IN ('running', 'paused')
  WHERE backfill.visible(j.started_by);
-
+CREATE OR REPLACE VIEW backfill_tables WITH (security_barrier) AS
+SELECT jt.job_id AS backfill_id,
+       jt.position,
+       jt.relid AS table_name,
+       jt.part,
+       CASE WHEN j.state IN ('cancelled', 'failed') AND jt.state <> 'done' THEN j.state
+            ELSE jt.state END AS state,
+       jt.key_columns,
+       CASE WHEN v.readable THEN jt.cursor END AS cursor,
+       CASE WHEN v.readable THEN jt.upper_bound END AS upper_bound,
+       CASE WHEN v.readable THEN jt.rows_done END AS rows_done,
+       CASE WHEN v.readable THEN jt.rows_estimated END AS rows_estimated,
+       CASE WHEN v.readable THEN jt.bytes_done END AS bytes_done,
+       jt.last_page_lsn,
+       jt.started_at,
+       jt.finished_at,
+       jt.pages_table_locked,
+       jt.pages_row_locked
+  FROM backfill.job_table jt
+  JOIN backfill.job j ON j.id = jt.job_id
+ CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor')
+                            OR coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) v
+ WHERE backfill.visible(j.started_by);
 COMMENT ON COLUMN backfill_status.waiting_kind IS 'The kind of what a running backfill''s workers wait for now, stable for monitoring: row_lock, consumer_away, consumer_lag, replica_lag, retained_wal or load (then it slows down rather than waits); NULL when nothing holds it back';
 
 CREATE TABLE backfill.job_error (
@@ -133,7 +204,7 @@ SELECT e.job_id AS backfill_id,
        CASE WHEN v.readable THEN e.detail END AS detail
   FROM backfill.job_error e
   JOIN backfill.job j ON j.id = e.job_id
- CROSS JOIN LATERAL (SELECT pg_catalog.pg_has_role('pg_monitor', 'MEMBER')
+ CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor')
                             OR coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false) AS readable) v
  WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_errors IS 'Every error that failed a backfill, oldest first: backfill_status.last_error shows the latest only, and a resume clears it';

@@ -7,7 +7,8 @@
 //! - `pg/`: PostgreSQL plumbing: errors with SQLSTATE, detail and hint (`errors.rs`), the
 //!   database's encoding and UTF-8 (`encoding.rs`), reads through SPI (`spi.rs`), the
 //!   `backfill.*` settings (`settings.rs`), who runs what (`privilege.rs`), checks of SQL
-//!   arguments (`args.rs`).
+//!   arguments (`args.rs`), and where PostgreSQL's C API differs between the majors built
+//!   for, one shim per difference (`compat.rs`).
 //! - `model/`: a table as a backfill sees it, its key and columns (`table.rs`); the states
 //!   and modes of backfills and their ranges (`state.rs`).
 //! - `catalog/`: the state tables: one row per backfill and its message key (`job.rs`), one

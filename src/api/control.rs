@@ -206,15 +206,7 @@ fn require_controller(id: i64, verb: &str) -> job::Job {
             Some("SELECT id, state FROM backfill_status; lists the backfills.".into()),
         )
     });
-    let allowed = privilege::is_superuser()
-        || crate::pg::spi::select_one::<bool>(
-            "SELECT pg_catalog.pg_has_role(r.oid, 'MEMBER') FROM pg_catalog.pg_roles r
-              WHERE r.rolname OPERATOR(pg_catalog.=) $1::name",
-            &[crate::pg::encoding::Text(job.started_by.clone()).into()],
-        )
-        .ok()
-        .flatten()
-        .unwrap_or(false);
+    let allowed = privilege::is_superuser() || privilege::caller_may_act_as(&job.started_by);
     if !allowed {
         raise(
             ERRCODE_INSUFFICIENT_PRIVILEGE,

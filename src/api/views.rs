@@ -17,15 +17,18 @@ fn auto_resume() -> bool {
     PRELOADED.load(Ordering::Relaxed)
 }
 
-/// Whether the caller ($2) sees backfill $1 (as the views decide, see backfill.visible): the
-/// helpers below run as the extension's owner, and answer only about such a backfill.
-const VISIBLE_TO_CALLER: &str = "(pg_catalog.pg_has_role($2, 'pg_monitor', 'MEMBER')
-    OR EXISTS (SELECT FROM backfill.job j JOIN pg_catalog.pg_roles r ON r.rolname OPERATOR(pg_catalog.=) j.started_by
-                WHERE j.id OPERATOR(pg_catalog.=) $1 AND pg_catalog.pg_has_role($2, r.oid, 'MEMBER')))";
+/// Whether the caller (named $2) sees backfill $1 (as the views decide, see backfill.visible):
+/// the helpers below run as the extension's owner, and answer only about such a backfill.
+const VISIBLE_TO_CALLER: &str = "(backfill.may_act_as($2, 'pg_monitor')
+    OR EXISTS (SELECT FROM backfill.job j WHERE j.id OPERATOR(pg_catalog.=) $1 AND backfill.may_act_as($2, j.started_by)))";
 
-fn caller() -> pg_sys::Oid {
-    // SAFETY: the current user, read before the switch to the extension's owner.
-    unsafe { pg_sys::GetUserId() }
+/// The current user's name, read before the switch to the extension's owner.
+fn caller() -> String {
+    // SAFETY: the name of the current user, who exists (noerr false would raise otherwise);
+    // the string is palloc'd and copied at once.
+    unsafe { std::ffi::CStr::from_ptr(pg_sys::GetUserNameFromId(pg_sys::GetUserId(), false)) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Background workers of a backfill of this database running now. pg_stat_activity hides

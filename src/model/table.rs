@@ -1,6 +1,7 @@
 //! A table as a backfill sees it: its columns, the key its scan is ordered by, its owner, and
 //! whether the current role may backfill it. Shared by the SQL functions and the worker.
 
+use crate::pg::compat;
 use crate::pg::encoding::{strings, Text};
 use crate::pg::errors::raise;
 use crate::pg::errors::OrInternal;
@@ -331,7 +332,7 @@ impl Table {
             }
             let form = &*(*relation).rd_rel;
             let persistence = form.relpersistence as u8;
-            let primary = pg_sys::RelationGetPrimaryKeyIndex(relation);
+            let primary = compat::primary_key_index(relation);
             let key_index =
                 if primary != pg_sys::InvalidOid { primary } else { pg_sys::RelationGetReplicaIndex(relation) };
             let found = Recheck { owner: form.relowner, same_columns: same_columns((*relation).rd_att) };

@@ -160,3 +160,30 @@ pub fn require_starter_rights(started_by: &str, relid: pg_sys::Oid, table: &str)
         );
     }
 }
+
+/// Whether role `member` may act as role `role` (both by name; false if either does not
+/// exist): who sees and controls a role's backfills, and whom `pg_monitor` counts. Not
+/// `pg_has_role(..., 'MEMBER')`, which since 16 also counts a member with neither the role's
+/// privileges nor the right to become it (see compat::may_act_as).
+#[pg_extern(schema = "backfill", stable)]
+fn may_act_as(member: &str, role: &str) -> bool {
+    let (Some(member), Some(role)) = (role_named(member), role_named(role)) else {
+        return false;
+    };
+    crate::pg::compat::may_act_as(member, role)
+}
+
+/// Whether the current user may act as the role of that name (see [`may_act_as`]).
+pub fn caller_may_act_as(role: &str) -> bool {
+    // SAFETY: the current user's id.
+    let caller = unsafe { pg_sys::GetUserId() };
+    role_named(role).is_some_and(|role| crate::pg::compat::may_act_as(caller, role))
+}
+
+/// The id of the role of that name, if there is one.
+fn role_named(name: &str) -> Option<pg_sys::Oid> {
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a catalog lookup by a NUL-terminated name; missing_ok, so it raises nothing.
+    let oid = unsafe { pg_sys::get_role_oid(name.as_ptr(), true) };
+    (oid != pg_sys::InvalidOid).then_some(oid)
+}

@@ -10,6 +10,7 @@
 //! rules are PostgreSQL's own. The text is the same byte for byte: the tests compare the two.
 
 use crate::model::table::Column;
+use crate::pg::compat;
 use crate::pg::encoding::quote_ident as quote_identifier;
 use crate::pg::encoding::text_of;
 use pgrx::prelude::*;
@@ -170,7 +171,7 @@ impl RowJson {
     /// # Safety
     /// `descriptor` is an open relation's.
     pub unsafe fn describes(&self, descriptor: pg_sys::TupleDesc) -> bool {
-        let attributes = (*descriptor).attrs.as_slice((*descriptor).natts as usize);
+        let attributes = compat::tuple_attributes(descriptor);
         let mut now = attributes.iter().filter(|a| !a.attisdropped);
         // Names compared as UTF-8, as they were read (see encoding.rs).
         let named = |a: &pg_sys::FormData_pg_attribute, name: &str| {
@@ -187,7 +188,7 @@ impl RowJson {
     pub fn matches(&self, result: pg_sys::TupleDesc) -> bool {
         // SAFETY: `result` is the descriptor the executor passes to the receiver's startup.
         unsafe {
-            let attributes = (*result).attrs.as_slice((*result).natts as usize);
+            let attributes = compat::tuple_attributes(result);
             attributes.len() >= self.columns.len()
                 && self.columns.iter().zip(attributes).all(|(c, a)| {
                     a.atttypid == if render_of(c.type_oid).is_some() { c.type_oid } else { pg_sys::TEXTOID }

@@ -13,6 +13,7 @@
 //! Every message ends with an `auth` field: see `sign.rs`.
 
 use crate::model::table::Table;
+use crate::pg::compat;
 use crate::pg::encoding::Text;
 use crate::pg::errors::OrInternal;
 use crate::stream::json;
@@ -20,13 +21,7 @@ use crate::stream::sign::Signer;
 use pgrx::prelude::*;
 use serde::Serialize;
 use serde_json::Value;
-use std::ffi::{c_char, CString};
-
-// Not in pgrx's bindings. PG15: XLogRecPtr LogLogicalMessage(const char *prefix,
-// const char *message, size_t size, bool transactional).
-unsafe extern "C-unwind" {
-    fn LogLogicalMessage(prefix: *const c_char, message: *const c_char, size: usize, transactional: bool) -> u64;
-}
+use std::ffi::CString;
 
 /// Writes one transactional message: it is decoded at its transaction's commit, in commit order.
 /// `content` is sealed already.
@@ -35,7 +30,7 @@ pub fn emit(prefix: &CString, content: &[u8]) {
     // at the guarded boundary instead of a longjmp across Rust frames.
     unsafe {
         pg_sys::ffi::pg_guard_ffi_boundary(|| {
-            LogLogicalMessage(prefix.as_ptr(), content.as_ptr().cast(), content.len(), true)
+            compat::log_transactional_message(prefix.as_ptr(), content.as_ptr().cast(), content.len())
         });
     }
 }

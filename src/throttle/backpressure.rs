@@ -72,10 +72,14 @@ fn source_limit(setting: Option<Text>, option: Option<i64>) -> Option<i64> {
 pub fn blocker(options: &SourceOptions, own_slot: Option<&str>) -> Option<WaitReason> {
     if let Some(limit) = SourceLimit::ReplicaLag.in_force(options.max_replica_lag) {
         // Physical walsenders connect to no database. A standby that has not reported a replay
-        // position yet is judged by what it flushed.
+        // position yet is judged by what it flushed. The lag is counted from the insert
+        // position, not from what is written: pages commit asynchronously, and since 17 the WAL
+        // writer is woken only once wal_writer_flush_after (1 MB) is unwritten, so the written
+        // position trailed this worker's own WAL by up to that much, and pages went on that far
+        // past the limit.
         let furthest = two_columns(
             "SELECT r.application_name,
-                    pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), coalesce(r.replay_lsn, r.flush_lsn))::bigint
+                    pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(), coalesce(r.replay_lsn, r.flush_lsn))::bigint
                FROM pg_catalog.pg_stat_replication r
                JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) r.pid
               WHERE a.datid IS NULL AND coalesce(r.replay_lsn, r.flush_lsn) IS NOT NULL

@@ -9,6 +9,7 @@
 //! row_hash::scan), which still serve every case this one does not take (see
 //! [`planned_workers`]).
 
+use crate::pg::compat;
 use crate::verify::row_encoding::RowHasher;
 use pgrx::pg_sys;
 use std::ffi::c_int;
@@ -274,8 +275,7 @@ unsafe fn planned_workers(rel: pg_sys::Relation) -> c_int {
 /// # Safety
 /// `index` is below the relation's column count.
 unsafe fn tuple_attribute(rel: pg_sys::Relation, index: usize) -> *const pg_sys::FormData_pg_attribute {
-    let tupdesc = (*rel).rd_att;
-    (*tupdesc).attrs.as_slice((*tupdesc).natts as usize).as_ptr().add(index)
+    &compat::tuple_attributes((*rel).rd_att)[index]
 }
 
 /// BUFFERALIGN: shared memory chunks start at multiples of 32 bytes.

@@ -19,6 +19,7 @@
 //! their element types' OIDs, another server's for an enum), so a float in them is hashed the
 //! same way. A domain is hashed as its base type.
 
+use crate::pg::compat;
 use crate::verify::numeric_jsonb::{encode_jsonb, encode_numeric, length_prefixed, utf8};
 use pgrx::prelude::*;
 
@@ -73,7 +74,7 @@ impl RowHasher {
     /// # Safety
     /// `tupdesc` is a valid tuple descriptor.
     pub unsafe fn new(tupdesc: pg_sys::TupleDesc, first: usize) -> Self {
-        let attributes = (*tupdesc).attrs.as_slice((*tupdesc).natts as usize);
+        let attributes = compat::tuple_attributes(tupdesc);
         let encodings =
             attributes[first..].iter().map(|att| (!att.attisdropped).then(|| encoding_of(att.atttypid))).collect();
         RowHasher { encodings, encoded: Vec::new() }

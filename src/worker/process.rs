@@ -6,6 +6,7 @@ use crate::catalog::job;
 use crate::catalog::job_table::{self, JobTable};
 use crate::model::state::{JobState, RangeState};
 use crate::model::table;
+use crate::pg::compat;
 use crate::pg::errors::OrInternal;
 use crate::pg::settings;
 use crate::throttle::pacing;
@@ -33,14 +34,14 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
     // the open page rolls back, the process exits with code 1, and the postmaster restarts it.
     // SAFETY: installs PostgreSQL's own handler, as any backend has it.
     unsafe {
-        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(postgres_die));
+        compat::set_signal_handler(pg_sys::SIGTERM, Some(postgres_die));
     }
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
 
     let Some(task) = launcher::Task::of_this_worker(arg) else {
         log!("pg_backfill: a worker with unreadable start arguments ({:?}) stops", BackgroundWorker::get_extra());
-        // SAFETY: a clean exit before touching shared state; 0, so it is not restarted.
-        unsafe { pg_sys::proc_exit(0) }
+        // A clean exit before touching shared state; 0, so it is not restarted.
+        compat::exit_process(0)
     };
     let database = task.database();
     let (backfill_id, worker, starter_xid) = match task {
@@ -53,9 +54,9 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
     // one thing a process can look at.)
     if !std::path::Path::new(&format!("base/{database}")).exists() {
         log!("pg_backfill {backfill_id}: database {database} no longer exists, its worker stops");
-        // SAFETY: a clean exit, before the process has touched any shared state: the
-        // postmaster does not restart a worker that exits with 0.
-        unsafe { pg_sys::proc_exit(0) };
+        // A clean exit, before the process has touched any shared state: the postmaster does
+        // not restart a worker that exits with 0.
+        compat::exit_process(0);
     }
     // Counted by backfill_start() against backfill.max_workers from the moment it is visible.
     launcher::show_as(&match task {

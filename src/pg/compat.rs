@@ -1,0 +1,106 @@
+//! The one place where PostgreSQL's C API differs between the majors this crate builds for
+//! (15 and 18, chosen by the cargo feature `pg15` or `pg18`). Each difference is one small
+//! function here with the meaning the rest of the code relies on; no other file asks which
+//! version it is built for.
+
+use pgrx::pg_sys;
+use std::ffi::c_char;
+#[cfg(feature = "pg18")]
+use std::ffi::c_int;
+
+/// The attributes of a tuple descriptor, dropped columns included, in column order.
+///
+/// 18 moved them behind an array of `CompactAttribute`s (`attrs` is gone); `TupleDescAttr`,
+/// PostgreSQL's own accessor, gives the first, and they still lie side by side.
+///
+/// # Safety
+/// `tupdesc` is a valid tuple descriptor that outlives the slice.
+pub unsafe fn tuple_attributes<'a>(tupdesc: pg_sys::TupleDesc) -> &'a [pg_sys::FormData_pg_attribute] {
+    let count = (*tupdesc).natts as usize;
+    #[cfg(feature = "pg15")]
+    let first = (*tupdesc).attrs.as_ptr();
+    #[cfg(feature = "pg18")]
+    let first = pg_sys::TupleDescAttr(tupdesc, 0).cast_const();
+    std::slice::from_raw_parts(first, count)
+}
+
+/// The relation's primary key index, or `InvalidOid`: a deferrable primary key does not count,
+/// as its rows may be briefly non-unique.
+///
+/// 18 added `deferrable_ok` (false keeps 15's meaning: 15's relcache never returned one).
+///
+/// # Safety
+/// `relation` is open.
+pub unsafe fn primary_key_index(relation: pg_sys::Relation) -> pg_sys::Oid {
+    #[cfg(feature = "pg15")]
+    return pg_sys::RelationGetPrimaryKeyIndex(relation);
+    #[cfg(feature = "pg18")]
+    return pg_sys::RelationGetPrimaryKeyIndex(relation, false);
+}
+
+/// Installs a backend's handler for a signal (`pqsignal`, which 18's headers map to
+/// `pqsignal_be` inside the server).
+///
+/// # Safety
+/// `handler` is safe to run in a signal handler of this process.
+pub unsafe fn set_signal_handler(signal: u32, handler: pg_sys::pqsigfunc) {
+    #[cfg(feature = "pg15")]
+    pg_sys::pqsignal(signal as i32, handler);
+    #[cfg(feature = "pg18")]
+    pg_sys::pqsignal_be(signal as c_int, handler);
+}
+
+/// Whether `member` may act as `role`: it holds the role's privileges or may `SET ROLE` to it
+/// (a superuser may both).
+///
+/// On 15 every member may `SET ROLE` (`is_member_of_role`). 16 separated membership from both
+/// powers: a member granted `WITH INHERIT FALSE, SET FALSE` is still a member (what
+/// `pg_has_role(..., 'MEMBER')` answers) yet may do nothing as the role.
+pub fn may_act_as(member: pg_sys::Oid, role: pg_sys::Oid) -> bool {
+    #[cfg(feature = "pg15")]
+    // SAFETY: catalog lookups of two role ids, inside a transaction.
+    return unsafe { pg_sys::is_member_of_role(member, role) };
+    #[cfg(feature = "pg18")]
+    // SAFETY: catalog lookups of two role ids, inside a transaction.
+    return unsafe { pg_sys::has_privs_of_role(member, role) || pg_sys::member_can_set_role(member, role) };
+}
+
+/// Ends the process with `code` (`proc_exit`). 18's headers declare it `pg_noreturn` in a way
+/// the bindings no longer see, so the shim restores the `!`.
+pub fn exit_process(code: i32) -> ! {
+    // SAFETY: proc_exit runs the process's exit callbacks and never returns.
+    unsafe { pg_sys::proc_exit(code) };
+    #[cfg(feature = "pg18")]
+    unreachable!("proc_exit returned")
+}
+
+// Not in pgrx's bindings. 15: XLogRecPtr LogLogicalMessage(const char *prefix,
+// const char *message, size_t size, bool transactional); 17 added `bool flush`.
+unsafe extern "C-unwind" {
+    #[cfg(feature = "pg15")]
+    fn LogLogicalMessage(prefix: *const c_char, message: *const c_char, size: usize, transactional: bool) -> u64;
+    #[cfg(feature = "pg18")]
+    fn LogLogicalMessage(
+        prefix: *const c_char,
+        message: *const c_char,
+        size: usize,
+        transactional: bool,
+        flush: bool,
+    ) -> u64;
+}
+
+/// Writes a transactional logical decoding message to WAL; returns its record's LSN.
+///
+/// 17's `flush` is false: PostgreSQL honours it only for non-transactional messages (which
+/// nothing else makes durable), and these are transactional, decoded only once their
+/// transaction commits; whether a page's commit waits for the flush is decided in page.rs.
+///
+/// # Safety
+/// `prefix` is a NUL-terminated string and `message` points to `size` readable bytes. An ERROR
+/// raised inside longjmps: call it under `pg_guard_ffi_boundary`.
+pub unsafe fn log_transactional_message(prefix: *const c_char, message: *const c_char, size: usize) -> u64 {
+    #[cfg(feature = "pg15")]
+    return LogLogicalMessage(prefix, message, size, true);
+    #[cfg(feature = "pg18")]
+    return LogLogicalMessage(prefix, message, size, true, false);
+}
