@@ -68,6 +68,23 @@ class Cluster:
         )
 
 
+# The test clusters besides the session's, each with a port of its own: the session's port
+# plus 100 plus its place here (clear of the demo's, 55440, and of another run's 1,000 above).
+EXTRA_CLUSTERS = ["replica", "standby1", "preload", "nopreload", "install", "huge", "pmdeath", "standby", "resumer",
+                  "upgrade_old", "upgrade_new", "csub_primary", "csub_standby"]
+
+
+def extra_cluster(cluster: "Cluster", name: str, major: int = PG_MAJOR) -> Cluster:
+    """Another cluster for one test (of this run's major, or of `major`), in a directory and on
+    a port of its own (not yet started)."""
+    return Cluster(f"{cluster.dir}_{name}", cluster.port + 100 + EXTRA_CLUSTERS.index(name), major=major)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cluster: starts a PostgreSQL cluster of its own (extra_cluster)")
+    config.addinivalue_line("markers", "slow: takes more than about 10 seconds")
+
+
 @pytest.fixture(scope="session")
 def cluster():
     c = Cluster(CLUSTER_DIR, PORT)
@@ -199,22 +216,24 @@ def worker_pid(conn, backfill_id: int):
     return row[0] if row else None
 
 
-GRANT_BLOCKS = {"operator": "etl", "consumer": "consumer"}  # README block: the role it is written for
+GRANT_BLOCKS = {"operator": "etl", "consumer": "consumer"}  # grant block: the role it is written for
+GRANTS_DOC = "docs/security.md"  # where the grant blocks are printed (the README links to them)
 
 
-def readme_block(name) -> str:
-    """The README's ```sql block after `<!-- {name}: the tests run this block -->`."""
-    text = (ROOT / "README.md").read_text()
+def doc_block(doc, name) -> str:
+    """The ```sql block of `doc` (a path from the repository's root) after
+    `<!-- {name}: the tests run this block -->`, as the docs print it."""
+    text = (ROOT / doc).read_text()
     marker = f"<!-- {name}: the tests run this block -->"
-    assert text.count(marker) == 1, f"README.md must have the line {marker} exactly once"
+    assert text.count(marker) == 1, f"{doc} must have the line {marker} exactly once"
     block = re.match(r"\s*```sql\n(.*?)\n```", text[text.index(marker) + len(marker) :], re.S)
-    assert block, f"README.md: no ```sql block right after {marker}"
+    assert block, f"{doc}: no ```sql block right after {marker}"
     return block[1]
 
 
 def readme_grants(kind, role) -> str:
-    """The README's ```sql block after `<!-- {kind} grants: the tests run this block -->`, for `role`."""
-    return re.sub(rf"\b{GRANT_BLOCKS[kind]}\b", role, readme_block(f"{kind} grants"))
+    """The ```sql block of docs/security.md after `<!-- {kind} grants: the tests run this block -->`, for `role`."""
+    return re.sub(rf"\b{GRANT_BLOCKS[kind]}\b", role, doc_block(GRANTS_DOC, f"{kind} grants"))
 
 
 class Roles:
@@ -226,7 +245,7 @@ class Roles:
         self.suffix = db.info.dbname.split("_")[0]
 
     def create(self, base, *grants):
-        """A role; `grants` names README blocks ("operator", "consumer") run for it as postgres."""
+        """A role; `grants` names grant blocks of docs/security.md ("operator", "consumer") run for it as postgres."""
         name = f"{base}_{self.suffix}"
         self.db.execute(f"CREATE ROLE {name} LOGIN")
         self.names.append(name)

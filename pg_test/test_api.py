@@ -2,8 +2,9 @@
 
 import time
 
+import psycopg
 import pytest
-from conftest import error_of, status, wait_for, wait_until_ended, worker_pid
+from conftest import ROOT, error_of, status, wait_for, wait_until_ended, worker_pid
 
 
 @pytest.fixture
@@ -134,7 +135,7 @@ def test_operator_with_select_and_update_starts_and_only_it_may_cancel(orders, r
     ).fetchone()[0]
     e = error_of(as_other, "SELECT backfill_cancel(%s)", [backfill_id])
     assert e.sqlstate == "42501" and starter in e.diag.message_detail
-    assert as_starter.execute("SELECT backfill_cancel(%s)", [backfill_id]).fetchone()[0] is True
+    as_starter.execute("SELECT backfill_cancel(%s)", [backfill_id])
     assert wait_until_ended(orders, backfill_id) == "cancelled"
 
 
@@ -155,6 +156,11 @@ def test_cancelling_a_finished_backfill_is_an_error(orders):
     assert "done" in e.diag.message_detail
 
 
+def cluster_connection(conn):
+    """Another connection to the database of `conn`, as its user."""
+    return psycopg.connect(host="127.0.0.1", port=conn.info.port, user=conn.info.user, dbname=conn.info.dbname, autocommit=True)
+
+
 def test_a_worker_waits_for_the_transaction_that_starts_it(orders):
     """A worker is registered at once, but the backfill's row commits with the caller's
     transaction: a worker that looked before the commit would find nothing and exit, leaving a
@@ -166,18 +172,24 @@ def test_a_worker_waits_for_the_transaction_that_starts_it(orders):
     assert wait_until_ended(orders, backfill_id) == "done"
     assert status(orders, backfill_id, "rows_done") == orders.execute("SELECT count(*) FROM orders").fetchone()[0]
 
+    # Rolled back, the backfill's row never existed: its worker, seen waiting in
+    # pg_stat_activity (the view has no row for it to show), exits.
     orders.execute("BEGIN")
     rolled_back = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
-    time.sleep(1.0)
-    orders.execute("ROLLBACK")
-    wait_for(lambda: worker_pid(orders, rolled_back) is None, timeout=5, what="the worker to exit")
+    workers = """SELECT count(*) FROM pg_stat_activity
+                  WHERE backend_type = 'pg_backfill' AND application_name ~ ('^pg_backfill (starting )?' || %s || '( |$)')"""
+    with cluster_connection(orders) as watcher:
+        wait_for(lambda: watcher.execute(workers, [rolled_back]).fetchone()[0] == 1, timeout=5, what="the worker to wait")
+        orders.execute("ROLLBACK")
+        wait_for(lambda: watcher.execute(workers, [rolled_back]).fetchone()[0] == 0, timeout=5, what="the worker to exit")
     assert orders.execute("SELECT count(*) FROM backfill_status WHERE id = %s", [rolled_back]).fetchone()[0] == 0
 
 
+@pytest.mark.cluster
 def test_wal_level_must_be_logical(cluster):
-    from conftest import Cluster
+    from conftest import extra_cluster
 
-    replica = Cluster(cluster.dir + "_replica", cluster.port + 1)
+    replica = extra_cluster(cluster, "replica")
     replica.start("wal_level = replica")
     try:
         with replica.connect() as conn:
@@ -201,6 +213,26 @@ def test_reading_the_views_writes_nothing(orders):
         assert orders.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()[0] is None
 
 
+def line_of(path, text):
+    """The line of src/<path> that holds `text` (once)."""
+    lines = [i for i, line in enumerate((ROOT / "src" / path).read_text().splitlines(), 1) if text in line]
+    assert len(lines) == 1, (path, text, lines)
+    return lines[0]
+
+
 def test_an_error_reports_where_it_was_raised(orders):
-    e = error_of(orders, "SELECT backfill_start('orders')")
-    assert e.sqlstate == "22023" and e.diag.source_file.endswith("api.rs"), e.diag.source_file
+    """A DBA's LOCATION line points at the code that raised the error, also when a helper
+    raised it on its caller's behalf (an argument that must not be NULL, an internal error)."""
+    cases = [
+        ("SELECT backfill_start('orders')", "22023", "api/start.rs", None),
+        ("SELECT backfill_start('orders', confirm => NULL)", "22004", "api/start.rs",
+         'let confirm = required(confirm, "backfill_start", "confirm");'),
+        ("SELECT backfill_cancel(NULL)", "22004", "api/control.rs", 'required(id, "backfill_cancel", "id")'),
+    ]
+    # (PostgreSQL reports a file's name without its folders.)
+    for sql, sqlstate, path, call in cases:
+        e = error_of(orders, sql)
+        assert e.sqlstate == sqlstate and e.diag.source_file == path.split("/")[-1], (sql, e.sqlstate, e.diag.source_file)
+        if call:
+            assert int(e.diag.source_line) == line_of(path, call), (sql, e.diag.source_line)
+    # (or_internal's errors, which no user can cause, are checked by a unit test in pg/errors.rs.)

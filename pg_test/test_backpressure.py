@@ -10,7 +10,8 @@ from contextlib import suppress
 
 import psycopg
 import pytest
-from conftest import PG_BIN, ROOT, Cluster, Consumer, assert_each_row_read_once, error_of, status, wait_for, wait_until_ended
+from conftest import (PG_BIN, ROOT, Cluster, Consumer, assert_each_row_read_once, error_of, extra_cluster, status, wait_for,
+                      wait_until_ended)
 
 MB = 1024 * 1024
 GB = 1024 * MB
@@ -63,19 +64,21 @@ def replication_state(primary, application_name: str):
     ).fetchone()
 
 
-def wait_for_reason(conn, backfill_id: int, *parts: str, timeout: float = 60) -> str:
-    """Waits until the backfill's waiting_for contains every one of `parts`; returns it."""
+def wait_for_reason(conn, backfill_id: int, kind: str, *parts: str, timeout: float = 60) -> str:
+    """Waits until the backfill's waiting_kind is `kind` and its waiting_for mentions every one
+    of `parts` (its figures); returns waiting_for."""
     seen = []
 
     def matches():
-        seen.append(status(conn, backfill_id, "waiting_for") or "")
-        return all(part in seen[-1] for part in parts)
+        waiting_kind, waiting_for = status(conn, backfill_id, "waiting_kind", "waiting_for")
+        seen.append(f"{waiting_kind}: {waiting_for}")
+        return waiting_kind == kind and all(part in (waiting_for or "") for part in parts)
 
     try:
-        wait_for(matches, timeout=timeout, what=f"waiting_for to mention {parts}")
+        wait_for(matches, timeout=timeout, what=f"waiting_kind {kind}, waiting_for mentioning {parts}")
     except AssertionError as e:
         raise AssertionError(f"{e}; last waiting_for: {seen[-1] if seen else None!r}") from None
-    return seen[-1]
+    return seen[-1].split(": ", 1)[1]
 
 
 def settles_to(read, expected, timeout: float = 10, what: str = "value"):
@@ -145,10 +148,12 @@ class ActiveSessions:
                 conn.close()
 
 
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_a_standby_that_stops_replaying_pauses_the_backfill(cluster, db):
     limit = MB  # far above what a page writes: once replaying again, the standby keeps up
     # (Not + 7: 55440 is the demo cluster's port, which the demo leaves running.)
-    standby = Cluster(f"{cluster.dir}_standby1", cluster.port + 8)
+    standby = extra_cluster(cluster, "standby1")
     consumer = None
     try:
         start_standby(cluster, standby, "standby1")
@@ -177,7 +182,7 @@ def test_a_standby_that_stops_replaying_pauses_the_backfill(cluster, db):
             "SELECT backfill_start('narrow', confirm => true, slot => 'pipe', batch_size => 200, max_replica_lag => %s)",
             [limit],
         ).fetchone()[0]
-        reason = wait_for_reason(db, backfill_id, 'standby "standby1"', "max_replica_lag")
+        reason = wait_for_reason(db, backfill_id, "replica_lag", 'standby "standby1"', "max_replica_lag")
         assert status(db, backfill_id, "state") == "running"  # waiting is not a state
         time.sleep(0.5)
         held = status(db, backfill_id, "rows_done")
@@ -225,7 +230,7 @@ def test_an_unconsumed_slot_pauses_the_backfill_past_max_retained_wal(cluster, d
             "SELECT backfill_start('events', confirm => true, slot => 'pipe', batch_size => 500, max_retained_wal => %s)",
             [limit],
         ).fetchone()[0]
-        reason = wait_for_reason(db, backfill_id, 'slot "stuck"', "max_retained_wal")
+        reason = wait_for_reason(db, backfill_id, "retained_wal", 'slot "stuck"', "max_retained_wal")
         assert status(db, backfill_id, "state") == "running"
         time.sleep(0.5)
         held = status(db, backfill_id, "rows_done")
@@ -304,6 +309,7 @@ def test_max_retained_wal_follows_max_slot_wal_keep_size(db):
         db.execute("SELECT pg_reload_conf()")
 
 
+@pytest.mark.slow
 def test_server_load_slows_the_backfill_and_it_recovers(cluster, db):
     db.execute(
         """CREATE TABLE busy (id bigint PRIMARY KEY, v int NOT NULL);
@@ -328,7 +334,7 @@ def test_server_load_slows_the_backfill_and_it_recovers(cluster, db):
         time.sleep(1.5)
         loaded = rows_per_second(db, backfill_id, 3)
         assert loaded < unloaded / 4, f"{loaded:.0f} rows/s under load, {unloaded:.0f} without"
-        reason = wait_for_reason(db, backfill_id, "server load", "max_active_sessions", timeout=10)
+        reason = wait_for_reason(db, backfill_id, "load", "server load", "max_active_sessions", timeout=10)
         assert status(db, backfill_id, "state") == "running", reason
 
         load.stop()

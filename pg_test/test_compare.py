@@ -186,6 +186,7 @@ def test_a_thousand_injected_divergences_of_every_kind_are_found_exactly(db):
     assert len(aggregated) >= 400
 
 
+@pytest.mark.slow
 def test_a_repair_applied_by_the_consumer_leaves_nothing_to_find(cluster, db):
     make_pair(db, 3000)
     db.execute("SELECT pg_create_logical_replication_slot('copy', 'wal2json')")

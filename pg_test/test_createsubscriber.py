@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import (PG_BIN, PG_MAJOR, Cluster, assert_each_row_read_once, backfill_messages, status, wait_for,
+from conftest import (PG_BIN, PG_MAJOR, assert_each_row_read_once, backfill_messages, extra_cluster, status, wait_for,
                       wait_until_ended, wal2json_changes)
 
 pytestmark = pytest.mark.skipif(PG_MAJOR < 17, reason="pg_createsubscriber is new in PostgreSQL 17")
@@ -25,9 +25,11 @@ def as_postgres(*args: str, cwd: str) -> None:
     assert result.returncode == 0, f"{args[0]} failed: {result.stdout}{result.stderr}"
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_a_standby_made_a_subscriber_does_not_run_the_primarys_backfill_again(cluster):
-    primary = Cluster(f"{cluster.dir}_csub_primary", cluster.port + 11)
-    standby = Cluster(f"{cluster.dir}_csub_standby", cluster.port + 12)
+    primary = extra_cluster(cluster, "csub_primary")
+    standby = extra_cluster(cluster, "csub_standby")
     try:
         primary.start("shared_preload_libraries = 'pg_backfill'")
         with primary.connect() as admin:

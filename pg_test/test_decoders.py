@@ -3,6 +3,8 @@ wal2json; and a 1M-row table arrives through a slot exactly once."""
 
 import json
 
+import pytest
+
 from conftest import wait_until_ended
 
 
@@ -41,6 +43,7 @@ def test_test_decoding_and_pgoutput_receive_the_messages(db):
     assert content["op"] == "read" and content["key"] == {"id": 1}
 
 
+@pytest.mark.slow
 def test_a_million_rows_arrive_through_a_slot_exactly_once(db):
     db.execute(
         """CREATE TABLE big (id bigint PRIMARY KEY, a int, b text);

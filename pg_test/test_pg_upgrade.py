@@ -7,7 +7,7 @@ and SQL files and `$libdir/pg_backfill` there, and dynamic_library_path the libr
 name, as shared_preload_libraries and the workers name it (without it, they loaded the system's
 copy as well, a second library: "attempt to redefine parameter").
 
-The test does what the README tells a DBA to do ("Across pg_upgrade"): pg_upgrade from 15 carries
+The test does what docs/operations.md tells a DBA to do ("Across pg_upgrade"): pg_upgrade from 15 carries
 no replication slot, so the consumer reads its slot to the end before the upgrade, and the slot
 is created again, under the same name, before the paused backfill is resumed. A backfill that was
 started for that slot (`slot =>`) cannot go on: the slot made after the upgrade is another one.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (PG_BIN, PG_MAJOR, Cluster, Consumer, assert_each_row_read_once, pg_major_value, readme_block, status,
+from conftest import (PG_BIN, PG_MAJOR, Consumer, assert_each_row_read_once, doc_block, extra_cluster, pg_major_value, status,
                       wait_for, wait_until_ended)
 
 OLD_MAJOR = 15
@@ -51,10 +51,12 @@ def as_postgres(*args: str, cwd: str) -> subprocess.CompletedProcess:
     return subprocess.run(["sudo", "-u", "postgres", *args], cwd=cwd, capture_output=True, text=True)
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_a_paused_backfill_resumes_after_pg_upgrade_from_15_and_delivers_each_row_once(cluster):
     preload = "shared_preload_libraries = 'pg_backfill'"
-    old = Cluster(f"{cluster.dir}_upgrade15", cluster.port + 9, major=OLD_MAJOR)
-    new = Cluster(f"{cluster.dir}_upgrade{PG_MAJOR}", cluster.port + 10)
+    old = extra_cluster(cluster, "upgrade_old", major=OLD_MAJOR)
+    new = extra_cluster(cluster, "upgrade_new")
     consumers = []
     try:
         # 15, with pg_backfill preloaded: one backfill finished, one paused half way, one for the
@@ -98,10 +100,10 @@ def test_a_paused_backfill_resumes_after_pg_upgrade_from_15_and_delivers_each_ro
         consumers[0].stop()
         before = consumers[0].messages()
         # This machine's 15 marks every column with an option 18 does not know (pg_attver):
-        # the README's step for such a 15, in every database.
+        # the step docs/operations.md gives for such a 15, in every database.
         for dbname in ("postgres", "app"):
             with old.connect(dbname) as conn:
-                conn.execute(readme_block("pg_upgrade attver"))
+                conn.execute(doc_block("docs/operations.md", "pg_upgrade attver"))
         old.pg_ctl("-m fast stop")  # pg_upgrade needs a clean shutdown
 
         # The new major's cluster, stopped, with the old one's settings. (18's initdb turns data
@@ -135,7 +137,7 @@ def test_a_paused_backfill_resumes_after_pg_upgrade_from_15_and_delivers_each_ro
             assert wait_until_ended(conn, paused_id) == "done"
             assert status(conn, paused_id, "rows_done") == PAUSED_ROWS
             # The backfill for the old slot refuses the new one: what the old slot's consumer
-            # had not confirmed would never reach it (README: "the slot dropped and created
+            # had not confirmed would never reach it (docs/operations.md: "the slot dropped and created
             # again").
             conn.execute("SELECT backfill_resume(%s)", [slot_bound_id])
             assert wait_until_ended(conn, slot_bound_id) == "failed"

@@ -25,6 +25,7 @@ def delivered(db):
     return backfill_messages(wal2json_changes(db, "consumer"))
 
 
+@pytest.mark.slow
 def test_terminated_worker_restarts_and_every_row_is_read_exactly_once(db):
     """Terminations land mostly inside pages (large pages, no pacing): each kills a page halfway
     through its messages, which must then count for nothing."""
@@ -54,7 +55,7 @@ def test_cancel_stops_the_worker_and_keeps_what_was_delivered(db):
         "SELECT backfill_start('events', confirm => true, batch_size => 100, rows_per_second => 5000)"
     ).fetchone()[0]
     time.sleep(1.0)
-    assert db.execute("SELECT backfill_cancel(%s)", [backfill_id]).fetchone()[0] is True
+    db.execute("SELECT backfill_cancel(%s)", [backfill_id])
     assert wait_until_ended(db, backfill_id) == "cancelled"
     wait_for(lambda: worker_pid(db, backfill_id) is None, timeout=5, what="the worker to stop")
     time.sleep(1.5)  # a cancelled worker is not restarted
@@ -73,7 +74,7 @@ def test_pause_holds_nothing_and_resume_continues_exactly_once(db):
         "SELECT backfill_start('events', confirm => true, batch_size => 200, rows_per_second => 8000)"
     ).fetchone()[0]
     time.sleep(0.8)
-    assert db.execute("SELECT backfill_pause(%s)", [backfill_id]).fetchone()[0] is True
+    db.execute("SELECT backfill_pause(%s)", [backfill_id])
     wait_for(lambda: worker_pid(db, backfill_id) is None, timeout=5, what="a paused backfill to keep no worker")
     assert status(db, backfill_id, "state") == "paused"
     paused_at = status(db, backfill_id, "rows_done")
@@ -85,7 +86,7 @@ def test_pause_holds_nothing_and_resume_continues_exactly_once(db):
 
     e = pytest.raises(psycopg.Error, db.execute, "SELECT backfill_pause(%s)", [backfill_id]).value
     assert e.sqlstate == "55000" and "paused" in e.diag.message_detail
-    assert db.execute("SELECT backfill_resume(%s)", [backfill_id]).fetchone()[0] is True
+    db.execute("SELECT backfill_resume(%s)", [backfill_id])
     e = pytest.raises(psycopg.Error, db.execute, "SELECT backfill_resume(%s)", [backfill_id]).value
     assert e.sqlstate == "55000" and "running" in e.diag.message_detail
     assert wait_until_ended(db, backfill_id) == "done"
@@ -128,3 +129,34 @@ def test_parallel_workers_split_skewed_keys_evenly_and_read_every_row_exactly_on
     messages = delivered(db)
     assert_each_row_read_once(messages, ids)
     assert [m["rows"] for m in messages if m["op"] == "table_end"] == [200000]
+
+
+def test_every_failure_is_kept_in_backfill_errors(db, roles):
+    """last_error shows the latest failure, and a resume clears it; backfill_errors keeps each,
+    oldest first, with the table, the key it stopped after, its SQLSTATE, message and detail,
+    and shows them as backfill_status does: to who may read the table."""
+    make_table(db, rows=5000)
+    backfill_id = db.execute(
+        "SELECT backfill_start('events', confirm => true, batch_size => 100, rows_per_second => 2000)"
+    ).fetchone()[0]
+    wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
+    db.execute("ALTER TABLE events SET UNLOGGED")
+    assert wait_until_ended(db, backfill_id) == "failed"
+    db.execute("SELECT backfill_resume(%s)", [backfill_id])  # still unlogged: fails again
+    assert wait_until_ended(db, backfill_id) == "failed"
+    db.execute("ALTER TABLE events SET LOGGED")
+    db.execute("SELECT backfill_resume(%s)", [backfill_id])
+    assert wait_until_ended(db, backfill_id) == "done"
+    assert status(db, backfill_id, "last_error") is None  # the latest is gone from the status
+    errors = db.execute(
+        "SELECT table_name, stopped_after_key, sqlstate, message FROM backfill_errors WHERE backfill_id = %s ORDER BY occurred_at",
+        [backfill_id],
+    ).fetchall()
+    assert len(errors) == 2, errors
+    for table_name, stopped_after_key, sqlstate, message in errors:
+        assert (table_name, sqlstate) == ("public.events", "55000"), errors
+        assert "unlogged" in message and int(stopped_after_key) > 0, errors
+    assert int(errors[0][1]) <= int(errors[1][1])
+    # A role that did not start it sees nothing of it.
+    other = roles.connect(roles.create("other"))
+    assert other.execute("SELECT count(*) FROM backfill_errors").fetchone()[0] == 0

@@ -1,4 +1,4 @@
-"""Security: who may call what (the README's grant blocks, run as written), the checks on the
+"""Security: who may call what (the grant blocks of docs/security.md, run as written), the checks on the
 caller, no escalation to superuser through the caller's search_path or a table's own code, what
 each role sees in the views, the worker cap, hints that quote names, the message prefix, and
 authenticated messages."""
@@ -49,7 +49,7 @@ def hint_statement(error) -> str:
 
 @pytest.fixture
 def operator(db, roles):
-    """An operator (the README's grants) that may SELECT and UPDATE table t (200 rows): (role, connection)."""
+    """An operator (the grants of docs/security.md) that may SELECT and UPDATE table t (200 rows): (role, connection)."""
     make_table(db, "t", 200)
     role = roles.create("op", "operator")
     db.execute(f"GRANT SELECT, UPDATE ON t TO {role}")
@@ -126,7 +126,7 @@ def test_binding_a_slot_needs_replication(db, roles, operator):
     assert e.sqlstate == "42501"
     db.execute(f"ALTER ROLE {role} REPLICATION")
     backfill_id = start(conn, "t", slot=slot)
-    assert value(conn, "SELECT backfill_cancel(%s)", [backfill_id]) is True
+    conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
     assert wait_until_ended(db, backfill_id) == "cancelled"
 
 
@@ -183,12 +183,16 @@ def test_the_callers_search_path_cannot_make_it_superuser(db, roles):
 
     conn.execute("SELECT * FROM backfill_estimate('t')").fetchall()
     backfill_id = value(conn, "SELECT backfill_start('t', confirm => true, batch_size => 10, rows_per_second => 50)")
-    assert value(conn, "SELECT backfill_set(%s, rows_per_second => 40)", [backfill_id]) is True
-    assert value(conn, "SELECT backfill_pause(%s)", [backfill_id]) is True
+    conn.execute("SELECT backfill_set(%s, rows_per_second => 40)", [backfill_id])
+    assert status(db, backfill_id, "rows_per_second") == 40
+    conn.execute("SELECT backfill_pause(%s)", [backfill_id])
     wait_for(lambda: worker_pid(db, backfill_id) is None, what="the paused worker to exit")
-    assert value(conn, "SELECT backfill_resume(%s)", [backfill_id]) is True
+    assert status(db, backfill_id, "state") == "paused"
+    conn.execute("SELECT backfill_resume(%s)", [backfill_id])
+    assert status(db, backfill_id, "state") == "running"
     assert value(conn, "SELECT backfill_wait(%s, timeout => '5 s')", [backfill_id]) is False
-    assert value(conn, "SELECT backfill_cancel(%s)", [backfill_id]) is True
+    conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    assert wait_until_ended(db, backfill_id) == "cancelled"
     conn.execute("SELECT * FROM backfill_status").fetchall()
     conn.execute("SELECT * FROM backfill_tables").fetchall()
     assert wait_until_ended(db, backfill_id) == "cancelled"
@@ -524,9 +528,11 @@ def message_keys(db) -> dict:
 
 
 def readme_verifier():
-    """The README's Python check (`genuine`), run as printed there."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Authenticated messages") :]
+    """The Python check (`genuine`) of docs/consumers.md, run as printed there."""
+    text = (ROOT / "docs/consumers.md").read_text()
+    heading = "\n## Authenticated messages\n"
+    assert text.count(heading) == 1, f"docs/consumers.md must have the heading {heading.strip()} exactly once"
+    section = text[text.index(heading) :]
     code = re.search(r"```python\n(.*?)\n```", section, re.S)[1]
     namespace = {}
     exec(code, namespace)
@@ -535,7 +541,7 @@ def readme_verifier():
 
 def tag_is_valid(keys, content, xid) -> bool:
     """The check, done here independently: HMAC-SHA256(key, "<xid>:" + content without its auth
-    field); the README's code must give the same answer."""
+    field); the code of docs/consumers.md must give the same answer."""
     auth = AUTH.search(content)
     if not auth or int(auth[1]) not in keys:
         independent = False
@@ -545,7 +551,7 @@ def tag_is_valid(keys, content, xid) -> bool:
         expected = hmac.new(bytes(keys[int(auth[1])]), f"{xid}:".encode() + body, hashlib.sha256).hexdigest()
         independent = hmac.compare_digest(expected, auth[2])
     readme = readme_verifier()(content.encode(), xid, {k: bytes(v) for k, v in keys.items()})
-    assert readme == independent, "the README's verification disagrees"
+    assert readme == independent, "the verification of docs/consumers.md disagrees"
     return independent
 
 
@@ -713,12 +719,13 @@ def test_a_key_type_the_caller_shadows_in_pg_temp_is_not_used(db, roles):
     assert not is_superuser(db, atk)
 
 
+@pytest.mark.cluster
 def test_after_a_restart_the_resumer_trusts_no_table_but_the_extensions_own(cluster, roles, db):
     """With preloading, the resumer visits every database as the bootstrap superuser; a fake
     backfill.job in a database without the extension must run nothing."""
-    from conftest import Cluster
+    from conftest import extra_cluster
 
-    other = Cluster(f"{cluster.dir}_resumer", cluster.port + 5)
+    other = extra_cluster(cluster, "resumer")
     other.start("shared_preload_libraries = 'pg_backfill'")
     try:
         with other.connect() as admin:

@@ -183,7 +183,8 @@ SELECT j.id,
        j.lock_mode,
        backfill.source_limit('max_replica_lag', j.max_replica_lag_bytes) AS max_replica_lag_bytes,
        backfill.source_limit('max_retained_wal', j.max_retained_wal_bytes) AS max_retained_wal_bytes,
-       backfill.source_limit('max_active_sessions', j.max_active_sessions)::integer AS max_active_sessions
+       backfill.source_limit('max_active_sessions', j.max_active_sessions)::integer AS max_active_sessions,
+       CASE WHEN j.state = 'running' THEN backfill.waiting_kind(j.id) END AS waiting_kind
   FROM backfill.job j
  CROSS JOIN LATERAL (
         SELECT pg_catalog.array_agg(jt.relid ORDER BY jt.position) AS tables,
@@ -223,6 +224,7 @@ COMMENT ON COLUMN backfill_status.rows_done IS 'Read messages delivered so far';
 COMMENT ON COLUMN backfill_status.rows_estimated IS 'Planner estimate of the rows when the backfill started';
 COMMENT ON COLUMN backfill_status.percent_done IS 'Share of the key ranges scanned (from pg_stats histograms; rows against the estimate without them); 100 once done';
 COMMENT ON COLUMN backfill_status.waiting_for IS 'What a running backfill''s workers wait for now, if anything: a row lock held by another process (its pid), the slot''s consumer (none connected, or lagging past max_lag_bytes), a standby replaying past max_replica_lag_bytes, a slot retaining more than max_retained_wal_bytes, or the server''s load past max_active_sessions (then it slows down rather than waits)';
+COMMENT ON COLUMN backfill_status.waiting_kind IS 'The kind of what a running backfill''s workers wait for now, stable for monitoring: row_lock, consumer_away, consumer_lag, replica_lag, retained_wal or load (then it slows down rather than waits); NULL when nothing holds it back';
 COMMENT ON COLUMN backfill_status.worker_pid IS 'Process id of the running background worker, if any';
 COMMENT ON COLUMN backfill_status.last_error_sqlstate IS 'SQLSTATE of the error that failed the backfill';
 COMMENT ON COLUMN backfill_status.last_error IS 'Message of the error that failed the backfill, with the table and key';
@@ -286,7 +288,30 @@ COMMENT ON COLUMN backfill_tables.pages_row_locked IS 'Pages that locked their r
 
 GRANT SELECT ON backfill_status, backfill_tables TO PUBLIC;
 
--- Authenticated messages (see the README's Security section).
+CREATE VIEW backfill_errors WITH (security_barrier) AS
+SELECT e.job_id AS backfill_id,
+       e.occurred_at,
+       e.table_name,
+       CASE WHEN v.readable THEN e.stopped_after_key END AS stopped_after_key,
+       CASE WHEN v.readable THEN e.sqlstate END AS sqlstate,
+       CASE WHEN v.readable THEN e.message END AS message,
+       CASE WHEN v.readable THEN e.detail END AS detail
+  FROM backfill.job_error e
+  JOIN backfill.job j ON j.id = e.job_id
+ CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor')
+                            OR coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false) AS readable) v
+ WHERE backfill.visible(j.started_by);
+COMMENT ON VIEW backfill_errors IS 'Every error that failed a backfill, oldest first: backfill_status.last_error shows the latest only, and a resume clears it';
+COMMENT ON COLUMN backfill_errors.backfill_id IS 'The backfill (backfill_status.id)';
+COMMENT ON COLUMN backfill_errors.occurred_at IS 'When it failed';
+COMMENT ON COLUMN backfill_errors.table_name IS 'The table it was scanning when it failed, if any';
+COMMENT ON COLUMN backfill_errors.stopped_after_key IS 'The last key it had delivered of that table';
+COMMENT ON COLUMN backfill_errors.sqlstate IS 'SQLSTATE of the error';
+COMMENT ON COLUMN backfill_errors.message IS 'The error''s message';
+COMMENT ON COLUMN backfill_errors.detail IS 'The error''s detail, if any';
+GRANT SELECT ON backfill_errors TO PUBLIC;
+
+-- Authenticated messages (see docs/consumers.md and docs/security.md).
 CREATE FUNCTION backfill_key(OUT key_id integer, OUT key bytea)
 LANGUAGE sql STABLE
 AS $$ SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1 $$;
@@ -401,13 +426,14 @@ COMMENT ON FUNCTION backfill.auto_resume() IS 'Whether pg_backfill is preloaded,
 COMMENT ON FUNCTION backfill.workers_running(bigint) IS 'Background workers of a backfill of this database running now';
 COMMENT ON FUNCTION backfill.may_act_as(text, text) IS 'Whether role member holds the privileges of role role or may SET ROLE to it (a bare member, granted WITH INHERIT FALSE, SET FALSE on 16+, may not): who sees and controls a role''s backfills';
 COMMENT ON FUNCTION backfill.waiting_for(bigint) IS 'What the workers of a backfill wait for now (a row lock held by a pid, or the slot''s consumer), or NULL';
+COMMENT ON FUNCTION backfill.waiting_kind(bigint) IS 'The kind of what the workers of a backfill wait for now (row_lock, consumer_away, consumer_lag, replica_lag, retained_wal, load), or NULL';
 COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 'Whether a message is genuine: its auth tag verifies for the transaction id its decoder reported (needs SELECT on backfill.message_key)';
 
--- Nothing that starts, controls or reveals backfills is executable by PUBLIC: the README shows
+-- Nothing that starts, controls or reveals backfills is executable by PUBLIC: docs/security.md shows
 -- the grants for operators and for consumers. The views' helpers stay executable by all.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
-                          backfill.waiting_for(bigint), backfill.visible(name), backfill.source_limit(text, bigint),
-                          backfill.may_act_as(text, text) TO PUBLIC;
+                          backfill.waiting_for(bigint), backfill.waiting_kind(bigint), backfill.visible(name),
+                          backfill.source_limit(text, bigint), backfill.may_act_as(text, text) TO PUBLIC;
 

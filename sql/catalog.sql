@@ -130,6 +130,28 @@ COMMENT ON COLUMN backfill.job_progress.job_id IS 'The backfill (backfill.job.id
 COMMENT ON COLUMN backfill.job_progress.at IS 'When the sample was taken';
 COMMENT ON COLUMN backfill.job_progress.rows_done IS 'Rows the backfill had delivered then, over all its tables';
 
+CREATE TABLE backfill.job_error (
+    job_id            bigint NOT NULL REFERENCES backfill.job (id) ON DELETE CASCADE,
+    occurred_at       timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    relid             oid,
+    table_name        text,
+    stopped_after_key text,
+    sqlstate          text NOT NULL,
+    message           text NOT NULL,
+    detail            text
+);
+CREATE INDEX job_error_job_id_occurred_at_idx ON backfill.job_error (job_id, occurred_at);
+COMMENT ON TABLE backfill.job_error IS 'Every error that failed a backfill, oldest first (last_error shows the latest only, and a resume clears it)';
+COMMENT ON COLUMN backfill.job_error.job_id IS 'The backfill (backfill.job.id)';
+COMMENT ON COLUMN backfill.job_error.occurred_at IS 'When it failed';
+COMMENT ON COLUMN backfill.job_error.relid IS 'The table it was scanning, if any';
+COMMENT ON COLUMN backfill.job_error.table_name IS 'That table''s name when it failed';
+COMMENT ON COLUMN backfill.job_error.stopped_after_key IS 'The last key it had delivered of that table ((start) for none)';
+COMMENT ON COLUMN backfill.job_error.sqlstate IS 'SQLSTATE of the error';
+COMMENT ON COLUMN backfill.job_error.message IS 'The error''s message';
+COMMENT ON COLUMN backfill.job_error.detail IS 'The error''s detail, if any';
+GRANT SELECT ON backfill.job_error TO pg_monitor;
+
 -- The state is not dumped. A dump is restored into another database: a cursor there would
 -- claim rows delivered through WAL that database never wrote, a restored running backfill
 -- would block its tables and resume from that cursor, and its id sequence would start over.
@@ -157,7 +179,7 @@ COMMENT ON COLUMN backfill.message_key.created_at IS 'When the key was made (CRE
 -- Not dumped: a restored database is another database, with a key of its own.
 INSERT INTO backfill.message_key DEFAULT VALUES;
 -- Only the extension's owner reads the key: privileges that ALTER DEFAULT PRIVILEGES gave the
--- new table are taken back; the README shows the grant for consumers.
+-- new table are taken back; docs/security.md shows the grant for consumers.
 DO $$
 DECLARE
     grantee oid;
@@ -185,7 +207,7 @@ DO $$
 DECLARE
     state_table text;
 BEGIN
-    FOREACH state_table IN ARRAY ARRAY['job', 'job_table', 'job_key', 'job_progress', 'message_key'] LOOP
+    FOREACH state_table IN ARRAY ARRAY['job', 'job_table', 'job_key', 'job_progress', 'job_error', 'message_key'] LOOP
         EXECUTE pg_catalog.format(
             'CREATE TRIGGER discard_replicated_row BEFORE INSERT OR UPDATE OR DELETE ON backfill.%I
                  FOR EACH ROW EXECUTE FUNCTION backfill.discard_replicated_row()', state_table);

@@ -5,6 +5,9 @@
 -- tables with such columns differ from 0.6.0's, and a comparison refuses a server of the other.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.7.0'" to load this file. \quit
 
+-- backfill.job_error and the view backfill_errors keep every error that failed a backfill.
+-- backfill_status gains waiting_kind, the stable kind of what a running backfill waits for.
+
 -- (As every update script: the state tables first, in the order a worker's page takes them.)
 LOCK TABLE backfill.job, backfill.job_table IN ACCESS EXCLUSIVE MODE;
 
@@ -63,6 +66,18 @@ LANGUAGE sql STABLE
 AS $$ SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR backfill.may_act_as(CURRENT_USER, started_by) $$;
 COMMENT ON FUNCTION backfill.visible(name) IS
 'Whether the current role sees a backfill started by this role: one that may act as it or as pg_monitor (backfill.may_act_as), or a superuser';
+
+CREATE FUNCTION backfill."waiting_kind"(
+	"backfill_id" bigint /* i64 */
+) RETURNS text /* Option < Text > */
+STRICT STABLE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'waiting_kind_wrapper';
+COMMENT ON FUNCTION backfill.waiting_kind(bigint) IS 'The kind of what the workers of a backfill wait for now (row_lock, consumer_away, consumer_lag, replica_lag, retained_wal, load), or NULL';
+-- (Revoked, then granted: the privileges of a fresh install, in its order.)
+REVOKE EXECUTE ON FUNCTION backfill.waiting_kind(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION backfill.waiting_kind(bigint) TO PUBLIC;
+
 CREATE OR REPLACE VIEW backfill_status WITH (security_barrier) AS
 SELECT j.id,
        j.state,
@@ -103,7 +118,8 @@ SELECT j.id,
        j.lock_mode,
        backfill.source_limit('max_replica_lag', j.max_replica_lag_bytes) AS max_replica_lag_bytes,
        backfill.source_limit('max_retained_wal', j.max_retained_wal_bytes) AS max_retained_wal_bytes,
-       backfill.source_limit('max_active_sessions', j.max_active_sessions)::integer AS max_active_sessions
+       backfill.source_limit('max_active_sessions', j.max_active_sessions)::integer AS max_active_sessions,
+       CASE WHEN j.state = 'running' THEN backfill.waiting_kind(j.id) END AS waiting_kind
   FROM backfill.job j
  CROSS JOIN LATERAL (
         SELECT pg_catalog.array_agg(jt.relid ORDER BY jt.position) AS tables,
@@ -151,3 +167,52 @@ SELECT jt.job_id AS backfill_id,
  CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor')
                             OR coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) v
  WHERE backfill.visible(j.started_by);
+COMMENT ON COLUMN backfill_status.waiting_kind IS 'The kind of what a running backfill''s workers wait for now, stable for monitoring: row_lock, consumer_away, consumer_lag, replica_lag, retained_wal or load (then it slows down rather than waits); NULL when nothing holds it back';
+
+CREATE TABLE backfill.job_error (
+    job_id            bigint NOT NULL REFERENCES backfill.job (id) ON DELETE CASCADE,
+    occurred_at       timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    relid             oid,
+    table_name        text,
+    stopped_after_key text,
+    sqlstate          text NOT NULL,
+    message           text NOT NULL,
+    detail            text
+);
+CREATE INDEX job_error_job_id_occurred_at_idx ON backfill.job_error (job_id, occurred_at);
+COMMENT ON TABLE backfill.job_error IS 'Every error that failed a backfill, oldest first (last_error shows the latest only, and a resume clears it)';
+COMMENT ON COLUMN backfill.job_error.job_id IS 'The backfill (backfill.job.id)';
+COMMENT ON COLUMN backfill.job_error.occurred_at IS 'When it failed';
+COMMENT ON COLUMN backfill.job_error.relid IS 'The table it was scanning, if any';
+COMMENT ON COLUMN backfill.job_error.table_name IS 'That table''s name when it failed';
+COMMENT ON COLUMN backfill.job_error.stopped_after_key IS 'The last key it had delivered of that table ((start) for none)';
+COMMENT ON COLUMN backfill.job_error.sqlstate IS 'SQLSTATE of the error';
+COMMENT ON COLUMN backfill.job_error.message IS 'The error''s message';
+COMMENT ON COLUMN backfill.job_error.detail IS 'The error''s detail, if any';
+GRANT SELECT ON backfill.job_error TO pg_monitor;
+CREATE TRIGGER discard_replicated_row BEFORE INSERT OR UPDATE OR DELETE ON backfill.job_error
+    FOR EACH ROW EXECUTE FUNCTION backfill.discard_replicated_row();
+ALTER TABLE backfill.job_error ENABLE REPLICA TRIGGER discard_replicated_row;
+
+CREATE VIEW backfill_errors WITH (security_barrier) AS
+SELECT e.job_id AS backfill_id,
+       e.occurred_at,
+       e.table_name,
+       CASE WHEN v.readable THEN e.stopped_after_key END AS stopped_after_key,
+       CASE WHEN v.readable THEN e.sqlstate END AS sqlstate,
+       CASE WHEN v.readable THEN e.message END AS message,
+       CASE WHEN v.readable THEN e.detail END AS detail
+  FROM backfill.job_error e
+  JOIN backfill.job j ON j.id = e.job_id
+ CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor')
+                            OR coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false) AS readable) v
+ WHERE backfill.visible(j.started_by);
+COMMENT ON VIEW backfill_errors IS 'Every error that failed a backfill, oldest first: backfill_status.last_error shows the latest only, and a resume clears it';
+COMMENT ON COLUMN backfill_errors.backfill_id IS 'The backfill (backfill_status.id)';
+COMMENT ON COLUMN backfill_errors.occurred_at IS 'When it failed';
+COMMENT ON COLUMN backfill_errors.table_name IS 'The table it was scanning when it failed, if any';
+COMMENT ON COLUMN backfill_errors.stopped_after_key IS 'The last key it had delivered of that table';
+COMMENT ON COLUMN backfill_errors.sqlstate IS 'SQLSTATE of the error';
+COMMENT ON COLUMN backfill_errors.message IS 'The error''s message';
+COMMENT ON COLUMN backfill_errors.detail IS 'The error''s detail, if any';
+GRANT SELECT ON backfill_errors TO PUBLIC;

@@ -1,78 +1,52 @@
 //! pg_backfill: delivers the rows a table already holds through the logical decoding stream,
 //! in key order, as transactional "read" messages, exactly once.
 //!
-//! Where to look:
-//! - `api.rs`: the SQL functions that estimate and start backfills; `control.rs`: those that
-//!   pause, resume, change, wait for and cancel them; `args.rs`: checks of their arguments.
-//! - `table.rs`: a table as a backfill sees it: columns, key, owner; whether it can be backfilled.
-//! - `plan.rs`: the estimate, the key ranges of parallel workers, the page count.
-//! - `scan.rs`: the key-ordered page queries (keyset pagination, row locks).
-//! - `delivery.rs`: the hot path: each row of a locked page becomes a message as it is read.
-//! - `launcher.rs`: registering workers (and the cap on them); the preloaded launcher and resumer.
-//! - `worker.rs`: the background worker's process: its tables in order, retries, failures.
-//! - `page.rs`: one page is one transaction; the cursor is advanced there; the ordering argument.
-//! - `pacing.rs`, `progress.rs`: rows_per_second; progress samples and log lines.
-//! - `xact.rs`: the worker's transactions and the errors they raise.
-//! - `pipeline.rs`: the consumer's slot and publication; pausing for it and back-pressure.
-//! - `catalog.rs`: the state tables the worker and the API share.
-//! - `json.rs`: a row's JSON, rendered from its columns as row_to_json renders it.
-//! - `message.rs`: the JSON messages consumers receive.
-//! - `settings.rs`: the `backfill.*` GUCs.
-//! - `privilege.rs`: who runs what: the caller's checks, the table owner's queries, the state.
-//! - `auth.rs`: the messages' authentication tags.
-//! - `status.rs`: helpers of the monitoring views.
-//! - `keys.rs`: backfills of given keys (repairs), and the `absent` message of a missing key.
-//! - `checksum.rs`, `aggregate.rs`, `row_hash.rs`, `row_encoding.rs` (what a row's hash is
-//!   computed over), `parallel_scan.rs`: backfill_checksum(); `key_json.rs`: keys as JSON objects
-//!   (bounds, keys given, keys reported);
-//!   `compare.rs`: backfill_compare() and backfill_repair(); `side.rs`: the tables they read,
-//!   here or through dblink.
-//! - `sql.rs`: reads through SPI that leave the transaction read-only (views, standbys).
-//! - `errors.rs`: how user errors are raised (SQLSTATE, detail, hint).
-//! - `pg_compat.rs`: where PostgreSQL's C API differs between 15 and 18, one shim per
-//!   difference.
+//! The layers, lowest first; a folder imports only from folders below it (checked by
+//! scripts/check_structure.py):
+//!
+//! - `pg/`: PostgreSQL plumbing: errors with SQLSTATE, detail and hint (`errors.rs`), the
+//!   database's encoding and UTF-8 (`encoding.rs`), reads through SPI (`spi.rs`), the
+//!   `backfill.*` settings (`settings.rs`), who runs what (`privilege.rs`), checks of SQL
+//!   arguments (`args.rs`), and where PostgreSQL's C API differs between the majors built
+//!   for, one shim per difference (`compat.rs`).
+//! - `model/`: a table as a backfill sees it, its key and columns (`table.rs`); the states
+//!   and modes of backfills and their ranges (`state.rs`).
+//! - `catalog/`: the state tables: one row per backfill and its message key (`job.rs`), one
+//!   per table or key range with its cursor (`job_table.rs`).
+//! - `stream/`: what reaches the stream: the key-ordered page queries (`scan.rs`), a row's
+//!   JSON (`json.rs`), the messages (`message.rs`), their authentication tags (`sign.rs`),
+//!   and the hot path from executor to message (`delivery.rs`).
+//! - `throttle/`: what holds a backfill back: how pages lock (`lock.rs`), rows_per_second
+//!   (`pacing.rs`), the consumer's slot and publication (`pipeline.rs`), the source's
+//!   standbys, slots and load (`backpressure.rs`), and the typed reason a page waits
+//!   (`wait.rs`).
+//! - `verify/`: backfill_checksum() (`checksum.rs`, `aggregate.rs`, `row_hash.rs`,
+//!   `row_encoding.rs`: what a row's hash is computed over, `numeric_jsonb.rs`: numeric's and
+//!   jsonb's encodings, `parallel_heap_scan.rs`: its parallel scan), keys as JSON
+//!   (`key_json.rs`), backfill_compare() (`compare.rs`) and the tables it reads, here or
+//!   through dblink (`sides.rs`).
+//! - `worker/`: the background worker: its process, tables in order, retries, failures
+//!   (`process.rs`), how its processes show in pg_stat_activity (`activity.rs`), registering
+//!   workers and the preloaded launcher (`launcher.rs`), its transactions (`xact.rs`), and
+//!   `scan/`: the scan of one table, one page per transaction, where the cursor is advanced
+//!   (`mod.rs`: `TableScan` and `page()`), its start and end markers (`markers.rs`), pages of
+//!   a key range (`range_page.rs`) and of given keys (`keyed_page.rs`), what holds its pages
+//!   back and their size (`throttle.rs`), progress samples and log lines (`progress.rs`).
+//! - `api/`: the SQL functions: backfill_start() and backfill_estimate() (`start.rs`) with
+//!   the estimate and key ranges (`plan.rs`), pause, resume, set, wait and cancel
+//!   (`control.rs`), keys given to a backfill (`keyed.rs`), backfill_repair() (`repair.rs`),
+//!   the monitoring views' helpers (`views.rs`).
 
 use pgrx::prelude::*;
 
-mod aggregate;
 mod api;
-mod args;
-mod auth;
-mod backpressure;
 mod catalog;
-mod checksum;
-mod compare;
-mod control;
-mod delivery;
-mod encoding;
-mod errors;
-mod json;
-mod key_json;
-mod keys;
-mod launcher;
-mod lock;
-mod message;
-mod pacing;
-mod page;
-mod parallel_scan;
-mod pg_compat;
-mod pipeline;
-mod plan;
-mod privilege;
-mod progress;
-mod ranges;
-mod row_encoding;
-mod row_hash;
-mod scan;
-mod settings;
-mod side;
-mod sql;
-mod state;
-mod status;
-mod stored_form;
-mod table;
+mod model;
+mod pg;
+mod stream;
+mod throttle;
+mod verify;
 mod worker;
-mod xact;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -85,12 +59,12 @@ mod backfill {}
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    settings::define();
+    pg::settings::define();
     // Preloaded, the library also resumes running backfills after every server start.
     // SAFETY: a flag PostgreSQL sets while it loads shared_preload_libraries.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        status::PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
-        launcher::register_launcher();
+        api::views::PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+        worker::launcher::register_launcher();
     }
 }
 

@@ -1,0 +1,227 @@
+//! The SQL functions that control a running backfill: pause, resume, change, wait, cancel.
+//! Their public signatures are declared in `sql/api.sql`.
+
+use crate::catalog::job;
+use crate::catalog::job::SourceOptions;
+use crate::model::state::JobState::{self, *};
+use crate::pg::args::{check_batch_size, require_primary, required};
+use crate::pg::errors::raise;
+use crate::pg::privilege::{self, as_extension_owner};
+use crate::worker::launcher;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+
+/// backfill_cancel(): stops a running or paused backfill at its next page. What it delivered
+/// stays delivered; its state becomes cancelled.
+#[pg_extern(schema = "backfill", name = "cancel")]
+fn cancel(id: Option<i64>) -> bool {
+    require_primary("cancel a backfill");
+    let id = required(id, "backfill_cancel", "id");
+    control(id, "cancel", &[Running, Paused], Some(Cancelled), None);
+    true
+}
+
+/// backfill_pause(): the worker stops at its next page and exits; nothing is held meanwhile.
+#[pg_extern(schema = "backfill", name = "pause")]
+fn pause(id: Option<i64>) -> bool {
+    require_primary("pause a backfill");
+    let id = required(id, "backfill_pause", "id");
+    control(id, "pause", &[Running], Some(Paused), Some(job::PAUSED_BY_USER));
+    true
+}
+
+/// backfill_resume(): a paused or failed backfill continues from its cursor with a new worker;
+/// so does a running one whose worker was lost to a server restart without preloading.
+#[pg_extern(schema = "backfill", name = "resume")]
+fn resume(id: Option<i64>) -> bool {
+    require_primary("resume a backfill");
+    let id = required(id, "backfill_resume", "id");
+    let lost = as_extension_owner(|| job::worker_lost_to_restart(id));
+    let from: &[JobState] = if lost { &[Paused, Failed, Running] } else { &[Paused, Failed] };
+    let job = control(id, "resume", from, Some(Running), None);
+    launcher::require_worker_slots(job.parallel);
+    for worker in 0..job.parallel {
+        launcher::launch_in_this_transaction(id, worker);
+    }
+    true
+}
+
+/// backfill_set(): changes the pacing of a backfill while it runs; the worker applies it at its
+/// next page. NULL keeps a value; 0 removes a limit.
+#[pg_extern(schema = "backfill", name = "set")]
+fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag: Option<i64>) -> bool {
+    require_primary("change a backfill");
+    let id = required(id, "backfill_set", "id");
+    if let Some(batch_size) = batch_size {
+        check_batch_size(batch_size);
+    }
+    for (name, value) in [("rows_per_second", rows_per_second.map(i64::from)), ("max_lag", max_lag)] {
+        if let Some(value) = value.filter(|v| *v < 0) {
+            raise(
+                ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("{name} {value} is out of range"),
+                format!("{name} must be positive, or 0 to remove the limit."),
+                None,
+            );
+        }
+    }
+    let job = control(id, "change", &[Running, Paused], None, None);
+    if max_lag.is_some_and(|lag| lag > 0) && job.slot_name.is_none() {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "max_lag needs a slot",
+            format!("Backfill {id} was started without a slot, so no consumer lag limits it."),
+            None,
+        );
+    }
+    as_extension_owner(|| job::set_pacing(id, batch_size, rows_per_second, max_lag));
+    launcher::wake_workers_at_commit(id);
+    true
+}
+
+/// The limits on the source of backfill_start() and backfill_set() (max_replica_lag,
+/// max_retained_wal, max_active_sessions): NULL keeps a value, -1 follows the setting again, 0
+/// turns a limit off where the setting is off; a value only tightens the setting. Returns the
+/// backfill's id, so that the SQL wrappers chain it with backfill.start() and backfill.set().
+#[pg_extern(schema = "backfill", name = "set_source_limits")]
+fn set_source_limits(
+    id: Option<i64>,
+    max_replica_lag: Option<i64>,
+    max_retained_wal: Option<i64>,
+    max_active_sessions: Option<i32>,
+) -> Option<i64> {
+    let options =
+        SourceOptions { max_replica_lag, max_retained_wal, max_active_sessions: max_active_sessions.map(i64::from) };
+    if options.max_replica_lag.is_none() && options.max_retained_wal.is_none() && options.max_active_sessions.is_none()
+    {
+        return id; // nothing to change: backfill.start() or backfill.set() checks the rest
+    }
+    require_primary("change a backfill");
+    let id = required(id, "backfill_set", "id");
+    for (name, value, unit) in [
+        ("max_replica_lag", options.max_replica_lag, "bytes"),
+        ("max_retained_wal", options.max_retained_wal, "bytes"),
+        ("max_active_sessions", options.max_active_sessions, "active sessions"),
+    ] {
+        if let Some(value) = value.filter(|v| *v < -1) {
+            raise(
+                ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("{name} {value} is out of range"),
+                format!(
+                    "{name} is in {unit}: positive to tighten backfill.{name}, 0 to turn the limit off where \
+                     the setting is off, -1 to follow the setting."
+                ),
+                Some("Pass NULL to keep the current value.".into()),
+            );
+        }
+    }
+    control(id, "change", &[Running, Paused], None, None);
+    as_extension_owner(|| job::set_source_limits(id, &options));
+    launcher::wake_workers_at_commit(id);
+    Some(id)
+}
+
+/// backfill_wait(): blocks until the backfill is done and, with a slot, delivered (true), or
+/// until the timeout passes (false). A backfill that fails or is cancelled is an error, so that
+/// a migration script stops there.
+#[pg_extern(schema = "backfill", name = "wait")]
+fn wait(id: Option<i64>, timeout_ms: Option<f64>) -> bool {
+    let id = required(id, "backfill_wait", "id");
+    let deadline =
+        timeout_ms.map(|ms| std::time::Instant::now() + std::time::Duration::from_secs_f64(ms.max(0.0) / 1000.0));
+    require_controller(id, "wait for");
+    let xmin = as_extension_owner(|| job::recorded_by(id)).unwrap_or_default();
+    // SAFETY: asks whether an xid is this transaction's (or a subtransaction's); no side effect.
+    let started_here = unsafe { pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin as u32)) };
+    if started_here {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("backfill {id} cannot start before this transaction commits"),
+            "Its worker waits for the transaction that started or resumed it; waiting for the \
+             worker in that same transaction would never end.",
+            Some("Commit first, then wait: in psql, SELECT backfill_start(...) \\gset then SELECT backfill_wait(:backfill_start);".into()),
+        );
+    }
+    loop {
+        let (state, delivered, error) = as_extension_owner(|| job::outcome(id));
+        match state {
+            Done if delivered => return true,
+            Failed | Cancelled => raise(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("backfill {id} {state}"),
+                error
+                    .map(|e| format!("Backfill {id} {state}: {e}"))
+                    .unwrap_or_else(|| format!("Backfill {id} was {state}.")),
+                Some(if state == Failed {
+                    format!("Fix the cause, then SELECT backfill_resume({id}); continues from its cursor.")
+                } else {
+                    "Start a new backfill to deliver the rest.".into()
+                }),
+            ),
+            _ => {}
+        }
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            return false;
+        }
+        crate::throttle::pacing::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Checks that backfill `id` exists, is in one of the states `from`, and that the caller may
+/// control it (see [`require_controller`]); then moves it to `to`, if any. Returns the
+/// backfill as it was.
+fn control(id: i64, verb: &str, from: &[JobState], to: Option<JobState>, pause_reason: Option<&str>) -> job::Job {
+    let job = require_controller(id, verb);
+    let not_in_state = |state: &str| -> ! {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("cannot {verb} backfill {id}"),
+            format!(
+                "Backfill {id} is {state}; only a {} backfill can be {}.",
+                from.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" or "),
+                past_participle(verb)
+            ),
+            None,
+        )
+    };
+    if !from.contains(&job.state) {
+        not_in_state(job.state.as_str());
+    }
+    let Some(to) = to else { return job };
+    if !as_extension_owner(|| job::move_job(id, from, to, pause_reason, None)) {
+        not_in_state("changing state concurrently");
+    }
+    launcher::wake_workers_at_commit(id);
+    job
+}
+
+/// Backfill `id`, which the caller may `verb`: the role that started it, a member of that role,
+/// or a superuser (the only one left once that role is dropped).
+fn require_controller(id: i64, verb: &str) -> job::Job {
+    let job = as_extension_owner(|| job::job(id)).unwrap_or_else(|| {
+        raise(
+            ERRCODE_UNDEFINED_OBJECT,
+            format!("backfill {id} does not exist"),
+            format!("No backfill has id {id}."),
+            Some("SELECT id, state FROM backfill_status; lists the backfills.".into()),
+        )
+    });
+    let allowed = privilege::is_superuser() || privilege::caller_may_act_as(&job.started_by);
+    if !allowed {
+        raise(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied to {verb} backfill {id}"),
+            format!("Backfill {id} was started by role {}.", job.started_by),
+            Some(format!("Do it as {} (or a member of that role) or as a superuser.", job.started_by)),
+        );
+    }
+    job
+}
+
+fn past_participle(verb: &str) -> String {
+    match verb {
+        "cancel" => "cancelled".into(),
+        "change" => "changed".into(),
+        _ => format!("{verb}d"),
+    }
+}

@@ -1,0 +1,152 @@
+//! Backfills of given keys: `backfill_start(..., keys => ...)`, which backfill_repair() starts.
+//!
+//! The keys are checked, cast to the key's types, sorted and deduplicated when the backfill
+//! starts (as the table's owner: a key type's input function is its code), and kept in
+//! `backfill.job_key`. The worker then delivers them in pages (worker/keyed_page.rs).
+
+use crate::catalog::job;
+use crate::catalog::job_table::{self, GivenKey};
+use crate::model::state::LockMode;
+use crate::model::table::Table;
+use crate::pg::args::required;
+use crate::pg::encoding::{KeyText, Text};
+use crate::pg::errors::{raise, OrInternal};
+use crate::pg::privilege::{self, as_extension_owner};
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use pgrx::PgSqlErrorCode::*;
+
+/// backfill.set_keys(): makes the backfill `id`, started in this transaction, deliver exactly
+/// the keys `keys` (a JSON array of key objects) of its one table. NULL keys: the whole table,
+/// as started. Returns the id, so that backfill_start()'s SQL wrapper chains it.
+#[pg_extern(schema = "backfill", name = "set_keys")]
+fn set_keys(id: Option<i64>, keys: Option<JsonB>) -> Option<i64> {
+    let Some(keys) = keys else { return id };
+    let id = required(id, "backfill_start", "id");
+    record_keys(id, keys.0);
+    Some(id)
+}
+
+/// Records the keys of backfill `id` (see [`set_keys`]).
+pub fn record_keys(id: i64, keys: serde_json::Value) {
+    // Only in the transaction that started it: its worker starts at commit and finds the keys.
+    let xmin = as_extension_owner(|| job::recorded_by(id));
+    // SAFETY: asks whether an xid is this transaction's (or a subtransaction's); no side effect.
+    let started_here = xmin.is_some_and(|xmin| unsafe {
+        pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin as u32))
+    });
+    if !started_here {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("keys cannot be given to backfill {id}"),
+            "Keys are given when a backfill starts, in the same statement.",
+            Some("SELECT backfill_start('public.orders', confirm => true, keys => '[{\"id\": 7}]');".into()),
+        );
+    }
+    let tables = as_extension_owner(|| job_table::job_tables(id));
+    let [job_table] = tables.as_slice() else {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "keys need a backfill of one table by one worker",
+            format!("The backfill has {} tables or key ranges; keys name rows of one table.", tables.len()),
+            Some("Start one backfill per table, with parallel => 1.".into()),
+        );
+    };
+    if as_extension_owner(|| job_table::is_keyed(id, job_table.position)) {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("backfill {id} already has its keys"),
+            "Keys are given once, when the backfill starts; a second list would be delivered with the first.",
+            Some("Give every key in one list: backfill_start(..., keys => '[{\"id\": 7}, {\"id\": 8}]').".into()),
+        );
+    }
+    let table = crate::model::table::require(job_table.relid);
+    if table.partitioned {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("table {} cannot be backfilled by keys", table.qualified_name()),
+            "It is partitioned: a keyed backfill locks its table against writers, which a writer naming a \
+             partition does not wait for.",
+            Some("Backfill the partitions' keys, one backfill per partition.".into()),
+        );
+    }
+    let key: Vec<(String, String)> = table.key.iter().map(|k| (k.name.clone(), k.type_name.clone())).collect();
+    // (The keys are cast, sorted and stored when the backfill starts, in this backend's memory.)
+    let most = crate::pg::settings::compare_max_keys();
+    let keys = crate::verify::key_json::checked_keys(
+        keys,
+        &key,
+        "keys",
+        (
+            most,
+            "A keyed backfill takes at most backfill.compare_max_keys keys, as many as a comparison lists.",
+            "Backfill the whole table instead, or raise the setting: SET backfill.compare_max_keys = ...;",
+        ),
+    );
+    if keys.is_empty() {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "keys is empty",
+            "A keyed backfill delivers the keys given; an empty list would deliver nothing.",
+            Some("Leave keys out (NULL) to backfill the whole table.".into()),
+        );
+    }
+    // Cast as the table's owner: a key type's input function and ordering are its code.
+    let sorted = privilege::run_as(table.owner, || sorted_keys(&table, keys));
+    as_extension_owner(|| {
+        store(id, job_table.position, &sorted, key.len());
+        job::set_lock_mode(id, LockMode::Table);
+    });
+}
+
+/// The keys cast to the key's types, deduplicated, in the key index's order.
+fn sorted_keys(table: &Table, keys: Vec<serde_json::Value>) -> Vec<GivenKey> {
+    let column = |i: usize| format!("k.c{i}");
+    let casts: Vec<String> = table
+        .key
+        .iter()
+        .enumerate()
+        .map(|(i, k)| format!("{} AS c{i}", crate::verify::key_json::key_from_json("e.v", &k.name, &k.type_name)))
+        .collect();
+    let order: Vec<String> = table
+        .key
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            format!("{}{}", column(i), k.collation.as_ref().map(|c| format!(" COLLATE {c}")).unwrap_or_default())
+        })
+        .collect();
+    let as_text: Vec<String> = (0..table.key.len()).map(|i| format!("{}::pg_catalog.text", column(i))).collect();
+    let as_json: Vec<String> =
+        (0..table.key.len()).map(|i| format!("pg_catalog.to_json({})::pg_catalog.text", column(i))).collect();
+    let sql = format!(
+        "SELECT ARRAY[{}], ARRAY[{}]
+           FROM (SELECT DISTINCT {} FROM pg_catalog.jsonb_array_elements($1) AS e(v)) k
+          ORDER BY {}",
+        as_text.join(", "),
+        as_json.join(", "),
+        casts.join(", "),
+        order.join(", ")
+    );
+    let keys = JsonB(serde_json::Value::Array(keys));
+    Spi::connect(|client| {
+        client
+            .select(&sql, None, &[keys.into()])?
+            .map(|row| GivenKey::of_row(&row))
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+    })
+    .or_internal("read the keys")
+}
+
+fn store(id: i64, position: i32, keys: &[GivenKey], key_len: usize) {
+    let text: Vec<KeyText> = keys.iter().flat_map(|k| k.text.iter().cloned()).collect();
+    let json: Vec<Text> = keys.iter().flat_map(|k| k.json.iter().map(|j| Text(j.clone()))).collect();
+    Spi::run_with_args(
+        "INSERT INTO backfill.job_key (job_id, position, ordinal, key, key_json)
+         SELECT $1, $2, o, $3[(o - 1) * $5 + 1 : o * $5], $4[(o - 1) * $5 + 1 : o * $5]
+           FROM pg_catalog.generate_series(1, $6) AS o;
+         UPDATE backfill.job_table SET rows_estimated = $6 WHERE job_id = $1 AND position = $2",
+        &[id.into(), position.into(), text.into(), json.into(), (key_len as i32).into(), (keys.len() as i64).into()],
+    )
+    .or_internal("record the backfill's keys")
+}

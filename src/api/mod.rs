@@ -1,0 +1,8 @@
+//! The SQL functions and the views' helpers.
+
+pub(crate) mod control;
+pub(crate) mod keyed;
+pub(crate) mod plan;
+pub(crate) mod repair;
+pub(crate) mod start;
+pub(crate) mod views;

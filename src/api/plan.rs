@@ -1,0 +1,166 @@
+//! Planning a backfill: what it would deliver (the estimate), how a table splits into key ranges
+//! for parallel workers, and how many pages it takes.
+
+use crate::catalog::job_table;
+use crate::model::table::Table;
+use crate::pg::encoding::{KeyText, Text};
+use crate::pg::errors::raise;
+use crate::pg::privilege;
+use crate::stream::message::ReadMessage;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+
+/// What a backfill of a table would deliver.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Estimate {
+    pub rows: i64,
+    pub bytes: i64,
+}
+
+/// Rows sampled to estimate the average message size.
+const SAMPLE_ROWS: f64 = 2000.0;
+
+/// Estimates rows from the planner (catalog statistics, or the relation size for a table never
+/// analyzed) and the average message size from a block sample: never a full scan.
+pub fn estimate(table: &Table, prefix_len: usize) -> Estimate {
+    // The sample renders rows with row_to_json, which runs the casts to json of user-defined
+    // types: as the table's owner, whoever asks.
+    privilege::run_as(table.owner, || sample(table, prefix_len))
+}
+
+fn sample(table: &Table, prefix_len: usize) -> Estimate {
+    let relation = table.qualified_name();
+    let rows = crate::pg::spi::planned_rows(&format!("SELECT * FROM {relation}"))
+        .unwrap_or_else(|| raise(ERRCODE_INTERNAL_ERROR, "could not estimate the table's rows", relation.clone(), None))
+        .max(0.0);
+
+    let percent = (100.0 * SAMPLE_ROWS / rows.max(1.0)).clamp(0.0001, 100.0);
+    // Each value's JSON is measured on its own: a row's whole JSON (row_to_json) can pass 1 GB
+    // and fail, when each of its values is far smaller. A value stored in more than 512 kB is
+    // not rendered at all, since one compressed 255 to 1 can hold more than 128 MB, whose JSON
+    // (up to six bytes a character) could pass 1 GB: a text stands for its length (read
+    // without decompressing it), anything else for four times its stored size.
+    let values: Vec<String> = table
+        .columns
+        .iter()
+        .map(|c| {
+            let column = format!("t.{}", crate::pg::encoding::quote_ident(&c.name));
+            let large = if [pg_sys::TEXTOID, pg_sys::VARCHAROID, pg_sys::BPCHAROID].contains(&c.type_oid) {
+                format!("octet_length({column})::bigint + 2")
+            } else {
+                format!("4 * pg_column_size({column})::bigint")
+            };
+            format!(
+                "coalesce(CASE WHEN pg_column_size({column}) > 512 * 1024 THEN {large}
+                               ELSE octet_length(to_json({column})::text) END, 4)"
+            )
+        })
+        .collect();
+    let values = if values.is_empty() { "0".to_string() } else { values.join(" + ") };
+    let sample_sql = |from: String| {
+        format!(
+            "SELECT avg({values} + octet_length(concat({key})))::float8 FROM {from}",
+            key = crate::stream::scan::key_json_values(table)
+        )
+    };
+    let sampled =
+        crate::pg::spi::select_one::<f64>(&sample_sql(format!("{relation} t TABLESAMPLE SYSTEM ({percent})")), &[]);
+    // A small or sparse table can yield an empty block sample; its first rows are as good.
+    let avg_row_json = match sampled {
+        Ok(Some(avg)) => avg,
+        _ => crate::pg::spi::select_one::<f64>(
+            &sample_sql(format!("(SELECT * FROM {relation} LIMIT {SAMPLE_ROWS}) t")),
+            &[],
+        )
+        .ok()
+        .flatten()
+        .unwrap_or(0.0),
+    };
+    // The row's braces, labels and commas around its values, and the envelope of a backfill's
+    // first ids (a few more digits later do not matter here).
+    let punctuation = 2 + table.columns.iter().map(|c| crate::stream::json::label(&c.name).len() + 1).sum::<usize>();
+    let punctuation = punctuation - usize::from(!table.columns.is_empty());
+    let envelope = ReadMessage::new(1, None, table).envelope_len() + prefix_len + punctuation;
+    let rows = rows.round() as i64;
+    Estimate { rows, bytes: (rows as f64 * (avg_row_json + envelope as f64)).round() as i64 }
+}
+
+/// A table's key ranges, one per worker, split at quantiles of the key's histogram so that
+/// skewed keys still split into ranges of about equal rows. A table without statistics, or
+/// with a composite key, is scanned whole by one worker.
+pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<job_table::NewRange> {
+    let whole = || vec![job_table::NewRange { part: 0, lower_bound: None, upper_bound: None, rows_estimated: rows }];
+    if parallel == 1 || table.key.len() > 1 {
+        return whole();
+    }
+    // The bounds are cast to the key's type (a domain's check is user code): as the owner.
+    let bounds = privilege::run_as(table.owner, || {
+        crate::pg::spi::select_one::<Vec<KeyText>>(
+            &crate::stream::scan::ScanQueries::new(table).histogram(),
+            &[
+                Text(table.schema.clone()).into(),
+                Text(table.name.clone()).into(),
+                Text(table.key[0].name.clone()).into(),
+            ],
+        )
+    })
+    .ok()
+    .flatten()
+    .unwrap_or_default();
+    if bounds.len() < parallel as usize * 2 {
+        notice!("table {} has no usable key statistics (ANALYZE it): one worker scans it", table.qualified_name());
+        return whole();
+    }
+    let splits: Vec<KeyText> =
+        (1..parallel as usize).map(|i| bounds[i * (bounds.len() - 1) / parallel as usize].clone()).collect();
+    (0..parallel as usize)
+        .map(|part| job_table::NewRange {
+            part: part as i32,
+            lower_bound: part.checked_sub(1).map(|p| vec![splits[p].clone()]),
+            upper_bound: splits.get(part).map(|s| vec![s.clone()]),
+            rows_estimated: rows / i64::from(parallel),
+        })
+        .collect()
+}
+
+/// Pages (transactions) a backfill of `rows` rows takes.
+pub fn pages(rows: i64, batch_size: i32) -> i64 {
+    (rows + i64::from(batch_size) - 1) / i64::from(batch_size)
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use super::*;
+
+    #[pg_test]
+    fn skewed_keys_split_into_ranges_of_about_equal_rows() {
+        // Half the rows below 1,000, the other half spread up to 10,000,000.
+        Spi::run(
+            "CREATE TABLE skew (id bigint PRIMARY KEY);
+             INSERT INTO skew SELECT g FROM generate_series(1, 5000) g;
+             INSERT INTO skew SELECT 10000 + 2000 * g FROM generate_series(1, 5000) g;
+             ANALYZE skew;",
+        )
+        .unwrap();
+        let relid = Spi::get_one::<pg_sys::Oid>("SELECT 'skew'::regclass::oid").unwrap().unwrap();
+        let ranges = key_ranges(&crate::model::table::inspect(relid).unwrap(), 10_000, 4);
+        assert_eq!(ranges.len(), 4);
+        assert!(ranges[0].lower_bound.is_none() && ranges[3].upper_bound.is_none());
+        for pair in ranges.windows(2) {
+            assert_eq!(pair[0].upper_bound, pair[1].lower_bound);
+        }
+        let count = |lower: &Option<Vec<KeyText>>, upper: &Option<Vec<KeyText>>| {
+            Spi::get_one_with_args::<i64>(
+                "SELECT count(*) FROM skew WHERE ($1::bigint IS NULL OR id > $1::bigint) AND ($2::bigint IS NULL OR id <= $2::bigint)",
+                &[lower.as_ref().map(|l| l[0].clone()).into(), upper.as_ref().map(|u| u[0].clone()).into()],
+            )
+            .unwrap()
+            .unwrap()
+        };
+        for range in &ranges {
+            let rows = count(&range.lower_bound, &range.upper_bound);
+            assert!((2000..=3000).contains(&rows), "a range of {rows} rows");
+        }
+    }
+}

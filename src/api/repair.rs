@@ -1,0 +1,65 @@
+//! backfill_repair(): a comparison (verify/compare.rs), then one backfill of the differing keys.
+
+use crate::pg::encoding::Text;
+use crate::pg::errors::raise;
+use crate::verify::compare::{differences, Status};
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+
+/// backfill_repair(): compares, then starts one backfill of the differing keys of the source
+/// (through the comparison's slot); its id, or NULL when nothing differs.
+#[pg_extern(schema = "backfill", name = "repair")]
+#[allow(clippy::too_many_arguments)]
+fn repair(
+    source: Option<pg_sys::Oid>,
+    target: Option<pg_sys::Oid>,
+    confirm: Option<bool>,
+    level: Option<Text>,
+    passes: Option<i32>,
+    slot: Option<Text>,
+    batch_size: Option<i32>,
+) -> Option<i64> {
+    let confirm = crate::pg::args::required(confirm, "backfill_repair", "confirm");
+    let batch_size = crate::pg::args::required(batch_size, "backfill_repair", "batch_size");
+    crate::pg::args::check_batch_size(batch_size);
+    if confirm {
+        // What backfill_start() would refuse (no UPDATE, row-level security...), before the
+        // comparison rather than after it.
+        crate::model::table::require(crate::pg::args::required(source, "backfill_repair", "source"));
+    }
+    let found = differences("backfill_repair", source, target, level, passes, slot.map(|s| s.0), confirm);
+    let name = crate::model::table::relation_name(source.unwrap_or_default());
+    if found.keys.is_empty() {
+        notice!("{name} and its copy agree: nothing to repair");
+        return None;
+    }
+    let count = |status: Status| found.keys.iter().filter(|(_, s)| *s == status).count();
+    if !confirm {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "repair not started: confirm => true is required",
+            format!(
+                "{} keys of {name} differ: {} missing, {} extra, {} different, {} unsettled.",
+                found.keys.len(),
+                count(Status::Missing),
+                count(Status::Extra),
+                count(Status::Different),
+                count(Status::Unsettled),
+            ),
+            Some("SELECT * FROM backfill_compare(...) lists them; backfill_repair(..., confirm => true) re-delivers them.".into()),
+        );
+    }
+    let keys = found.keys.into_iter().map(|(key, _)| key).collect();
+    let id = crate::api::start::start(
+        Some(vec![source]),
+        Some(true),
+        Some(batch_size),
+        None,
+        found.slot.map(Text),
+        None,
+        None,
+        Some(1),
+    );
+    crate::api::keyed::record_keys(id, serde_json::Value::Array(keys));
+    Some(id)
+}

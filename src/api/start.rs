@@ -1,0 +1,300 @@
+//! The SQL functions. Their public signatures (regclass arguments, named defaults) are
+//! declared in `sql/api.sql`, which calls these entry points in schema `backfill`.
+
+use crate::api::plan::{self, Estimate};
+use crate::catalog::job;
+use crate::catalog::job_table;
+use crate::model::state::LockMode;
+use crate::model::table::{self, Table};
+use crate::pg::args::{check_batch_size, check_rate, require_primary, required};
+use crate::pg::encoding::Text;
+use crate::pg::errors::raise;
+use crate::pg::errors::OrInternal;
+use crate::pg::privilege::{self, as_extension_owner};
+use crate::pg::settings;
+use crate::throttle::pipeline;
+use crate::worker::launcher;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+
+const MAX_PARALLEL: i32 = 16;
+
+// Texts, not Strings: names and reasons go back to the database in its own encoding.
+type EstimateRow = (pg_sys::Oid, bool, Option<Text>, Option<Vec<Text>>, Option<i64>, Option<i64>, Option<i64>);
+
+/// backfill_estimate(): what a backfill of each table would deliver, or why it cannot run.
+// The row type must be spelled out here for pgrx to name the result columns.
+#[allow(clippy::type_complexity)]
+#[pg_extern(schema = "backfill", name = "estimate")]
+fn estimate(
+    tables: Option<Vec<Option<pg_sys::Oid>>>,
+    batch_size: Option<i32>,
+) -> TableIterator<
+    'static,
+    (
+        name!(table_name, pg_sys::Oid),
+        name!(eligible, bool),
+        name!(reason, Option<Text>),
+        name!(key_columns, Option<Vec<Text>>),
+        name!(rows_estimated, Option<i64>),
+        name!(bytes_estimated, Option<i64>),
+        name!(pages, Option<i64>),
+    ),
+> {
+    let batch_size = required(batch_size, "backfill_estimate", "batch_size");
+    check_batch_size(batch_size);
+    let prefix_len = settings::message_prefix().len();
+    let rows: Vec<EstimateRow> = table_list(tables)
+        .into_iter()
+        .map(|relid| match table::inspect(relid) {
+            Ok(table) => {
+                let estimate = plan::estimate(&table, prefix_len);
+                let pages = plan::pages(estimate.rows, batch_size);
+                let key = crate::pg::encoding::texts(&table.key_names());
+                (relid, true, None, Some(key), Some(estimate.rows), Some(estimate.bytes), Some(pages))
+            }
+            Err(why) => (relid, false, Some(Text(why.reason)), None, None, None, None),
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
+/// backfill_start(): validates every table (all or nothing), records the backfill and
+/// launches its worker. Without confirm it only reports what it would deliver.
+#[pg_extern(schema = "backfill", name = "start")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn start(
+    tables: Option<Vec<Option<pg_sys::Oid>>>,
+    confirm: Option<bool>,
+    batch_size: Option<i32>,
+    rows_per_second: Option<i32>,
+    slot: Option<Text>,
+    publication: Option<Text>,
+    max_lag: Option<i64>,
+    parallel: Option<i32>,
+) -> i64 {
+    // Text, not String: names in the database's encoding, converted (see encoding.rs).
+    let (slot, publication) = (slot.map(|t| t.0), publication.map(|t| t.0));
+    require_primary("start a backfill");
+    let confirm = required(confirm, "backfill_start", "confirm");
+    let batch_size = required(batch_size, "backfill_start", "batch_size");
+    let parallel = required(parallel, "backfill_start", "parallel");
+    check_batch_size(batch_size);
+    if !(1..=MAX_PARALLEL).contains(&parallel) {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("parallel {parallel} is out of range"),
+            format!("parallel is the number of workers and must be between 1 and {MAX_PARALLEL}."),
+            Some("Each worker is a background worker: mind max_worker_processes.".into()),
+        );
+    }
+    check_rate(rows_per_second);
+    require_logical_decoding();
+    let prefix = settings::message_prefix();
+    let lock_mode = crate::throttle::lock::lock_mode();
+    let relids = table_list(tables);
+    let tables: Vec<Table> = relids.iter().map(|relid| table::require(*relid)).collect();
+    refuse_partitions_of_listed_tables(&relids);
+    if let Some(partitioned) = tables.iter().find(|t| t.partitioned && lock_mode == LockMode::Table) {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("table {} cannot be backfilled with lock_mode table", partitioned.qualified_name()),
+            "It is partitioned: a writer that names a partition does not lock the partitioned table, so \
+             locking it would not keep writers out. Its pages lock their rows.",
+            Some("SET backfill.lock_mode = 'auto'; (or 'rows') and start it again.".into()),
+        );
+    }
+    if let Some(slot) = &slot {
+        privilege::require_replication(slot);
+        pipeline::require_slot(slot);
+    } else if max_lag.is_some() {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "max_lag needs a slot",
+            "max_lag limits how far the slot's consumer may lag; no slot was given.",
+            Some("Name the consumer's slot: slot => 'my_slot'.".into()),
+        );
+    }
+    if let Some(lag) = max_lag.filter(|lag| *lag <= 0) {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("max_lag {lag} is out of range"),
+            "max_lag is in bytes and must be positive.",
+            Some("Pass NULL (the default) for backfill.max_slot_lag.".into()),
+        );
+    }
+    if let Some(publication) = &publication {
+        for table in &tables {
+            pipeline::require_published(publication, table);
+        }
+    }
+
+    // Two starts of the same table must not both pass the check below: serialize them.
+    Spi::run("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pg_backfill.start'))")
+        .or_internal("serialize backfill starts");
+    if let Some(running) = slot.as_deref().and_then(|slot| as_extension_owner(|| job::running_backfill_of_slot(slot))) {
+        raise(
+            ERRCODE_OBJECT_IN_USE,
+            format!("slot {} already has a running backfill", slot.as_deref().unwrap_or_default()),
+            format!("Backfill {running} is delivering through it; a slot takes one backfill at a time."),
+            Some(format!("Wait for it to finish, or cancel it: SELECT backfill_cancel({running});")),
+        );
+    }
+    for table in &tables {
+        if let Some(running) = as_extension_owner(|| job::running_backfill_of(table.relid)) {
+            raise(
+                ERRCODE_OBJECT_IN_USE,
+                format!("table {} already has a running backfill", table.qualified_name()),
+                format!("Backfill {running} is scanning it."),
+                Some(format!("Wait for it to finish, or cancel it: SELECT backfill_cancel({running});")),
+            );
+        }
+    }
+
+    let estimates: Vec<Estimate> = tables.iter().map(|t| plan::estimate(t, prefix.len())).collect();
+    if !confirm {
+        let rows: i64 = estimates.iter().map(|e| e.rows).sum();
+        let bytes: i64 = estimates.iter().map(|e| e.bytes).sum();
+        let first = table::relation_name(relids[0]);
+        let example = if relids.len() == 1 { spi::quote_literal(&first) } else { "ARRAY[...]".into() };
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "backfill not started: confirm => true is required",
+            format!(
+                "The backfill would deliver about {rows} rows ({}) from {} table(s) in about {} pages.",
+                pretty_bytes(bytes),
+                tables.len(),
+                plan::pages(rows, batch_size),
+            ),
+            Some(format!("Review the estimate, then run: SELECT backfill_start({example}, confirm => true);")),
+        );
+    }
+
+    launcher::require_worker_slots(parallel);
+    let started_by = crate::pg::spi::select_one::<Text>("SELECT current_user::text", &[])
+        .ok()
+        .flatten()
+        .map(|t| t.0)
+        .unwrap_or_default();
+    let backfill_id = as_extension_owner(|| {
+        let backfill_id = job::insert_job(&job::NewJob {
+            started_by: &started_by,
+            batch_size,
+            rows_per_second,
+            message_prefix: &prefix,
+            slot_name: slot.as_deref(),
+            publication_name: publication.as_deref(),
+            max_lag_bytes: max_lag,
+            parallel,
+        });
+        if lock_mode != LockMode::Auto {
+            job::set_lock_mode(backfill_id, lock_mode);
+        }
+        if let Some(slot) = &slot {
+            job::set_slot_identity(backfill_id, pipeline::slot_identity(slot));
+        }
+        let mut position = 0;
+        for (table, estimate) in tables.iter().zip(&estimates) {
+            for range in plan::key_ranges(table, estimate.rows, parallel) {
+                position += 1;
+                job_table::insert_job_table(backfill_id, position, table.relid, table.key_names(), range);
+            }
+        }
+        backfill_id
+    });
+
+    for worker in 0..parallel {
+        launcher::launch_in_this_transaction(backfill_id, worker);
+    }
+    backfill_id
+}
+
+/// The tables named, each once; NULLs and an empty list are errors.
+fn table_list(tables: Option<Vec<Option<pg_sys::Oid>>>) -> Vec<pg_sys::Oid> {
+    let tables = tables.unwrap_or_default();
+    if tables.is_empty() {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "no table to backfill",
+            "The list of tables is NULL or empty.",
+            Some(
+                "Name at least one table, for example SELECT backfill_start('public.orders', confirm => true);".into(),
+            ),
+        );
+    }
+    let mut relids = Vec::with_capacity(tables.len());
+    for relid in tables {
+        let Some(relid) = relid else {
+            raise(
+                ERRCODE_NULL_VALUE_NOT_ALLOWED,
+                "the list of tables contains NULL",
+                "Every element must name a table.",
+                None,
+            );
+        };
+        if relids.contains(&relid) {
+            let name = table::relation_name(relid);
+            raise(
+                ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("table {name} is listed twice"),
+                "A backfill scans each table once.",
+                Some(format!("Remove the second {name} from the list.")),
+            );
+        }
+        relids.push(relid);
+    }
+    relids
+}
+
+/// A partitioned table's backfill reads its partitions: listing one of them as well would
+/// deliver its rows twice.
+fn refuse_partitions_of_listed_tables(relids: &[pg_sys::Oid]) {
+    let nested = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT p.relid::regclass::text, a.relid::regclass::text
+               FROM unnest($1::oid[]) p(relid)
+               JOIN unnest($1::oid[]) a(relid) ON a.relid OPERATOR(pg_catalog.<>) p.relid
+              WHERE a.relid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.pg_partition_ancestors(p.relid)))
+              LIMIT 1",
+            None,
+            &[relids.to_vec().into()],
+        )?;
+        if rows.is_empty() {
+            return Ok::<_, pgrx::spi::Error>(None);
+        }
+        let row = rows.first();
+        Ok(row.get::<Text>(1)?.map(|t| t.0).zip(row.get::<Text>(2)?.map(|t| t.0)))
+    })
+    .or_internal("read the partition tree");
+    if let Some((partition, parent)) = nested {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("table {partition} is listed with its partitioned table {parent}"),
+            format!("A backfill of {parent} reads {partition} too: its rows would be delivered twice."),
+            Some(format!("Remove {partition} from the list.")),
+        );
+    }
+}
+
+/// Read messages are only ever decoded when the server writes logical WAL.
+fn require_logical_decoding() {
+    let wal_level = crate::pg::spi::select_one::<String>("SELECT pg_catalog.current_setting('wal_level')", &[])
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    if wal_level != "logical" {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "logical decoding is not enabled on this server",
+            format!("wal_level is \"{wal_level}\": the backfill's messages would never reach a decoder."),
+            Some("Set wal_level = logical in postgresql.conf and restart the server.".into()),
+        );
+    }
+}
+
+fn pretty_bytes(bytes: i64) -> String {
+    crate::pg::spi::select_one::<String>("SELECT pg_catalog.pg_size_pretty($1::bigint)", &[bytes.into()])
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| format!("{bytes} bytes"))
+}

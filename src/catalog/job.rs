@@ -1,0 +1,374 @@
+//! The state table `backfill.job`, one row per backfill (and its message key): every read and
+//! write of them. Its ranges are in `job_table.rs`. The worker and the SQL API share these;
+//! nothing else writes them.
+
+use crate::model::state::JobState;
+use crate::model::state::LockMode;
+use crate::pg::encoding::Text;
+use crate::pg::errors::OrInternal;
+use crate::pg::spi::run_prepared;
+use pgrx::prelude::*;
+use pgrx::spi::SpiResult;
+
+/// The pause reason of backfill_pause().
+pub const PAUSED_BY_USER: &str = "paused by backfill_pause()";
+
+/// The limits a backfill has on the source, as its options say (None: the setting's).
+#[derive(Clone, Copy, Default)]
+pub struct SourceOptions {
+    pub max_replica_lag: Option<i64>,
+    pub max_retained_wal: Option<i64>,
+    pub max_active_sessions: Option<i64>,
+}
+
+/// A backfill as the worker and the API need it.
+pub struct Job {
+    pub state: JobState,
+    pub batch_size: i32,
+    pub rows_per_second: Option<i32>,
+    pub parallel: i32,
+    pub message_prefix: String,
+    pub started_by: String,
+    pub slot_name: Option<String>,
+    /// The slot's identity when the backfill started (pipeline::slot_identity): None before 0.7.0.
+    pub slot_identity: Option<String>,
+    pub publication_name: Option<String>,
+    pub max_lag_bytes: Option<i64>,
+    pub lock_mode: LockMode,
+    pub source: SourceOptions,
+}
+
+pub fn job(id: i64) -> Option<Job> {
+    // The columns of later versions through the row as jsonb (made once): an older schema
+    // (before ALTER EXTENSION UPDATE) has no such columns; its backfills lock as auto does,
+    // follow the settings and know their slot by its name only.
+    // A 0.2.0 worker still running the old code after the upgrade pauses its backfill
+    // "waiting..." while its consumer is away: that backfill is running.
+    let sql = "SELECT CASE WHEN state = 'paused' AND pause_reason LIKE 'waiting%' THEN 'running' ELSE state END,
+                      batch_size, message_prefix, started_by::text, rows_per_second, slot_name::text,
+                      max_lag_bytes, parallel, v.job_row OPERATOR(pg_catalog.->>) 'lock_mode',
+                      (v.job_row OPERATOR(pg_catalog.->>) 'max_replica_lag_bytes')::pg_catalog.int8,
+                      (v.job_row OPERATOR(pg_catalog.->>) 'max_retained_wal_bytes')::pg_catalog.int8,
+                      (v.job_row OPERATOR(pg_catalog.->>) 'max_active_sessions')::pg_catalog.int8,
+                      v.job_row OPERATOR(pg_catalog.->>) 'slot_identity', publication_name::text
+                 FROM backfill.job j CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(j) AS job_row) v WHERE id = $1";
+    run_prepared(sql, false, &[id.into()], |rows| {
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let row = rows.first();
+        Ok(Some(Job {
+            state: JobState::parse(&row.get::<String>(1)?.unwrap_or_default()),
+            batch_size: row.get(2)?.unwrap_or_default(), // NOT NULL
+            message_prefix: row.get(3)?.unwrap_or_default(),
+            started_by: row.get::<Text>(4)?.map(|t| t.0).unwrap_or_default(),
+            rows_per_second: row.get(5)?,
+            slot_name: row.get(6)?,
+            max_lag_bytes: row.get(7)?,
+            parallel: row.get(8)?.unwrap_or(1),
+            lock_mode: row.get::<String>(9)?.as_deref().and_then(LockMode::parse).unwrap_or(LockMode::Auto),
+            source: SourceOptions {
+                max_replica_lag: row.get(10)?,
+                max_retained_wal: row.get(11)?,
+                max_active_sessions: row.get(12)?,
+            },
+            slot_identity: row.get(13)?,
+            publication_name: row.get::<Text>(14)?.map(|t| t.0),
+        }))
+    })
+    .or_internal("read the backfill")
+}
+
+/// The transaction id that recorded (or last resumed) the backfill, as xmin shows it.
+pub fn recorded_by(id: i64) -> Option<i64> {
+    crate::pg::spi::select_one("SELECT xmin::text::bigint FROM backfill.job WHERE id = $1", &[id.into()])
+        .or_internal("read the backfill")
+}
+
+/// Where a backfill stands for backfill_wait(): its state, whether its consumer confirmed the
+/// watermark (done, and without a slot or with the slot past it), and its error.
+pub fn outcome(id: i64) -> (JobState, bool, Option<String>) {
+    // A fresh snapshot each time, so that a loop sees the worker's commits. (A read in a
+    // transaction that writes nothing runs on the active snapshot.)
+    // SAFETY: pushed here and popped below, around the one query, whatever it returns.
+    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+    let outcome: SpiResult<(JobState, bool, Option<String>)> = Spi::connect(|client| {
+        let row = client
+            .select(
+                "SELECT j.state, j.state = 'done' AND (j.slot_name IS NULL OR s.confirmed_flush_lsn >= j.watermark_lsn),
+                        j.last_error
+                   FROM backfill.job j LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
+                  WHERE j.id = $1",
+                None,
+                &[id.into()],
+            )?
+            .first();
+        Ok((
+            JobState::parse(&row.get::<String>(1)?.unwrap_or_default()),
+            row.get::<bool>(2)?.unwrap_or(false),
+            row.get::<Text>(3)?.map(|t| t.0),
+        ))
+    });
+    // SAFETY: the snapshot pushed above (an error inside aborts the transaction, which pops it).
+    unsafe { pg_sys::PopActiveSnapshot() };
+    outcome.or_internal("read the backfill's state")
+}
+
+/// Runs an UPDATE ... RETURNING; whether it changed a row.
+fn updated_any(sql: &str, args: &[pgrx::datum::DatumWithOid]) -> SpiResult<bool> {
+    Spi::connect_mut(|client| Ok(!client.update(sql, None, args)?.is_empty()))
+}
+
+pub fn job_state(id: i64) -> Option<JobState> {
+    let state = crate::pg::spi::select_one::<String>("SELECT state FROM backfill.job WHERE id = $1", &[id.into()]);
+    state.or_internal("read the backfill's state").as_deref().map(JobState::parse)
+}
+
+/// Backfills of this database that workers should be running, with their number of workers:
+/// to relaunch after a restart.
+pub fn jobs_to_resume() -> Vec<(i64, i32)> {
+    let jobs: SpiResult<Vec<(i64, i32)>> = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT id, parallel FROM backfill.job
+                  WHERE state = 'running' OR (state = 'paused' AND pause_reason LIKE 'waiting%') -- (0.2.0's)
+                  ORDER BY id",
+                None,
+                &[],
+            )?
+            .map(|row| Ok((row.get::<i64>(1)?.unwrap_or_default(), row.get::<i32>(2)?.unwrap_or(1))))
+            .collect()
+    });
+    jobs.or_internal("list the backfills to resume")
+}
+
+pub fn set_worker_pid(backfill_id: i64, pid: Option<i32>) {
+    Spi::run_with_args("UPDATE backfill.job SET worker_pid = $2 WHERE id = $1", &[backfill_id.into(), pid.into()])
+        .or_internal("record the worker's pid")
+}
+
+/// Records a new backfill and its tables; returns its id.
+/// What backfill_start() records about a new backfill.
+pub struct NewJob<'a> {
+    pub started_by: &'a str,
+    pub batch_size: i32,
+    pub rows_per_second: Option<i32>,
+    pub parallel: i32,
+    pub message_prefix: &'a str,
+    pub slot_name: Option<&'a str>,
+    pub publication_name: Option<&'a str>,
+    pub max_lag_bytes: Option<i64>,
+}
+
+pub fn insert_job(job: &NewJob) -> i64 {
+    Spi::get_one_with_args::<i64>(
+        "INSERT INTO backfill.job (started_by, batch_size, rows_per_second, message_prefix, slot_name,
+                                   publication_name, max_lag_bytes, parallel)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+        &[
+            Text::from(job.started_by).into(),
+            job.batch_size.into(),
+            job.rows_per_second.into(),
+            job.message_prefix.into(),
+            job.slot_name.into(),
+            job.publication_name.map(Text::from).into(),
+            job.max_lag_bytes.into(),
+            job.parallel.into(),
+        ],
+    )
+    .map(|id| id.unwrap_or_default())
+    .or_internal("record the backfill")
+}
+
+/// The identity of the backfill's slot (pipeline::slot_identity), which its pages check. (Its
+/// own statement, skipped on a schema before 0.7.0, still in place until ALTER EXTENSION UPDATE.)
+pub fn set_slot_identity(backfill_id: i64, identity: Option<String>) {
+    Spi::run_with_args(
+        "UPDATE backfill.job j SET slot_identity = $2 WHERE id = $1
+            AND EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                         WHERE a.attrelid = 'backfill.job'::pg_catalog.regclass AND a.attname = 'slot_identity')",
+        &[backfill_id.into(), identity.into()],
+    )
+    .or_internal("record the slot's identity")
+}
+
+/// A backfill's lock mode, when not the column's default (auto). (Its own statement: a 0.2.0
+/// schema, still in place until ALTER EXTENSION UPDATE, has no such column.)
+pub fn set_lock_mode(backfill_id: i64, mode: LockMode) {
+    Spi::run_with_args(
+        "UPDATE backfill.job SET lock_mode = $2 WHERE id = $1",
+        &[backfill_id.into(), mode.as_str().into()],
+    )
+    .or_internal("record the lock mode")
+}
+
+/// The running backfill that already covers one of these tables, if any.
+pub fn running_backfill_of(relid: pg_sys::Oid) -> Option<i64> {
+    crate::pg::spi::select_one::<i64>(
+        "SELECT j.id FROM backfill.job j JOIN backfill.job_table t ON t.job_id = j.id
+          WHERE j.state IN ('running', 'paused') AND t.relid = $1::oid::regclass
+          LIMIT 1",
+        &[relid.into()],
+    )
+    .or_internal("read the running backfills")
+}
+
+/// The one way a backfill changes state: from one of `from` to `to`; false when it was in
+/// none of them (it moved meanwhile, and a final state is never overwritten). Running again
+/// counts as a launch and clears the last outcome. A final state records when, and frees the
+/// worker's pid; done records the watermark (the WAL position after every page, which the
+/// slot's consumer must confirm for delivery), failed its error.
+pub fn move_job(
+    backfill_id: i64,
+    from: &[JobState],
+    to: JobState,
+    pause_reason: Option<&str>,
+    error: Option<(&str, &str)>,
+) -> bool {
+    let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
+    let (sqlstate, message) = error.unzip();
+    updated_any(
+        "UPDATE backfill.job
+            SET state = $3, pause_reason = $4,
+                launched_at = CASE WHEN $3 = 'running' THEN clock_timestamp() ELSE launched_at END,
+                finished_at = CASE WHEN $3 IN ('done', 'cancelled', 'failed') THEN clock_timestamp() END,
+                worker_pid = CASE WHEN $3 IN ('done', 'cancelled', 'failed') THEN NULL ELSE worker_pid END,
+                watermark_lsn = CASE WHEN $3 = 'done' THEN pg_catalog.pg_current_wal_insert_lsn()
+                                     WHEN $3 IN ('cancelled', 'failed') THEN NULL ELSE watermark_lsn END,
+                last_error_sqlstate = CASE WHEN $3 IN ('running', 'done') THEN NULL
+                                           WHEN $3 = 'failed' THEN $5 ELSE last_error_sqlstate END,
+                last_error = CASE WHEN $3 IN ('running', 'done') THEN NULL
+                                  WHEN $3 = 'failed' THEN $6 ELSE last_error END
+          WHERE id = $1
+            AND (state = ANY ($2) OR ('running' = ANY ($2) AND state = 'paused' AND pause_reason LIKE 'waiting%'))
+         RETURNING id",
+        &[backfill_id.into(), from.into(), to.as_str().into(), pause_reason.into(), sqlstate.into(), message.into()],
+    )
+    .or_internal("record the backfill's state")
+}
+
+/// An error that failed a backfill, as backfill.job_error keeps it.
+pub struct JobError<'a> {
+    pub backfill_id: i64,
+    pub relid: Option<pg_sys::Oid>,
+    pub table: Option<&'a str>,
+    pub stopped_after_key: Option<&'a str>,
+    pub sqlstate: &'a str,
+    pub message: &'a str,
+    pub detail: Option<&'a str>,
+}
+
+/// Keeps an error that failed a backfill in backfill.job_error: last_error shows the latest
+/// only, and a resume clears it. (Skipped on a schema before 0.7.0, still in place until ALTER
+/// EXTENSION UPDATE.)
+pub fn record_error(error: &JobError) {
+    let exists =
+        crate::pg::spi::select_one::<bool>("SELECT pg_catalog.to_regclass('backfill.job_error') IS NOT NULL", &[])
+            .or_internal("look for the errors' table")
+            .unwrap_or(false);
+    if !exists {
+        return;
+    }
+    Spi::run_with_args(
+        "INSERT INTO backfill.job_error (job_id, relid, table_name, stopped_after_key, sqlstate, message, detail)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        &[
+            error.backfill_id.into(),
+            error.relid.into(),
+            error.table.map(Text::from).into(),
+            error.stopped_after_key.map(Text::from).into(),
+            error.sqlstate.into(),
+            Text::from(error.message).into(),
+            error.detail.map(Text::from).into(),
+        ],
+    )
+    .or_internal("record the backfill's error")
+}
+
+/// A running backfill whose worker was launched before the server last started: without
+/// shared_preload_libraries nothing relaunched it.
+pub fn worker_lost_to_restart(backfill_id: i64) -> bool {
+    // (No such backfill: false, and the caller reports 42704.)
+    crate::pg::spi::select_one::<bool>(
+        "SELECT state = 'running' AND launched_at < pg_catalog.pg_postmaster_start_time() FROM backfill.job WHERE id = $1",
+        &[backfill_id.into()],
+    )
+    .or_internal("read the backfill")
+    .unwrap_or(false)
+}
+
+/// backfill_set(): new pacing for a running backfill; NULL keeps a value, 0 removes a limit.
+pub fn set_pacing(backfill_id: i64, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag_bytes: Option<i64>) {
+    Spi::run_with_args(
+        "UPDATE backfill.job
+            SET batch_size = coalesce($2, batch_size),
+                rows_per_second = CASE WHEN $3 IS NULL THEN rows_per_second ELSE nullif($3, 0) END,
+                max_lag_bytes = CASE WHEN $4 IS NULL THEN max_lag_bytes ELSE nullif($4, 0) END
+          WHERE id = $1",
+        &[backfill_id.into(), batch_size.into(), rows_per_second.into(), max_lag_bytes.into()],
+    )
+    .or_internal("change the pacing")
+}
+
+/// backfill_start(..., max_replica_lag => ...) and backfill_set(): the backfill's limits on the
+/// source; NULL keeps a value, -1 follows the setting again (NULL in the table).
+pub fn set_source_limits(backfill_id: i64, options: &SourceOptions) {
+    Spi::run_with_args(
+        "UPDATE backfill.job
+            SET max_replica_lag_bytes = CASE $2 WHEN -1 THEN NULL ELSE coalesce($2, max_replica_lag_bytes) END,
+                max_retained_wal_bytes = CASE $3 WHEN -1 THEN NULL ELSE coalesce($3, max_retained_wal_bytes) END,
+                max_active_sessions = CASE $4 WHEN -1 THEN NULL ELSE coalesce($4::integer, max_active_sessions) END
+          WHERE id = $1",
+        &[
+            backfill_id.into(),
+            options.max_replica_lag.into(),
+            options.max_retained_wal.into(),
+            options.max_active_sessions.into(),
+        ],
+    )
+    .or_internal("change the limits on the source")
+}
+
+/// A progress sample, for the rate over the last minute; samples older than two minutes go.
+pub fn record_progress(backfill_id: i64) {
+    Spi::run_with_args(
+        "WITH sample AS (
+             INSERT INTO backfill.job_progress (job_id, at, rows_done)
+             SELECT $1, clock_timestamp(), coalesce(sum(rows_done), 0) FROM backfill.job_table WHERE job_id = $1
+             -- Parallel workers sample the same total: two in the same microsecond are one.
+             ON CONFLICT DO NOTHING)
+         DELETE FROM backfill.job_progress WHERE job_id = $1 AND at < clock_timestamp() - interval '2 minutes'",
+        &[backfill_id.into()],
+    )
+    .or_internal("record progress")
+}
+
+/// The running backfill that already serves this slot, if any.
+pub fn running_backfill_of_slot(slot: &str) -> Option<i64> {
+    crate::pg::spi::select_one::<i64>(
+        "SELECT id FROM backfill.job WHERE slot_name = $1 AND state IN ('running', 'paused') LIMIT 1",
+        &[slot.into()],
+    )
+    .or_internal("read the running backfills")
+}
+
+/// Whether the database's extension has its message key table (0.1.0 had none).
+pub fn message_key_installed() -> bool {
+    run_prepared("SELECT pg_catalog.to_regclass('backfill.message_key') IS NOT NULL", false, &[], |rows| {
+        Ok(rows.first().get::<bool>(1)?.unwrap_or(false))
+    })
+    .or_internal("read the message key")
+}
+
+/// The key messages are signed with now, the newest: (id, key). Read every page (prepared), so
+/// that a rotation takes effect at the next one.
+pub fn current_message_key() -> Option<(i32, Vec<u8>)> {
+    run_prepared("SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1", false, &[], |rows| {
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let row = rows.first();
+        Ok(row.get::<i32>(1)?.zip(row.get::<Vec<u8>>(2)?))
+    })
+    .or_internal("read the message key")
+}

@@ -1,0 +1,4 @@
+//! The state tables the worker and the SQL API share: every read and write of them.
+
+pub(crate) mod job;
+pub(crate) mod job_table;

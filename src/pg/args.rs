@@ -1,0 +1,59 @@
+//! Checks of the SQL functions' arguments and of where they run, shared by the functions that
+//! start backfills (`api/start.rs`) and those that control them (`control.rs`).
+
+use crate::pg::errors::raise;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+
+const MAX_BATCH_SIZE: i32 = 100_000;
+
+/// An argument that must not be NULL (the error's location is the caller's).
+#[track_caller]
+pub fn required<T>(value: Option<T>, function: &str, argument: &str) -> T {
+    match value {
+        Some(value) => value,
+        None => raise(
+            ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            format!("argument {argument} of {function} must not be NULL"),
+            format!("{function} was called with {argument} => NULL."),
+            Some(format!("Pass a value, or leave {argument} out for its default.")),
+        ),
+    }
+}
+
+/// Backfills write WAL: a standby cannot start or change one. (Its views show the primary's
+/// backfills as they replicate, and backfill_wait() waits for them.)
+pub fn require_primary(what: &str) {
+    // SAFETY: reads the shared recovery state.
+    let in_recovery = unsafe { pg_sys::RecoveryInProgress() };
+    if in_recovery {
+        raise(
+            ERRCODE_READ_ONLY_SQL_TRANSACTION,
+            format!("cannot {what} on a standby"),
+            "This server is in recovery: it writes no WAL, so it can run no backfill.",
+            Some("Run it on the primary; its backfills show in backfill_status here as they replicate.".into()),
+        )
+    }
+}
+
+pub fn check_batch_size(batch_size: i32) {
+    if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("batch_size {batch_size} is out of range"),
+            format!("batch_size is the number of rows per page and must be between 1 and {MAX_BATCH_SIZE}."),
+            Some("The default, 1000, suits most tables; use less for very wide rows.".into()),
+        );
+    }
+}
+
+pub fn check_rate(rows_per_second: Option<i32>) {
+    if let Some(rate) = rows_per_second.filter(|r| *r <= 0) {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("rows_per_second {rate} is out of range"),
+            "rows_per_second is the most rows the backfill delivers per second and must be positive.",
+            Some("Pass NULL (the default) for no limit.".into()),
+        );
+    }
+}

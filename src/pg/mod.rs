@@ -1,0 +1,9 @@
+//! PostgreSQL plumbing that every layer above uses: errors, encodings, SPI, settings, privileges, argument checks.
+
+pub(crate) mod args;
+pub(crate) mod compat;
+pub(crate) mod encoding;
+pub(crate) mod errors;
+pub(crate) mod privilege;
+pub(crate) mod settings;
+pub(crate) mod spi;

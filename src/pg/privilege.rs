@@ -1,0 +1,189 @@
+//! Who runs what, and with which rights.
+//!
+//! Three roles take part in a backfill:
+//! - the caller of a SQL function, who must hold the rights a backfill exercises: `SELECT` and
+//!   `UPDATE` on each table (its pages lock rows `FOR SHARE`, which PostgreSQL reserves for
+//!   roles that may update them), and `REPLICATION` to bind it to a slot;
+//! - the table's owner, as whom every query that reaches the table runs (the estimate's sample,
+//!   the key histogram, every page): user-defined code reachable from a table (a type's cast to
+//!   json, a domain's check, an input function) then runs with no more rights than the table's
+//!   owner has, whoever started the backfill. This is how `ANALYZE` runs index expressions;
+//! - the extension's owner (a superuser), as whom the state tables are written, by the API for
+//!   the caller and by the worker, which connects as the bootstrap superuser.
+//!
+//! Whenever the role changes, [`run_as`] also fixes `search_path` to `pg_catalog, pg_temp` and
+//! makes the code a security-restricted operation, so that nothing resolved by name can be a
+//! function or operator that the caller planted in a schema of its own, and nothing the owner's
+//! code changes (settings, temporary objects) outlives the call.
+
+use crate::pg::errors::raise;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+
+/// The settings that fix how values print as text, as the worker has them (worker/process.rs): key
+/// values cast to text or JSON under them are what the worker reads back, and the same on every
+/// server. And `search_path`, so that nothing resolved by name can be a function or operator
+/// planted in a schema on the caller's path.
+const PORTABLE_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 5] = [
+    (c"search_path", c"pg_catalog, pg_temp"),
+    (c"DateStyle", c"ISO"),
+    (c"TimeZone", c"UTC"),
+    (c"IntervalStyle", c"postgres"),
+    (c"extra_float_digits", c"1"),
+];
+
+/// Runs `f` with [`PORTABLE_SETTINGS`], and every setting `f` changes undone when it returns.
+/// An error inside `f` aborts the (sub)transaction, which restores the settings by itself.
+pub fn with_portable_settings<R>(f: impl FnOnce() -> R) -> R {
+    with_settings(&PORTABLE_SETTINGS, f)
+}
+
+/// Runs `f` with `settings` (name, value), and every setting `f` changes undone when it returns
+/// (as above).
+pub fn with_settings<R>(settings: &[(&std::ffi::CStr, &std::ffi::CStr)], f: impl FnOnce() -> R) -> R {
+    // SAFETY: a GUC nest level opened here and closed below, once `f` has returned (nothing
+    // opened inside `f` is still open then); the settings are copied by set_config_option.
+    let nest_level = unsafe {
+        let nest_level = pg_sys::NewGUCNestLevel();
+        for (name, value) in settings {
+            pg_sys::set_config_option(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+        }
+        nest_level
+    };
+    let result = f();
+    // SAFETY: the nest level opened above.
+    unsafe { pg_sys::AtEOXact_GUC(false, nest_level) };
+    result
+}
+
+/// Runs `f` as `role` inside a security-restricted operation, with [`PORTABLE_SETTINGS`]
+/// (`search_path` `pg_catalog, pg_temp`) and every setting `f` changes undone when it returns
+/// (as `do_analyze_rel` does). An error inside `f` aborts the (sub)transaction, which restores
+/// the caller's identity and settings by itself.
+pub fn run_as<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
+    let (mut caller, mut context) = (pg_sys::InvalidOid, 0);
+    // SAFETY: plain reads and writes of the backend's current user and security context, which
+    // every transaction and subtransaction abort restores to the values saved at its start.
+    unsafe {
+        pg_sys::GetUserIdAndSecContext(&mut caller, &mut context);
+        pg_sys::SetUserIdAndSecContext(role, context | pg_sys::SECURITY_RESTRICTED_OPERATION as i32);
+    }
+    let result = with_portable_settings(f);
+    // SAFETY: as above.
+    unsafe { pg_sys::SetUserIdAndSecContext(caller, context) };
+    result
+}
+
+/// Runs `f` as the owner of pg_backfill's state tables: the extension's owner.
+pub fn as_extension_owner<R>(f: impl FnOnce() -> R) -> R {
+    let owner = crate::pg::spi::select_one::<pg_sys::Oid>(
+        "SELECT extowner FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'pg_backfill'",
+        &[],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or_else(|| {
+        raise(
+            ERRCODE_UNDEFINED_OBJECT,
+            "extension \"pg_backfill\" is not installed in this database",
+            "pg_backfill keeps its state in the tables of its extension.",
+            Some("CREATE EXTENSION pg_backfill;".into()),
+        )
+    });
+    run_as(owner, f)
+}
+
+/// Binding a backfill to a slot makes it hold the slot's consumer back (back-pressure, pauses)
+/// and read its position: the caller needs the rights that consuming from the slot needs.
+pub fn require_replication(slot: &str) {
+    // SAFETY: reads the current user's role attributes from the catalog cache.
+    let allowed = unsafe { pg_sys::has_rolreplication(pg_sys::GetUserId()) || pg_sys::superuser() };
+    if !allowed {
+        raise(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied to bind a backfill to replication slot \"{slot}\""),
+            "Binding a backfill to a slot needs the rights that consuming from the slot needs: \
+             the REPLICATION attribute, or superuser.",
+            Some("Start it as the pipeline's replication role, or without slot => ....".into()),
+        );
+    }
+}
+
+/// Whether the current user is a superuser (who may control any backfill).
+pub fn is_superuser() -> bool {
+    // SAFETY: reads the current user's role attributes from the catalog cache.
+    unsafe { pg_sys::superuser() }
+}
+
+/// The worker, at every page: the role that started the backfill must still exist and still
+/// hold the rights a page exercises (`SELECT`, and `UPDATE` for the row locks) on the table. A
+/// revoked grant or a dropped role stops the backfill instead of leaving it locking rows for a
+/// role that could not lock them itself.
+pub fn require_starter_rights(started_by: &str, relid: pg_sys::Oid, table: &str) {
+    // The role's name in the database's encoding, as the catalog has it.
+    let Ok(name) = std::ffi::CString::new(crate::pg::encoding::to_server(started_by).into_owned()) else { return };
+    // SAFETY: catalog-cache lookups of a role by name and of a relation's privileges; the
+    // relation is locked by the page.
+    let allowed = unsafe {
+        let role = pg_sys::get_role_oid(name.as_ptr(), true);
+        let has = |mode: u32| {
+            pg_sys::pg_class_aclcheck(relid, role, pg_sys::AclMode::from(mode)) == pg_sys::AclResult::ACLCHECK_OK
+        };
+        role != pg_sys::InvalidOid
+            && has(pg_sys::ACL_SELECT)
+            && (has(pg_sys::ACL_UPDATE)
+                || pg_sys::pg_attribute_aclcheck_all(
+                    relid,
+                    role,
+                    pg_sys::AclMode::from(pg_sys::ACL_UPDATE),
+                    pg_sys::AclMaskHow::ACLMASK_ANY,
+                ) == pg_sys::AclResult::ACLCHECK_OK)
+    };
+    if !allowed {
+        raise(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("role \"{started_by}\" may no longer backfill table {table}"),
+            format!(
+                "Backfill pages lock rows FOR SHARE with the rights of the role that started it; \
+                 role \"{started_by}\" was dropped or lost SELECT or UPDATE on table {table}."
+            ),
+            Some("Grant the privileges back and SELECT backfill_resume(...), or start a new backfill as a role that has them.".into()),
+        );
+    }
+}
+
+/// Whether role `member` may act as role `role` (both by name; false if either does not
+/// exist): who sees and controls a role's backfills, and whom `pg_monitor` counts. Not
+/// `pg_has_role(..., 'MEMBER')`, which since 16 also counts a member with neither the role's
+/// privileges nor the right to become it (see compat::may_act_as).
+#[pg_extern(schema = "backfill", stable)]
+fn may_act_as(member: &str, role: &str) -> bool {
+    let (Some(member), Some(role)) = (role_named(member), role_named(role)) else {
+        return false;
+    };
+    crate::pg::compat::may_act_as(member, role)
+}
+
+/// Whether the current user may act as the role of that name (see [`may_act_as`]).
+pub fn caller_may_act_as(role: &str) -> bool {
+    // SAFETY: the current user's id.
+    let caller = unsafe { pg_sys::GetUserId() };
+    role_named(role).is_some_and(|role| crate::pg::compat::may_act_as(caller, role))
+}
+
+/// The id of the role of that name, if there is one.
+fn role_named(name: &str) -> Option<pg_sys::Oid> {
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a catalog lookup by a NUL-terminated name; missing_ok, so it raises nothing.
+    let oid = unsafe { pg_sys::get_role_oid(name.as_ptr(), true) };
+    (oid != pg_sys::InvalidOid).then_some(oid)
+}

@@ -1,0 +1,371 @@
+//! The `backfill.*` settings. Each is an ordinary GUC with a unit and a documented default,
+//! read through an accessor that returns what the code needs (a `Duration`, bytes, a count),
+//! so that no call site converts units.
+
+use crate::pg::errors::raise;
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
+use std::ffi::CString;
+use std::time::Duration;
+
+/// Prefix of every logical decoding message; recorded per backfill when it starts.
+static MESSAGE_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"backfill"));
+
+/// How long a one-row page waits for a row lock held by a writer before it gives up and retries.
+static LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
+
+/// backfill.lock_mode: how a new backfill's pages lock (see lock.rs); recorded per backfill.
+static LOCK_MODE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"auto"));
+
+/// backfill.table_lock_max_ms: how long a page holding its table in SHARE mode may hold up writers.
+static TABLE_LOCK_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
+
+/// How many times in a row a page may fail for a transient reason before the backfill fails.
+static MAX_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(100);
+
+/// Back-pressure: a backfill for a slot waits while the slot lags more than this (kB).
+static MAX_SLOT_LAG_KB: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+
+/// Back-pressure from standbys: pages wait while a physical standby replays more than this
+/// behind (kB; 0 = off).
+static MAX_REPLICA_LAG_KB: GucSetting<i32> = GucSetting::<i32>::new(0);
+
+/// Back-pressure from slots: pages wait while a slot retains more WAL than this (MB; 0 = off;
+/// -1 = half of max_slot_wal_keep_size where that is set).
+static MAX_RETAINED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
+
+/// Back-pressure from load: pages slow down while more client sessions than this are active
+/// (0 = off).
+static MAX_ACTIVE_SESSIONS: GucSetting<i32> = GucSetting::<i32>::new(0);
+
+/// How often a running backfill logs a progress line (seconds; 0 turns it off).
+static LOG_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
+
+/// The largest message a backfill writes, in bytes.
+static MAX_MESSAGE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 * 1024);
+
+/// What backfill.max_message_size can be raised to. PostgreSQL reads a WAL record back only if
+/// it fits one allocation (1 GB minus one byte, headers included), and a decoder may need
+/// more than the message (wal2json escapes it into a JSON string: up to twice its size).
+pub const MAX_MESSAGE_SIZE_CEILING: i32 = 256 * 1024 * 1024;
+
+/// The most keys that backfill_compare() and backfill_repair() keep as differing (and that a
+/// keyed backfill takes): each costs the backend's memory (see docs/verification.md's figures).
+static COMPARE_MAX_KEYS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
+
+/// The most ranges a checksum (backfill_checksum(), and so a comparison's first pass) splits a
+/// table into: each costs the backend's memory.
+static CHECKSUM_MAX_RANGES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+
+/// The most ranges backfill.checksum_max_ranges can be raised to.
+pub const CHECKSUM_MAX_RANGES_CEILING: i32 = 1_000_000;
+
+/// Background workers all backfills of the cluster may use at once.
+static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
+
+/// Of backfill.max_workers, how many only superusers' backfills may take, so that no
+/// operator's backfills can take every worker (as superuser_reserved_connections does).
+static SUPERUSER_RESERVED_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
+
+/// Test-only: read pages without row locks, to show that the ordering tests catch the race.
+/// Only in builds with the `test_hooks` feature, which the test suite installs.
+#[cfg(feature = "test_hooks")]
+static TEST_SKIP_ROW_LOCKS: GucSetting<bool> = GucSetting::<bool>::new(false);
+
+pub fn define() {
+    GucRegistry::define_string_guc(
+        c"backfill.message_prefix",
+        c"Prefix of the logical decoding messages a new backfill emits.",
+        c"Consumers filter messages by prefix. Recorded per backfill when it starts.",
+        &MESSAGE_PREFIX,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.compare_max_keys",
+        c"The most differing keys a comparison keeps (in the memory of the backend that runs it).",
+        c"A comparison that finds more fails with 54000 instead of filling the backend's memory: \
+          a copy that far from its source wants a new backfill, not a list of its differences. \
+          Only a superuser may raise it: each key costs memory.",
+        &COMPARE_MAX_KEYS,
+        1,
+        100_000_000,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.checksum_max_ranges",
+        c"The most key ranges a checksum splits a table into (in the memory of the backend that runs it).",
+        c"A checksum of more ranges, or of more bounds, fails with 54000. Only a superuser may \
+          raise it: each range costs memory.",
+        &CHECKSUM_MAX_RANGES,
+        1,
+        CHECKSUM_MAX_RANGES_CEILING,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.lock_timeout",
+        c"How long a one-row page waits for a row lock held by a writer.",
+        c"Pages of several rows never wait for a row lock: they shrink instead. A one-row page \
+          waits this long, then backs off and retries, so a backfill never holds up a writer \
+          nor closes a deadlock cycle with it.",
+        &LOCK_TIMEOUT_MS,
+        1,
+        60_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_string_guc(
+        c"backfill.lock_mode",
+        c"How a new backfill's pages lock what they read: auto, rows or table.",
+        c"rows: FOR SHARE of the page's rows (written into every row read). table: the table in \
+          SHARE mode for the page (writers wait for it; nothing is written to the rows). auto: \
+          the table when no writer is at it, else the rows. Recorded per backfill when it starts.",
+        &LOCK_MODE,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.table_lock_max_ms",
+        c"How long a page that holds its table in SHARE mode may hold up writers.",
+        c"Table-locked pages are sized to take at most about this long; a writer that arrives \
+          meanwhile waits for the rest of the page.",
+        &TABLE_LOCK_MAX_MS,
+        1,
+        10_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.max_retries",
+        c"How many consecutive transient failures of a page a backfill tolerates before it fails.",
+        c"Transient failures are lock timeouts, deadlocks, serialization failures and \
+          statement timeouts; each retry backs off exponentially up to 5 seconds.",
+        &MAX_RETRIES,
+        0,
+        1_000_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.max_slot_lag",
+        c"A backfill for a slot waits while the slot's consumer lags more than this.",
+        c"The lag is the WAL the slot's consumer has not confirmed: while it is above this, the \
+          backfill pauses instead of making the server retain more WAL. backfill_start(..., \
+          max_lag => ...) overrides it per backfill.",
+        &MAX_SLOT_LAG_KB,
+        1024,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.max_replica_lag",
+        c"Backfills wait while a physical standby replays further behind than this; 0 turns it off.",
+        c"The lag is the WAL between this primary's current position and a standby's replay \
+          position in pg_stat_replication. backfill_start(..., max_replica_lag => ...) tightens \
+          it per backfill.",
+        &MAX_REPLICA_LAG_KB,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.max_retained_wal",
+        c"Backfills wait while a replication slot retains more WAL than this; 0 turns it off.",
+        c"Any slot of the cluster counts, whatever its database or plugin: its restart_lsn keeps \
+          WAL on disk. -1 (the default) is half of max_slot_wal_keep_size where that is set, \
+          and off where it is not. backfill_start(..., max_retained_wal => ...) tightens it.",
+        &MAX_RETAINED_WAL_MB,
+        -1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.max_active_sessions",
+        c"Backfills slow down while more client sessions than this are active; 0 turns it off.",
+        c"Counts client backends running a statement (state active), averaged over about a \
+          second. Above the limit a backfill's rate halves, down to a page a second a worker; \
+          below it the rate recovers gradually. backfill_start(..., max_active_sessions => ...) \
+          tightens it per backfill.",
+        &MAX_ACTIVE_SESSIONS,
+        0,
+        pg_sys::MAX_BACKENDS as i32,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.log_interval",
+        c"How often a running backfill logs a progress line.",
+        c"0 turns progress lines off; state changes are always logged.",
+        &LOG_INTERVAL_S,
+        0,
+        86_400,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.max_message_size",
+        c"The largest message a backfill writes; a row whose message would be larger fails it.",
+        c"PostgreSQL 15 writes a logical message of any size but cannot read back a WAL record \
+          of 1 GB or more: every slot, and the server's recovery after a crash, would fail on \
+          it. The setting cannot exceed 256MB, so that even a decoder that escapes the message \
+          stays far from that limit.",
+        &MAX_MESSAGE_SIZE,
+        1024,
+        MAX_MESSAGE_SIZE_CEILING,
+        GucContext::Sighup,
+        GucFlags::UNIT_BYTE,
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.max_workers",
+        c"How many background workers all backfills of the cluster may use at once.",
+        c"Background workers come from max_worker_processes, which parallel query and logical \
+          replication share: the default leaves them headroom. A backfill that would exceed \
+          it is refused (SQLSTATE 53400).",
+        &MAX_WORKERS,
+        1,
+        pg_sys::MAX_BACKENDS as i32,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.superuser_reserved_workers",
+        c"Of backfill.max_workers, how many only superusers' backfills may take.",
+        c"A role that is not a superuser starts a backfill only while its workers leave this many \
+          free, so that one operator cannot take every worker from everyone else.",
+        &SUPERUSER_RESERVED_WORKERS,
+        0,
+        pg_sys::MAX_BACKENDS as i32,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    #[cfg(feature = "test_hooks")]
+    GucRegistry::define_bool_guc(
+        c"backfill.test_skip_row_locks",
+        c"For tests only: read pages without row locks (breaks the ordering guarantee).",
+        c"Exists so that the test suite can show that its ordering test fails without locks.",
+        &TEST_SKIP_ROW_LOCKS,
+        GucContext::Suset,
+        GucFlags::NO_SHOW_ALL,
+    );
+}
+
+/// Whether pages skip their row locks: only ever in a test build that asks for it.
+pub fn skip_row_locks() -> bool {
+    #[cfg(feature = "test_hooks")]
+    return TEST_SKIP_ROW_LOCKS.get();
+    #[cfg(not(feature = "test_hooks"))]
+    false
+}
+
+/// Longest message prefix: a prefix is written into every message's WAL record.
+const MAX_PREFIX_LEN: usize = 64;
+
+/// The message prefix in force. Consumers filter by it and it is repeated in every record, so
+/// it must be 1 to 64 printable ASCII characters.
+pub fn message_prefix() -> String {
+    let prefix = MESSAGE_PREFIX.get().map(|c| c.to_bytes().to_vec()).unwrap_or_default();
+    let problem = if prefix.is_empty() {
+        Some("it is empty".to_string())
+    } else if prefix.len() > MAX_PREFIX_LEN {
+        Some(format!("it is {} bytes long", prefix.len()))
+    } else {
+        prefix
+            .iter()
+            .position(|b| !(0x20..=0x7e).contains(b))
+            .map(|at| format!("byte {} is not printable ASCII", at + 1))
+    };
+    if let Some(problem) = problem {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "invalid value for backfill.message_prefix",
+            format!("The prefix must be 1 to {MAX_PREFIX_LEN} printable ASCII characters; {problem}."),
+            Some("SET backfill.message_prefix = 'backfill';".into()),
+        );
+    }
+    String::from_utf8(prefix).expect("printable ASCII is UTF-8")
+}
+
+/// The slot lag past which a backfill for a slot waits, in bytes (backfill.max_slot_lag); also
+/// for the status view: calling it loads the library, so the view shows the setting in force
+/// even in a session that has not used pg_backfill yet.
+#[pgrx::pg_extern(schema = "backfill", stable)]
+pub fn max_slot_lag_bytes() -> i64 {
+    i64::from(MAX_SLOT_LAG_KB.get()) * 1024
+}
+
+/// How long a one-row page waits for a row lock held by a writer (backfill.lock_timeout).
+pub fn lock_timeout() -> Duration {
+    Duration::from_millis(LOCK_TIMEOUT_MS.get().max(0) as u64)
+}
+
+/// backfill.lock_mode as set (lock.rs checks it).
+pub fn lock_mode_name() -> String {
+    LOCK_MODE.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// How long a page holding its table in SHARE mode may hold up writers (backfill.table_lock_max_ms).
+pub fn table_lock_max() -> Duration {
+    Duration::from_millis(TABLE_LOCK_MAX_MS.get().max(0) as u64)
+}
+
+/// Consecutive transient failures of a page before the backfill fails (backfill.max_retries).
+pub fn max_retries() -> i32 {
+    MAX_RETRIES.get()
+}
+
+/// The replay lag of a standby past which pages wait, in bytes; 0: off (backfill.max_replica_lag).
+pub fn max_replica_lag_bytes() -> i64 {
+    i64::from(MAX_REPLICA_LAG_KB.get()) * 1024
+}
+
+/// The WAL a slot may retain before pages wait, in bytes; 0: off; None: half of
+/// max_slot_wal_keep_size (backfill.max_retained_wal = -1).
+pub fn max_retained_wal_bytes() -> Option<i64> {
+    match MAX_RETAINED_WAL_MB.get() {
+        -1 => None,
+        mb => Some(i64::from(mb) * 1024 * 1024),
+    }
+}
+
+/// Active client sessions past which pages slow down; 0: off (backfill.max_active_sessions).
+pub fn max_active_sessions() -> i64 {
+    i64::from(MAX_ACTIVE_SESSIONS.get())
+}
+
+/// How often a running backfill logs a progress line; None: never (backfill.log_interval).
+pub fn log_interval() -> Option<Duration> {
+    let seconds = LOG_INTERVAL_S.get();
+    (seconds > 0).then(|| Duration::from_secs(seconds as u64))
+}
+
+/// The largest message a backfill writes, in bytes (backfill.max_message_size).
+pub fn max_message_bytes() -> usize {
+    MAX_MESSAGE_SIZE.get().max(0) as usize
+}
+
+/// The most differing keys a comparison keeps, and keys a keyed backfill takes
+/// (backfill.compare_max_keys).
+pub fn compare_max_keys() -> usize {
+    COMPARE_MAX_KEYS.get().max(0) as usize
+}
+
+/// The most ranges a checksum splits a table into (backfill.checksum_max_ranges).
+pub fn checksum_max_ranges() -> i32 {
+    CHECKSUM_MAX_RANGES.get()
+}
+
+/// Background workers all backfills of the cluster may use at once (backfill.max_workers).
+pub fn max_workers() -> i32 {
+    MAX_WORKERS.get()
+}
+
+/// Of those, how many only superusers' backfills may take (backfill.superuser_reserved_workers).
+pub fn superuser_reserved_workers() -> i32 {
+    SUPERUSER_RESERVED_WORKERS.get()
+}

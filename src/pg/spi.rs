@@ -1,0 +1,206 @@
+//! SPI as pg_backfill uses it: reads that do not mark the transaction as one that writes, and
+//! the one cache of prepared statements.
+//!
+//! pgrx's `Spi::get_one` and `update` assign the transaction an id: a read through them makes
+//! a `SELECT * FROM backfill_status` write a commit record, and fails on a standby ("cannot
+//! assign TransactionIds during recovery"). Reads go through here instead.
+
+use crate::pg::errors::OrInternal;
+use pgrx::datum::{DatumWithOid, FromDatum, IntoDatum};
+use pgrx::prelude::*;
+use pgrx::spi::{OwnedPreparedStatement, SpiResult, SpiTupleTable};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_int, CString};
+
+// Statements kept prepared for the process's lifetime, by their SQL text: the worker runs the
+// same few every page (its state updates, the page's bound, the page's rows), and parsing and
+// planning them each time would cost about as much as running them. A table whose columns
+// change gets new texts, so new plans; PostgreSQL's plan cache revalidates the others.
+thread_local! {
+    static PREPARED: RefCell<HashMap<String, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
+    static KEPT_PLANS: RefCell<HashMap<String, KeptPlan>> = RefCell::new(HashMap::new());
+}
+
+/// A plan for `delivery.rs`, whose rows go to a DestReceiver of its own.
+#[derive(Clone, Copy)]
+struct KeptPlan(pg_sys::SPIPlanPtr);
+
+/// Runs `sql`, prepared once per process (the argument types come from the arguments). A
+/// statement that `writes` marks the transaction as writing; a read does not.
+pub fn run_prepared<R>(
+    sql: &str,
+    writes: bool,
+    args: &[DatumWithOid],
+    read: impl FnOnce(SpiTupleTable) -> SpiResult<R>,
+) -> SpiResult<R> {
+    Spi::connect_mut(|client| {
+        PREPARED.with(|prepared| {
+            let mut prepared = prepared.borrow_mut();
+            if !prepared.contains_key(sql) {
+                let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
+                let statement =
+                    if writes { client.prepare_mut(sql, &types)? } else { client.prepare(sql, &types)? }.keep();
+                prepared.insert(sql.to_string(), statement);
+            }
+            let statement = &prepared[sql];
+            read(if writes { client.update(statement, None, args)? } else { client.select(statement, None, args)? })
+        })
+    })
+}
+
+/// `sql`'s plan, prepared once per process with parameters of the types of `args`, for
+/// `SPI_execute_plan_extended` with a receiver of the caller's.
+pub fn kept_plan(sql: &str, args: &[DatumWithOid]) -> pg_sys::SPIPlanPtr {
+    if let Some(plan) = KEPT_PLANS.with(|plans| plans.borrow().get(sql).copied()) {
+        return plan.0;
+    }
+    let text = CString::new(sql).expect("generated SQL has no NUL byte");
+    let mut types: Vec<pg_sys::Oid> = args.iter().map(|a| a.oid()).collect();
+    // SAFETY: SPI is connected around the call; the types array has one entry per parameter;
+    // the plan is kept (moved out of SPI's memory) before SPI_finish.
+    let plan = unsafe {
+        pg_sys::SPI_connect();
+        let plan = pg_sys::SPI_prepare(text.as_ptr(), types.len() as c_int, types.as_mut_ptr());
+        if plan.is_null() {
+            let code = std::ptr::addr_of!(pg_sys::SPI_result).read();
+            error!("could not prepare a page query: SPI error {code}");
+        }
+        pg_sys::SPI_keepplan(plan);
+        pg_sys::SPI_finish();
+        plan
+    };
+    KEPT_PLANS.with(|plans| plans.borrow_mut().insert(sql.to_string(), KeptPlan(plan)));
+    plan
+}
+
+/// Frees the plan of `sql`, if it has one: a scan that ends, or whose table's columns changed,
+/// never runs its queries again. In a transaction.
+pub fn forget(sql: &str) {
+    PREPARED.with(|prepared| prepared.borrow_mut().remove(sql));
+    if let Some(plan) = KEPT_PLANS.with(|plans| plans.borrow_mut().remove(sql)) {
+        // SAFETY: a plan kept by kept_plan, freed once: it has just left the map.
+        unsafe { pg_sys::SPI_freeplan(plan.0) };
+    }
+}
+
+/// The first column of the first row of a query, if it returns a row.
+pub fn select_one<T: FromDatum + IntoDatum>(query: &str, args: &[DatumWithOid]) -> SpiResult<Option<T>> {
+    Spi::connect(|client| {
+        let rows = client.select(query, Some(1), args)?;
+        if rows.is_empty() {
+            Ok(None)
+        } else {
+            rows.first().get::<T>(1)
+        }
+    })
+}
+
+/// The planner's estimate of the rows a query returns (`EXPLAIN`), without assigning the
+/// transaction an id as pgrx's `Spi::explain` does, so that it works on a standby too. The plan
+/// is read as text in the database's encoding (it names the table) and converted to UTF-8.
+pub fn planned_rows(query: &str) -> Option<f64> {
+    let explain = std::ffi::CString::new(format!("EXPLAIN (FORMAT JSON) {query}")).ok()?;
+    // SAFETY: SPI is connected around the statement; the plan's text is copied out of SPI's
+    // memory before SPI_finish frees it. EXPLAIN without ANALYZE runs nothing and writes nothing
+    // (it is refused in read-only SPI only because it is a utility statement).
+    let plan = unsafe {
+        pg_sys::SPI_connect();
+        let text = if pg_sys::SPI_execute(explain.as_ptr(), false, 1) == pg_sys::SPI_OK_UTILITY as i32
+            && pg_sys::SPI_processed == 1
+        {
+            let table = *pg_sys::SPI_tuptable;
+            let value = pg_sys::SPI_getvalue(*table.vals, table.tupdesc, 1);
+            (!value.is_null()).then(|| std::ffi::CStr::from_ptr(value).to_bytes().to_vec())
+        } else {
+            None
+        };
+        pg_sys::SPI_finish();
+        text
+    }?;
+    let plan: serde_json::Value = serde_json::from_slice(&crate::pg::encoding::to_utf8(&plan)?).ok()?;
+    plan[0]["Plan"]["Plan Rows"].as_f64()
+}
+
+/// The table as checksums and comparisons read it, as a backfill reads it: a partitioned table
+/// with its partitions, any other `ONLY`, without its inheritance children (a child has keys of
+/// its own, and is backfilled and checked as a table of its own).
+pub fn scanned_table(relid: pg_sys::Oid) -> String {
+    let partitioned = select_one::<bool>(
+        "SELECT c.relkind OPERATOR(pg_catalog.=) 'p' FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) $1",
+        &[relid.into()],
+    )
+    .or_internal("read the table's kind");
+    let name = qualified_name(relid);
+    if partitioned == Some(true) {
+        name
+    } else {
+        format!("ONLY {name}")
+    }
+}
+
+/// The table's name, schema-qualified and quoted.
+pub fn qualified_name(relid: pg_sys::Oid) -> String {
+    let sql = "SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c
+                 JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                WHERE c.oid OPERATOR(pg_catalog.=) $1";
+    let names = Spi::connect(|client| {
+        let rows = client.select(sql, Some(1), &[relid.into()])?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let row = rows.first();
+        Ok::<_, pgrx::spi::Error>(
+            row.get::<crate::pg::encoding::Text>(1)?.zip(row.get::<crate::pg::encoding::Text>(2)?),
+        )
+    })
+    .or_internal("read the table's name");
+    let Some((schema, name)) = names else {
+        crate::pg::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+            format!("relation with OID {} does not exist", relid.to_u32()),
+            "It was dropped.",
+            None,
+        )
+    };
+    crate::pg::encoding::quote_qualified(&schema.0, &name.0)
+}
+
+/// A plain table's blocks now and its rows per block at its last VACUUM or ANALYZE.
+pub fn block_shape(relid: pg_sys::Oid) -> Option<(i64, f64)> {
+    let shape = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT pg_catalog.pg_relation_size(c.oid) OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8,
+                    (c.reltuples OPERATOR(pg_catalog./) c.relpages)::pg_catalog.float8
+               FROM pg_catalog.pg_class c
+              WHERE c.oid OPERATOR(pg_catalog.=) $1 AND c.relkind OPERATOR(pg_catalog.=) 'r'
+                AND c.relpages OPERATOR(pg_catalog.>) 0 AND c.reltuples OPERATOR(pg_catalog.>) 0",
+            Some(1),
+            &[relid.into()],
+        )?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let row = rows.first();
+        Ok::<_, pgrx::spi::Error>(row.get::<i64>(1)?.zip(row.get::<f64>(2)?))
+    })
+    .or_internal("read the table's size");
+    shape.filter(|(blocks, _)| *blocks > 0)
+}
+
+/// Whether table `relid` is more than 8 times the size of its key's index: then 1,024 scans
+/// of the index cost less than one parallel scan of the table (the count level, measured: on
+/// rows of 750 bytes, 1.3 to 1.8 times a count(*) against 2.3; on rows of about 60 bytes, 2.2
+/// to 3.2 against 1.5 to 1.8).
+pub fn rows_much_wider_than_keys(relid: pg_sys::Oid) -> bool {
+    select_one::<bool>(
+        "SELECT pg_catalog.pg_relation_size($1) OPERATOR(pg_catalog.>)
+                (8 OPERATOR(pg_catalog.*) pg_catalog.pg_relation_size(x.indexrelid))
+           FROM pg_catalog.pg_index x
+          WHERE x.indrelid OPERATOR(pg_catalog.=) $1 AND (x.indisprimary OR x.indisreplident)
+          ORDER BY x.indisprimary DESC LIMIT 1",
+        &[relid.into()],
+    )
+    .or_internal("compare the table's size with its key's")
+    .unwrap_or(false)
+}

@@ -1,0 +1,359 @@
+//! The messages consumers receive, and the one place they are written to WAL.
+//!
+//! Every message is a transactional logical decoding message whose content is UTF-8 JSON:
+//! - `read`: one per row: `{"op":"read","backfill_id":1,"schema":"public","table":"orders",
+//!   "key":{"id":7},"data":{...whole row...},"commit_lsn":"0/0"}` (plus `"slot"` when the
+//!   backfill is for a slot, and `"partition"` for a partitioned table). `commit_lsn` is always `0/0`: the LSN is only known at commit, and
+//!   every decoder reports the real one with the transaction.
+//! - `absent`: a key given to a keyed backfill (backfill_repair()) has no row:
+//!   `{"op":"absent",...,"key":{"id":7},"commit_lsn":"0/0"}`.
+//! - `table_start` when a table's scan starts and `table_end` (with the row count and the
+//!   sequences its columns own) when it ends.
+//!
+//! Every message ends with an `auth` field: see `sign.rs`.
+
+use crate::model::table::Table;
+use crate::pg::compat;
+use crate::pg::encoding::Text;
+use crate::pg::errors::OrInternal;
+use crate::stream::json;
+use crate::stream::sign::Signer;
+use pgrx::prelude::*;
+use serde::Serialize;
+use serde_json::Value;
+use std::ffi::CString;
+
+/// Writes one transactional message: it is decoded at its transaction's commit, in commit order.
+/// `content` is sealed already.
+pub fn emit(prefix: &CString, content: &[u8]) {
+    // SAFETY: both pointers are valid for the call; an ERROR raised inside becomes a Rust panic
+    // at the guarded boundary instead of a longjmp across Rust frames.
+    unsafe {
+        pg_sys::ffi::pg_guard_ffi_boundary(|| {
+            compat::log_transactional_message(prefix.as_ptr(), content.as_ptr().cast(), content.len())
+        });
+    }
+}
+
+/// Builds the `read` messages of one table into one reused buffer: the envelope is rendered
+/// once, and a row costs a copy of its key values and of its data.
+pub struct ReadMessage {
+    head: Vec<u8>,
+    /// `"name":` of each key column, JSON-quoted once.
+    key_labels: Vec<Vec<u8>>,
+    buf: Vec<u8>,
+}
+
+const DATA_FIELD: &[u8] = b",\"data\":";
+const PARTITION_FIELD: &[u8] = b",\"partition\":";
+const TAIL: &[u8] = b",\"commit_lsn\":\"0/0\"}";
+
+/// The fields every message starts with, in this order. Every slot of the database decodes
+/// every message: `slot` lets a consumer skip backfills meant for other pipelines.
+#[derive(Serialize)]
+struct Envelope<'a> {
+    op: &'a str,
+    backfill_id: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slot: Option<&'a str>,
+    schema: &'a str,
+    table: &'a str,
+}
+
+impl<'a> Envelope<'a> {
+    fn new(op: &'a str, backfill_id: i64, slot: Option<&'a str>, table: &'a Table) -> Self {
+        Envelope { op, backfill_id, slot, schema: &table.schema, table: &table.name }
+    }
+}
+
+/// `table_start`: the scan of a table begins.
+#[derive(Serialize)]
+struct TableStart<'a> {
+    #[serde(flatten)]
+    envelope: Envelope<'a>,
+    key_columns: Vec<String>,
+    /// The greatest key when the scan began (null for an empty table): reads up to it follow.
+    upper_bound: Value,
+    rows_estimated: i64,
+}
+
+/// `table_end`: every row of the table up to its upper bound has been read.
+#[derive(Serialize)]
+struct TableEnd<'a> {
+    #[serde(flatten)]
+    envelope: Envelope<'a>,
+    rows: i64,
+    sequences: &'a [OwnedSequence],
+}
+
+/// A sequence owned by a column of the table (serial, identity, OWNED BY): a store that takes
+/// over from the source starts its own ids past `last_value`, so that they never collide with
+/// ids the source assigns later.
+#[derive(Serialize)]
+pub struct OwnedSequence {
+    pub column: String,
+    /// Schema-qualified and quoted as SQL writes it.
+    pub sequence: String,
+    /// The last value nextval() returned in any session; null if none was since the sequence
+    /// was created or restarted, or if the role that started the backfill may not read it.
+    pub last_value: Option<i64>,
+    /// The value the next nextval() returns (null past the sequence's range, or unreadable).
+    pub next_value: Option<i64>,
+    pub increment: i64,
+}
+
+fn to_json(marker: &impl Serialize) -> String {
+    serde_json::to_string(marker).expect("a marker serializes")
+}
+
+impl ReadMessage {
+    pub fn new(backfill_id: i64, slot: Option<&str>, table: &Table) -> Self {
+        let mut head = to_json(&Envelope::new("read", backfill_id, slot, table));
+        head.pop(); // the closing brace: key, data and the tail follow
+        head.push_str(",\"key\":");
+        ReadMessage { head: head.into_bytes(), key_labels: key_labels(table), buf: Vec::with_capacity(8192) }
+    }
+
+    /// Bytes of a message beyond its key values and data.
+    pub fn envelope_len(&self) -> usize {
+        let key_punctuation: usize = self.key_labels.iter().map(|l| l.len() + 1).sum::<usize>() + 1;
+        self.head.len() + key_punctuation + DATA_FIELD.len() + TAIL.len() + crate::stream::sign::SEAL_LEN
+    }
+
+    /// The message of one row, sealed: its key values and its data (JSON, in the database's
+    /// encoding) and, for a partitioned table, its partition's name.
+    pub fn build<'v>(
+        &mut self,
+        key_values: impl IntoIterator<Item = &'v [u8]>,
+        data: &[u8],
+        partition: Option<&[u8]>,
+        signer: &Signer,
+    ) -> &[u8] {
+        self.buf.clear();
+        self.buf.extend_from_slice(&self.head);
+        push_key(&mut self.buf, &self.key_labels, key_values);
+        self.buf.extend_from_slice(DATA_FIELD);
+        self.buf.extend_from_slice(data);
+        if let Some(partition) = partition {
+            self.buf.extend_from_slice(PARTITION_FIELD);
+            json::push_quoted(&mut self.buf, partition);
+        }
+        self.buf.extend_from_slice(TAIL);
+        signer.seal(&mut self.buf);
+        &self.buf
+    }
+}
+
+fn key_labels(table: &Table) -> Vec<Vec<u8>> {
+    table.key.iter().map(|k| json::label(&k.name)).collect()
+}
+
+/// Appends `{"a":1,"b":"x"}` from the key's labels and its JSON values.
+fn push_key<'v>(buf: &mut Vec<u8>, labels: &[Vec<u8>], values: impl IntoIterator<Item = &'v [u8]>) {
+    buf.push(b'{');
+    for (i, (label, value)) in labels.iter().zip(values).enumerate() {
+        if i > 0 {
+            buf.push(b',');
+        }
+        buf.extend_from_slice(label);
+        buf.extend_from_slice(value);
+    }
+    buf.push(b'}');
+}
+
+/// `table_start`: the scan of a table begins; reads up to `upper_bound` (JSON key values,
+/// None for an empty table) follow.
+pub fn table_start(
+    backfill_id: i64,
+    slot: Option<&str>,
+    table: &Table,
+    upper_bound: Option<&[String]>,
+    rows_estimated: i64,
+) -> String {
+    let upper_bound: Value = upper_bound
+        .map(|values| {
+            let mut key = Vec::new();
+            push_key(&mut key, &key_labels(table), values.iter().map(|v| v.as_bytes()));
+            serde_json::from_slice(&key).unwrap_or_default()
+        })
+        .unwrap_or_default();
+    to_json(&TableStart {
+        envelope: Envelope::new("table_start", backfill_id, slot, table),
+        key_columns: table.key_names(),
+        upper_bound,
+        rows_estimated,
+    })
+}
+
+/// `absent`: a key given to a keyed backfill (backfill_repair()) has no row. A consumer deletes
+/// the key's row, if it has one; the message sorts against the key's changes as a read does.
+#[derive(Serialize)]
+struct Absent<'a> {
+    #[serde(flatten)]
+    envelope: Envelope<'a>,
+    key: Value,
+    commit_lsn: &'a str,
+}
+
+/// `absent` of the key with these JSON values.
+pub fn absent(backfill_id: i64, slot: Option<&str>, table: &Table, key_values: &[String]) -> String {
+    let mut key = Vec::new();
+    push_key(&mut key, &key_labels(table), key_values.iter().map(|v| v.as_bytes()));
+    to_json(&Absent {
+        envelope: Envelope::new("absent", backfill_id, slot, table),
+        key: serde_json::from_slice(&key).unwrap_or_default(),
+        commit_lsn: "0/0",
+    })
+}
+
+/// Writes a marker, sealed.
+pub fn emit_marker(prefix: &CString, signer: &Signer, marker: String) {
+    let mut content = marker.into_bytes();
+    signer.seal(&mut content);
+    emit(prefix, &content);
+}
+
+impl OwnedSequence {
+    /// The sequences the columns of table `relid` own, in column order, as the role that
+    /// started the backfill may see them: reading one needs SELECT or USAGE on it, as
+    /// pg_sequence_last_value() does.
+    pub fn of(relid: pg_sys::Oid, started_by: &str) -> Vec<OwnedSequence> {
+        let sql = "SELECT a.attname::text, pg_catalog.format('%I.%I', n.nspname, s.relname),
+                          coalesce(pg_catalog.has_sequence_privilege(r.oid, s.oid, 'SELECT, USAGE')
+                                   AND pg_catalog.has_sequence_privilege(s.oid, 'SELECT, USAGE'), false),
+                          q.seqincrement, s.oid
+                     FROM pg_catalog.pg_depend d
+                     JOIN pg_catalog.pg_class s ON s.oid OPERATOR(pg_catalog.=) d.objid AND s.relkind OPERATOR(pg_catalog.=) 'S'
+                     JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) s.relnamespace
+                     JOIN pg_catalog.pg_sequence q ON q.seqrelid OPERATOR(pg_catalog.=) s.oid
+                     JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) d.refobjid
+                                                   AND a.attnum OPERATOR(pg_catalog.=) d.refobjsubid
+                     LEFT JOIN pg_catalog.pg_roles r ON r.rolname OPERATOR(pg_catalog.=) $2
+                    WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                      AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                      AND d.refobjid OPERATOR(pg_catalog.=) $1 AND d.deptype IN ('a', 'i')
+                    ORDER BY a.attnum, 2";
+        let text =
+            |row: &pgrx::spi::SpiHeapTupleData, i| row.get::<Text>(i).map(|t| t.map(|t| t.0).unwrap_or_default());
+        Spi::connect(|client| {
+            let rows = client.select(sql, None, &[relid.into(), Text::from(started_by).into()])?;
+            let mut sequences = Vec::new();
+            for row in rows {
+                let increment = row.get::<i64>(4)?.unwrap_or(1);
+                // A sequence dropped or renamed since this query's snapshot (its DROP waited for
+                // nothing this page held) is looked up again once locked: a dropped one is no
+                // longer the table's.
+                let Some(name) = row.get::<pg_sys::Oid>(5)?.and_then(locked_sequence) else { continue };
+                // The sequence's own row says whether its last value was handed out (is_called):
+                // after a RESTART, or before the first nextval(), the next value is last_value.
+                let (last_value, next_value) = if row.get::<bool>(3)?.unwrap_or(false) {
+                    let state = client.select(&format!("SELECT last_value, is_called FROM {name}"), Some(1), &[])?;
+                    let state = state.first();
+                    let (last, called) = (state.get::<i64>(1)?, state.get::<bool>(2)?.unwrap_or(false));
+                    match last {
+                        Some(last) if called => (Some(last), last.checked_add(increment)),
+                        last => (None, last),
+                    }
+                } else {
+                    (None, None)
+                };
+                sequences.push(OwnedSequence {
+                    column: text(&row, 1)?,
+                    sequence: name,
+                    last_value,
+                    next_value,
+                    increment,
+                });
+            }
+            Ok::<_, pgrx::spi::Error>(sequences)
+        })
+        .or_internal("read the sequences the table owns")
+    }
+}
+
+/// The name (schema-qualified and quoted) of sequence `oid`, locked until the end of the
+/// transaction, or None if it was dropped. (The system caches see the state after the lock:
+/// taking it processes the catalog's invalidations.)
+fn locked_sequence(oid: pg_sys::Oid) -> Option<String> {
+    // SAFETY: a lock on a relation that may no longer exist (then nothing conflicts with it),
+    // and lookups of its catalog entries, which return null for a dropped one.
+    unsafe {
+        pg_sys::LockRelationOid(oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let name = pg_sys::get_rel_name(oid);
+        let schema = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(oid));
+        if name.is_null() || schema.is_null() {
+            return None;
+        }
+        let text = |c: *mut std::ffi::c_char| std::ffi::CStr::from_ptr(c).to_string_lossy().into_owned();
+        Some(crate::pg::encoding::quote_qualified(&text(schema), &text(name)))
+    }
+}
+
+/// `table_end`: every row of the table up to its upper bound has been read; with the sequences
+/// its columns own.
+pub fn table_end(
+    backfill_id: i64,
+    slot: Option<&str>,
+    table: &Table,
+    rows: i64,
+    sequences: &[OwnedSequence],
+) -> String {
+    to_json(&TableEnd { envelope: Envelope::new("table_end", backfill_id, slot, table), rows, sequences })
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use super::*;
+    use crate::model::table::{inspect, Table};
+    use serde_json::json;
+
+    fn table(ddl: &str) -> Table {
+        Spi::run(ddl).unwrap();
+        let relid = Spi::get_one::<pg_sys::Oid>("SELECT 'msg_t'::regclass::oid").unwrap().unwrap();
+        inspect(relid).unwrap()
+    }
+
+    #[pg_test]
+    fn read_message_is_the_documented_json() {
+        let table = table("CREATE TABLE msg_t (\"Region\" text, id int, v text, PRIMARY KEY (\"Region\", id))");
+        let mut message = ReadMessage::new(7, None, &table);
+        let data = br#"{"Region":"eu","id":3,"v":"x"}"#;
+        let built = message.build([&b"\"eu\""[..], b"3"], data, None, &Signer::for_this_transaction()).to_vec();
+        let mut parsed: serde_json::Value = serde_json::from_slice(&built).unwrap();
+        assert!(parsed.as_object_mut().unwrap().remove("auth").is_some());
+        assert_eq!(
+            parsed,
+            json!({"op": "read", "backfill_id": 7, "schema": "public", "table": "msg_t",
+                   "key": {"Region": "eu", "id": 3}, "data": {"Region": "eu", "id": 3, "v": "x"},
+                   "commit_lsn": "0/0"})
+        );
+        // The estimate's envelope is exactly what a message adds to its key values and data.
+        assert_eq!(built.len(), message.envelope_len() + "\"eu\"".len() + 1 + data.len());
+    }
+
+    #[pg_test]
+    fn markers_carry_the_bounds_and_the_count() {
+        let table = table("CREATE TABLE msg_t (id int PRIMARY KEY)");
+        let start: serde_json::Value =
+            serde_json::from_str(&table_start(2, Some("s1"), &table, Some(&["42".to_string()]), 40)).unwrap();
+        assert_eq!(start["op"], "table_start");
+        assert_eq!(start["slot"], "s1");
+        assert_eq!(start["upper_bound"], json!({"id": 42}));
+        assert_eq!(start["key_columns"], json!(["id"]));
+        let sequences = [OwnedSequence {
+            column: "id".into(),
+            sequence: "public.msg_t_id_seq".into(),
+            last_value: Some(41),
+            next_value: Some(42),
+            increment: 1,
+        }];
+        let end: serde_json::Value = serde_json::from_str(&table_end(2, None, &table, 40, &sequences)).unwrap();
+        assert_eq!(
+            end,
+            json!({"op": "table_end", "backfill_id": 2, "schema": "public", "table": "msg_t", "rows": 40,
+                   "sequences": [{"column": "id", "sequence": "public.msg_t_id_seq", "last_value": 41, "next_value": 42,
+                                  "increment": 1}]})
+        );
+    }
+}

@@ -1,0 +1,7 @@
+//! What reaches the logical decoding stream: page queries, rows as JSON, messages and their tags.
+
+pub(crate) mod delivery;
+pub(crate) mod json;
+pub(crate) mod message;
+pub(crate) mod scan;
+pub(crate) mod sign;

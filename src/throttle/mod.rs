@@ -1,0 +1,7 @@
+//! What holds a backfill back: page locking, pacing, the consumer's slot, the source's load.
+
+pub(crate) mod backpressure;
+pub(crate) mod lock;
+pub(crate) mod pacing;
+pub(crate) mod pipeline;
+pub(crate) mod wait;

@@ -1,0 +1,158 @@
+//! The consumer a backfill is for: its replication slot and publication. A backfill for a slot
+//! pauses while the slot has no active consumer and waits while the consumer lags, so that it
+//! never makes the server retain WAL that nobody reads.
+
+use crate::catalog::job::Job;
+use crate::model::table::Table;
+use crate::pg::encoding::Text;
+use crate::pg::errors::raise;
+use crate::pg::errors::OrInternal;
+use crate::pg::settings;
+use crate::throttle::wait::WaitReason;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+
+/// backfill_start(..., slot => ...): the slot must exist, be logical and belong to this database.
+pub fn require_slot(slot: &str) {
+    let found = crate::pg::spi::select_one::<Text>(
+        "SELECT slot_type || ':' || coalesce(database::text, '') || ':' || coalesce((database = current_database())::text, 'false')
+           FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+        &[slot.into()],
+    )
+    .ok()
+    .flatten()
+    .map(|t| t.0);
+    let Some(found) = found else {
+        raise(
+            ERRCODE_UNDEFINED_OBJECT,
+            format!("replication slot \"{slot}\" does not exist"),
+            "A backfill for a pipeline needs the pipeline's logical replication slot.",
+            Some(format!(
+                "Create it, or name an existing one: SELECT pg_create_logical_replication_slot({}, 'pgoutput');",
+                spi::quote_literal(slot)
+            )),
+        );
+    };
+    let mut parts = found.splitn(3, ':');
+    let (kind, database, here) = (parts.next(), parts.next(), parts.next());
+    if kind != Some("logical") {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("replication slot \"{slot}\" is not a logical slot"),
+            "Backfill messages are only decoded by logical replication slots.",
+            None,
+        );
+    }
+    if here != Some("true") {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("replication slot \"{slot}\" belongs to another database"),
+            format!(
+                "Slot \"{slot}\" decodes database \"{}\"; the backfill's messages are written here.",
+                database.unwrap_or("")
+            ),
+            Some("Start the backfill in the slot's database.".into()),
+        );
+    }
+}
+
+/// backfill_start(..., publication => ...): every table must be in the pipeline's publication:
+/// a snapshot of a table the pipeline does not capture would never be followed by its changes.
+pub fn require_published(publication: &str, table: &Table) {
+    let published = crate::pg::spi::select_one::<bool>(
+        "SELECT bool_or(pt.schemaname = $2 AND pt.tablename = $3)
+              OR bool_or(p.puballtables)
+              OR bool_or(pt.schemaname = $2 AND pt.tablename IN (SELECT c.relname FROM pg_catalog.pg_partition_tree($4::regclass) pt2
+                                                                   JOIN pg_catalog.pg_class c ON c.oid = pt2.relid))
+           FROM pg_catalog.pg_publication p
+           LEFT JOIN pg_catalog.pg_publication_tables pt ON pt.pubname = p.pubname
+          WHERE p.pubname = $1",
+        &[Text::from(publication).into(), Text(table.schema.clone()).into(), Text(table.name.clone()).into(), table.relid.into()],
+    )
+    .ok()
+    .flatten();
+    match published {
+        None => raise(
+            ERRCODE_UNDEFINED_OBJECT,
+            format!("publication \"{publication}\" does not exist"),
+            "The publication names the tables the pipeline captures.",
+            None,
+        ),
+        Some(false) => raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("table {} is not in publication \"{publication}\"", table.qualified_name()),
+            "A backfill delivers only the pipeline's own tables: the consumer would never receive the changes that follow the snapshot.",
+            Some(format!("Add it first: ALTER PUBLICATION {} ADD TABLE {};", crate::pg::encoding::quote_ident(publication), table.qualified_name())),
+        ),
+        Some(true) => {}
+    }
+}
+
+/// A slot's identity, which its name is not: a slot dropped and created again under the same
+/// name is another slot, and its consumer never receives what was written before it was made.
+/// PostgreSQL gives slots no id; each has a directory, `pg_replslot/<name>` (a temporary slot
+/// too), made when the slot is created: its inode and its birth time (to the nanosecond) tell
+/// one creation from the next (a freed inode is soon reused). None if the slot has none.
+pub fn slot_identity(slot: &str) -> Option<String> {
+    // (A backend's working directory is the data directory.)
+    let metadata = std::fs::metadata(std::path::Path::new("pg_replslot").join(slot)).ok()?;
+    let born = metadata.created().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+    use std::os::unix::fs::MetadataExt;
+    Some(match born {
+        Some(born) => format!("{}@{}.{:09}", metadata.ino(), born.as_secs(), born.subsec_nanos()),
+        None => metadata.ino().to_string(),
+    })
+}
+
+/// Why the backfill must wait for its slot's consumer now, if it must; an error if the slot is
+/// gone, is another slot of the same name, or was invalidated.
+pub fn blocker(job: &Job) -> Option<WaitReason> {
+    let slot = job.slot_name.as_deref()?;
+    let row = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT active, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
+                    wal_status
+               FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+            None,
+            &[slot.into()],
+        )?;
+        if rows.is_empty() {
+            return Ok::<_, spi::Error>(None);
+        }
+        let row = rows.first();
+        Ok(Some((row.get::<bool>(1)?.unwrap_or(false), row.get::<i64>(2)?.unwrap_or(0), row.get::<String>(3)?)))
+    })
+    .or_internal("read the slot");
+    let Some((active, lag, wal_status)) = row else {
+        raise(
+            ERRCODE_UNDEFINED_OBJECT,
+            format!("replication slot \"{slot}\" no longer exists"),
+            "The backfill was started for it; its messages would reach no consumer.",
+            Some("Start a new backfill for the pipeline's current slot.".into()),
+        );
+    };
+    if job.slot_identity.is_some() && slot_identity(slot) != job.slot_identity {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("replication slot \"{slot}\" was dropped and created again"),
+            "The backfill was started for the slot of that name that was dropped: what it delivered \
+             after that slot's consumer last confirmed never reaches the new slot.",
+            Some("Start a new backfill for the pipeline's new slot.".into()),
+        );
+    }
+    if wal_status.as_deref() == Some("lost") {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("replication slot \"{slot}\" was invalidated"),
+            "The server removed WAL its consumer had not received (wal_status lost, see max_slot_wal_keep_size): \
+             the slot can no longer be read, so the backfill's messages would reach no consumer.",
+            Some("Create the pipeline's slot again, re-sync its consumer, and start a new backfill for it.".into()),
+        );
+    }
+    let slot = slot.to_string();
+    if !active {
+        return Some(WaitReason::ConsumerAway { slot });
+    }
+    let limit = job.max_lag_bytes.unwrap_or_else(settings::max_slot_lag_bytes);
+    (lag > limit).then_some(WaitReason::ConsumerLag { slot, lag, limit })
+}

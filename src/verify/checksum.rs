@@ -1,0 +1,350 @@
+//! backfill_checksum(): one row per key range of a table with its row count and a checksum, so
+//! that a destination can be checked against its source range by range. The row hash and the
+//! scan that sums it are in row_hash.rs.
+
+use crate::pg::encoding::in_utf8;
+use crate::pg::encoding::{quote_ident, Text};
+use crate::pg::errors::{raise, OrInternal};
+use crate::verify::key_json::{checked_keys, json_object_of, key_expression, key_from_json, require_ascending};
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use pgrx::PgSqlErrorCode::*;
+use std::collections::HashMap;
+
+/// Sampled keys per range, to place the bounds (ANALYZE's histograms are too coarse for
+/// thousands of ranges), and at least this many in all.
+const SAMPLE_PER_RANGE: f64 = 30.0;
+const MIN_SAMPLE: f64 = 10_000.0;
+
+/// How a checksum summarizes a range.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Level {
+    /// The row count only.
+    Count,
+    /// The row count and per column its NULLs and, by type, an exact sum or the least and
+    /// greatest value (see [`aggregates`]).
+    Aggregate,
+    /// The row count and the sum of the rows' hashes.
+    Hash,
+}
+
+impl Level {
+    pub fn parse(level: &str) -> Level {
+        match level {
+            "count" => Level::Count,
+            "aggregate" => Level::Aggregate,
+            "hash" => Level::Hash,
+            other => raise(
+                ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("checksum level \"{other}\" does not exist"),
+                "The levels are count (rows per range), aggregate (rows, and per column its NULLs and \
+                 its sum or its least and greatest value) and hash (rows and the sum of their hashes).",
+                Some("level => 'hash'".into()),
+            ),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Count => "count",
+            Level::Aggregate => "aggregate",
+            Level::Hash => "hash",
+        }
+    }
+}
+
+/// The columns of a table's key (primary key, else replica identity index), in key order:
+/// (name, type as SQL writes it).
+pub fn key_columns(relid: pg_sys::Oid, table: &str) -> Vec<(String, String)> {
+    // The key a backfill reads the table by (model/table.rs): one rule for both.
+    let columns = crate::model::table::key_of(relid);
+    if columns.is_empty() {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("table {table} has no key to split into ranges"),
+            "A checksum splits a table by its primary key, else its replica identity index.",
+            Some(format!("ALTER TABLE {table} ADD PRIMARY KEY (...);")),
+        );
+    }
+    columns
+}
+
+/// backfill_checksum(): ranges of the table's key, with the bounds `bounds` (a JSON array of
+/// key objects, ascending) or, without them, about `ranges` ranges of equal rows placed from a
+/// sample of the keys. Runs as the caller: it reads what the caller may read.
+#[pg_extern(schema = "backfill", name = "checksum")]
+#[allow(clippy::type_complexity)]
+fn checksum(
+    table: Option<pg_sys::Oid>,
+    ranges: Option<i32>,
+    level: Option<Text>,
+    bounds: Option<JsonB>,
+) -> TableIterator<
+    'static,
+    (
+        name!(range, i32),
+        name!(lower, Option<JsonB>),
+        name!(upper, Option<JsonB>),
+        name!(rows, i64),
+        name!(checksum, Option<String>),
+    ),
+> {
+    let relid = crate::pg::args::required(table, "backfill_checksum", "tbl");
+    let level = Level::parse(&crate::pg::args::required(level, "backfill_checksum", "level").0);
+    let name = crate::model::table::relation_name(relid);
+    require_readable(relid, &name);
+    let key = key_columns(relid, &name);
+    let most_ranges = crate::pg::settings::checksum_max_ranges();
+    let bounds = match bounds {
+        Some(bounds) => {
+            let bounds = checked_keys(
+                bounds.0,
+                &key,
+                "bounds",
+                (
+                    most_ranges as usize - 1,
+                    &format!(
+                        "A checksum splits a table into at most backfill.checksum_max_ranges ({most_ranges}) ranges: \
+                         at most {} bounds.",
+                        most_ranges - 1
+                    ),
+                    "Pass fewer bounds, or ask a superuser to raise backfill.checksum_max_ranges.",
+                ),
+            );
+            require_ascending(relid, &key, &bounds);
+            bounds
+        }
+        None => {
+            let ranges = crate::pg::args::required(ranges, "backfill_checksum", "ranges");
+            if ranges < 1 {
+                raise(
+                    ERRCODE_INVALID_PARAMETER_VALUE,
+                    format!("ranges {ranges} is out of range"),
+                    "A checksum splits a table into at least 1 range.",
+                    Some("ranges => 1024".into()),
+                );
+            }
+            if ranges > most_ranges {
+                raise(
+                    ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                    format!("ranges {ranges} is more than backfill.checksum_max_ranges ({most_ranges})"),
+                    "Each range of a checksum costs the memory of the backend that computes it.",
+                    Some("Ask for fewer ranges, or ask a superuser to raise backfill.checksum_max_ranges.".into()),
+                );
+            }
+            sampled_bounds(relid, &key, ranges)
+        }
+    };
+    // (The aggregate level writes dates and times as text: in one format on every server.)
+    let rows = crate::pg::privilege::with_portable_settings(|| in_utf8(|| summarize(relid, &key, &bounds, level)));
+    TableIterator::new(rows)
+}
+
+/// The caller may read the table (a checksum runs as the caller and reads every row).
+pub fn require_readable(relid: pg_sys::Oid, name: &str) {
+    let readable =
+        crate::pg::spi::select_one::<bool>("SELECT pg_catalog.has_table_privilege($1, 'SELECT')", &[relid.into()])
+            .ok()
+            .flatten();
+    if readable != Some(true) {
+        raise(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied for table {name}"),
+            "A checksum reads every row of the table, as the role that calls it.",
+            Some(format!("GRANT SELECT ON {name} TO ...;")),
+        );
+    }
+}
+
+/// About `ranges` - 1 bounds at equal steps of a sample of the keys of table `relid`,
+/// duplicates merged.
+pub fn sampled_bounds(relid: pg_sys::Oid, key: &[(String, String)], ranges: i32) -> Vec<serde_json::Value> {
+    if ranges == 1 {
+        return Vec::new();
+    }
+    let name = crate::pg::spi::scanned_table(relid);
+    let rows = crate::pg::spi::planned_rows(&format!("SELECT * FROM {name}")).unwrap_or(0.0).max(1.0);
+    let sampled = (SAMPLE_PER_RANGE * f64::from(ranges)).max(MIN_SAMPLE);
+    let percent = (100.0 * sampled / rows).clamp(0.0001, 100.0);
+    let columns = key.iter().map(|(n, _)| format!("s.{}", quote_ident(n))).collect::<Vec<_>>().join(", ");
+    // Rows, not blocks: a block sample of a table whose keys follow its physical order would
+    // place the bounds in clumps. Drawn as ANALYZE draws them, blocks first, then a row of each
+    // (a random line pointer of a random block, fetched by TID): that reads about one block a
+    // sampled row, where BERNOULLI visits every row of the table (half the count level's time
+    // on 10M rows). A partitioned table, or one never vacuumed or analyzed, is sampled by
+    // BERNOULLI.
+    let sample = if percent >= 100.0 {
+        String::new()
+    } else if let Some((blocks, rows_per_block)) = crate::pg::spi::block_shape(relid) {
+        format!(
+            "WHERE s.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+                 SELECT pg_catalog.format('(%s,%s)',
+                            pg_catalog.floor(pg_catalog.random() OPERATOR(pg_catalog.*) {blocks}),
+                            1 OPERATOR(pg_catalog.+) pg_catalog.floor(pg_catalog.random() OPERATOR(pg_catalog.*) {rows_per_block})
+                        )::pg_catalog.tid
+                   FROM pg_catalog.generate_series(1, {draws})))",
+            // (Draws that miss, a dead row or a line pointer past the block's rows, give none.)
+            draws = (sampled * 1.25).ceil() as i64,
+        )
+    } else {
+        format!("TABLESAMPLE BERNOULLI ({percent})")
+    };
+    let sql = format!(
+        "SELECT pg_catalog.jsonb_agg(b.bound ORDER BY {columns}) FROM (
+             SELECT DISTINCT ON ({columns}) {object} AS bound, {columns}
+               FROM (SELECT {columns}, pg_catalog.row_number() OVER (ORDER BY {columns}) AS i,
+                            pg_catalog.count(*) OVER () AS m
+                       FROM {name} AS s {sample}) s
+              -- The first sampled key of each of $1 equal shares of the sample but the first.
+              WHERE s.i OPERATOR(pg_catalog.>) 1
+                AND (((s.i OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) $1) OPERATOR(pg_catalog./) s.m)
+                    OPERATOR(pg_catalog.>) (((s.i OPERATOR(pg_catalog.-) 2) OPERATOR(pg_catalog.*) $1) OPERATOR(pg_catalog./) s.m)
+              ORDER BY {columns}) b",
+        object = json_object_of(key, "s."),
+        columns = columns.replace("s.", ""),
+    );
+    let bounds = crate::pg::spi::select_one::<JsonB>(&sql, &[i64::from(ranges).into()]).or_internal("sample the keys");
+    match bounds.map(|b| b.0) {
+        Some(serde_json::Value::Array(bounds)) => bounds,
+        _ => Vec::new(),
+    }
+}
+
+pub type RangeRow = (i32, Option<JsonB>, Option<JsonB>, i64, Option<String>);
+
+/// The table's ranges: at the count level, an index scan of the key per range; at the others,
+/// one scan of the table, each row's range given by width_bucket over the bounds.
+pub fn summarize(
+    relid: pg_sys::Oid,
+    key: &[(String, String)],
+    bounds: &[serde_json::Value],
+    level: Level,
+) -> Vec<RangeRow> {
+    let name = &crate::pg::spi::scanned_table(relid);
+    // (The table's alias must not be one of its columns' names: a column named like it would
+    // be what backfill.row_hash() gets.)
+    let of_row = key_expression(key, |column, _| format!("backfill_row.{}", quote_ident(column)));
+    let parameter = || JsonB(serde_json::Value::Array(bounds.to_vec()));
+    let with_bounds = format!(
+        "WITH bounds AS (
+             SELECT e.o::pg_catalog.int4 AS o, {} FROM pg_catalog.jsonb_array_elements($1) WITH ORDINALITY AS e(b, o))",
+        key.iter()
+            .enumerate()
+            .map(|(i, (column, type_name))| { format!("{} AS k{i}", key_from_json("e.b", column, type_name)) })
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let bound = |alias: &str| {
+        let parts: Vec<String> = (0..key.len()).map(|i| format!("{alias}.k{i}")).collect();
+        if parts.len() == 1 {
+            parts[0].clone()
+        } else {
+            format!("ROW({})", parts.join(", "))
+        }
+    };
+    let range = if bounds.is_empty() {
+        "0".to_string()
+    } else {
+        format!(
+            "pg_catalog.width_bucket({of_row}, (SELECT pg_catalog.array_agg({} ORDER BY b.o) FROM bounds b))",
+            bound("b")
+        )
+    };
+    // Each range's (number, rows, checksum), from a query that gives them.
+    let read = |sql: &str| {
+        Spi::connect(|client| {
+            let rows = client.select(sql, None, &[parameter().into()])?;
+            rows.map(|row| {
+                let range = row.get::<i32>(1)?.unwrap_or_default();
+                Ok((range, (row.get::<i64>(2)?.unwrap_or_default(), row.get::<String>(3)?)))
+            })
+            .collect::<Result<HashMap<_, _>, pgrx::spi::Error>>()
+        })
+        .or_internal("summarize the table's ranges")
+    };
+    // An integer key's range is found by a binary search of its bounds (width_bucket costs a
+    // function call and ten comparisons through the type's comparison function); such a table
+    // is counted and hashed in parallel where it can be (parallel_heap_scan.rs).
+    let integer_bounds: Option<Vec<i64>> = match key {
+        [(column, type_name)] if matches!(type_name.as_str(), "smallint" | "integer" | "bigint") => {
+            bounds.iter().map(|b| b.get(column).and_then(serde_json::Value::as_i64)).collect()
+        }
+        _ => None,
+    };
+    let in_parallel = |hash: bool| {
+        let (rows, sums) = crate::verify::parallel_heap_scan::scan(
+            relid,
+            &crate::pg::spi::qualified_name(relid),
+            &key[0].0,
+            integer_bounds.as_ref()?,
+            hash,
+        )?;
+        Some((0..=bounds.len()).map(|i| (i as i32, (rows[i], hash.then(|| sums[i].to_string())))).collect())
+    };
+    let found: HashMap<i32, (i64, Option<String>)> = match level {
+        Level::Count
+            if !crate::pg::spi::rows_much_wider_than_keys(relid)
+                && let Some(found) = in_parallel(false) =>
+        {
+            found
+        }
+        // Else each range counted by its own scan of the key's index, which reads the index
+        // alone where the visibility map allows: cheaper than the table when its rows are wide.
+        Level::Count => {
+            let count = |condition: &str| {
+                format!(
+                    "(SELECT pg_catalog.count(*) FROM {name} backfill_row WHERE {condition}), NULL::pg_catalog.text"
+                )
+            };
+            let sql = if bounds.is_empty() {
+                format!("SELECT 0, {}", count("true"))
+            } else {
+                format!(
+                    "{with_bounds}
+                     SELECT 0, {below} FROM bounds f WHERE f.o OPERATOR(pg_catalog.=) 1
+                     UNION ALL
+                     SELECT l.o, {between} FROM bounds l JOIN bounds u ON u.o OPERATOR(pg_catalog.=) (l.o OPERATOR(pg_catalog.+) 1)
+                     UNION ALL
+                     SELECT l.o, {above} FROM bounds l WHERE l.o OPERATOR(pg_catalog.=) {last}",
+                    below = count(&format!("{of_row} OPERATOR(pg_catalog.<) {}", bound("f"))),
+                    between = count(&format!(
+                        "{of_row} OPERATOR(pg_catalog.>=) {} AND {of_row} OPERATOR(pg_catalog.<) {}",
+                        bound("l"),
+                        bound("u")
+                    )),
+                    above = count(&format!("{of_row} OPERATOR(pg_catalog.>=) {}", bound("l"))),
+                    last = bounds.len(),
+                )
+            };
+            read(&sql)
+        }
+        // Aggregated by the query itself, which may aggregate in parallel.
+        // (The planner cannot tell that there are few ranges, and would sort every row, whole,
+        // to group them; and compiling the aggregates' expressions costs more than it saves.)
+        Level::Aggregate => crate::pg::privilege::with_settings(&[(c"enable_sort", c"off"), (c"jit", c"off")], || {
+            read(&format!(
+                "{with_bounds} SELECT {range}::integer, pg_catalog.count(*), {} FROM {name} backfill_row GROUP BY 1",
+                crate::verify::aggregate::expression(relid)
+            ))
+        }),
+        Level::Hash if let Some(found) = in_parallel(true) => found,
+        Level::Hash => {
+            let first = match integer_bounds {
+                Some(_) => format!("{of_row}::pg_catalog.int8"),
+                None => format!("{range}::integer"),
+            };
+            let sql = format!("{with_bounds} SELECT {first}, backfill_row.* FROM {name} backfill_row");
+            let sums = crate::verify::row_hash::scan(&sql, parameter(), bounds.len() + 1, integer_bounds);
+            (0..=bounds.len()).map(|i| (i as i32, (sums.rows[i], Some(sums.sums[i].to_string())))).collect()
+        }
+    };
+    (0..=bounds.len())
+        .map(|i| {
+            let (rows, checksum) = found.get(&(i as i32)).cloned().unwrap_or((0, None));
+            let checksum = checksum.or((level == Level::Hash).then(|| "0".to_string()));
+            let lower = i.checked_sub(1).map(|b| JsonB(bounds[b].clone()));
+            let upper = bounds.get(i).map(|b| JsonB(b.clone()));
+            (i as i32 + 1, lower, upper, rows, checksum)
+        })
+        .collect()
+}

@@ -1,0 +1,274 @@
+//! backfill_compare(): the keys whose rows differ between a source table and its copy, found
+//! range by range and settled against the stream; backfill_repair(): a keyed backfill of them.
+//!
+//! How a comparison goes:
+//! 1. **Ranges.** Both tables are checksummed over the same key ranges (checksum.rs; the
+//!    bounds are sampled from the source). A range whose rows and checksum agree is done.
+//! 2. **Narrowing.** The rows of each differing range are listed on both sides as (key, row
+//!    hash); every key whose hash differs, or that one side lacks, is a candidate.
+//! 3. **Passes.** Writes go on while this runs, and the copy follows the source through the
+//!    stream, a little later. So each candidate is judged in `passes` passes, each of which
+//!    reads the source's row, notes the WAL position, waits for the consumer's slot to confirm
+//!    that position (the copy then holds every change committed before it), reads the copy's
+//!    row, and reads the source's row again. A key whose source row changed during the pass is
+//!    moving: the pass says nothing of it. A key whose copy matches is settled and dropped. A
+//!    difference on a key that stood still while the copy caught up is real; a key still
+//!    moving at the last pass is `unsettled`.
+//!
+//! The copy may be a postgres_fdw foreign table: its server must have pg_backfill, and the
+//! comparison runs its queries there through dblink (over the foreign table's server and user
+//! mapping), so that only checksums, and the differing rows' keys and hashes, cross.
+
+use crate::pg::encoding::Text;
+use crate::pg::errors::{raise, OrInternal};
+use crate::verify::checksum::{self, Level};
+use crate::verify::sides::{against, disconnect, fresh_snapshot, range_sums, rows_of_keys, target_side, Side};
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use pgrx::PgSqlErrorCode::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+/// Ranges a comparison checks first.
+const RANGES: i32 = 1024;
+/// How long a pass waits for the slot's consumer to catch up before it gives up on the pass.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Without a slot, the pause before each pass after the first, for the copy to catch up.
+const SETTLE_WITHOUT_SLOT: Duration = Duration::from_secs(1);
+const MAX_PASSES: i32 = 100;
+
+/// What differs about a key.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Status {
+    Missing,
+    Extra,
+    Different,
+    Unsettled,
+}
+
+impl Status {
+    fn as_str(self) -> &'static str {
+        match self {
+            Status::Missing => "missing",
+            Status::Extra => "extra",
+            Status::Different => "different",
+            Status::Unsettled => "unsettled",
+        }
+    }
+}
+
+/// backfill_compare(): the keys that differ, each with its status.
+#[pg_extern(schema = "backfill", name = "compare")]
+fn compare(
+    source: Option<pg_sys::Oid>,
+    target: Option<pg_sys::Oid>,
+    level: Option<Text>,
+    passes: Option<i32>,
+    slot: Option<Text>,
+) -> TableIterator<'static, (name!(key, JsonB), name!(status, String))> {
+    let found = differences("backfill_compare", source, target, level, passes, slot.map(|s| s.0), false).keys;
+    TableIterator::new(found.into_iter().map(|(key, status)| (JsonB(key), status.as_str().to_string())))
+}
+
+pub struct Found {
+    pub keys: Vec<(serde_json::Value, Status)>,
+    pub slot: Option<String>,
+}
+
+pub fn differences(
+    function: &str,
+    source: Option<pg_sys::Oid>,
+    target: Option<pg_sys::Oid>,
+    level: Option<Text>,
+    passes: Option<i32>,
+    slot: Option<String>,
+    starts_backfill: bool,
+) -> Found {
+    let source = crate::pg::args::required(source, function, "source");
+    let target = crate::pg::args::required(target, function, "target");
+    let level = Level::parse(&crate::pg::args::required(level, function, "level").0);
+    let passes = crate::pg::args::required(passes, function, "passes");
+    if !(1..=MAX_PASSES).contains(&passes) {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("passes {passes} is out of range"),
+            format!("passes is how often a difference is re-checked, 1 to {MAX_PASSES}."),
+            Some("passes => 3".into()),
+        );
+    }
+    // SAFETY: reads this transaction's isolation level.
+    if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_READ_COMMITTED as i32 {
+        raise(
+            ERRCODE_ACTIVE_SQL_TRANSACTION,
+            format!("{function} must run in a READ COMMITTED transaction"),
+            "It re-reads rows as the stream changes them: each read needs a snapshot of its own.",
+            Some("Run it on its own, or in a transaction at the default isolation level.".into()),
+        );
+    }
+    let source_name = crate::pg::spi::qualified_name(source);
+    checksum::require_readable(source, &crate::model::table::relation_name(source));
+    let key = checksum::key_columns(source, &crate::model::table::relation_name(source));
+    let target_side = target_side(source, target, function);
+    let slot = slot.or_else(|| crate::pg::privilege::as_extension_owner(|| last_slot_of(source)));
+    if let Some(slot) = &slot {
+        // A repair's backfill is bound to the slot: the right to do that is checked before a
+        // comparison that may wait minutes for the slot's consumer, not after it.
+        if starts_backfill {
+            crate::pg::privilege::require_replication(slot);
+        }
+        crate::throttle::pipeline::require_slot(slot);
+    }
+    let source_side = Side::Local { name: source_name, relid: source };
+    // With the worker's settings: keys print alike on both sides, and the SQL the comparison
+    // writes resolves nothing on the caller's search_path.
+    let keys = crate::pg::privilege::with_portable_settings(|| {
+        crate::pg::encoding::in_utf8(|| compare_sides(&source_side, &target_side, &key, level, passes, slot.as_deref()))
+    });
+    // (After an error the connection stays open until the session ends or the next comparison.)
+    disconnect(&target_side);
+    Found { keys, slot }
+}
+
+/// The slot of the latest backfill of the table that had one, if it still exists.
+fn last_slot_of(relid: pg_sys::Oid) -> Option<String> {
+    crate::pg::spi::select_one::<Text>(
+        "SELECT j.slot_name::text FROM backfill.job j
+           JOIN backfill.job_table t ON t.job_id = j.id
+           JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
+          WHERE t.relid = $1::oid::regclass ORDER BY j.id DESC LIMIT 1",
+        &[relid.into()],
+    )
+    .or_internal("read the table's backfills")
+    .map(|t| t.0)
+}
+
+/// The WAL position now: every change the source committed so far is before it (the insert
+/// position: an asynchronous commit is visible before its record is written).
+fn wal_position() -> String {
+    crate::pg::spi::select_one::<String>(
+        "SELECT (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+                      ELSE pg_catalog.pg_current_wal_insert_lsn() END)::text",
+        &[],
+    )
+    .or_internal("read the WAL position")
+    .unwrap_or_default()
+}
+
+/// Waits until the copy holds every change before `position`: the slot's consumer confirmed
+/// it. Without a slot, a fixed pause. False if the consumer did not catch up in time.
+fn catch_up(slot: Option<&str>, position: &str) -> bool {
+    let Some(slot) = slot else {
+        crate::throttle::pacing::sleep(SETTLE_WITHOUT_SLOT);
+        return true;
+    };
+    let started = Instant::now();
+    loop {
+        let confirmed = fresh_snapshot(|| {
+            crate::pg::spi::select_one::<bool>(
+                "SELECT coalesce(s.confirmed_flush_lsn OPERATOR(pg_catalog.>=) $2::pg_catalog.pg_lsn, false)
+                   FROM pg_catalog.pg_replication_slots s WHERE s.slot_name OPERATOR(pg_catalog.=) $1",
+                &[Text(slot.to_string()).into(), Text(position.to_string()).into()],
+            )
+        })
+        .or_internal("read the slot's position");
+        match confirmed {
+            Some(true) => return true,
+            None => crate::throttle::pipeline::require_slot(slot),
+            Some(false) if started.elapsed() >= CATCH_UP_TIMEOUT => return false,
+            Some(false) => crate::throttle::pacing::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn compare_sides(
+    source: &Side,
+    target: &Side,
+    key: &[(String, String)],
+    level: Level,
+    passes: i32,
+    slot: Option<&str>,
+) -> Vec<(serde_json::Value, Status)> {
+    // 1. Ranges.
+    let bounds = checksum::sampled_bounds(source.relid(), key, RANGES);
+    let source_sums = range_sums(source, key, &bounds, level);
+    // (Without a slot, the passes give the copy time; the ranges only find candidates.)
+    if slot.is_some() {
+        catch_up(slot, &wal_position());
+    }
+    let target_sums = range_sums(target, key, &bounds, level);
+    // 2. Narrowing.
+    let mut candidates = BTreeSet::new();
+    for (range, (source_sum, target_sum)) in source_sums.iter().zip(&target_sums).enumerate() {
+        if source_sum == target_sum {
+            continue;
+        }
+        let mut condition = Vec::new();
+        if range > 0 {
+            condition.push(against(key, ">=", &bounds[range - 1]));
+        }
+        if let Some(upper) = bounds.get(range) {
+            condition.push(against(key, "<", upper));
+        }
+        let condition = if condition.is_empty() { "true".to_string() } else { condition.join(" AND ") };
+        let (here, there) = (source.rows(key, level, &condition, false), target.rows(key, level, &condition, false));
+        candidates.extend(here.keys().chain(there.keys()).filter(|k| here.get(*k) != there.get(*k)).cloned());
+        // The keys are kept in this backend's memory: a copy far from its source (empty, or
+        // of another table) is not a list of differences to keep.
+        let most = crate::pg::settings::compare_max_keys();
+        if candidates.len() > most {
+            raise(
+                ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                format!("more than {most} keys of {} differ from {}", source.name(), target.name()),
+                format!(
+                    "A comparison keeps the keys that differ in memory, at most backfill.compare_max_keys \
+                     ({most}); range {} of {} was the one that passed it.",
+                    range + 1,
+                    bounds.len() + 1
+                ),
+                Some("When most of the copy is missing or stale, backfill the table again (backfill_start); or raise backfill.compare_max_keys for this session.".into()),
+            );
+        }
+    }
+    // 3. Passes.
+    let mut verdicts = BTreeMap::new();
+    for pass in 0..passes {
+        if candidates.is_empty() {
+            break;
+        }
+        let before = rows_of_keys(source, key, level, &candidates, true);
+        // Without a slot, the first pass runs at once, and the next ones after a pause.
+        let caught_up = if slot.is_some() || pass > 0 { catch_up(slot, &wal_position()) } else { true };
+        let copy = rows_of_keys(target, key, level, &candidates, false);
+        let after = rows_of_keys(source, key, level, &candidates, true);
+        let previous = std::mem::take(&mut verdicts);
+        for candidate in &candidates {
+            let (was, is) = (before.get(candidate), after.get(candidate));
+            // (The copy's rows have no version: they match by hash.)
+            let hash_of = |row: Option<&crate::verify::sides::Row>| row.map(|r| r.hash.clone());
+            let (is_hash, copied) = (hash_of(is), hash_of(copy.get(candidate)));
+            // The copy holds the source's row as it is now: nothing to report, moving or not.
+            let status = if is_hash == copied {
+                continue;
+            } else if was != is || !caught_up {
+                Status::Unsettled
+            } else if copied.is_none() {
+                Status::Missing
+            } else if is.is_none() {
+                Status::Extra
+            } else {
+                Status::Different
+            };
+            verdicts.insert(candidate.clone(), status);
+        }
+        candidates = verdicts.keys().cloned().collect();
+        // Without a slot nothing says when the copy has caught up: differences that stood
+        // still through two passes, a pause apart, are taken as real.
+        if slot.is_none() && verdicts == previous && !verdicts.values().any(|s| *s == Status::Unsettled) {
+            break;
+        }
+    }
+    verdicts
+        .into_iter()
+        .map(|(key, status)| (serde_json::from_str(&key).unwrap_or(serde_json::Value::Null), status))
+        .collect()
+}

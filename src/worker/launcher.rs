@@ -1,0 +1,327 @@
+//! Starting workers: the registration of a backfill's workers and the cap on how many run, the
+//! launcher that runs after every server start when the library is preloaded, and the
+//! per-database resumer it starts.
+
+use crate::catalog::job;
+use crate::pg::errors::raise;
+use crate::pg::errors::OrInternal;
+use crate::pg::privilege;
+use crate::pg::settings;
+use crate::worker::activity::{self, worker_name, RESUMER_NAME, WORKERS_OF_BACKFILL};
+use crate::worker::xact::{in_transaction, who};
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+use serde::{Deserialize, Serialize};
+use std::ffi::CString;
+use std::time::Duration;
+
+/// Registers the worker of a backfill. It connects to this database and, before doing
+/// anything, waits for the transaction that recorded the backfill (which may not have
+/// committed yet; registration is not transactional) and gives up if that one rolled back.
+pub fn launch(backfill_id: i64, worker: i32, starter_xid: u64) -> bool {
+    // SAFETY: this backend's database, set when it connected.
+    let database = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    register(Task::Backfill { database, backfill_id, worker, starter_xid })
+}
+
+/// What a `backfill_worker_main` process is started for: its typed start argument, passed
+/// as JSON in the worker's `bgw_extra` (at most 127 bytes; the longest task takes about 100).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Task {
+    /// Scan worker `worker` of a backfill's ranges, once transaction `starter_xid` (the one
+    /// that recorded or resumed it; 0 after a restart) has committed.
+    Backfill {
+        #[serde(rename = "db")]
+        database: u32,
+        #[serde(rename = "id")]
+        backfill_id: i64,
+        worker: i32,
+        #[serde(rename = "xid")]
+        starter_xid: u64,
+    },
+    /// After a server restart: relaunch the workers of a database's running backfills.
+    Resume {
+        #[serde(rename = "db")]
+        database: u32,
+    },
+}
+
+impl Task {
+    pub fn database(&self) -> u32 {
+        match *self {
+            Task::Backfill { database, .. } | Task::Resume { database } => database,
+        }
+    }
+
+    /// The task a worker was started with. A worker registered by 0.2.0 and restarted by the
+    /// postmaster after its library was upgraded has 0.2.0's arguments: the backfill id as
+    /// its main argument (0 for the resumer) and "<database> <starter xid> <worker>".
+    pub fn of_this_worker(main_arg: pg_sys::Datum) -> Option<Task> {
+        let extra = BackgroundWorker::get_extra();
+        serde_json::from_str(extra).ok().or_else(|| {
+            let mut fields = extra.split(' ').map(str::parse::<u64>);
+            let (database, starter_xid, worker) = (fields.next()?.ok()?, fields.next()?.ok()?, fields.next()?.ok()?);
+            let backfill_id = main_arg.value() as i64;
+            Some(if backfill_id == 0 {
+                Task::Resume { database: database as u32 }
+            } else {
+                Task::Backfill { database: database as u32, backfill_id, worker: worker as i32, starter_xid }
+            })
+        })
+    }
+}
+
+/// Registers a `backfill_worker_main` process for a task.
+fn register(task: Task) -> bool {
+    let name = match task {
+        Task::Backfill { backfill_id, worker, .. } => worker_name(backfill_id, worker),
+        Task::Resume { .. } => RESUMER_NAME.into(),
+    };
+    let extra = serde_json::to_string(&task).expect("a task serializes");
+    debug_assert!(extra.len() < pg_sys::BGW_EXTRALEN as usize, "{extra}");
+    BackgroundWorkerBuilder::new(&name)
+        .set_type("pg_backfill")
+        .set_library("pg_backfill")
+        .set_function("backfill_worker_main")
+        .set_extra(&extra)
+        .enable_spi_access()
+        // A worker that is terminated or crashes exits with code 1 and is started again after
+        // this pause; one that finishes, fails or is cancelled exits with 0 and is not.
+        .set_restart_time(Some(Duration::from_secs(1)))
+        .load_dynamic()
+        .is_ok()
+}
+
+/// Launches a worker of backfill `id`, which first waits for this transaction to commit.
+pub fn launch_in_this_transaction(id: i64, worker: i32) {
+    // SAFETY: assigns (or returns) this transaction's id; the caller is in a transaction on a primary.
+    let starter_xid = unsafe { pg_sys::GetTopFullTransactionId() }.value;
+    if !launch(id, worker, starter_xid) {
+        raise(
+            ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            "could not start the backfill's background worker",
+            "Every background worker slot is in use (max_worker_processes).",
+            Some("Wait for a backfill to finish, or raise max_worker_processes and restart the server.".into()),
+        );
+    }
+}
+
+/// Sets this worker's application_name before it connects, so that pg_stat_activity shows it
+/// from its first moment there: with the priority of a client's, above any the database or
+/// role sets, below the session's (configure_session() replaces it).
+pub fn show_as(name: &str) {
+    let name = CString::new(name).expect("no NUL in a worker's name");
+    // SAFETY: sets a GUC of this process, before it connects.
+    unsafe {
+        pg_sys::SetConfigOption(
+            c"application_name".as_ptr(),
+            name.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_CLIENT,
+        );
+    }
+}
+
+/// Backfill workers, in every database, other than this process: those admitted
+/// (`pg_backfill 7`, as each names itself when admitted), and with `starting` also those
+/// launched and not yet admitted (`pg_backfill starting 7`). The resumer is neither.
+fn backfill_workers(starting: bool) -> i32 {
+    let pattern = if starting { activity::ANY_WORKER_NAME } else { activity::ADMITTED_WORKER_NAME };
+    crate::pg::spi::select_one::<i32>(
+        "SELECT count(*)::int FROM pg_catalog.pg_stat_activity
+          WHERE backend_type OPERATOR(pg_catalog.=) 'pg_backfill'
+            AND application_name OPERATOR(pg_catalog.~) $1
+            AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()",
+        &[pattern.into()],
+    )
+    .or_internal("count the backfill workers")
+    .unwrap_or(0)
+}
+
+fn too_many_workers(running: i32, needed: i32) -> ! {
+    let cap = settings::max_workers();
+    raise(
+        ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        "too many backfill workers",
+        format!(
+            "{running} backfill worker(s) run or are starting now and this backfill needs {needed} more; backfill.max_workers is {cap}."
+        ),
+        Some(
+            "Wait for a backfill to finish, use fewer parallel workers, or raise backfill.max_workers \
+             (it keeps background workers free for parallel query and logical replication)."
+                .into(),
+        ),
+    )
+}
+
+/// backfill_start() and backfill_resume(): refuses a backfill whose workers would take more
+/// than backfill.max_workers background workers in all, counting those still starting. (Two
+/// calls at the same moment may both pass, as may one made while another's worker is launched
+/// and not yet visible; each worker checks again when it starts, see [`admit_within_cap`].)
+///
+/// A role that is not a superuser leaves backfill.superuser_reserved_workers of them free.
+pub fn require_worker_slots(needed: i32) {
+    let running = privilege::as_extension_owner(|| backfill_workers(true));
+    if running + needed > settings::max_workers() {
+        too_many_workers(running, needed);
+    }
+    let reserved = settings::superuser_reserved_workers();
+    // SAFETY: reads whether the current role is a superuser.
+    if running + needed > settings::max_workers() - reserved && !unsafe { pg_sys::superuser() } {
+        raise(
+            ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            "too many backfill workers for a role that is not a superuser",
+            format!(
+                "{running} backfill worker(s) run or are starting now and this backfill needs {needed} more; \
+                 of backfill.max_workers ({}), backfill.superuser_reserved_workers ({reserved}) are kept for superusers.",
+                settings::max_workers()
+            ),
+            Some("Wait for a backfill to finish, or ask a superuser to cancel one or to raise backfill.max_workers.".into()),
+        );
+    }
+}
+
+/// A starting worker is admitted only while fewer than backfill.max_workers are: checked under
+/// a cluster-wide lock, held until the worker's application_name (which counts it) commits.
+pub fn admit_within_cap() {
+    // A lock tag no PostgreSQL object uses: the shared catalog pg_database, object 0.
+    const CAP_LOCK: u16 = 0x6266;
+    // SAFETY: takes a heavyweight lock, released at the end of this transaction.
+    unsafe {
+        pg_sys::LockSharedObject(
+            pg_sys::DatabaseRelationId,
+            pg_sys::InvalidOid,
+            CAP_LOCK,
+            pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
+        );
+    }
+    // (Not those still starting: two starting at once would each count the other and both stop.)
+    let running = backfill_workers(false);
+    if running >= settings::max_workers() {
+        too_many_workers(running, 1);
+    }
+}
+
+/// Wakes the workers of a backfill of this database from their sleep (pacing, back-off,
+/// waiting for a consumer) when this transaction commits, so that a cancel, pause or new
+/// pacing takes effect at once.
+pub fn wake_workers_at_commit(backfill_id: i64) {
+    let pids = privilege::as_extension_owner(|| {
+        Spi::connect(|client| {
+            client
+                .select(
+                    &format!("SELECT a.pid FROM pg_catalog.pg_stat_activity a WHERE {WORKERS_OF_BACKFILL}"),
+                    None,
+                    &[backfill_id.into()],
+                )?
+                .map(|row| row.get::<i32>(1))
+                .collect::<Result<Vec<_>, _>>()
+        })
+    })
+    .unwrap_or_default();
+    let pids: Vec<i32> = pids.into_iter().flatten().collect();
+    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || {
+        for pid in pids {
+            // SAFETY: BackendPidGetProc returns a live process's PGPROC or null; setting
+            // another process's latch is how PostgreSQL itself wakes a backend.
+            unsafe {
+                let process = pg_sys::BackendPidGetProc(pid);
+                if !process.is_null() {
+                    pg_sys::SetLatch(&mut (*process).procLatch);
+                }
+            }
+        }
+    });
+}
+
+/// A worker connects as the bootstrap superuser, with its database's settings: a database
+/// owner may have set a search_path (ALTER DATABASE ... SET) that puts its own functions,
+/// operators and types first. Before any statement, the path is fixed to the catalog, with a
+/// priority no setting of the database, role or session can override.
+pub fn override_search_path() {
+    // SAFETY: sets a GUC of this process, before any query runs.
+    unsafe {
+        pg_sys::SetConfigOption(
+            c"search_path".as_ptr(),
+            c"pg_catalog, pg_temp".as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
+        );
+    }
+}
+
+/// After a server restart (the launcher starts one such worker per database): relaunches the
+/// workers of the database's running backfills, then exits.
+pub fn resume_database() {
+    let jobs = in_transaction(|| {
+        // Only the extension's own table, not one a database owner made under its name: this
+        // worker runs as the bootstrap superuser, in every database.
+        let installed = crate::pg::spi::select_one::<bool>(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_depend d
+                              JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+                             WHERE e.extname OPERATOR(pg_catalog.=) 'pg_backfill'
+                               AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                               AND d.objid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('backfill.job')
+                               AND d.deptype OPERATOR(pg_catalog.=) 'e')",
+            &[],
+        )
+        .ok()
+        .flatten()
+        .unwrap_or(false);
+        if installed {
+            job::jobs_to_resume()
+        } else {
+            Vec::new()
+        }
+    });
+    for (backfill_id, parallel) in jobs.unwrap_or_default() {
+        if (0..parallel).all(|worker| launch(backfill_id, worker, 0)) {
+            log!("{}: resumed after the server restart", who(backfill_id));
+        } else {
+            warning!("{}: could not resume it: no free background worker slot", who(backfill_id));
+        }
+    }
+}
+
+/// The launcher (with the library in shared_preload_libraries): after every server start, one
+/// worker per database looks for backfills to resume. Databases are listed from the `postgres`
+/// database, the only one a server can be assumed to have.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn backfill_launcher_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(Some("postgres"), None);
+    override_search_path();
+    let databases = in_transaction(|| {
+        Spi::connect(|client| {
+            client
+                .select("SELECT oid FROM pg_catalog.pg_database WHERE datallowconn AND NOT datistemplate", None, &[])?
+                .map(|row| row.get::<pg_sys::Oid>(1).map(|oid| oid.unwrap_or(pg_sys::InvalidOid)))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .or_internal("list the databases")
+    });
+    for database in databases.unwrap_or_default() {
+        if !register(Task::Resume { database: database.to_u32() }) {
+            warning!("pg_backfill launcher: no free background worker slot to resume backfills");
+        }
+    }
+}
+
+/// Registers the launcher; called from _PG_init while shared_preload_libraries loads.
+pub fn register_launcher() {
+    // SAFETY: a flag the postmaster sets at start.
+    if unsafe { pg_sys::IsBinaryUpgrade } {
+        log!("pg_backfill: not resuming backfills in binary upgrade mode");
+        return;
+    }
+    BackgroundWorkerBuilder::new("pg_backfill launcher")
+        .set_type("pg_backfill launcher")
+        .set_library("pg_backfill")
+        .set_function("backfill_launcher_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(None)
+        .load();
+}

@@ -1,0 +1,106 @@
+//! The pages of a backfill of given keys (api/keyed.rs records them): each page delivers at
+//! most `batch_size` keys, a key with a row read as any row is, a key without one as `absent`.
+//!
+//! Why an `absent` sorts right against a concurrent insert of its key: a keyed page always
+//! holds the table in SHARE mode (throttle/lock.rs) from before its queries take their
+//! snapshots until it commits. No writer of the table is in progress when the lock is granted,
+//! and none can write it until the page commits. A key the page finds absent was therefore
+//! absent in every committed state before the page's commit, and an insert of it commits after
+//! the page, so its change is decoded after the `absent`. (Row locks could not give this: an
+//! absent row has none.)
+
+use super::{Page, TableScan};
+use crate::catalog::job_table::{self, JobTable};
+use crate::model::table::Table;
+use crate::pg::encoding::quote_ident;
+use crate::pg::errors::OrInternal;
+use crate::pg::privilege;
+use crate::stream::message;
+use crate::stream::sign::Signer;
+use crate::throttle::lock::Locking;
+use pgrx::datum::DatumWithOid;
+
+impl TableScan<'_> {
+    /// One page of a keyed scan: the next keys, each read (if its row exists) or delivered
+    /// absent, under the table's SHARE lock (see the module's comment).
+    pub(super) fn key_page(&mut self, progress: &JobTable, signer: &Signer) -> Page {
+        let (locking, rows_per_page) = self.throttle.lock_page(self.shape.table.relid);
+        let (backfill_id, position) = (self.context.backfill_id, self.context.position);
+        let keys = job_table::next_keys(backfill_id, position, progress.rows_done, rows_per_page);
+        let Some(last) = keys.last() else {
+            return self.end_scan(progress.rows_done, signer);
+        };
+        let table = &self.shape.table;
+        // One text[] of values per key column.
+        let args: Vec<DatumWithOid> = (0..table.key.len())
+            .map(|column| keys.iter().map(|k| k.text[column].clone()).collect::<Vec<_>>().into())
+            .collect();
+        let (rows_sql, absent_sql) = (key_rows(table, locking), absent_keys(table));
+        let (read, mut bytes) = self.deliver_rows(&rows_sql, &args, signer);
+        let absent: Vec<i64> = privilege::run_as(self.shape.owner, || {
+            crate::pg::spi::run_prepared(&absent_sql, false, &args, |rows| {
+                rows.map(|row| Ok(row.get::<i64>(1)?.unwrap_or_default())).collect()
+            })
+        })
+        .or_internal("find the absent keys");
+        for ordinal in &absent {
+            let key = &keys[*ordinal as usize - 1];
+            let marker = message::absent(backfill_id, self.context.slot.as_deref(), &self.shape.table, &key.json);
+            bytes += marker.len() as i64;
+            message::emit_marker(self.context.prefix, signer, marker);
+        }
+        self.throttle.delivered(read + absent.len() as i64);
+        let counted = self.context.counts_lock_paths.then_some(locking == Locking::Table);
+        job_table::advance_cursor(backfill_id, position, last.text.clone(), keys.len() as i64, bytes, counted);
+        Page::More
+    }
+}
+
+/// A keyed page's SQL: the key's columns (`t.a` or `(t.a, t.b)`), the page's keys cast back to
+/// the key's types (`k.c0::type, ...`), and where they come from: one text[] parameter per key
+/// column, unnested together.
+struct KeySql {
+    columns: String,
+    casts: Vec<String>,
+    unnest: String,
+    names: String,
+}
+
+impl KeySql {
+    fn of(table: &Table) -> Self {
+        let columns = table.key.iter().map(|k| format!("t.{}", quote_ident(&k.name))).collect::<Vec<_>>();
+        // ROWS FROM: a qualified unnest() takes one array (only a bare one in FROM takes several).
+        let params =
+            (1..=table.key.len()).map(|i| format!("pg_catalog.unnest(${i}::pg_catalog.text[])")).collect::<Vec<_>>();
+        KeySql {
+            columns: if columns.len() == 1 { columns[0].clone() } else { format!("({})", columns.join(", ")) },
+            casts: table.key.iter().enumerate().map(|(i, k)| format!("k.c{i}::{}", k.type_name)).collect(),
+            unnest: format!("ROWS FROM ({})", params.join(", ")),
+            names: (0..table.key.len()).map(|i| format!("c{i}")).collect::<Vec<_>>().join(", "),
+        }
+    }
+}
+
+/// The rows of a keyed page, for delivery: those of the given keys that exist.
+fn key_rows(table: &Table, locking: Locking) -> String {
+    let KeySql { columns, casts, unnest, names } = KeySql::of(table);
+    let order = table.key.iter().map(|k| format!("t.{}", quote_ident(&k.name))).collect::<Vec<_>>().join(", ");
+    let lock = locking.clause();
+    format!(
+        "SELECT {} FROM ONLY {} t WHERE {columns} IN (SELECT {} FROM {unnest} AS k({names})) ORDER BY {order}{lock}",
+        crate::stream::json::select_list(&table.columns),
+        table.qualified_name(),
+        casts.join(", "),
+    )
+}
+
+/// The ordinals (from 1) of the page's keys that have no row.
+fn absent_keys(table: &Table) -> String {
+    let KeySql { columns, casts, unnest, names } = KeySql::of(table);
+    let key = if casts.len() == 1 { casts[0].clone() } else { format!("({})", casts.join(", ")) };
+    format!(
+        "SELECT k.o FROM {unnest} WITH ORDINALITY AS k({names}, o)
+          WHERE NOT EXISTS (SELECT FROM ONLY {} t WHERE {columns} = {key})",
+        table.qualified_name()
+    )
+}
