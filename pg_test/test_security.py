@@ -748,3 +748,20 @@ def test_after_a_restart_the_resumer_trusts_no_table_but_the_extensions_own(clus
             assert not is_superuser(admin, "fake_owner")
     finally:
         other.stop()
+
+
+def test_waiting_kind_answers_only_about_backfills_the_caller_sees(db, roles):
+    """backfill.waiting_kind(), which the views call as the extension's owner: NULL for NULL, for
+    an id that does not exist, for a backfill the caller may not see, and once it ended."""
+    make_table(db, "t", 100)
+    db.execute("SELECT pg_create_logical_replication_slot('away', 'test_decoding')")
+    backfill_id = start(db, "t", slot="away")
+    wait_for(lambda: value(db, "SELECT backfill.waiting_kind(%s)", [backfill_id]) == "consumer_away", what="the wait")
+    assert value(db, "SELECT backfill.waiting_kind(NULL)") is None
+    assert value(db, "SELECT backfill.waiting_kind(9223372036854775807)") is None
+    stranger = roles.connect(roles.create("stranger"))
+    assert value(stranger, "SELECT backfill.waiting_kind(%s)", [backfill_id]) is None
+    assert value(stranger, "SELECT count(*) FROM backfill_status") == 0
+    db.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    assert wait_until_ended(db, backfill_id) == "cancelled"
+    assert value(db, "SELECT waiting_kind FROM backfill_status WHERE id = %s", [backfill_id]) is None
