@@ -192,7 +192,7 @@ def test_an_operator_granted_before_0_5_0_starts_keyed_backfills_compares_and_re
     assert db.execute("SELECT rows_done FROM backfill_status WHERE id IN (%s, %s) ORDER BY id", [backfill_id, keyed]).fetchall() == [(1,), (1,)]
     assert db.execute(
         "SELECT has_function_privilege('public', 'backfill_start(text, boolean, integer, integer, name, name, bigint, integer, "
-        "bigint, bigint, integer, jsonb)', 'EXECUTE')"
+        "bigint, bigint, integer, jsonb, integer)', 'EXECUTE')"
     ).fetchone()[0]
     bystander = roles.create("bystander")
     assert error_of(roles.connect(bystander), "SELECT * FROM backfill_compare('t', 't_copy')").sqlstate == "42501"

@@ -33,27 +33,27 @@ CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false,
                                publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
                                parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
                                max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
-                               keys jsonb DEFAULT NULL)
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(tables::oid[], confirm, batch_size, rows_per_second, slot::text,
-                                                      publication::text, max_lag, parallel),
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(tables::oid[], confirm, batch_size, rows_per_second,
+                                                      slot::text, publication::text, max_lag, parallel), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
-COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb) IS
-'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate. keys => a JSON array of key objects: only those keys of the one table, each read or, without a row, delivered absent.';
+COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer) IS
+'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate. keys => a JSON array of key objects: only those keys of the one table, each read or, without a row, delivered absent. rows_per_message => N: each page''s rows in reads messages of up to N rows (NULL: backfill.rows_per_message).';
 
 CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
                                publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
                                parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
                                max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
-                               keys jsonb DEFAULT NULL)
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(ARRAY[table_name]::oid[], confirm, batch_size, rows_per_second, slot::text,
-                                                      publication::text, max_lag, parallel),
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(ARRAY[table_name]::oid[], confirm, batch_size, rows_per_second,
+                                                      slot::text, publication::text, max_lag, parallel), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
-COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb) IS 'backfill_start() of one table';
+COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer) IS 'backfill_start() of one table';
 
 -- See backfill_estimate(text): makes backfill_start('public.orders', confirm => true) resolve.
 CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
@@ -61,13 +61,13 @@ CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, b
                                publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
                                parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
                                max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
-                               keys jsonb DEFAULT NULL)
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size, rows_per_second, slot::text,
-                                                      publication::text, max_lag, parallel),
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size, rows_per_second,
+                                                      slot::text, publication::text, max_lag, parallel), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
-COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb) IS 'backfill_start() of one table, by name';
+COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer) IS 'backfill_start() of one table, by name';
 
 CREATE FUNCTION backfill_checksum(tbl regclass, ranges integer DEFAULT 1024, level text DEFAULT 'hash',
                                   bounds jsonb DEFAULT NULL)
@@ -184,7 +184,8 @@ SELECT j.id,
        backfill.source_limit('max_replica_lag', j.max_replica_lag_bytes) AS max_replica_lag_bytes,
        backfill.source_limit('max_retained_wal', j.max_retained_wal_bytes) AS max_retained_wal_bytes,
        backfill.source_limit('max_active_sessions', j.max_active_sessions)::integer AS max_active_sessions,
-       CASE WHEN j.state = 'running' THEN backfill.waiting_kind(j.id) END AS waiting_kind
+       CASE WHEN j.state = 'running' THEN backfill.waiting_kind(j.id) END AS waiting_kind,
+       j.rows_per_message
   FROM backfill.job j
  CROSS JOIN LATERAL (
         SELECT pg_catalog.array_agg(jt.relid ORDER BY jt.position) AS tables,
@@ -224,6 +225,7 @@ COMMENT ON COLUMN backfill_status.rows_done IS 'Read messages delivered so far';
 COMMENT ON COLUMN backfill_status.rows_estimated IS 'Planner estimate of the rows when the backfill started';
 COMMENT ON COLUMN backfill_status.percent_done IS 'Share of the key ranges scanned (from pg_stats histograms; rows against the estimate without them); 100 once done';
 COMMENT ON COLUMN backfill_status.waiting_for IS 'What a running backfill''s workers wait for now, if anything: a row lock held by another process (its pid), the slot''s consumer (none connected, or lagging past max_lag_bytes), a standby replaying past max_replica_lag_bytes, a slot retaining more than max_retained_wal_bytes, or the server''s load past max_active_sessions (then it slows down rather than waits)';
+COMMENT ON COLUMN backfill_status.rows_per_message IS 'Most rows per message: 1, a read message per row; more, reads messages of up to this many rows';
 COMMENT ON COLUMN backfill_status.waiting_kind IS 'The kind of what a running backfill''s workers wait for now, stable for monitoring: row_lock, consumer_away, consumer_lag, replica_lag, retained_wal or load (then it slows down rather than waits); NULL when nothing holds it back';
 COMMENT ON COLUMN backfill_status.worker_pid IS 'Process id of the running background worker, if any';
 COMMENT ON COLUMN backfill_status.last_error_sqlstate IS 'SQLSTATE of the error that failed the backfill';
@@ -396,9 +398,9 @@ CREATE EVENT TRIGGER backfill_refuse_drop_while_running ON ddl_command_start WHE
     EXECUTE FUNCTION backfill.refuse_drop_while_running();
 REVOKE EXECUTE ON FUNCTION
     backfill_estimate(regclass[], integer), backfill_estimate(regclass, integer), backfill_estimate(text, integer),
-    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb),
-    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb),
-    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb),
+    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer),
+    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer),
+    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer),
     backfill_cancel(bigint), backfill_pause(bigint), backfill_resume(bigint),
     backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
     backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_security_check(),
@@ -416,6 +418,7 @@ COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint) IS 'Entry poi
 COMMENT ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) IS 'Entry point of the back-pressure options of backfill_start() and backfill_set(); returns the backfill''s id';
 COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb) IS 'Entry point of backfill_checksum()';
 COMMENT ON FUNCTION backfill.set_keys(bigint, jsonb) IS 'Entry point of backfill_start()''s keys; returns the backfill''s id';
+COMMENT ON FUNCTION backfill.set_rows_per_message(bigint, integer) IS 'Entry point of backfill_start()''s rows_per_message; returns the backfill''s id';
 COMMENT ON FUNCTION backfill.compare(oid, oid, text, integer, text) IS 'Entry point of backfill_compare()';
 COMMENT ON FUNCTION backfill.repair(oid, oid, boolean, text, integer, text, integer) IS 'Entry point of backfill_repair()';
 COMMENT ON FUNCTION backfill.row_hash(anyelement) IS 'A table row''s 64-bit hash over its columns'' binary send formats (XXH3-64; floats as SQL compares them, arrays and composites element by element, jsonb as the tokens of a walk of it, text in UTF-8), for backfill_checksum()';

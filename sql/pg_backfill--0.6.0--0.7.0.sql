@@ -14,6 +14,11 @@ LOCK TABLE backfill.job, backfill.job_table IN ACCESS EXCLUSIVE MODE;
 ALTER TABLE backfill.job ADD COLUMN slot_identity text;
 COMMENT ON COLUMN backfill.job.slot_identity IS 'Which slot of that name it was when the backfill started (its directory''s inode and birth time): a slot dropped and created again fails the backfill';
 
+-- backfill_start(..., rows_per_message => N): each page's rows in "reads" messages of up to N
+-- rows; a backfill of 0.6.0 sends a "read" per row, as 1 does.
+ALTER TABLE backfill.job ADD COLUMN rows_per_message integer NOT NULL DEFAULT 1 CHECK (rows_per_message BETWEEN 1 AND 100000);
+COMMENT ON COLUMN backfill.job.rows_per_message IS 'Most rows per message: 1 sends a read message per row, more sends reads messages of up to this many rows (backfill.rows_per_message when it started, unless given)';
+
 ALTER FUNCTION backfill.row_hash(anyelement) STABLE;
 
 COMMENT ON FUNCTION backfill.row_hash(anyelement) IS 'A table row''s 64-bit hash over its columns'' binary send formats (XXH3-64; floats as SQL compares them, arrays and composites element by element, jsonb as the tokens of a walk of it, text in UTF-8), for backfill_checksum()';
@@ -119,7 +124,8 @@ SELECT j.id,
        backfill.source_limit('max_replica_lag', j.max_replica_lag_bytes) AS max_replica_lag_bytes,
        backfill.source_limit('max_retained_wal', j.max_retained_wal_bytes) AS max_retained_wal_bytes,
        backfill.source_limit('max_active_sessions', j.max_active_sessions)::integer AS max_active_sessions,
-       CASE WHEN j.state = 'running' THEN backfill.waiting_kind(j.id) END AS waiting_kind
+       CASE WHEN j.state = 'running' THEN backfill.waiting_kind(j.id) END AS waiting_kind,
+       j.rows_per_message
   FROM backfill.job j
  CROSS JOIN LATERAL (
         SELECT pg_catalog.array_agg(jt.relid ORDER BY jt.position) AS tables,
@@ -167,6 +173,7 @@ SELECT jt.job_id AS backfill_id,
  CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor')
                             OR coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) v
  WHERE backfill.visible(j.started_by);
+COMMENT ON COLUMN backfill_status.rows_per_message IS 'Most rows per message: 1, a read message per row; more, reads messages of up to this many rows';
 COMMENT ON COLUMN backfill_status.waiting_kind IS 'The kind of what a running backfill''s workers wait for now, stable for monitoring: row_lock, consumer_away, consumer_lag, replica_lag, retained_wal or load (then it slows down rather than waits); NULL when nothing holds it back';
 
 CREATE TABLE backfill.job_error (
@@ -216,3 +223,96 @@ COMMENT ON COLUMN backfill_errors.sqlstate IS 'SQLSTATE of the error';
 COMMENT ON COLUMN backfill_errors.message IS 'The error''s message';
 COMMENT ON COLUMN backfill_errors.detail IS 'The error''s detail, if any';
 GRANT SELECT ON backfill_errors TO PUBLIC;
+
+-- backfill_start() gains rows_per_message. The old signatures go (a new trailing argument makes
+-- a new function): they are kept aside under other names until their grants are copied.
+ALTER FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb) RENAME TO backfill_start_0_6_0;
+ALTER FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb) RENAME TO backfill_start_0_6_0;
+ALTER FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb) RENAME TO backfill_start_0_6_0;
+
+CREATE  FUNCTION backfill."set_rows_per_message"(
+	"id" bigint, /* Option < i64 > */
+	"rows_per_message" INT /* Option < i32 > */
+) RETURNS bigint /* Option < i64 > */
+ 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_rows_per_message_wrapper';
+COMMENT ON FUNCTION backfill.set_rows_per_message(bigint, integer) IS 'Entry point of backfill_start()''s rows_per_message; returns the backfill''s id';
+
+CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(tables::oid[], confirm, batch_size, rows_per_second,
+                                                      slot::text, publication::text, max_lag, parallel), rows_per_message),
+                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
+COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer) IS
+'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate. keys => a JSON array of key objects: only those keys of the one table, each read or, without a row, delivered absent. rows_per_message => N: each page''s rows in reads messages of up to N rows (NULL: backfill.rows_per_message).';
+
+CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(ARRAY[table_name]::oid[], confirm, batch_size, rows_per_second,
+                                                      slot::text, publication::text, max_lag, parallel), rows_per_message),
+                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
+COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer) IS 'backfill_start() of one table';
+
+-- See backfill_estimate(text): makes backfill_start('public.orders', confirm => true) resolve.
+CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size, rows_per_second,
+                                                      slot::text, publication::text, max_lag, parallel), rows_per_message),
+                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
+COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer) IS 'backfill_start() of one table, by name';
+
+REVOKE EXECUTE ON FUNCTION
+    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer),
+    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer),
+    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer),
+    backfill.set_rows_per_message(bigint, integer)
+  FROM PUBLIC;
+
+-- Who could execute the old backfill_start() may execute the new one, and who could execute
+-- backfill.start() its new entry point. (Every operator and function is pg_catalog's: this runs
+-- as a superuser, with the extension's schema, which other roles may be able to create objects
+-- in, on the path.)
+DO $$
+DECLARE
+    kept record;
+BEGIN
+    FOR kept IN
+        SELECT DISTINCT g.successor, a.grantee, r.rolname, a.is_grantable
+          FROM (VALUES ('backfill_start_0_6_0(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb)', 'backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer)'),
+                       ('backfill_start_0_6_0(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb)', 'backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer)'),
+                       ('backfill_start_0_6_0(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb)', 'backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer)'),
+                       ('backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer)', 'backfill.set_rows_per_message(bigint, integer)'))
+               AS g(predecessor, successor)
+          JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) g.predecessor::pg_catalog.regprocedure::pg_catalog.oid
+         CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+          LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+         WHERE a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE' AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s', kept.successor,
+                                  CASE WHEN kept.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(kept.rolname) END,
+                                  CASE WHEN kept.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+END
+$$;
+DROP FUNCTION backfill_start_0_6_0(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb);
+DROP FUNCTION backfill_start_0_6_0(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb);
+DROP FUNCTION backfill_start_0_6_0(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb);

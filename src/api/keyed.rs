@@ -30,12 +30,7 @@ fn set_keys(id: Option<i64>, keys: Option<JsonB>) -> Option<i64> {
 /// Records the keys of backfill `id` (see [`set_keys`]).
 pub fn record_keys(id: i64, keys: serde_json::Value) {
     // Only in the transaction that started it: its worker starts at commit and finds the keys.
-    let xmin = as_extension_owner(|| job::recorded_by(id));
-    // SAFETY: asks whether an xid is this transaction's (or a subtransaction's); no side effect.
-    let started_here = xmin.is_some_and(|xmin| unsafe {
-        pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin as u32))
-    });
-    if !started_here {
+    if !crate::api::start::started_in_this_transaction(id) {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("keys cannot be given to backfill {id}"),

@@ -80,7 +80,7 @@ fn sample(table: &Table, prefix_len: usize) -> Estimate {
     // first ids (a few more digits later do not matter here).
     let punctuation = 2 + table.columns.iter().map(|c| crate::stream::json::label(&c.name).len() + 1).sum::<usize>();
     let punctuation = punctuation - usize::from(!table.columns.is_empty());
-    let envelope = ReadMessage::new(1, None, table).envelope_len() + prefix_len + punctuation;
+    let envelope = ReadMessage::new(1, None, table, 1).envelope_len() + prefix_len + punctuation;
     let rows = rows.round() as i64;
     Estimate { rows, bytes: (rows as f64 * (avg_row_json + envelope as f64)).round() as i64 }
 }

@@ -6,7 +6,7 @@ use crate::catalog::job;
 use crate::catalog::job_table;
 use crate::model::state::LockMode;
 use crate::model::table::{self, Table};
-use crate::pg::args::{check_batch_size, check_rate, require_primary, required};
+use crate::pg::args::{check_batch_size, check_rate, check_rows_per_message, require_primary, required};
 use crate::pg::encoding::Text;
 use crate::pg::errors::raise;
 use crate::pg::errors::OrInternal;
@@ -190,6 +190,11 @@ pub(crate) fn start(
         if lock_mode != LockMode::Auto {
             job::set_lock_mode(backfill_id, lock_mode);
         }
+        // The setting's default; backfill_start(rows_per_message => ...) overrides it next.
+        let rows_per_message = settings::rows_per_message();
+        if rows_per_message != 1 {
+            job::set_rows_per_message(backfill_id, rows_per_message);
+        }
         if let Some(slot) = &slot {
             job::set_slot_identity(backfill_id, pipeline::slot_identity(slot));
         }
@@ -207,6 +212,38 @@ pub(crate) fn start(
         launcher::launch_in_this_transaction(backfill_id, worker);
     }
     backfill_id
+}
+
+/// backfill.set_rows_per_message(): makes the backfill `id`, started in this transaction, send
+/// its rows `rows_per_message` at a time (NULL: backfill.rows_per_message, as it started).
+/// Returns the id, so that backfill_start()'s SQL wrapper chains it.
+///
+/// Only at the start: a backfill keeps one format from its first row to its last, so that a
+/// consumer reading its `table_start` knows what follows (backfill_set() does not change it).
+#[pg_extern(schema = "backfill", name = "set_rows_per_message")]
+fn set_rows_per_message(id: Option<i64>, rows_per_message: Option<i32>) -> Option<i64> {
+    let Some(rows_per_message) = rows_per_message else { return id };
+    check_rows_per_message(rows_per_message);
+    let id = required(id, "backfill_start", "id");
+    if !started_in_this_transaction(id) {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("rows_per_message cannot be changed for backfill {id}"),
+            "A backfill's messages keep the format it started with; rows_per_message is given when it starts.",
+            Some("Cancel it and start it again with SELECT backfill_start(..., rows_per_message => ...);".into()),
+        );
+    }
+    as_extension_owner(|| job::set_rows_per_message(id, rows_per_message));
+    Some(id)
+}
+
+/// Whether backfill `id` was recorded by this transaction (its worker starts at commit).
+pub(crate) fn started_in_this_transaction(id: i64) -> bool {
+    let xmin = as_extension_owner(|| job::recorded_by(id));
+    // SAFETY: asks whether an xid is this transaction's (or a subtransaction's); no side effect.
+    xmin.is_some_and(|xmin| unsafe {
+        pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin as u32))
+    })
 }
 
 /// The tables named, each once; NULLs and an empty list are errors.

@@ -57,3 +57,24 @@ pub fn check_rate(rows_per_second: Option<i32>) {
         );
     }
 }
+
+/// rows_per_message of backfill_start(): 1 (a `read` per row) up to the most a page holds.
+#[track_caller]
+pub fn check_rows_per_message(rows_per_message: i32) {
+    let most = crate::pg::settings::MAX_ROWS_PER_MESSAGE;
+    if !(1..=most).contains(&rows_per_message) {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("rows_per_message {rows_per_message} is out of range"),
+            format!(
+                "rows_per_message is the most rows one message carries and must be between 1 (a read message \
+                 per row) and {most}."
+            ),
+            Some(
+                "Pass 1 for one message per row, or a few hundred to batch each page's rows; NULL (the default) \
+                  takes backfill.rows_per_message."
+                    .into(),
+            ),
+        );
+    }
+}

@@ -45,6 +45,12 @@ static LOG_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
 /// The largest message a backfill writes, in bytes.
 static MAX_MESSAGE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 * 1024);
 
+/// backfill.rows_per_message: rows per message of a new backfill (1: one `read` per row).
+static ROWS_PER_MESSAGE: GucSetting<i32> = GucSetting::<i32>::new(1);
+
+/// The most rows a message may carry: as many as a page may hold (a batch never spans pages).
+pub const MAX_ROWS_PER_MESSAGE: i32 = 100_000;
+
 /// What backfill.max_message_size can be raised to. PostgreSQL reads a WAL record back only if
 /// it fits one allocation (1 GB minus one byte, headers included), and a decoder may need
 /// more than the message (wal2json escapes it into a JSON string: up to twice its size).
@@ -222,6 +228,18 @@ pub fn define() {
         GucFlags::UNIT_BYTE,
     );
     GucRegistry::define_int_guc(
+        c"backfill.rows_per_message",
+        c"Rows per message of a new backfill started without rows_per_message.",
+        c"1 sends one read message per row; more sends each page's rows in reads messages of up \
+          to this many rows, each within backfill.max_message_size. Recorded per backfill when it \
+          starts.",
+        &ROWS_PER_MESSAGE,
+        1,
+        MAX_ROWS_PER_MESSAGE,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
         c"backfill.max_workers",
         c"How many background workers all backfills of the cluster may use at once.",
         c"Background workers come from max_worker_processes, which parallel query and logical \
@@ -347,6 +365,11 @@ pub fn log_interval() -> Option<Duration> {
 /// The largest message a backfill writes, in bytes (backfill.max_message_size).
 pub fn max_message_bytes() -> usize {
     MAX_MESSAGE_SIZE.get().max(0) as usize
+}
+
+/// Rows per message of a new backfill that does not say (backfill.rows_per_message).
+pub fn rows_per_message() -> i32 {
+    ROWS_PER_MESSAGE.get()
 }
 
 /// The most differing keys a comparison keeps, and keys a keyed backfill takes

@@ -4,6 +4,11 @@
 //! into an SPI tuple table: each row's columns are rendered as JSON into a reused buffer, copied
 //! once into the message and written to WAL. No row is materialized a second time, no SQL
 //! function or SPI call runs per row, and nothing per row is allocated in Rust.
+//!
+//! With `rows_per_message` above 1, rows are gathered into `reads` messages instead, each
+//! written when it holds that many rows, when the next row would take it past
+//! backfill.max_message_size, or when the page's query ends: always inside the page's
+//! transaction, so a batch is committed, and decoded, with its page or not at all.
 
 use crate::stream::json::{Rendered, RowJson};
 use crate::stream::message::{self, ReadMessage};
@@ -21,7 +26,7 @@ pub struct Sink<'a> {
     pub messages: &'a mut ReadMessage,
     pub prefix: &'a CString,
     pub signer: &'a Signer,
-    /// backfill.max_message_size: a larger message fails the backfill.
+    /// backfill.max_message_size: a larger message fails the backfill, and batches stay within it.
     pub max_message_size: usize,
     /// The table's name, for that error.
     pub table: &'a str,
@@ -71,6 +76,8 @@ pub fn run(plan: pg_sys::SPIPlanPtr, args: &[DatumWithOid], sink: &mut Sink) {
         };
         let rc = pg_sys::SPI_execute_plan_extended(plan, &options);
         pg_sys::SPI_finish();
+        // The page's last rows, batched (a failed query raised an ERROR above and never gets here).
+        emit_batch(sink);
         // (SPI reports SPI_OK_UTILITY, not SPI_OK_SELECT, for a query whose rows went to a
         // DestNone receiver; negative codes are the failures.)
         if rc < 0 {
@@ -111,6 +118,22 @@ unsafe extern "C-unwind" fn receive(slot: *mut pg_sys::TupleTableSlot, receiver:
             not_utf8(sink.table, "(its partition's name)", &row.values_of(values, nulls, sink.key_columns))
         })
     });
+    if sink.messages.batched() {
+        let alone = sink.messages.stage(key_values, row.json(), partition.as_deref());
+        // A row too large for a message of its own fails the backfill, as in a `read`.
+        if alone > sink.max_message_size {
+            too_large(sink.table, sink.max_message_size, &row.values_of(values, nulls, sink.key_columns), alone);
+        }
+        if !sink.messages.staged_fits(sink.max_message_size) {
+            emit_batch(sink);
+        }
+        sink.messages.push_staged();
+        if sink.messages.batch_full() {
+            emit_batch(sink);
+        }
+        sink.rows += 1;
+        return true;
+    }
     let content = sink.messages.build(key_values, row.json(), partition.as_deref(), sink.signer);
     if content.len() > sink.max_message_size {
         too_large(sink.table, sink.max_message_size, &row.values_of(values, nulls, sink.key_columns), content.len());
@@ -119,6 +142,14 @@ unsafe extern "C-unwind" fn receive(slot: *mut pg_sys::TupleTableSlot, receiver:
     sink.rows += 1;
     sink.bytes += content.len() as i64;
     true
+}
+
+/// Writes the open batch of rows, if there is one.
+fn emit_batch(sink: &mut Sink) {
+    if let Some(content) = sink.messages.take_batch(sink.signer) {
+        message::emit(sink.prefix, content);
+        sink.bytes += content.len() as i64;
+    }
 }
 
 /// A row whose message would pass backfill.max_message_size fails the backfill: PostgreSQL 15

@@ -30,6 +30,10 @@ const AUTH_FIELD: &[u8] = b",\"auth\":\"";
 /// Bytes a seal adds to a message signed with a key of a one-digit id (the estimate's figure).
 pub const SEAL_LEN: usize = AUTH_FIELD.len() + "1:".len() + 64 + "\"}".len() - "}".len();
 
+/// The most bytes a seal adds: a key id has at most the 10 digits of an i32 (and no sign: ids
+/// are an identity from 1). What a message's size bound reserves before it is sealed.
+pub const MAX_SEAL_LEN: usize = SEAL_LEN - 1 + 10;
+
 /// Signs the messages of one transaction.
 pub struct Signer {
     /// The key's id and the MAC keyed with it once (cloned per message: a copy of two hash

@@ -75,6 +75,8 @@ struct ScanContext<'a> {
     started_by: String,
     /// Whether the scan delivers given keys (keyed_page.rs) rather than the whole table.
     keyed: bool,
+    /// Most rows per message (backfill.job.rows_per_message).
+    rows_per_message: i32,
     /// Whether the state tables count each page's lock path (tests).
     counts_lock_paths: bool,
 }
@@ -93,13 +95,13 @@ struct ReadShape {
 }
 
 impl ReadShape {
-    fn new(table: Table, backfill_id: i64, slot: Option<&str>) -> Self {
+    fn new(table: Table, backfill_id: i64, slot: Option<&str>, rows_per_message: i32) -> Self {
         ReadShape {
             owner: table.owner,
             queries: ScanQueries::new(&table),
             key_columns: table.key.iter().map(|k| k.position).collect(),
             row: RowJson::new(&table.columns),
-            messages: ReadMessage::new(backfill_id, slot, &table),
+            messages: ReadMessage::new(backfill_id, slot, &table, rows_per_message.max(1) as usize),
             table,
         }
     }
@@ -115,7 +117,7 @@ impl<'a> TableScan<'a> {
         let partitioned = table.partitioned;
         let (shape, counts_lock_paths, keyed) = in_transaction(|| {
             (
-                ReadShape::new(table, backfill_id, job.slot_name.as_deref()),
+                ReadShape::new(table, backfill_id, job.slot_name.as_deref(), job.rows_per_message),
                 job_table::counts_lock_paths(),
                 job_table::is_keyed(backfill_id, job_table.position),
             )
@@ -128,6 +130,7 @@ impl<'a> TableScan<'a> {
                 slot: job.slot_name.clone(),
                 started_by: job.started_by.clone(),
                 keyed,
+                rows_per_message: job.rows_per_message,
                 counts_lock_paths,
             },
             throttle: Throttle::new(job, partitioned),
@@ -271,6 +274,11 @@ impl<'a> TableScan<'a> {
         );
         // The new queries name the columns as they are now: pg/spi.rs prepares them anew.
         self.forget_plans();
-        self.shape = ReadShape::new(table, self.context.backfill_id, self.context.slot.as_deref());
+        self.shape = ReadShape::new(
+            table,
+            self.context.backfill_id,
+            self.context.slot.as_deref(),
+            self.context.rows_per_message,
+        );
     }
 }
