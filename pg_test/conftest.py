@@ -167,9 +167,24 @@ def backfill_messages(changes, prefix="backfill"):
     return [json.loads(c["content"]) for c in changes if c.get("action") == "M" and c.get("prefix") == prefix]
 
 
+def as_reads(messages):
+    """Parsed messages with each `reads` batch (rows_per_message > 1) replaced by its rows, each
+    as the `read` it stands for: the batch's envelope with the row's key, data (and partition)."""
+    expanded = []
+    for m in messages:
+        if m["op"] != "reads":
+            expanded.append(m)
+            continue
+        envelope = {k: v for k, v in m.items() if k not in ("rows", "commit_lsn", "auth")}
+        expanded.extend({**envelope, "op": "read", **row, "commit_lsn": m["commit_lsn"]} for row in m["rows"])
+    return expanded
+
+
 def assert_each_row_read_once(messages, ids, markers=("table_start", "table_end")):
     """The delivery guarantee, checked on a backfill's parsed messages: every id in `ids` read
-    exactly once and no other, and each marker once (a cancelled scan has no end marker)."""
+    exactly once and no other, and each marker once (a cancelled scan has no end marker).
+    Batches count as their rows."""
+    messages = as_reads(messages)
     reads = Counter(m["data"]["id"] for m in messages if m["op"] == "read")
     ids = set(ids)
     assert not ids - set(reads), f"{len(ids - set(reads))} rows never read, e.g. {sorted(ids - set(reads))[:5]}"

@@ -132,6 +132,8 @@ class Applier(threading.Thread):
             message = json.loads(change["content"], parse_float=decimal.Decimal)
             if message["op"] == "read":
                 return [("upsert", message["data"])]
+            if message["op"] == "reads":  # a batch: its rows, in order
+                return [("upsert", row["data"]) for row in message["rows"]]
             if message["op"] == "absent":
                 return [("delete", message["key"]["id"])]
         return []
@@ -187,7 +189,10 @@ def test_a_thousand_injected_divergences_of_every_kind_are_found_exactly(db):
 
 
 @pytest.mark.slow
-def test_a_repair_applied_by_the_consumer_leaves_nothing_to_find(cluster, db):
+@pytest.mark.parametrize("rows_per_message", [1, 50])
+def test_a_repair_applied_by_the_consumer_leaves_nothing_to_find(cluster, db, rows_per_message):
+    """With backfill.rows_per_message above 1, the repair's reads come in batches."""
+    db.execute(f"SET backfill.rows_per_message = {rows_per_message}")
     make_pair(db, 3000)
     db.execute("SELECT pg_create_logical_replication_slot('copy', 'wal2json')")
     db.execute("DELETE FROM dst WHERE id IN (10, 20)")
@@ -201,8 +206,8 @@ def test_a_repair_applied_by_the_consumer_leaves_nothing_to_find(cluster, db):
         assert error.sqlstate == "22023" and "7 keys of src differ: 2 missing, 3 extra, 2 different" in error.diag.message_detail
         backfill_id = db.execute("SELECT backfill_repair('src', 'dst', confirm => true, slot => 'copy')").fetchone()[0]
         assert db.execute("SELECT backfill_wait(%s, '60 s')", [backfill_id]).fetchone()[0]
-        assert db.execute("SELECT rows_done, slot_name FROM backfill_status WHERE id = %s",
-                          [backfill_id]).fetchone() == (7, "copy")
+        assert db.execute("SELECT rows_done, slot_name, rows_per_message FROM backfill_status WHERE id = %s",
+                          [backfill_id]).fetchone() == (7, "copy", rows_per_message)
         assert compared(db, slot="copy") == {}
         # With the copy whole, a repair starts nothing.
         assert db.execute("SELECT backfill_repair('src', 'dst', confirm => true)").fetchone()[0] is None

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import backfill_messages, wait_until_ended, wal2json_changes
+from conftest import as_reads, backfill_messages, wait_until_ended, wal2json_changes
 
 ROWS = 30_000  # even ids 2..60000; writers insert odd ids, so no key is ever reused
 BATCH = 100
@@ -101,19 +101,20 @@ def replay(changes, prefix="backfill"):
             state.pop(old_id, None)
             deleted.add(old_id)
         elif action == "M" and change["prefix"] == prefix:
-            message = backfill_messages([change], prefix)[0]
-            if message["op"] != "read":
-                continue
-            row = message["data"]
-            if row["id"] in deleted:
-                violations.append(f"read brought back deleted row {row['id']}")
-            elif row["id"] in state and state[row["id"]][0] > row["v"]:
-                violations.append(f"read of {row['id']} at v{row['v']} after change to v{state[row['id']][0]}")
-            state[row["id"]] = (row["v"], row["payload"])
+            # A batch (rows_per_message > 1) is applied as its rows, in order.
+            for message in as_reads(backfill_messages([change], prefix)):
+                if message["op"] != "read":
+                    continue
+                row = message["data"]
+                if row["id"] in deleted:
+                    violations.append(f"read brought back deleted row {row['id']}")
+                elif row["id"] in state and state[row["id"]][0] > row["v"]:
+                    violations.append(f"read of {row['id']} at v{row['v']} after change to v{state[row['id']][0]}")
+                state[row["id"]] = (row["v"], row["payload"])
     return state, violations
 
 
-def run_scenario(cluster, db, skip_row_locks, parallel=1, lock_mode="auto"):
+def run_scenario(cluster, db, skip_row_locks, parallel=1, lock_mode="auto", rows_per_message=1):
     dbname = db.info.dbname
     db.execute(f"SET backfill.lock_mode = '{lock_mode}'")
     if skip_row_locks:
@@ -125,8 +126,9 @@ def run_scenario(cluster, db, skip_row_locks, parallel=1, lock_mode="auto"):
     )
     db.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
     backfill_id = db.execute(
-        "SELECT backfill_start('items', confirm => true, batch_size => %s, rows_per_second => 10000, parallel => %s)",
-        [BATCH, parallel],
+        "SELECT backfill_start('items', confirm => true, batch_size => %s, rows_per_second => 10000, parallel => %s,"
+        " rows_per_message => %s)",
+        [BATCH, parallel, rows_per_message],
     ).fetchone()[0]
     with Writers(cluster, dbname, backfill_id) as writers:
         assert wait_until_ended(db, backfill_id) == "done"
@@ -140,10 +142,15 @@ def run_scenario(cluster, db, skip_row_locks, parallel=1, lock_mode="auto"):
     return writers, violations, mismatched, paths
 
 
-@pytest.mark.parametrize("parallel, lock_mode", [(1, "auto"), (2, "auto"), (1, "rows"), (1, "table")])
-def test_reads_stay_ordered_with_concurrent_writes(cluster, db, parallel, lock_mode):
+@pytest.mark.parametrize(
+    "parallel, lock_mode, rows_per_message",
+    [(1, "auto", 1), (2, "auto", 1), (1, "rows", 1), (1, "table", 1), (1, "auto", 30), (2, "auto", 30)],
+)
+def test_reads_stay_ordered_with_concurrent_writes(cluster, db, parallel, lock_mode, rows_per_message):
+    """rows_per_message 30: pages of 100 rows (fewer when a writer holds one) in batches of up
+    to 30: the batches are applied as their rows, in order."""
     writers, violations, mismatched, (table_locked, row_locked) = run_scenario(
-        cluster, db, skip_row_locks=False, parallel=parallel, lock_mode=lock_mode
+        cluster, db, skip_row_locks=False, parallel=parallel, lock_mode=lock_mode, rows_per_message=rows_per_message
     )
     assert writers.errors == []
     assert writers.ops > 1000, "the writers barely ran: the scenario proves nothing"
@@ -155,9 +162,10 @@ def test_reads_stay_ordered_with_concurrent_writes(cluster, db, parallel, lock_m
     ), (table_locked, row_locked)
 
 
-def test_ordering_test_fails_without_row_locks(cluster, db):
-    """The control: without row locks, stale reads land after newer changes."""
-    writers, violations, mismatched, _ = run_scenario(cluster, db, skip_row_locks=True)
+@pytest.mark.parametrize("rows_per_message", [1, 30])
+def test_ordering_test_fails_without_row_locks(cluster, db, rows_per_message):
+    """The control: without row locks, stale reads land after newer changes (batched too)."""
+    writers, violations, mismatched, _ = run_scenario(cluster, db, skip_row_locks=True, rows_per_message=rows_per_message)
     assert writers.errors == []
     assert violations, "without locks the consumer should have seen stale reads"
     assert mismatched, "without locks the consumer should have ended with stale rows"

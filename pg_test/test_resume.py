@@ -26,12 +26,15 @@ def delivered(db):
 
 
 @pytest.mark.slow
-def test_terminated_worker_restarts_and_every_row_is_read_exactly_once(db):
+@pytest.mark.parametrize("rows_per_message", [1, 200])
+def test_terminated_worker_restarts_and_every_row_is_read_exactly_once(db, rows_per_message):
     """Terminations land mostly inside pages (large pages, no pacing): each kills a page halfway
-    through its messages, which must then count for nothing."""
+    through its messages (or its batches), which must then count for nothing."""
     rows = 600_000
     make_table(db, rows)
-    backfill_id = db.execute("SELECT backfill_start('events', confirm => true, batch_size => 5000)").fetchone()[0]
+    backfill_id = db.execute(
+        "SELECT backfill_start('events', confirm => true, batch_size => 5000, rows_per_message => %s)", [rows_per_message]
+    ).fetchone()[0]
     rng = random.Random(7)
     terminations, last_pid = 0, None
     deadline = time.monotonic() + 60
@@ -93,7 +96,8 @@ def test_pause_holds_nothing_and_resume_continues_exactly_once(db):
     assert_each_row_read_once(delivered(db), range(1, ROWS + 1))
 
 
-def test_parallel_workers_split_skewed_keys_evenly_and_read_every_row_exactly_once(db):
+@pytest.mark.parametrize("rows_per_message", [1, 200])
+def test_parallel_workers_split_skewed_keys_evenly_and_read_every_row_exactly_once(db, rows_per_message):
     """Two workers over key ranges split at the key's histogram quantiles: half the rows are
     dense small ids and half are spread over a billion, yet each worker gets about half. Each
     worker is terminated once mid-run; every row is still read exactly once, and the table's
@@ -107,7 +111,9 @@ def test_parallel_workers_split_skewed_keys_evenly_and_read_every_row_exactly_on
     db.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
     ids = {row[0] for row in db.execute("SELECT id FROM events")}
     backfill_id = db.execute(
-        "SELECT backfill_start('events', confirm => true, batch_size => 2000, parallel => 2, rows_per_second => 60000)"
+        "SELECT backfill_start('events', confirm => true, batch_size => 2000, parallel => 2, rows_per_second => 60000,"
+        " rows_per_message => %s)",
+        [rows_per_message],
     ).fetchone()[0]
     terminated = set()
     deadline = time.monotonic() + 60
