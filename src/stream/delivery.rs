@@ -44,6 +44,8 @@ struct Receiver {
 /// Runs a page query's kept plan (sql::kept_plan, for these arguments); every row it returns
 /// goes to `sink`.
 pub fn run(plan: pg_sys::SPIPlanPtr, args: &[DatumWithOid], sink: &mut Sink) {
+    // Every batch is of this query's rows: one left open by a page that rolled back is stale.
+    sink.messages.discard_batch();
     // SAFETY: `plan` is a kept plan with parameters of the arguments' types; the arguments'
     // datums live as long as `args`; the receiver and the sink it points to outlive the
     // execution, which calls back into them only.

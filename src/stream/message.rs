@@ -211,6 +211,14 @@ impl ReadMessage {
         self.batched_rows += 1;
     }
 
+    /// Drops the open batch, if any. A page that failed part-way (a row lock it could not take,
+    /// an error) rolled back, but its rows may still sit in the batch: were they sent with the
+    /// page that retries it, they would be reads of an older snapshot, decoded after changes
+    /// that committed in between.
+    pub fn discard_batch(&mut self) {
+        self.batched_rows = 0;
+    }
+
     /// Whether the open batch holds rows_per_message rows.
     pub fn batch_full(&self) -> bool {
         self.batched_rows >= self.rows_per_message
@@ -486,6 +494,11 @@ mod tests {
                    "commit_lsn": "0/0"})
         );
         assert!(message.take_batch(&signer).is_none(), "a taken batch is closed");
+        // A batch of a page that rolled back is never sent with the next.
+        message.stage([&b"9"[..]], br#"{"id":9,"v":"stale"}"#, None);
+        message.push_staged();
+        message.discard_batch();
+        assert!(message.take_batch(&signer).is_none(), "a discarded batch is gone");
         // A batch of the size bound takes no row more: the next one waits for the next message.
         message.stage([&b"3"[..]], br#"{"id":3,"v":"c"}"#, None);
         message.push_staged();
