@@ -59,4 +59,16 @@ if ! python3 -c "import psycopg, psycopg2, pytest, xxhash" 2>/dev/null; then
     log "installing the end-to-end test harness (psycopg, psycopg2, pytest, xxhash)"
     python3 -m pip install -q --disable-pip-version-check "psycopg[binary]>=3.1,<4" "psycopg2-binary>=2.9,<3" "pytest>=7,<9" "xxhash>=3,<4"
 fi
+# The end-to-end test of a real pgoutput client (pg_test/test_node_consumer.py): node and npm's
+# pg-logical-replication, at the versions pg_test/node/package-lock.json pins.
+if ! command -v npm >/dev/null; then
+    log "installing node and npm (Debian packages)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq nodejs npm >/dev/null
+fi
+if [ ! -d pg_test/node/node_modules/pg-logical-replication ]; then
+    log "installing the pgoutput client of the tests (npm ci in pg_test/node)"
+    npm ci --prefix pg_test/node --no-audit --no-fund --loglevel=error >/dev/null
+fi
 log "ready"
