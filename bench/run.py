@@ -15,6 +15,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -34,6 +35,8 @@ def pg_major_value(expression: str) -> str:
 
 PG_MAJOR, PG_BIN = int(pg_major_value("$PG_MAJOR")), pg_major_value("$PG_BIN")
 DIR, PORT = ("/tmp/pg_backfill_bench", 55450) if PG_MAJOR == 15 else (f"/tmp/pg_backfill_bench{PG_MAJOR}", 56450)
+# Another place and port for a run next to someone else's (BACKFILL_BENCH_DIR, BACKFILL_BENCH_PORT).
+DIR, PORT = os.environ.get("BACKFILL_BENCH_DIR", DIR), int(os.environ.get("BACKFILL_BENCH_PORT", PORT))
 
 SHAPES = {
     "narrow": (
@@ -127,6 +130,7 @@ METHODS = {
 }
 
 PGBENCH = f"{PG_BIN}/pgbench"
+PG_RECVLOGICAL = f"{PG_BIN}/pg_recvlogical"
 PG_WALDUMP = f"{PG_BIN}/pg_waldump"
 
 
@@ -345,6 +349,216 @@ def load_signal(conn, seconds, repeat, thresholds):
     return results
 
 
+class Receiver:
+    """pg_recvlogical streaming a pgoutput slot (messages on) to /dev/null: a consumer in C that
+    keeps up with its walsender, so that the walsender's decoding is what is measured."""
+
+    def __init__(self, slot, publication):
+        self.slot = slot
+        self.process = subprocess.Popen(
+            [PG_RECVLOGICAL, "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "-d", "postgres",
+             "--slot", slot, "--start", "-f", "/dev/null", "-s", "1", "-F", "0", "-o", "proto_version=1",
+             "-o", f"publication_names={publication}", "-o", "messages=true"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def stop(self):
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def sent_past(conn, slot, lsn, started, timeout=900):
+    """Seconds from `started` until the slot's walsender has sent everything up to `lsn` (its
+    sent_lsn, polled every 5 ms: a logical walsender sends a transaction as it decodes its
+    commit, and the consumer on localhost has it within the millisecond)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = conn.execute("SELECT r.sent_lsn >= %s::pg_lsn FROM pg_stat_replication r JOIN pg_replication_slots s "
+                           "ON s.active_pid = r.pid WHERE s.slot_name = %s", [lsn, slot]).fetchone()
+        if row and row[0]:
+            return time.perf_counter() - started
+        time.sleep(0.005)
+    raise RuntimeError(f"slot {slot} never sent past {lsn}")
+
+
+def flushed_lsn(conn):
+    """The WAL position after a commit that waits for its flush: every earlier record (the
+    pages commit without waiting) is then flushed, so a walsender can read and send it."""
+    conn.execute("INSERT INTO e2e_flush VALUES (1)")
+    return conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+
+
+def spilled(conn, slot):
+    """The slot's spill_bytes since its last reset (the walsender reports its figures as it goes,
+    and at the latest when it stops)."""
+    return int(conn.execute("SELECT coalesce(spill_bytes, 0) FROM pg_stat_replication_slots WHERE slot_name = %s",
+                            [slot]).fetchone()[0] or 0)
+
+
+def e2e_backfill(rows_per_message, batch_size=1000):
+    """pg_backfill until every row is delivered: from backfill_start to the walsender having sent
+    the last page's transaction."""
+    def run(conn, table, slot):
+        started = time.perf_counter()
+        backfill_id = conn.execute("SELECT backfill_start(%s::regclass, confirm => true, rows_per_message => %s,"
+                                   " batch_size => %s)", [table, rows_per_message, batch_size]).fetchone()[0]
+        while conn.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "running":
+            time.sleep(0.005)
+        source_seconds = time.perf_counter() - started
+        return sent_past(conn, slot, flushed_lsn(conn), started), source_seconds
+    return run
+
+
+def e2e_changes(conn, table, slot):
+    """The same rows as ordinary changes: INSERT ... SELECT into a published copy, one transaction."""
+    conn.execute(f"TRUNCATE {table}_changes")
+    started = time.perf_counter()
+    conn.execute(f"INSERT INTO {table}_changes SELECT * FROM {table}")
+    source_seconds = time.perf_counter() - started
+    return sent_past(conn, slot, flushed_lsn(conn), started), source_seconds
+
+
+def e2e_tablesync(conn, table, slot):
+    """Native logical replication's initial copy, into another database of the cluster: the slot
+    made first, then CREATE SUBSCRIPTION ... (create_slot = false); until the table is ready."""
+    conn.execute("DROP DATABASE IF EXISTS e2e_target")
+    conn.execute("CREATE DATABASE e2e_target")
+    with psycopg.connect(host="127.0.0.1", port=PORT, user="postgres", dbname="e2e_target", autocommit=True) as target:
+        target.execute(TABLE_DDL[table])
+        conn.execute("SELECT pg_create_logical_replication_slot('e2e_sub', 'pgoutput')")
+        started = time.perf_counter()
+        target.execute(f"CREATE SUBSCRIPTION e2e_sub CONNECTION 'host=127.0.0.1 port={PORT} user=postgres dbname=postgres' "
+                       f"PUBLICATION e2e_copy_pub WITH (create_slot = false, slot_name = 'e2e_sub')")
+        while target.execute("SELECT bool_and(srsubstate = 'r') FROM pg_subscription_rel").fetchone()[0] is not True:
+            time.sleep(0.005)
+        seconds = time.perf_counter() - started
+        target.execute("ALTER SUBSCRIPTION e2e_sub DISABLE")
+        target.execute("ALTER SUBSCRIPTION e2e_sub SET (slot_name = NONE)")
+        target.execute("DROP SUBSCRIPTION e2e_sub")
+    conn.execute("SELECT pg_drop_replication_slot('e2e_sub')")
+    conn.execute("DROP DATABASE e2e_target")
+    return seconds, None
+
+
+TABLE_DDL = {}
+
+
+def end_to_end(conn, shapes, sizes, repeat, batched):
+    """Until a consumer holds every row: pg_backfill per row and batched, until delivered through
+    a pgoutput slot (messages on) that pg_recvlogical streams; the same rows as ordinary changes
+    through the same slot; native tablesync until ready. The methods take turns in each round;
+    medians (and best) of the rounds. Also the slot's spill_bytes per method."""
+    methods = {"per-row, delivered": e2e_backfill(1)}
+    for n in batched:
+        methods[f"batched {n}, delivered"] = e2e_backfill(n)
+    methods["ordinary changes"] = e2e_changes
+    methods["tablesync, ready"] = e2e_tablesync
+    conn.execute("CREATE TABLE e2e_flush (n int)")
+    results = []
+    print(f"\n{'shape':7} {'rows':>9} {'method':22} {'median s':>9} {'best s':>7} {'rows/s':>9} {'x tablesync':>12} "
+          f"{'source s':>9} {'spill MB':>9}")
+    for shape in shapes:
+        for size in sizes:
+            table = f"e2e_{shape}_{size}"
+            create, fill = SHAPES[shape]
+            TABLE_DDL[table] = create.format(t=table)
+            conn.execute(create.format(t=table))
+            conn.execute(create.format(t=f"{table}_changes"))
+            for lo in range(1, size + 1, 500_000):
+                conn.execute(fill.format(t=table, lo=lo, hi=min(size, lo + 499_999)))
+            conn.execute(f"VACUUM (FREEZE, ANALYZE) {table}")
+            conn.execute(f"CREATE PUBLICATION e2e_pub FOR TABLE {table}_changes")
+            conn.execute(f"CREATE PUBLICATION e2e_copy_pub FOR TABLE {table}")
+            runs = {m: [] for m in methods}
+            for _ in range(repeat):
+                for method, run in methods.items():
+                    conn.execute("CHECKPOINT")
+                    slot = "e2e_stream"
+                    receiver = None
+                    if method != "tablesync, ready":
+                        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
+                        receiver = Receiver(slot, "e2e_pub")
+                        while not conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
+                                               [slot]).fetchone()[0]:
+                            time.sleep(0.01)
+                    try:
+                        seconds, source_seconds = run(conn, table, slot)
+                    finally:
+                        if receiver:
+                            receiver.stop()
+                    spill = None
+                    if receiver:
+                        time.sleep(0.5)  # the walsender's last figures
+                        spill = spilled(conn, slot)
+                        conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+                    runs[method].append((seconds, source_seconds, spill))
+            tablesync = statistics.median(s[0] for s in runs["tablesync, ready"])
+            for method, samples in runs.items():
+                median = statistics.median(s[0] for s in samples)
+                source = [s[1] for s in samples if s[1] is not None]
+                spills = [s[2] for s in samples if s[2] is not None]
+                r = {"shape": shape, "rows": size, "method": method, "seconds": median, "best": min(s[0] for s in samples),
+                     "rows_per_second": size / median, "ratio_tablesync_to_this": tablesync / median,
+                     "source_seconds": statistics.median(source) if source else None,
+                     "spill_bytes": max(spills) if spills else None, "samples": samples}
+                results.append(r)
+                src = f"{r['source_seconds']:>9.2f}" if source else f"{'-':>9}"
+                spill = f"{r['spill_bytes'] / 1e6:>9.1f}" if spills else f"{'-':>9}"
+                print(f"{shape:7} {size:>9} {method:22} {median:>9.2f} {r['best']:>7.2f} {size / median:>9.0f} "
+                      f"{tablesync / median:>12.2f} {src} {spill}")
+                sys.stdout.flush()
+            conn.execute("DROP PUBLICATION e2e_pub, e2e_copy_pub")
+            conn.execute(f"DROP TABLE {table}, {table}_changes")
+    return results
+
+
+def spill_probe(conn, rows, configurations):
+    """The walsender's spill (pg_stat_replication_slots.spill_bytes) for backfills of wide rows at
+    (batch_size, rows_per_message, parallel), each through its own pgoutput slot and
+    pg_recvlogical."""
+    table = "spill_wide"
+    create, fill = SHAPES["wide"]
+    conn.execute(create.format(t=table))
+    for lo in range(1, rows + 1, 500_000):
+        conn.execute(fill.format(t=table, lo=lo, hi=min(rows, lo + 499_999)))
+    conn.execute(f"VACUUM (FREEZE, ANALYZE) {table}")
+    conn.execute("CREATE PUBLICATION spill_pub FOR TABLE e2e_flush")
+    row_bytes = float(conn.execute(f"SELECT avg(octet_length(row_to_json(t)::text)) FROM {table} t").fetchone()[0])
+    results = []
+    print(f"\nwide rows ({row_bytes:.0f} B of JSON each), {rows} rows; logical_decoding_work_mem "
+          f"{conn.execute('SHOW logical_decoding_work_mem').fetchone()[0]}")
+    print(f"{'batch_size':>10} {'rows/msg':>9} {'parallel':>9} {'page MB':>8} {'seconds':>8} {'spill MB':>9} {'spill txns':>11}")
+    for batch_size, n, parallel in configurations:
+        slot = "spill_probe"
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
+        receiver = Receiver(slot, "spill_pub")
+        while not conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", [slot]).fetchone()[0]:
+            time.sleep(0.01)
+        started = time.perf_counter()
+        backfill_id = conn.execute("SELECT backfill_start(%s::regclass, confirm => true, rows_per_message => %s, batch_size => %s,"
+                                   " parallel => %s)", [table, n, batch_size, parallel]).fetchone()[0]
+        while conn.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "running":
+            time.sleep(0.01)
+        seconds = sent_past(conn, slot, flushed_lsn(conn), started)
+        receiver.stop()
+        time.sleep(0.5)
+        spill_bytes, spill_txns = conn.execute("SELECT coalesce(spill_bytes, 0), coalesce(spill_txns, 0) FROM "
+                                               "pg_stat_replication_slots WHERE slot_name = %s", [slot]).fetchone()
+        conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+        r = {"batch_size": batch_size, "rows_per_message": n, "parallel": parallel, "rows": rows, "row_json_bytes": row_bytes,
+             "seconds": seconds, "spill_bytes": int(spill_bytes), "spill_txns": int(spill_txns)}
+        results.append(r)
+        print(f"{batch_size:>10} {n:>9} {parallel:>9} {batch_size * row_bytes / 1e6:>8.1f} {seconds:>8.2f} "
+              f"{int(spill_bytes) / 1e6:>9.1f} {int(spill_txns):>11}")
+        sys.stdout.flush()
+    conn.execute("DROP PUBLICATION spill_pub")
+    conn.execute(f"DROP TABLE {table}")
+    return results
+
+
 # The columns of each shape as data-diff's PostgreSQL dialect normalises them before its md5
 # (data_diff/databases/postgresql.py: numbers as decimal(38, scale) text, timestamps rounded to
 # their precision and written by to_char, json as text, everything else cast to varchar).
@@ -451,6 +665,12 @@ def main():
                         help="only backfill_checksum's levels against count(*) and an md5-of-text checksum")
     parser.add_argument("--load-signal", default="",
                         help="only the application's TPS under backfills held back by these max_active_sessions (e.g. 2,3)")
+    parser.add_argument("--end-to-end", action="store_true",
+                        help="only until a consumer holds every row: per-row and batched backfills until delivered, "
+                             "ordinary changes, native tablesync until ready")
+    parser.add_argument("--batched", default="1000", help="rows_per_message of the batched backfills of --end-to-end")
+    parser.add_argument("--spill", default="",
+                        help="only the walsender's spill for backfills of this many wide rows, at several batch sizes")
     parser.add_argument("--source-cost", action="store_true",
                         help="only the source's cost on quiet frozen tables (lock modes), and writers' p99 latency per lock mode")
     args = parser.parse_args()
@@ -465,7 +685,16 @@ def main():
         conn = connect()
         conn.execute("CREATE EXTENSION pg_backfill")
         server = conn.execute("SELECT version()").fetchone()[0]
-        if args.checksum:
+        if args.end_to_end or args.spill:
+            load = []
+            if args.end_to_end:
+                results = end_to_end(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat,
+                                     [int(n) for n in args.batched.split(",")])
+            else:
+                conn.execute("CREATE TABLE e2e_flush (n int)")
+                results = spill_probe(conn, int(args.spill), [(1000, 1, 1), (1000, 1000, 1), (1000, 1000, 2), (10000, 1, 1),
+                                                              (10000, 1000, 1), (10000, 10000, 1), (100000, 1000, 1)])
+        elif args.checksum:
             loopback_server(conn)
             results, load = checksum_costs(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat), []
         elif args.load_signal:
@@ -485,7 +714,8 @@ def main():
                     print(f"{'lock_mode ' + r['lock_mode']:24} {r['tps']:>8.0f} {r['p99_latency_ms']:>8.2f} "
                           f"{r['rows_backfilled_per_second']:>16.0f} {r['share_of_pages_table_locked']:>19.0%}")
             results = cost
-        for shape in ([] if args.source_cost or args.load_signal or args.checksum else args.shapes.split(",")):
+        only = args.source_cost or args.load_signal or args.checksum or args.end_to_end or args.spill
+        for shape in ([] if only else args.shapes.split(",")):
             for size in map(int, args.sizes.split(",")):
                 table = f"bench_{shape}_{size}"
                 create, fill = SHAPES[shape]
@@ -520,7 +750,7 @@ def main():
                                     "payload_bytes_per_row": payload / size, **f})
                 conn.execute(f"DROP TABLE {table}")
                 print_rows(results[-len(METHODS):], header=len(results) == len(METHODS))
-        if not args.source_cost and not args.load_signal and not args.checksum:
+        if not only:
             load = pgbench_impact(conn, args.pgbench_seconds, args.pgbench_rate) if args.pgbench_seconds else []
     finally:
         sh(f"cluster_stop {DIR}")
