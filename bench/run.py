@@ -438,6 +438,9 @@ def e2e_tablesync(conn, table, slot):
         target.execute("ALTER SUBSCRIPTION e2e_sub DISABLE")
         target.execute("ALTER SUBSCRIPTION e2e_sub SET (slot_name = NONE)")
         target.execute("DROP SUBSCRIPTION e2e_sub")
+    # (The apply worker lets go of the slot as it exits, a moment after the DROP.)
+    while conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = 'e2e_sub'").fetchone()[0]:
+        time.sleep(0.01)
     conn.execute("SELECT pg_drop_replication_slot('e2e_sub')")
     conn.execute("DROP DATABASE e2e_target")
     return seconds, None
@@ -518,7 +521,8 @@ def end_to_end(conn, shapes, sizes, repeat, batched):
 def spill_probe(conn, rows, configurations):
     """The walsender's spill (pg_stat_replication_slots.spill_bytes) for backfills of wide rows at
     (batch_size, rows_per_message, parallel), each through its own pgoutput slot and
-    pg_recvlogical."""
+    pg_recvlogical. Pages lock rows (lock_mode rows), so that each has batch_size rows: under
+    auto a quiet table's pages are sized to backfill.table_lock_max_ms instead."""
     table = "spill_wide"
     create, fill = SHAPES["wide"]
     conn.execute(create.format(t=table))
@@ -538,6 +542,7 @@ def spill_probe(conn, rows, configurations):
         while not conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", [slot]).fetchone()[0]:
             time.sleep(0.01)
         started = time.perf_counter()
+        conn.execute("SET backfill.lock_mode = 'rows'")
         backfill_id = conn.execute("SELECT backfill_start(%s::regclass, confirm => true, rows_per_message => %s, batch_size => %s,"
                                    " parallel => %s)", [table, n, batch_size, parallel]).fetchone()[0]
         while conn.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "running":
@@ -693,7 +698,8 @@ def main():
             else:
                 conn.execute("CREATE TABLE e2e_flush (n int)")
                 results = spill_probe(conn, int(args.spill), [(1000, 1, 1), (1000, 1000, 1), (1000, 1000, 2), (10000, 1, 1),
-                                                              (10000, 1000, 1), (10000, 10000, 1), (100000, 1000, 1)])
+                                                              (10000, 1000, 1), (10000, 10000, 1), (10000, 1000, 2),
+                                                              (50000, 1000, 1), (100000, 1, 1), (100000, 1000, 1)])
         elif args.checksum:
             loopback_server(conn)
             results, load = checksum_costs(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat), []

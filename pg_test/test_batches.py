@@ -156,3 +156,28 @@ def test_keyed_backfills_batch_their_reads_and_send_absent_keys_apart(db, slot):
         ("absent", {"id": 200}),
     ]
     assert status(db, backfill_id, "rows_per_message") == 2
+
+
+@pytest.mark.parametrize("rows_per_message", [1, 100])
+def test_pages_of_wide_rows_stay_within_half_the_decoders_memory(db, slot, rows_per_message):
+    """A page is one transaction for the decoder, which spills one larger than
+    logical_decoding_work_mem to disk: after the first page, pages are sized so that their
+    messages take at most half of it (measured on the page before)."""
+    dbname = db.info.dbname
+    db.execute(f'ALTER DATABASE "{dbname}" SET logical_decoding_work_mem = \'64kB\'')  # the worker's and the decoder's
+    db.execute("SET logical_decoding_work_mem = '64kB'")  # this session decodes the slot
+    db.execute("SELECT pg_drop_replication_slot('batches')")
+    make_table(db, 3000, body="repeat('w', 1000)")
+    db.execute("SELECT pg_create_logical_replication_slot('batches', 'test_decoding')")
+    backfill_id = backfill(db, rows_per_message=rows_per_message)  # batch_size 1000, the default
+    assert wait_until_ended(db, backfill_id) == "done"
+    pages = {}
+    for xid, content in decoded(db, slot):
+        if '"op":"read' in content:
+            pages[xid] = pages.get(xid, 0) + len(content.encode())
+    sizes = list(pages.values())
+    assert sizes[0] > 1_000_000, "the first page has batch_size rows: nothing measured yet"
+    assert max(sizes[1:]) <= 32 * 1024, sizes
+    assert len(sizes) > 1 + 2000 / 40  # the other 2000 rows, about 31 a page
+    spilled = db.execute("SELECT spill_txns FROM pg_stat_replication_slots WHERE slot_name = 'batches'").fetchone()[0]
+    assert spilled == 1, "only the first page spills"

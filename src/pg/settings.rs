@@ -367,6 +367,17 @@ pub fn max_message_bytes() -> usize {
     MAX_MESSAGE_SIZE.get().max(0) as usize
 }
 
+/// The most message bytes a page should carry: half of logical_decoding_work_mem. A page is one
+/// transaction for the decoder, which keeps a transaction in memory up to that setting and
+/// spills it to disk past it (pg_stat_replication_slots.spill_bytes); half leaves room for
+/// the reorder buffer's own bookkeeping of each message (about 100 bytes each, measured in
+/// bench/README.md). (The walsender may run with another value: this is the server's.)
+pub fn page_bytes_bound() -> i64 {
+    // SAFETY: reads an int GUC of the server, in kilobytes.
+    let kilobytes = unsafe { pg_sys::logical_decoding_work_mem };
+    i64::from(kilobytes.max(64)) * 1024 / 2
+}
+
 /// Rows per message of a new backfill that does not say (backfill.rows_per_message).
 pub fn rows_per_message() -> i32 {
     ROWS_PER_MESSAGE.get()

@@ -49,7 +49,7 @@ impl TableScan<'_> {
             bytes += marker.len() as i64;
             message::emit_marker(self.context.prefix, signer, marker);
         }
-        self.throttle.delivered(read + absent.len() as i64);
+        self.throttle.delivered(read + absent.len() as i64, bytes);
         let counted = self.context.counts_lock_paths.then_some(locking == Locking::Table);
         job_table::advance_cursor(backfill_id, position, last.text.clone(), keys.len() as i64, bytes, counted);
         Page::More

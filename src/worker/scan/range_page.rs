@@ -23,7 +23,7 @@ impl TableScan<'_> {
             return self.end_scan(progress.rows_done, signer);
         };
         let (rows, bytes) = self.deliver(cursor.as_deref(), &page_end, locking, signer);
-        self.throttle.delivered(rows);
+        self.throttle.delivered(rows, bytes);
         let table_locked = locking == Locking::Table;
         let counted = self.context.counts_lock_paths.then_some(table_locked);
         let (backfill_id, position) = (self.context.backfill_id, self.context.position);

@@ -25,6 +25,9 @@ pub struct Throttle {
     /// Rows the next page may have: batch_size, what a second of the rate allows, halved after
     /// a lock conflict, growing back twofold a page.
     rows_per_page: i32,
+    /// Rows of the last page's size in bytes that fit settings::page_bytes_bound(): a page
+    /// larger than the decoder's memory would be spilled to disk by every walsender.
+    rows_within_bytes: i32,
     /// The kind of what the backfill waits for now, if anything: logged when it changes.
     waiting: Option<&'static str>,
     /// Whether the load slows it down now: logged when it changes.
@@ -39,6 +42,7 @@ impl Throttle {
             locks: LockPolicy::new(job.lock_mode, partitioned, job.batch_size),
             batch_size: job.batch_size,
             rows_per_page: job.batch_size,
+            rows_within_bytes: i32::MAX,
             waiting: None,
             slowed_by_load: false,
         }
@@ -59,7 +63,8 @@ impl Throttle {
 
     /// Whether the next page fits the rate now (if not, it slept toward it, at most a second).
     pub fn ready_for_page(&mut self) -> bool {
-        self.rows_per_page = self.rows_per_page.min(self.batch_size).min(self.pacer.page_limit());
+        self.rows_per_page =
+            self.rows_per_page.min(self.batch_size).min(self.pacer.page_limit()).min(self.rows_within_bytes);
         self.pacer.ready_for(self.rows_per_page)
     }
 
@@ -120,9 +125,14 @@ impl Throttle {
         self.locks.lock_page(relid, self.rows_per_page)
     }
 
-    /// A page delivered `rows` rows (the load counts them).
-    pub(super) fn delivered(&mut self, rows: i64) {
+    /// A page delivered `rows` rows in `bytes` of messages (the load counts the rows).
+    pub(super) fn delivered(&mut self, rows: i64, bytes: i64) {
         self.load.delivered(rows);
+        // The next pages are sized to the rows of this one: wide rows, small pages.
+        if rows > 0 && bytes > 0 {
+            let fitting = crate::pg::settings::page_bytes_bound() as f64 * rows as f64 / bytes as f64;
+            self.rows_within_bytes = (fitting as i64).clamp(1, i64::from(i32::MAX)) as i32;
+        }
     }
 
     /// A table-locked page of `rows` rows held the table this long: the next are sized to it.
