@@ -219,7 +219,7 @@ pub(crate) fn start(
 /// Returns the id, so that backfill_start()'s SQL wrapper chains it.
 ///
 /// Only at the start: a backfill keeps one format from its first row to its last, so that a
-/// consumer reading its `table_start` knows what follows (backfill_set() does not change it).
+/// consumer never sees its reads change shape mid-table (backfill_set() does not change it).
 #[pg_extern(schema = "backfill", name = "set_rows_per_message")]
 fn set_rows_per_message(id: Option<i64>, rows_per_message: Option<i32>) -> Option<i64> {
     let Some(rows_per_message) = rows_per_message else { return id };
