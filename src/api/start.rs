@@ -1,6 +1,7 @@
 //! The SQL functions. Their public signatures (regclass arguments, named defaults) are
 //! declared in `sql/api.sql`, which calls these entry points in schema `backfill`.
 
+use crate::api::distributed;
 use crate::api::plan::{self, Estimate};
 use crate::catalog::job;
 use crate::catalog::job_table;
@@ -73,6 +74,23 @@ pub(crate) fn start(
     max_lag: Option<i64>,
     parallel: Option<i32>,
 ) -> i64 {
+    // On a Citus worker node, the coordinator starts backfills of shards, which Citus hides.
+    crate::pg::citus::with_shards_visible(|| {
+        start_visible(tables, confirm, batch_size, rows_per_second, slot, publication, max_lag, parallel)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start_visible(
+    tables: Option<Vec<Option<pg_sys::Oid>>>,
+    confirm: Option<bool>,
+    batch_size: Option<i32>,
+    rows_per_second: Option<i32>,
+    slot: Option<Text>,
+    publication: Option<Text>,
+    max_lag: Option<i64>,
+    parallel: Option<i32>,
+) -> i64 {
     // Text, not String: names in the database's encoding, converted (see encoding.rs).
     let (slot, publication) = (slot.map(|t| t.0), publication.map(|t| t.0));
     require_primary("start a backfill");
@@ -93,6 +111,17 @@ pub(crate) fn start(
     let prefix = settings::message_prefix();
     let lock_mode = crate::throttle::lock::lock_mode();
     let relids = table_list(tables);
+    let node_options = distributed::NodeOptions {
+        batch_size,
+        rows_per_second,
+        slot: slot.as_deref(),
+        publication: publication.as_deref(),
+        max_lag,
+        parallel,
+    };
+    if let Some(backfill_id) = distributed::start_if_distributed(&relids, confirm, &node_options) {
+        return backfill_id;
+    }
     let tables: Vec<Table> = relids.iter().map(|relid| table::require(*relid)).collect();
     refuse_partitions_of_listed_tables(&relids);
     if let Some(partitioned) = tables.iter().find(|t| t.partitioned && lock_mode == LockMode::Table) {

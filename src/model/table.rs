@@ -41,6 +41,8 @@ pub struct Table {
     pub partitioned: bool,
     pub columns: Vec<Column>,
     pub key: Vec<KeyColumn>,
+    /// The Citus distributed table this table is a shard of: its messages name that table.
+    pub shard_of: Option<crate::pg::citus::ShardOf>,
 }
 
 /// Why a table cannot be backfilled, in the words an error or the estimate shows.
@@ -153,6 +155,10 @@ fn relkind_name(relkind: &str) -> &'static str {
 
 /// Looks a table up and decides whether it can be backfilled by the current user.
 pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
+    crate::pg::citus::with_shards_visible(|| inspect_visible(relid))
+}
+
+fn inspect_visible(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
     let row = Spi::connect(|client| {
         let rows = client.select(&inspect_sql(), None, &[relid.into()])?;
         if rows.is_empty() {
@@ -298,7 +304,8 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
             collation: collations.get(i).cloned().flatten(),
         })
         .collect();
-    Ok(Table { relid, owner, key_index, schema, name, partitioned: relkind == "p", columns, key })
+    let shard_of = crate::pg::citus::shard_of(relid);
+    Ok(Table { relid, owner, key_index, schema, name, partitioned: relkind == "p", columns, key, shard_of })
 }
 
 /// The table as a page finds it.

@@ -1,0 +1,292 @@
+//! backfill_start() of a Citus distributed table, on the coordinator, and the control of such a
+//! backfill (see docs/citus.md).
+//!
+//! A shard's changes are written, and decoded, on the worker node that holds it: its reads must
+//! be written there too, in the same WAL, to sort against them. So the coordinator starts one
+//! backfill on each node, of the shards it holds, as the calling role (`citus/nodes.rs`), and
+//! keeps one backfill of its own with one row per shard placement, which a worker on the
+//! coordinator keeps up to date (`worker/distributed.rs`). Cursors, exactly-once resume, pacing
+//! and back-pressure stay each node's.
+
+use crate::catalog::job;
+use crate::catalog::job_shard::{self, JobShard};
+use crate::catalog::job_table::{self, NewRange};
+use crate::citus::nodes::{self, literal, Node, Placement, Reply};
+use crate::model::table;
+use crate::pg::citus::{self as citus_metadata, Distribution};
+use crate::pg::encoding::Text;
+use crate::pg::errors::{raise, OrInternal};
+use crate::pg::privilege::as_extension_owner;
+use crate::worker::launcher;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+use std::collections::BTreeMap;
+
+/// What backfill_start() was given, passed on to every node.
+pub struct NodeOptions<'a> {
+    pub batch_size: i32,
+    pub rows_per_second: Option<i32>,
+    pub slot: Option<&'a str>,
+    pub publication: Option<&'a str>,
+    pub max_lag: Option<i64>,
+    pub parallel: i32,
+}
+
+/// The backfill of the one distributed table listed, if one is: started on its nodes, recorded
+/// here, and its id. None when no table listed is a distributed table (or Citus is not there).
+pub fn start_if_distributed(relids: &[pg_sys::Oid], confirm: bool, options: &NodeOptions) -> Option<i64> {
+    if !citus_metadata::installed() {
+        return None;
+    }
+    let kinds: Vec<Option<Distribution>> = relids.iter().map(|relid| citus_metadata::distribution(*relid)).collect();
+    let Some(index) = kinds.iter().position(|kind| *kind == Some(Distribution::Distributed)) else {
+        if let Some(index) = kinds.iter().position(|kind| *kind == Some(Distribution::Reference)) {
+            let name = table::relation_name(relids[index]);
+            raise(
+                ERRCODE_FEATURE_NOT_SUPPORTED,
+                format!("table {name} cannot be backfilled: it is a Citus reference table"),
+                "A reference table has a copy on every node; pg_backfill does not yet choose the one \
+                 whose stream a consumer follows for it.",
+                Some("Backfill distributed tables, Citus local tables and plain tables.".into()),
+            );
+        }
+        return None;
+    };
+    let relid = relids[index];
+    let name = table::relation_name(relid);
+    if relids.len() > 1 {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("distributed table {name} must be backfilled alone"),
+            "A backfill of a distributed table is one backfill on each worker node, of its shards there; \
+             it takes no other table.",
+            Some(format!("Start one backfill for {name}, and another for the other tables.")),
+        );
+    }
+    if !citus_metadata::is_coordinator() {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("distributed table {name} can be backfilled only from the coordinator"),
+            "The coordinator starts a backfill on each worker node and keeps the whole as one backfill.",
+            Some("Run backfill_start() on the Citus coordinator.".into()),
+        );
+    }
+    // The caller's rights on the table, as for any table (and the nodes check theirs again).
+    let table = table::require(relid);
+    let placements = nodes::placements(relid);
+    if placements.is_empty() {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("distributed table {name} has no active shard placement"),
+            "Citus's metadata lists no shard of it on an active primary node.",
+            Some("SELECT * FROM citus_shards; shows where its shards are.".into()),
+        );
+    }
+    let by_node = group_by_node(&placements);
+    let rows_per_second = options.rows_per_second.map(|rate| share_of_rate(rate, by_node.len()));
+
+    // Every node checks what it would deliver first (its slot, publication and the caller's rights
+    // there): a node that refuses then refuses before any starts.
+    for (node, reply) in start_on_nodes(&by_node, false, options, rows_per_second) {
+        if !is_unconfirmed(&reply) {
+            reply.raise_on(&node, &format!("backfill_start({name})"));
+        }
+    }
+    if !confirm {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "backfill not started: confirm => true is required",
+            format!(
+                "The backfill of distributed table {name} would deliver its {} shard placements from {} worker \
+                 nodes, each in its node's stream.",
+                placements.len(),
+                by_node.len()
+            ),
+            Some(format!(
+                "Review backfill_estimate() on the nodes, then run: SELECT backfill_start({}, confirm => true);",
+                pgrx::spi::quote_literal(&name)
+            )),
+        );
+    }
+
+    Spi::run("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pg_backfill.start'))")
+        .or_internal("serialize backfill starts");
+    if let Some(running) = as_extension_owner(|| job::running_backfill_of(relid)) {
+        raise(
+            ERRCODE_OBJECT_IN_USE,
+            format!("table {name} already has a running backfill"),
+            format!("Backfill {running} is delivering it."),
+            Some(format!("Wait for it to finish, or cancel it: SELECT backfill_cancel({running});")),
+        );
+    }
+    launcher::require_worker_slots(1);
+    let started_by = crate::pg::spi::select_one::<Text>("SELECT current_user::text", &[])
+        .ok()
+        .flatten()
+        .map(|t| t.0)
+        .unwrap_or_default();
+    let backfill_id = as_extension_owner(|| {
+        job::insert_job(&job::NewJob {
+            started_by: &started_by,
+            batch_size: options.batch_size,
+            rows_per_second: options.rows_per_second,
+            message_prefix: &crate::pg::settings::message_prefix(),
+            // Each node's backfill follows the node's slot of this name; the coordinator has none.
+            slot_name: None,
+            publication_name: options.publication,
+            max_lag_bytes: None,
+            parallel: 1,
+        })
+    });
+
+    let replies = start_on_nodes(&by_node, true, options, rows_per_second);
+    if let Some((node, reply)) = replies.iter().find(|(_, reply)| reply.id.is_none()) {
+        // Started elsewhere but not everywhere: the others stop, as the caller, before the error.
+        let started: Vec<(Node, i64)> =
+            replies.iter().filter_map(|(node, reply)| reply.id.map(|id| (node.clone(), id))).collect();
+        forward(&started, "SELECT backfill_cancel({id})::text");
+        reply.raise_on(node, &format!("backfill_start({name})"));
+    }
+    as_extension_owner(|| {
+        let mut position = 0;
+        for ((node, shards), (_, reply)) in by_node.iter().zip(&replies) {
+            for placement in shards {
+                position += 1;
+                let range = NewRange { part: 0, lower_bound: None, upper_bound: None, rows_estimated: 0 };
+                job_table::insert_job_table(backfill_id, position, relid, table.key_names(), range);
+                job_shard::insert(
+                    backfill_id,
+                    &JobShard {
+                        position,
+                        shard_id: placement.shard_id,
+                        shard_name: placement.shard_name.clone(),
+                        node_name: node.name.clone(),
+                        node_port: node.port,
+                        node_backfill_id: reply.id.unwrap_or_default(),
+                    },
+                );
+            }
+        }
+    });
+    launcher::launch_in_this_transaction(backfill_id, 0);
+    Some(backfill_id)
+}
+
+fn group_by_node(placements: &[Placement]) -> BTreeMap<Node, Vec<Placement>> {
+    let mut by_node: BTreeMap<Node, Vec<Placement>> = BTreeMap::new();
+    for placement in placements {
+        by_node.entry(placement.node.clone()).or_default().push(placement.clone());
+    }
+    by_node
+}
+
+/// A backfill's rows_per_second is its total: each of `nodes` nodes takes an equal share.
+fn share_of_rate(rate: i32, nodes: usize) -> i32 {
+    let nodes = i32::try_from(nodes.max(1)).unwrap_or(i32::MAX);
+    (rate + nodes - 1) / nodes
+}
+
+/// backfill.start_on_node() on every node, of its shards, as the current role.
+fn start_on_nodes(
+    by_node: &BTreeMap<Node, Vec<Placement>>,
+    confirm: bool,
+    options: &NodeOptions,
+    rows_per_second: Option<i32>,
+) -> Vec<(Node, Reply)> {
+    let optional = |value: Option<String>| value.unwrap_or_else(|| "NULL".into());
+    let commands: Vec<(Node, String)> = by_node
+        .iter()
+        .map(|(node, shards)| {
+            let tables: Vec<String> = shards.iter().map(|p| literal(&p.shard_name)).collect();
+            let statement = format!(
+                "SELECT backfill.start_on_node(ARRAY[{}]::pg_catalog.regclass[], {confirm}, {}, {}, {}, {}, {}, {})::text",
+                tables.join(", "),
+                options.batch_size,
+                optional(rows_per_second.map(|r| r.to_string())),
+                optional(options.slot.map(literal)),
+                optional(options.publication.map(literal)),
+                optional(options.max_lag.map(|l| l.to_string())),
+                options.parallel,
+            );
+            (node.clone(), statement)
+        })
+        .collect();
+    let answers = nodes::run(&commands);
+    commands.into_iter().zip(answers).map(|((node, _), answer)| (node, Reply::of(answer))).collect()
+}
+
+/// A node's answer to a start without confirm => true: everything checked, nothing started.
+fn is_unconfirmed(reply: &Reply) -> bool {
+    reply.sqlstate.as_deref() == Some("22023")
+        && reply.message.as_deref().is_some_and(|m| m.starts_with("backfill not started: confirm => true"))
+}
+
+/// The nodes' backfills of a distributed backfill, for control functions.
+pub fn node_backfills(backfill_id: i64) -> Vec<(Node, i64)> {
+    let mut started: Vec<(Node, i64)> = as_extension_owner(|| job_shard::shards_of(backfill_id))
+        .into_iter()
+        .map(|s| (Node { name: s.node_name, port: s.node_port }, s.node_backfill_id))
+        .collect();
+    started.sort();
+    started.dedup();
+    started
+}
+
+/// Runs `statement` on each node for its backfill (`{id}` in it stands for the node's id), as
+/// the current role: the node decides whether the role may. A node's refusal or absence is an
+/// error naming it.
+pub fn forward(node_backfills: &[(Node, i64)], statement: &str) {
+    let commands: Vec<(Node, String)> =
+        node_backfills.iter().map(|(node, id)| (node.clone(), statement.replace("{id}", &id.to_string()))).collect();
+    for ((node, statement), answer) in commands.iter().zip(nodes::run(&commands)) {
+        if let Err(message) = answer {
+            raise(
+                ERRCODE_CONNECTION_FAILURE,
+                format!("worker node {node}: {message}"),
+                format!("On worker node {node}, this failed: {statement}"),
+                Some("Run it on that node once it is reachable.".into()),
+            );
+        }
+    }
+}
+
+/// Each node's backfill leaves the states `from` for what `function` makes of it; one already
+/// past them (done on its node, say) is left as it is.
+pub fn forward_control(backfill_id: i64, function: &str, from: &[&str]) {
+    let node_backfills = node_backfills(backfill_id);
+    if node_backfills.is_empty() {
+        return;
+    }
+    let schema = nodes::extension_schema();
+    let states: Vec<String> = from.iter().map(|state| literal(state)).collect();
+    forward(
+        &node_backfills,
+        &format!(
+            "SELECT pg_catalog.count({schema}.{function}(id))::text FROM {schema}.backfill_status \
+              WHERE id OPERATOR(pg_catalog.=) {{id}} AND state IN ({})",
+            states.join(", ")
+        ),
+    );
+}
+
+/// backfill_set() of a distributed backfill: each node's backfill takes the new pacing (its share
+/// of the rate).
+pub fn forward_set(backfill_id: i64, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag: Option<i64>) {
+    let node_backfills = node_backfills(backfill_id);
+    if node_backfills.is_empty() {
+        return;
+    }
+    let nodes_count = node_backfills.iter().map(|(node, _)| node).collect::<std::collections::BTreeSet<_>>().len();
+    let optional = |value: Option<String>| value.unwrap_or_else(|| "NULL".into());
+    let schema = nodes::extension_schema();
+    forward(
+        &node_backfills,
+        &format!(
+            "SELECT pg_catalog.count({schema}.backfill_set(id, {}, {}, {}))::text FROM {schema}.backfill_status \
+              WHERE id OPERATOR(pg_catalog.=) {{id}} AND state IN ('running', 'paused')",
+            optional(batch_size.map(|b| b.to_string())),
+            optional(rows_per_second.map(|r| if r == 0 { 0 } else { share_of_rate(r, nodes_count) }.to_string())),
+            optional(max_lag.map(|l| l.to_string())),
+        ),
+    );
+}
