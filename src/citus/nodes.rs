@@ -132,16 +132,22 @@ impl Reply {
     pub fn raise_on(&self, node: &Node, what: &str) -> ! {
         let code =
             self.sqlstate.as_deref().and_then(sqlstate_code).unwrap_or(PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE);
-        let detail = match &self.detail {
+        // PL/pgSQL reports an absent detail or hint as an empty string.
+        let present = |text: &Option<String>| text.clone().filter(|t| !t.is_empty());
+        let detail = match present(&self.detail) {
             Some(detail) => format!("{what} on worker node {node} failed. {detail}"),
             None => format!("{what} on worker node {node} failed."),
         };
-        raise(
-            code,
-            format!("worker node {node}: {}", self.message.as_deref().unwrap_or("no answer")),
-            detail,
-            self.hint.clone(),
-        )
+        // The node judged the calling role by its own grants and attributes, which Citus does
+        // not copy from the coordinator for an extension's functions.
+        let hint = present(&self.hint).or_else(|| {
+            (code == PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE).then(|| {
+                "Each worker node checks the role's rights itself: make the grants of docs/security.md on every \
+                 node (SELECT run_command_on_workers(...)), see docs/citus.md."
+                    .to_string()
+            })
+        });
+        raise(code, format!("worker node {node}: {}", self.message.as_deref().unwrap_or("no answer")), detail, hint)
     }
 }
 

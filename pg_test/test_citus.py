@@ -1,0 +1,409 @@
+"""Citus: a backfill of a distributed table, started on the coordinator, is one backfill on each
+worker node, of the shards there, in that node's stream. Three clusters of this run's major: a
+coordinator and two worker nodes, with Citus's change data capture on (pgoutput on a worker names
+shard changes by the distributed table). A consumer reads every worker node's slot with a real
+streaming client (psycopg2, pgoutput with messages) and applies each node's stream in its order.
+
+Skipped where Citus is not installed (PostgreSQL 15, or a clone without ../shared/vendor):
+scripts/build_postgres.sh builds it for 16 and later from ../shared/vendor/citus-*.tar.gz."""
+
+import json
+import random
+import select
+import struct
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import psycopg2
+import psycopg2.extras
+import pytest
+
+from conftest import PG_BIN, PG_MAJOR, error_of, extra_cluster, readme_grants, wait_for, wait_until_ended
+
+pytestmark = pytest.mark.cluster
+
+NODES = ["citus_coordinator", "citus_worker1", "citus_worker2"]
+ROWS = 20_000  # even ids 2..40000; writers insert odd ids, so no key is ever reused
+
+
+def citus_installed() -> bool:
+    pkglibdir = subprocess.run([f"{PG_BIN}/pg_config", "--pkglibdir"], capture_output=True, text=True).stdout.strip()
+    return PG_MAJOR >= 16 and (Path(pkglibdir) / "citus.so").exists()
+
+
+@pytest.fixture(scope="module")
+def citus(cluster):
+    """The coordinator and two worker nodes, pg_backfill created on the coordinator (Citus
+    creates it on the workers)."""
+    if not citus_installed():
+        pytest.skip(f"Citus is not installed for PostgreSQL {PG_MAJOR}: it needs 16 or later, and "
+                    "scripts/build_postgres.sh builds it from ../shared/vendor/citus-*.tar.gz")
+    nodes = [extra_cluster(cluster, name) for name in NODES]
+    conf = ("shared_preload_libraries = 'citus, pg_backfill'\n"
+            "citus.enable_change_data_capture = on\n"
+            "max_connections = 100")
+    for node in nodes:
+        node.start(conf)
+    try:
+        for node in nodes:
+            with node.connect() as conn:
+                conn.execute("CREATE EXTENSION citus")
+        with nodes[0].connect() as conn:
+            conn.execute("SELECT citus_set_coordinator_host('127.0.0.1', %s)", [nodes[0].port])
+            for worker in nodes[1:]:
+                conn.execute("SELECT citus_add_node('127.0.0.1', %s)", [worker.port])
+            conn.execute("CREATE EXTENSION pg_backfill")
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+@pytest.fixture
+def orders(citus):
+    """A distributed table of ROWS rows in 4 shards, a publication of it, and a connection to the
+    coordinator; dropped afterwards with every slot on the workers."""
+    coordinator = citus[0].connect()
+    coordinator.execute(
+        f"""CREATE TABLE orders (id bigint PRIMARY KEY, v int NOT NULL DEFAULT 0, payload text NOT NULL);
+            SELECT create_distributed_table('orders', 'id', shard_count => 4);
+            INSERT INTO orders SELECT 2 * g, 0, md5(g::text) FROM generate_series(1, {ROWS}) g;
+            CREATE PUBLICATION orders_pub FOR TABLE orders;"""
+    )
+    yield coordinator
+    for id_, in coordinator.execute("SELECT id FROM backfill_status WHERE state IN ('running', 'paused')").fetchall():
+        coordinator.execute("SELECT backfill_cancel(%s)", [id_])
+    coordinator.execute("DROP PUBLICATION IF EXISTS orders_pub; DROP TABLE IF EXISTS orders")
+    for worker in citus[1:]:
+        with worker.connect() as conn:
+            wait_for(lambda: conn.execute("SELECT count(*) FROM pg_replication_slots WHERE active").fetchone()[0] == 0,
+                     what="the consumers to let go of their slots")
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots")
+    coordinator.close()
+
+
+def shards_by_node(citus):
+    """{worker port: {shard id, ...}} of table orders."""
+    with citus[0].connect() as conn:
+        rows = conn.execute("SELECT nodeport, shardid FROM citus_shards WHERE table_name = 'orders'::regclass").fetchall()
+    placed = {}
+    for port, shard in rows:
+        placed.setdefault(port, set()).add(shard)
+    return placed
+
+
+class PgOutputStream(threading.Thread):
+    """A real streaming consumer of one worker node's pgoutput slot (through Citus's change data
+    capture), with messages: it records the node's stream in order, as events
+    ("I"/"U"/"D", table, row or key) and ("M", prefix, content), and confirms what it received."""
+
+    def __init__(self, node, slot, publication="orders_pub"):
+        super().__init__(daemon=True)
+        self.node, self.slot, self.publication = node, slot, publication
+        self.events, self.relations, self.errors = [], {}, []
+        self.stop_event = threading.Event()
+        self.received_lsn = 0
+
+    def run(self):
+        try:
+            conn = psycopg2.connect(host="127.0.0.1", port=self.node.port, user="postgres", dbname="postgres",
+                                    connection_factory=psycopg2.extras.LogicalReplicationConnection)
+            cursor = conn.cursor()
+            cursor.start_replication(slot_name=self.slot, decode=False, options={
+                "proto_version": "1", "publication_names": self.publication, "messages": "true"})
+            while not self.stop_event.is_set():
+                message = cursor.read_message()
+                if message is None:
+                    cursor.send_feedback(flush_lsn=self.received_lsn, force=True)
+                    select.select([cursor], [], [], 0.05)
+                    continue
+                self.decode(bytes(message.payload))
+                self.received_lsn = max(self.received_lsn, message.data_start)
+                if message.payload[:1] == b"C":
+                    cursor.send_feedback(flush_lsn=message.data_start, force=True)
+            conn.close()
+        except Exception as e:  # reported by the test
+            self.errors.append(repr(e))
+
+    def stop(self):
+        self.stop_event.set()
+        self.join(10)
+
+    def decode(self, payload):
+        kind = payload[:1]
+        if kind == b"R":
+            relid, = struct.unpack_from(">I", payload, 1)
+            namespace, offset = cstring(payload, 5)
+            name, offset = cstring(payload, offset)
+            offset += 1  # replica identity
+            count, = struct.unpack_from(">h", payload, offset)
+            offset += 2
+            columns = []
+            for _ in range(count):
+                offset += 1  # flags
+                column, offset = cstring(payload, offset)
+                columns.append(column)
+                offset += 8  # type oid, type modifier
+            self.relations[relid] = (namespace, name, columns)
+        elif kind in (b"I", b"U", b"D"):
+            relid, = struct.unpack_from(">I", payload, 1)
+            namespace, name, columns = self.relations[relid]
+            offset, old = 5, None
+            if payload[offset:offset + 1] in (b"K", b"O"):
+                old, offset = tuple_data(payload, offset + 1, columns)
+            if kind == b"D":
+                self.events.append(("D", name, old))
+                return
+            offset += 1  # "N"
+            new, _ = tuple_data(payload, offset, columns)
+            self.events.append((kind.decode(), name, new, old))
+        elif kind == b"M":
+            offset = 1 + 1 + 8  # flags, lsn
+            prefix, offset = cstring(payload, offset)
+            length, = struct.unpack_from(">I", payload, offset)
+            content = payload[offset + 4:offset + 4 + length]
+            self.events.append(("M", prefix, json.loads(content)))
+
+
+def cstring(payload, offset):
+    end = payload.index(b"\0", offset)
+    return payload[offset:end].decode(), end + 1
+
+
+def tuple_data(payload, offset, columns):
+    count, = struct.unpack_from(">h", payload, offset)
+    offset += 2
+    row = {}
+    for i in range(count):
+        kind = payload[offset:offset + 1]
+        offset += 1
+        if kind == b"t":
+            length, = struct.unpack_from(">I", payload, offset)
+            row[columns[i]] = payload[offset + 4:offset + 4 + length].decode()
+            offset += 4 + length
+        else:  # null or unchanged TOAST: none here
+            row[columns[i]] = None
+    return row, offset
+
+
+def replay(events):
+    """Applies one node's stream in order, reads as upserts. Returns (rows by id, violations,
+    read messages)."""
+    state, deleted, violations, reads = {}, set(), [], []
+    for event in events:
+        if event[0] == "M":
+            _, prefix, message = event
+            if prefix != "backfill" or message["op"] != "read":
+                continue
+            reads.append(message)
+            row = message["data"]
+            key = row["id"]
+            if key in deleted:
+                violations.append(f"read brought back deleted row {key}")
+            elif key in state and state[key][0] > row["v"]:
+                violations.append(f"read of {key} at v{row['v']} after a change to v{state[key][0]}")
+            state[key] = (row["v"], row["payload"])
+        elif event[1] != "orders":
+            violations.append(f"a change named {event[1]}, not the distributed table")
+        elif event[0] == "D":
+            key = int(event[2]["id"])
+            state.pop(key, None)
+            deleted.add(key)
+        else:
+            _, _, new, old = event
+            if old is not None and int(old["id"]) != int(new["id"]):
+                state.pop(int(old["id"]), None)
+            state[int(new["id"])] = (int(new["v"]), new["payload"])
+    return state, violations, reads
+
+
+class Writers(threading.Thread):
+    """Application traffic through the coordinator: updates (many of one shard's next rows),
+    inserts, deletes, and keys moved across shards (a delete and an insert in one transaction,
+    since Citus does not update a distribution column)."""
+
+    def __init__(self, coordinator_node):
+        super().__init__(daemon=True)
+        self.node, self.stop_event, self.errors, self.ops = coordinator_node, threading.Event(), [], 0
+
+    def run(self):
+        rng, fresh = random.Random(7), iter(range(1, 10 * ROWS, 2))
+        try:
+            with self.node.connect() as conn:
+                while not self.stop_event.is_set():
+                    self.ops += 1
+                    dice, target = rng.random(), 2 * rng.randint(1, ROWS)
+                    if dice < 0.6:
+                        conn.execute("UPDATE orders SET v = v + 1 WHERE id = %s", [target])
+                    elif dice < 0.75:
+                        conn.execute("INSERT INTO orders (id, payload) VALUES (%s, 'inserted')", [next(fresh)])
+                    elif dice < 0.85:
+                        conn.execute("DELETE FROM orders WHERE id = %s", [target])
+                    else:
+                        with conn.transaction():
+                            row = conn.execute("DELETE FROM orders WHERE id = %s RETURNING v, payload",
+                                               [target]).fetchone()
+                            if row:
+                                conn.execute("INSERT INTO orders VALUES (%s, %s, %s)", [next(fresh), row[0] + 1, row[1]])
+        except Exception as e:  # a writer must never fail because of the backfill
+            self.errors.append(repr(e))
+
+    def stop(self):
+        self.stop_event.set()
+        self.join(30)
+
+
+def create_slots(citus, slot="cdc", workers=None):
+    for worker in workers or citus[1:]:
+        with worker.connect() as conn:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
+
+
+def caught_up(stream, worker):
+    with worker.connect() as conn:
+        return stream.received_lsn >= lsn_number(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
+
+def lsn_number(text):
+    high, low = text.split("/")
+    return (int(high, 16) << 32) + int(low, 16)
+
+
+def test_distributed_backfill_is_an_exact_ordered_copy_in_each_nodes_stream_under_writes(citus, orders):
+    create_slots(citus)
+    streams = [PgOutputStream(worker, "cdc") for worker in citus[1:]]
+    for stream in streams:
+        stream.start()
+    writers = Writers(citus[0])
+    writers.start()
+    try:
+        backfill_id = orders.execute(
+            "SELECT backfill_start('orders', confirm => true, slot => 'cdc', batch_size => 100, rows_per_second => 4000)"
+        ).fetchone()[0]
+        assert wait_until_ended(orders, backfill_id) == "done"
+    finally:
+        writers.stop()
+    for stream, worker in zip(streams, citus[1:]):
+        wait_for(lambda: caught_up(stream, worker), what="each consumer to reach its node's last WAL")
+        stream.stop()
+    assert writers.errors == [] and all(s.errors == [] for s in streams), (writers.errors, [s.errors for s in streams])
+    assert writers.ops > 300, "the writers barely ran: the scenario proves nothing"
+
+    placed, copy = shards_by_node(citus), {}
+    for stream, worker in zip(streams, citus[1:]):
+        state, violations, reads = replay(stream.events)
+        assert violations == []
+        # Each node's reads are of its own shards, named as Citus names their changes.
+        assert {(m["schema"], m["table"]) for m in reads} == {("public", "orders")}
+        assert {m["shard"] for m in reads} == placed[worker.port]
+        assert len({m["data"]["id"] for m in reads}) == len(reads), "a row was read twice"
+        assert not copy.keys() & state.keys(), "a key in two nodes' streams"
+        copy.update(state)
+    source = {row[0]: (row[1], row[2]) for row in orders.execute("SELECT id, v, payload FROM orders")}
+    assert copy == source
+
+    # The coordinator shows the whole: one backfill, a row per shard, every row counted.
+    shards = orders.execute(
+        "SELECT shard_id, node_port, state, rows_done FROM backfill_shards WHERE backfill_id = %s", [backfill_id]
+    ).fetchall()
+    assert {(s[0], s[1]) for s in shards} == {(shard, port) for port, ids in placed.items() for shard in ids}
+    assert all(s[2] == "done" for s in shards)
+    reads = sum(len(replay(s.events)[2]) for s in streams)
+    assert sum(s[3] for s in shards) == reads
+    assert orders.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == reads
+
+
+def test_a_node_without_the_slot_is_refused_at_start_naming_it_and_nothing_starts(citus, orders):
+    create_slots(citus, workers=citus[1:2])
+    before = orders.execute("SELECT count(*) FROM backfill_status").fetchone()[0]
+    e = error_of(orders, "SELECT backfill_start('orders', confirm => true, slot => 'cdc')")
+    assert e.sqlstate == "42704", e
+    assert str(citus[2].port) in e.diag.message_primary and "cdc" in e.diag.message_primary
+    assert "pg_create_logical_replication_slot" in e.diag.message_hint
+    for worker in citus[1:]:
+        with worker.connect() as conn:
+            assert conn.execute("SELECT count(*) FROM backfill_status WHERE state = 'running'").fetchone()[0] == 0
+    assert orders.execute("SELECT count(*) FROM backfill_status").fetchone()[0] == before
+
+
+def test_cancel_pause_and_resume_on_the_coordinator_reach_every_node(citus, orders):
+    backfill_id = orders.execute(
+        "SELECT backfill_start('orders', confirm => true, batch_size => 100, rows_per_second => 200)"
+    ).fetchone()[0]
+    node_ids = orders.execute(
+        "SELECT DISTINCT node_port, node_backfill_id FROM backfill_shards WHERE backfill_id = %s", [backfill_id]
+    ).fetchall()
+    assert {port for port, _ in node_ids} == {w.port for w in citus[1:]}
+
+    def node_states():
+        states = set()
+        for port, node_id in node_ids:
+            with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres") as conn:
+                states.add(conn.execute("SELECT state FROM backfill_status WHERE id = %s", [node_id]).fetchone()[0])
+        return states
+
+    assert node_states() == {"running"}
+    orders.execute("SELECT backfill_pause(%s)", [backfill_id])
+    assert node_states() == {"paused"}
+    orders.execute("SELECT backfill_set(%s, rows_per_second => 1000)", [backfill_id])
+    orders.execute("SELECT backfill_resume(%s)", [backfill_id])
+    assert node_states() == {"running"}
+    wait_for(lambda: orders.execute("SELECT rows_done > 0 FROM backfill_status WHERE id = %s",
+                                    [backfill_id]).fetchone()[0], what="progress seen on the coordinator")
+    orders.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    assert node_states() == {"cancelled"}
+    assert orders.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "cancelled"
+
+
+def test_a_distributed_table_is_backfilled_from_the_coordinator_only_and_alone(citus, orders):
+    orders.execute("CREATE TABLE plain_t (id int PRIMARY KEY)")
+    try:
+        e = error_of(orders, "SELECT backfill_start(ARRAY['orders', 'plain_t']::regclass[], confirm => true)")
+        assert e.sqlstate == "0A000" and "alone" in e.diag.message_primary
+        with citus[1].connect() as worker:
+            e = error_of(worker, "SELECT backfill_start('orders', confirm => true)")
+            assert e.sqlstate == "0A000" and "coordinator" in e.diag.message_primary
+        orders.execute("CREATE TABLE ref_t (id int PRIMARY KEY); SELECT create_reference_table('ref_t')")
+        e = error_of(orders, "SELECT backfill_start('ref_t', confirm => true)")
+        assert e.sqlstate == "0A000" and "reference table" in e.diag.message_primary
+    finally:
+        orders.execute("DROP TABLE IF EXISTS plain_t, ref_t")
+
+
+def test_a_role_acts_on_the_nodes_as_itself(citus, orders):
+    """The coordinator starts nothing on a node that the calling role could not start there itself,
+    and takes no connection string or password: the node checks the role's grants and attributes,
+    and the coordinator passes the node's SQLSTATE on, naming the node."""
+    create_slots(citus)
+    orders.execute("DROP ROLE IF EXISTS citus_app; CREATE ROLE citus_app LOGIN; GRANT SELECT, UPDATE ON orders TO citus_app;")
+    grants = readme_grants("operator", "citus_app")
+    orders.execute(grants)  # on the coordinator only, first
+    try:
+        with psycopg.connect(host="127.0.0.1", port=citus[0].port, user="citus_app", dbname="postgres",
+                             autocommit=True) as app:
+            e = error_of(app, "SELECT backfill_start('orders'::regclass, confirm => true)")
+            assert e.sqlstate == "42501", e
+            assert "worker node 127.0.0.1:" in e.diag.message_primary and "backfill_start" in e.diag.message_primary
+            assert "every node" in e.diag.message_hint
+            # docs/citus.md: the same grants on every worker node.
+            orders.execute("SELECT run_command_on_workers(%s)", [grants])
+            e = error_of(app, "SELECT backfill_start('orders'::regclass, confirm => true, slot => 'cdc')")
+            assert e.sqlstate == "42501" and "replication slot" in e.diag.message_primary, e
+            for worker in citus[1:]:
+                with worker.connect() as conn:
+                    assert conn.execute("SELECT count(*) FROM backfill_status WHERE started_by = 'citus_app'"
+                                        ).fetchone()[0] == 0
+            backfill_id = app.execute("SELECT backfill_start('orders'::regclass, confirm => true)").fetchone()[0]
+            for worker in citus[1:]:
+                with worker.connect() as conn:
+                    assert conn.execute("SELECT started_by FROM backfill_status WHERE state <> 'cancelled' "
+                                        "ORDER BY id DESC LIMIT 1").fetchone()[0] == "citus_app"
+            assert wait_until_ended(app, backfill_id) == "done"
+    finally:
+        for id_, in orders.execute("SELECT id FROM backfill_status WHERE state = 'running'").fetchall():
+            orders.execute("SELECT backfill_cancel(%s)", [id_])
+        orders.execute("SELECT run_command_on_workers('DROP OWNED BY citus_app')")
+        orders.execute("DROP OWNED BY citus_app; DROP ROLE citus_app")
