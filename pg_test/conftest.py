@@ -202,10 +202,12 @@ def error_of(conn, sql, params=None) -> psycopg.Error:
 
 
 def wait_for(predicate, timeout=30, what="condition"):
+    """Polls until `predicate` returns something true, and returns that."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():
-            return
+        value = predicate()
+        if value:
+            return value
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
 

@@ -407,3 +407,99 @@ def test_a_role_acts_on_the_nodes_as_itself(citus, orders):
             orders.execute("SELECT backfill_cancel(%s)", [id_])
         orders.execute("SELECT run_command_on_workers('DROP OWNED BY citus_app')")
         orders.execute("DROP OWNED BY citus_app; DROP ROLE citus_app")
+
+
+def node_stream(worker, slot="trail"):
+    """Everything a slot created before the backfill holds, decoded as pgoutput (what a consumer
+    reconnecting after the node's restart would receive), in the node's order."""
+    stream = PgOutputStream(worker, slot)
+    with worker.connect() as conn:
+        rows = conn.execute(
+            "SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+            "'publication_names', 'orders_pub', 'messages', 'true')", [slot]
+        ).fetchall()
+    for data, in rows:
+        stream.decode(bytes(data))
+    return stream.events
+
+
+def reads_of(events):
+    return [e[2] for e in events if e[0] == "M" and e[1] == "backfill" and e[2]["op"] == "read"]
+
+
+def assert_every_row_read_once(citus, orders, streams):
+    ids = [m["data"]["id"] for events in streams for m in reads_of(events)]
+    assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} rows read twice"
+    assert set(ids) == {row[0] for row in orders.execute("SELECT id FROM orders")}
+
+
+def node_backfill(orders, backfill_id, port):
+    return orders.execute("SELECT DISTINCT node_backfill_id FROM backfill_shards WHERE backfill_id = %s AND node_port = %s",
+                          [backfill_id, port]).fetchone()[0]
+
+
+def test_killed_node_workers_and_a_node_restart_deliver_every_row_once(citus, orders):
+    """A node's backfill worker killed mid-page restarts from its cursor; a worker node restarted
+    mid-run resumes its backfill (pg_backfill is preloaded there) while the coordinator shows it
+    unreachable, then done."""
+    create_slots(citus, slot="trail")
+    backfill_id = orders.execute(
+        "SELECT backfill_start('orders', confirm => true, batch_size => 100, rows_per_second => 3000)"
+    ).fetchone()[0]
+    first, second = citus[1], citus[2]
+    first_id = node_backfill(orders, backfill_id, first.port)
+    with first.connect() as conn:
+        for _ in range(2):
+            wait_for(lambda: conn.execute("SELECT rows_done > 0 FROM backfill_status WHERE id = %s",
+                                          [first_id]).fetchone()[0], what="the node's backfill to deliver")
+            pid = wait_for(lambda: conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [f"pg_backfill {first_id}"]
+            ).fetchone(), what="the node's worker")[0]
+            conn.execute("SELECT pg_catalog.pg_terminate_backend(%s::integer)", [pid])
+            time.sleep(0.5)
+    wait_for(lambda: orders.execute("SELECT bool_and(rows_done > 0) FROM backfill_shards WHERE backfill_id = %s "
+                                    "AND node_port = %s", [backfill_id, second.port]).fetchone()[0],
+             what="progress on the second node")
+    second.pg_ctl("restart", "-m", "fast")
+    assert wait_until_ended(orders, backfill_id) == "done"
+    assert_every_row_read_once(citus, orders, [node_stream(worker) for worker in citus[1:]])
+
+
+def test_a_shard_moved_mid_run_fails_the_backfill_saying_how_to_start_again(citus, orders):
+    backfill_id = orders.execute(
+        "SELECT backfill_start('orders', confirm => true, batch_size => 100, rows_per_second => 400)"
+    ).fetchone()[0]
+    source, target = citus[1], citus[2]
+    wait_for(lambda: orders.execute("SELECT rows_done > 0 FROM backfill_status WHERE id = %s",
+                                    [backfill_id]).fetchone()[0], what="progress")
+    shard = orders.execute(
+        "SELECT shard_id FROM backfill_shards WHERE backfill_id = %s AND node_port = %s ORDER BY position DESC LIMIT 1",
+        [backfill_id, source.port],
+    ).fetchone()[0]
+    orders.execute(
+        "SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s, shard_transfer_mode => 'block_writes')",
+        [shard, source.port, target.port],
+    )
+    assert wait_until_ended(orders, backfill_id) == "failed"
+    error = orders.execute("SELECT last_error FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
+    assert f"shard {shard} (public.orders_{shard}) moved away from worker node 127.0.0.1:{source.port}" in error, error
+    e = error_of(orders, "SELECT backfill_wait(%s)" % backfill_id)
+    assert e.sqlstate == "55000"
+    # Started again once the move is over, it delivers from every shard's new home.
+    again = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
+    assert wait_until_ended(orders, again) == "done"
+    assert orders.execute("SELECT count(*) FROM backfill_shards WHERE backfill_id = %s AND shard_id = %s "
+                          "AND node_port = %s", [again, shard, target.port]).fetchone()[0] == 1
+
+
+def test_a_node_down_at_start_is_a_clear_error(citus, orders):
+    down = citus[2]
+    down.pg_ctl("stop", "-m", "fast")
+    try:
+        e = error_of(orders, "SELECT backfill_start('orders', confirm => true)")
+        assert e.sqlstate == "08006", e
+        assert f"worker node 127.0.0.1:{down.port}" in e.diag.message_primary
+    finally:
+        down.pg_ctl("start")
+    with citus[1].connect() as conn:
+        assert conn.execute("SELECT count(*) FROM backfill_status WHERE state = 'running'").fetchone()[0] == 0

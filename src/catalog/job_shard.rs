@@ -108,3 +108,18 @@ pub fn record_node_state(backfill_id: i64, position: i32, node_state: &str, node
     )
     .or_internal("record a node's state")
 }
+
+/// The positions of a distributed backfill's shards not yet done.
+pub fn unfinished_positions(backfill_id: i64) -> Vec<i32> {
+    Spi::connect(|client| {
+        client
+            .select(
+                "SELECT position FROM backfill.job_table WHERE job_id = $1 AND state <> 'done'",
+                None,
+                &[backfill_id.into()],
+            )?
+            .map(|row| row.get::<i32>(1).map(Option::unwrap_or_default))
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+    })
+    .or_internal("read the shards not done")
+}

@@ -182,3 +182,16 @@ pub fn extension_schema() -> String {
     .or_internal("read pg_backfill's schema")
     .unwrap_or_else(|| "public".into())
 }
+
+/// Whether shard `shard_id` still has an active placement on `node`, by the coordinator's metadata.
+pub fn placed_on(shard_id: i64, node: &Node) -> bool {
+    crate::pg::spi::select_one::<bool>(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_placement p
+                          JOIN pg_catalog.pg_dist_node n ON n.groupid OPERATOR(pg_catalog.=) p.groupid
+                         WHERE p.shardid OPERATOR(pg_catalog.=) $1
+                           AND n.nodename OPERATOR(pg_catalog.=) $2 AND n.nodeport OPERATOR(pg_catalog.=) $3)",
+        &[shard_id.into(), node.name.as_str().into(), node.port.into()],
+    )
+    .or_internal("read Citus's placement metadata")
+    .unwrap_or(false)
+}

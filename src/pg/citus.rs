@@ -125,3 +125,34 @@ pub fn is_coordinator() -> bool {
     .or_internal("read Citus's node metadata")
     .unwrap_or(true)
 }
+
+/// Raises an error when shard `shard` no longer has a placement on this node: it moved (shard
+/// move, rebalance, node drain) or was split. Its rows are then changed, and their changes
+/// decoded, on another node: a read written here would reach this node's stream only, out of
+/// order with them. (Citus drops the old placement later, so the table is still there to read.)
+pub fn require_placement_here(shard: &ShardOf, shard_table: &str) {
+    let here = crate::pg::spi::select_one::<bool>(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_placement p
+                          JOIN pg_catalog.pg_dist_local_group g ON g.groupid OPERATOR(pg_catalog.=) p.groupid
+                         WHERE p.shardid OPERATOR(pg_catalog.=) $1)",
+        &[shard.shard_id.into()],
+    )
+    .or_internal("read Citus's placement metadata")
+    .unwrap_or(false);
+    if !here {
+        let table = crate::pg::encoding::quote_qualified(&shard.schema, &shard.name);
+        crate::pg::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("shard {} of distributed table {table} left this node during its backfill", shard.shard_id),
+            format!(
+                "Shard table {shard_table} was moved or split (a shard move, rebalance or node drain): its rows' \
+                 changes are now written on another node, and reads written here would not sort against them. \
+                 Its rows up to the cursor were delivered in this node's stream."
+            ),
+            Some(format!(
+                "When the shard events are over, start the backfill of {table} again on the coordinator: \
+                 SELECT backfill_start('{table}', confirm => true);"
+            )),
+        );
+    }
+}

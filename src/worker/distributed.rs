@@ -59,6 +59,26 @@ fn look(backfill_id: i64) -> bool {
         let node = Node { name: shard.node_name.clone(), port: shard.node_port };
         by_node.entry((node, shard.node_backfill_id)).or_default().push(shard);
     }
+    // A shard that moved (or was split) before its node delivered it: its rows' changes now go
+    // to another node's stream, where this node's reads would not sort against them.
+    let unfinished = job_shard::unfinished_positions(backfill_id);
+    if let Some(((node, _), shard)) = by_node
+        .iter()
+        .flat_map(|(at, shards)| shards.iter().map(move |shard| (at, shard)))
+        .find(|(at, shard)| unfinished.contains(&shard.position) && !nodes::placed_on(shard.shard_id, &at.0))
+    {
+        let why = format!(
+            "shard {} ({}) moved away from worker node {node} before its backfill there was done: its rows' \
+             changes are now written on another node. Start the backfill of the table again once the shard \
+             events are over.",
+            shard.shard_id, shard.shard_name
+        );
+        end(backfill_id, JobState::Failed, Some(("55000", &why)));
+        // Resuming cannot help, starting again will: the other nodes' backfills stop too, so that
+        // a new backfill of the table can start on every node.
+        cancel_on_nodes(backfill_id, by_node.keys());
+        return false;
+    }
     let schema = nodes::extension_schema();
     let commands: Vec<(Node, String)> =
         by_node.iter().map(|((node, id), shards)| (node.clone(), question(&schema, *id, shards))).collect();
@@ -129,8 +149,11 @@ fn look(backfill_id: i64) -> bool {
 
 /// The question to a node about its backfill `node_id`, answered as JSON (see [`NodeBackfill`]).
 fn question(schema: &str, node_id: i64, shards: &[&JobShard]) -> String {
-    let values: Vec<String> =
-        shards.iter().map(|s| format!("({}, {}::pg_catalog.regclass)", s.position, literal(&s.shard_name))).collect();
+    // to_regclass: a shard's table may be gone (moved and dropped); its row then counts nothing.
+    let values: Vec<String> = shards
+        .iter()
+        .map(|s| format!("({}, pg_catalog.to_regclass({}))", s.position, literal(&s.shard_name)))
+        .collect();
     format!(
         "SELECT pg_catalog.json_build_object(
                     'state', s.state, 'delivered', s.delivered,
@@ -157,5 +180,25 @@ fn question(schema: &str, node_id: i64, shards: &[&JobShard]) -> String {
 fn end(backfill_id: i64, state: JobState, error: Option<(&str, &str)>) {
     if job::move_job(backfill_id, &[JobState::Running], state, None, error) {
         log!("{}: {state} {}", who(backfill_id), error.map(|(_, why)| why).unwrap_or_default());
+    }
+}
+
+/// Cancels the nodes' backfills that still run or are paused; a node that cannot be reached is
+/// logged (its backfill is cancelled by hand there, or runs to its end).
+fn cancel_on_nodes<'a>(backfill_id: i64, node_backfills: impl Iterator<Item = &'a (Node, i64)>) {
+    let schema = nodes::extension_schema();
+    let commands: Vec<(Node, String)> = node_backfills
+        .map(|(node, node_id)| {
+            let statement = format!(
+                "SELECT pg_catalog.count({schema}.backfill_cancel(id))::text FROM {schema}.backfill_status
+                  WHERE id OPERATOR(pg_catalog.=) {node_id} AND state IN ('running', 'paused')"
+            );
+            (node.clone(), statement)
+        })
+        .collect();
+    for ((node, _), answer) in commands.iter().zip(nodes::run(&commands)) {
+        if let Err(message) = answer {
+            log!("{}: could not cancel its backfill on worker node {node}: {message}", who(backfill_id));
+        }
     }
 }
