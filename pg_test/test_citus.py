@@ -367,8 +367,9 @@ def test_a_distributed_table_is_backfilled_from_the_coordinator_only_and_alone(c
             e = error_of(worker, "SELECT backfill_start('orders', confirm => true)")
             assert e.sqlstate == "0A000" and "coordinator" in e.diag.message_primary
         orders.execute("CREATE TABLE ref_t (id int PRIMARY KEY); SELECT create_reference_table('ref_t')")
-        e = error_of(orders, "SELECT backfill_start('ref_t', confirm => true)")
-        assert e.sqlstate == "0A000" and "reference table" in e.diag.message_primary
+        with citus[1].connect() as worker:
+            e = error_of(worker, "SELECT backfill_start('ref_t', confirm => true)")
+            assert e.sqlstate == "0A000" and "reference table" in e.diag.message_primary
     finally:
         orders.execute("DROP TABLE IF EXISTS plain_t, ref_t")
 
@@ -409,14 +410,14 @@ def test_a_role_acts_on_the_nodes_as_itself(citus, orders):
         orders.execute("DROP OWNED BY citus_app; DROP ROLE citus_app")
 
 
-def node_stream(worker, slot="trail"):
+def node_stream(worker, slot="trail", publication="orders_pub"):
     """Everything a slot created before the backfill holds, decoded as pgoutput (what a consumer
     reconnecting after the node's restart would receive), in the node's order."""
     stream = PgOutputStream(worker, slot)
     with worker.connect() as conn:
         rows = conn.execute(
             "SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
-            "'publication_names', 'orders_pub', 'messages', 'true')", [slot]
+            "'publication_names', %s, 'messages', 'true')", [slot, publication]
         ).fetchall()
     for data, in rows:
         stream.decode(bytes(data))
@@ -503,3 +504,48 @@ def test_a_node_down_at_start_is_a_clear_error(citus, orders):
         down.pg_ctl("start")
     with citus[1].connect() as conn:
         assert conn.execute("SELECT count(*) FROM backfill_status WHERE state = 'running'").fetchone()[0] == 0
+
+
+def test_a_reference_table_is_backfilled_once_in_the_coordinators_stream(citus, orders):
+    """Citus's change data capture emits a reference table's changes from the coordinator only:
+    its reads are written there, from the coordinator's placement, and on no worker node."""
+    orders.execute(
+        """CREATE TABLE ref_t (id int PRIMARY KEY, v int NOT NULL);
+           SELECT create_reference_table('ref_t');
+           INSERT INTO ref_t SELECT g, 0 FROM generate_series(1, 1000) g;
+           CREATE PUBLICATION ref_pub FOR TABLE ref_t;"""
+    )
+    try:
+        create_slots(citus, slot="trail", workers=citus)
+        backfill_id = orders.execute("SELECT backfill_start('ref_t', confirm => true, batch_size => 100)").fetchone()[0]
+        orders.execute("UPDATE ref_t SET v = 1 WHERE id % 10 = 0")
+        assert wait_until_ended(orders, backfill_id) == "done"
+        events = node_stream(citus[0], publication="ref_pub")
+        reads = reads_of(events)
+        assert sorted(m["data"]["id"] for m in reads) == list(range(1, 1001))
+        placement = orders.execute("SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 'ref_t'::regclass").fetchone()[0]
+        assert {(m["table"], m["shard"]) for m in reads} == {("ref_t", placement)}
+        # Applied in the coordinator's stream order (reads as upserts), it is the table.
+        copy = {}
+        for event in events:
+            if event[0] == "M" and event[1] == "backfill" and event[2]["op"] == "read":
+                copy[event[2]["data"]["id"]] = event[2]["data"]["v"]
+            elif event[0] == "U" and event[1] == "ref_t":
+                copy[int(event[2]["id"])] = int(event[2]["v"])
+        assert copy == dict(orders.execute("SELECT id, v FROM ref_t").fetchall())
+        for worker in citus[1:]:
+            assert reads_of(node_stream(worker)) == []
+    finally:
+        orders.execute("DROP PUBLICATION IF EXISTS ref_pub; DROP TABLE IF EXISTS ref_t")
+        with citus[0].connect() as conn:
+            conn.execute("SELECT pg_drop_replication_slot('trail')")
+
+
+def test_estimate_of_a_distributed_table_adds_up_its_nodes(citus, orders):
+    orders.execute("ANALYZE orders")
+    row = orders.execute(
+        "SELECT eligible, key_columns, rows_estimated, pages FROM backfill_estimate('orders', batch_size => 100)"
+    ).fetchone()
+    assert row[0] is True and row[1] == ["id"]
+    assert abs(row[2] - ROWS) <= ROWS // 10, row
+    assert row[3] >= ROWS // 100

@@ -40,16 +40,6 @@ pub fn start_if_distributed(relids: &[pg_sys::Oid], confirm: bool, options: &Nod
     }
     let kinds: Vec<Option<Distribution>> = relids.iter().map(|relid| citus_metadata::distribution(*relid)).collect();
     let Some(index) = kinds.iter().position(|kind| *kind == Some(Distribution::Distributed)) else {
-        if let Some(index) = kinds.iter().position(|kind| *kind == Some(Distribution::Reference)) {
-            let name = table::relation_name(relids[index]);
-            raise(
-                ERRCODE_FEATURE_NOT_SUPPORTED,
-                format!("table {name} cannot be backfilled: it is a Citus reference table"),
-                "A reference table has a copy on every node; pg_backfill does not yet choose the one \
-                 whose stream a consumer follows for it.",
-                Some("Backfill distributed tables, Citus local tables and plain tables.".into()),
-            );
-        }
         return None;
     };
     let relid = relids[index];
@@ -289,4 +279,94 @@ pub fn forward_set(backfill_id: i64, batch_size: Option<i32>, rows_per_second: O
             optional(max_lag.map(|l| l.to_string())),
         ),
     );
+}
+
+/// The tables a backfill on this node reads for `relids`: a Citus reference table is read from
+/// the coordinator's placement of it, in the coordinator's stream, where Citus's change data
+/// capture emits its changes (and from no other node); its messages name the reference table.
+pub fn local_tables(relids: Vec<pg_sys::Oid>) -> Vec<pg_sys::Oid> {
+    if !citus_metadata::installed() {
+        return relids;
+    }
+    relids
+        .into_iter()
+        .map(|relid| {
+            if citus_metadata::distribution(relid) != Some(Distribution::Reference) {
+                return relid;
+            }
+            let name = table::relation_name(relid);
+            if !citus_metadata::is_coordinator() {
+                raise(
+                    ERRCODE_FEATURE_NOT_SUPPORTED,
+                    format!("reference table {name} can be backfilled only from the coordinator"),
+                    "Citus's change data capture emits a reference table's changes in the coordinator's stream \
+                     only: its reads must be written there too.",
+                    Some("Run backfill_start() on the Citus coordinator.".into()),
+                );
+            }
+            citus_metadata::coordinator_placement(relid).unwrap_or_else(|| {
+                raise(
+                    ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    format!("reference table {name} has no placement on the coordinator"),
+                    "Citus's change data capture emits a reference table's changes from the coordinator's \
+                     placement, and this coordinator holds none.",
+                    Some(
+                        "Add the coordinator to the metadata: SELECT citus_set_coordinator_host('<host>', <port>);"
+                            .into(),
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+/// What backfill_estimate() says of a distributed table: its nodes' estimates of their shards,
+/// added up. None when `relid` is not a distributed table.
+pub fn estimate(relid: pg_sys::Oid, batch_size: i32) -> Option<Result<(Vec<String>, i64, i64, i64), String>> {
+    if !citus_metadata::installed() || citus_metadata::distribution(relid) != Some(Distribution::Distributed) {
+        return None;
+    }
+    let by_node = group_by_node(&nodes::placements(relid));
+    let schema = nodes::extension_schema();
+    let commands: Vec<(Node, String)> = by_node
+        .iter()
+        .map(|(node, shards)| {
+            let tables: Vec<String> = shards.iter().map(|p| literal(&p.shard_name)).collect();
+            let statement = format!(
+                "SELECT pg_catalog.json_build_object('eligible', pg_catalog.bool_and(eligible),
+                        'reason', pg_catalog.min(reason), 'key', pg_catalog.min(key_columns::text[]),
+                        'rows', pg_catalog.sum(rows_estimated), 'bytes', pg_catalog.sum(bytes_estimated),
+                        'pages', pg_catalog.sum(pages))::text
+                   FROM {schema}.backfill_estimate(ARRAY[{}]::pg_catalog.regclass[], {batch_size})",
+                tables.join(", ")
+            );
+            (node.clone(), statement)
+        })
+        .collect();
+    #[derive(serde::Deserialize)]
+    struct NodeEstimate {
+        eligible: Option<bool>,
+        reason: Option<String>,
+        key: Option<Vec<String>>,
+        rows: Option<i64>,
+        bytes: Option<i64>,
+        pages: Option<i64>,
+    }
+    let (mut key, mut rows, mut bytes, mut pages) = (Vec::new(), 0, 0, 0);
+    for ((node, _), answer) in commands.iter().zip(nodes::run(&commands)) {
+        let estimate: NodeEstimate = match answer.map(|json| serde_json::from_str(&json)) {
+            Ok(Ok(estimate)) => estimate,
+            Ok(Err(e)) => return Some(Err(format!("worker node {node} answered what is not an estimate ({e})"))),
+            Err(message) => return Some(Err(format!("worker node {node}: {message}"))),
+        };
+        if estimate.eligible != Some(true) {
+            let reason = estimate.reason.unwrap_or_else(|| "no shard there can be backfilled".into());
+            return Some(Err(format!("on worker node {node}: {reason}")));
+        }
+        key = estimate.key.unwrap_or_default();
+        rows += estimate.rows.unwrap_or_default();
+        bytes += estimate.bytes.unwrap_or_default();
+        pages += estimate.pages.unwrap_or_default();
+    }
+    Some(Ok((key, rows, bytes, pages)))
 }

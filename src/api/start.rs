@@ -45,19 +45,37 @@ fn estimate(
     let batch_size = required(batch_size, "backfill_estimate", "batch_size");
     check_batch_size(batch_size);
     let prefix_len = settings::message_prefix().len();
-    let rows: Vec<EstimateRow> = table_list(tables)
-        .into_iter()
-        .map(|relid| match table::inspect(relid) {
-            Ok(table) => {
-                let estimate = plan::estimate(&table, prefix_len);
-                let pages = plan::pages(estimate.rows, batch_size);
-                let key = crate::pg::encoding::texts(&table.key_names());
-                (relid, true, None, Some(key), Some(estimate.rows), Some(estimate.bytes), Some(pages))
-            }
-            Err(why) => (relid, false, Some(Text(why.reason)), None, None, None, None),
-        })
-        .collect();
+    let listed = table_list(tables);
+    let rows: Vec<EstimateRow> = crate::pg::citus::with_shards_visible(|| {
+        listed
+            .iter()
+            .zip(distributed::local_tables(listed.clone()))
+            .map(|(listed, relid)| estimate_table(*listed, relid, batch_size, prefix_len))
+            .collect()
+    });
     TableIterator::new(rows)
+}
+
+/// The estimate of table `listed`, read from `relid` (itself, or a Citus reference table's
+/// placement on this node) or, for a distributed table, from its nodes.
+fn estimate_table(listed: pg_sys::Oid, relid: pg_sys::Oid, batch_size: i32, prefix_len: usize) -> EstimateRow {
+    if let Some(distributed) = distributed::estimate(listed, batch_size) {
+        return match distributed {
+            Ok((key, rows, bytes, pages)) => {
+                (listed, true, None, Some(crate::pg::encoding::texts(&key)), Some(rows), Some(bytes), Some(pages))
+            }
+            Err(why) => (listed, false, Some(Text(why)), None, None, None, None),
+        };
+    }
+    match table::inspect(relid) {
+        Ok(table) => {
+            let estimate = plan::estimate(&table, prefix_len);
+            let pages = plan::pages(estimate.rows, batch_size);
+            let key = crate::pg::encoding::texts(&table.key_names());
+            (listed, true, None, Some(key), Some(estimate.rows), Some(estimate.bytes), Some(pages))
+        }
+        Err(why) => (listed, false, Some(Text(why.reason)), None, None, None, None),
+    }
 }
 
 /// backfill_start(): validates every table (all or nothing), records the backfill and
@@ -122,6 +140,7 @@ fn start_visible(
     if let Some(backfill_id) = distributed::start_if_distributed(&relids, confirm, &node_options) {
         return backfill_id;
     }
+    let relids = distributed::local_tables(relids);
     let tables: Vec<Table> = relids.iter().map(|relid| table::require(*relid)).collect();
     refuse_partitions_of_listed_tables(&relids);
     if let Some(partitioned) = tables.iter().find(|t| t.partitioned && lock_mode == LockMode::Table) {

@@ -156,3 +156,17 @@ pub fn require_placement_here(shard: &ShardOf, shard_table: &str) {
         );
     }
 }
+
+/// The coordinator's own placement of reference table `relid`: Citus's change data capture
+/// emits a reference table's changes from the coordinator only, so its backfill reads that
+/// placement, in the coordinator's stream. None when the coordinator holds none.
+pub fn coordinator_placement(relid: pg_sys::Oid) -> Option<pg_sys::Oid> {
+    crate::pg::spi::select_one::<pg_sys::Oid>(
+        "SELECT pg_catalog.to_regclass(pg_catalog.shard_name(s.logicalrelid, s.shardid, false))::oid
+           FROM pg_catalog.pg_dist_shard s
+           JOIN pg_catalog.pg_dist_placement p ON p.shardid OPERATOR(pg_catalog.=) s.shardid
+          WHERE s.logicalrelid OPERATOR(pg_catalog.=) $1 AND p.groupid OPERATOR(pg_catalog.=) 0",
+        &[relid.into()],
+    )
+    .or_internal("read Citus's placement metadata")
+}
