@@ -39,9 +39,7 @@ pub fn start_if_distributed(relids: &[pg_sys::Oid], confirm: bool, options: &Nod
         return None;
     }
     let kinds: Vec<Option<Distribution>> = relids.iter().map(|relid| citus_metadata::distribution(*relid)).collect();
-    let Some(index) = kinds.iter().position(|kind| *kind == Some(Distribution::Distributed)) else {
-        return None;
-    };
+    let index = kinds.iter().position(|kind| *kind == Some(Distribution::Distributed))?;
     let relid = relids[index];
     let name = table::relation_name(relid);
     if relids.len() > 1 {
@@ -320,9 +318,17 @@ pub fn local_tables(relids: Vec<pg_sys::Oid>) -> Vec<pg_sys::Oid> {
         .collect()
 }
 
+/// A distributed table's estimate: its key columns, rows, message bytes and pages.
+pub struct DistributedEstimate {
+    pub key: Vec<String>,
+    pub rows: i64,
+    pub bytes: i64,
+    pub pages: i64,
+}
+
 /// What backfill_estimate() says of a distributed table: its nodes' estimates of their shards,
-/// added up. None when `relid` is not a distributed table.
-pub fn estimate(relid: pg_sys::Oid, batch_size: i32) -> Option<Result<(Vec<String>, i64, i64, i64), String>> {
+/// added up, or why a node cannot backfill them. None when `relid` is not a distributed table.
+pub fn estimate(relid: pg_sys::Oid, batch_size: i32) -> Option<Result<DistributedEstimate, String>> {
     if !citus_metadata::installed() || citus_metadata::distribution(relid) != Some(Distribution::Distributed) {
         return None;
     }
@@ -368,5 +374,5 @@ pub fn estimate(relid: pg_sys::Oid, batch_size: i32) -> Option<Result<(Vec<Strin
         bytes += estimate.bytes.unwrap_or_default();
         pages += estimate.pages.unwrap_or_default();
     }
-    Some(Ok((key, rows, bytes, pages)))
+    Some(Ok(DistributedEstimate { key, rows, bytes, pages }))
 }

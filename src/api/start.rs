@@ -61,9 +61,15 @@ fn estimate(
 fn estimate_table(listed: pg_sys::Oid, relid: pg_sys::Oid, batch_size: i32, prefix_len: usize) -> EstimateRow {
     if let Some(distributed) = distributed::estimate(listed, batch_size) {
         return match distributed {
-            Ok((key, rows, bytes, pages)) => {
-                (listed, true, None, Some(crate::pg::encoding::texts(&key)), Some(rows), Some(bytes), Some(pages))
-            }
+            Ok(e) => (
+                listed,
+                true,
+                None,
+                Some(crate::pg::encoding::texts(&e.key)),
+                Some(e.rows),
+                Some(e.bytes),
+                Some(e.pages),
+            ),
             Err(why) => (listed, false, Some(Text(why)), None, None, None, None),
         };
     }
