@@ -549,3 +549,13 @@ def test_estimate_of_a_distributed_table_adds_up_its_nodes(citus, orders):
     assert row[0] is True and row[1] == ["id"]
     assert abs(row[2] - ROWS) <= ROWS // 10, row
     assert row[3] >= ROWS // 100
+
+
+@pytest.mark.parametrize("option", ["keys => '[{\"id\": 2}]'", "max_replica_lag => 1000000",
+                                    "max_retained_wal => 1000000", "max_active_sessions => 10"])
+def test_options_the_nodes_are_not_given_are_refused_before_anything_starts(citus, orders, option):
+    e = error_of(orders, f"SELECT backfill_start('orders', confirm => true, {option})")
+    assert e.sqlstate == "0A000" and "distributed table orders" in e.diag.message_primary, e
+    for worker in citus[1:]:
+        with worker.connect() as conn:
+            assert conn.execute("SELECT count(*) FROM backfill_status WHERE state = 'running'").fetchone()[0] == 0

@@ -36,7 +36,8 @@ CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false,
                                keys jsonb DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(tables::oid[], confirm, batch_size, rows_per_second, slot::text,
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(
+         backfill.refuse_node_options(tables::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions), confirm, batch_size, rows_per_second, slot::text,
                                                       publication::text, max_lag, parallel),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
 COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb) IS
@@ -50,7 +51,8 @@ CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT fals
                                keys jsonb DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(ARRAY[table_name]::oid[], confirm, batch_size, rows_per_second, slot::text,
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(
+         backfill.refuse_node_options(ARRAY[table_name]::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions), confirm, batch_size, rows_per_second, slot::text,
                                                       publication::text, max_lag, parallel),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
 COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb) IS 'backfill_start() of one table';
@@ -64,7 +66,8 @@ CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, b
                                keys jsonb DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size, rows_per_second, slot::text,
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(
+         backfill.refuse_node_options(ARRAY[table_name::regclass]::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions), confirm, batch_size, rows_per_second, slot::text,
                                                       publication::text, max_lag, parallel),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
 COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb) IS 'backfill_start() of one table, by name';
@@ -409,6 +412,7 @@ REVOKE EXECUTE ON FUNCTION
 -- The entry points the wrappers above call, and the views' helpers.
 COMMENT ON FUNCTION backfill.estimate(oid[], integer) IS 'Entry point of backfill_estimate()';
 COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer) IS 'Entry point of backfill_start()';
+COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer) IS 'Part of backfill_start(): refuses the options a backfill of a Citus distributed table does not pass on to its nodes; returns the tables';
 COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';
 COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
 COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';
@@ -433,6 +437,9 @@ COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 -- Nothing that starts, controls or reveals backfills is executable by PUBLIC: docs/security.md shows
 -- the grants for operators and for consumers. The views' helpers stay executable by all.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
+-- backfill.refuse_node_options() too: it only refuses options, or returns the tables it is given,
+-- and an operator granted the schema's functions before it existed keeps starting backfills.
+GRANT EXECUTE ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
                           backfill.waiting_for(bigint), backfill.waiting_kind(bigint), backfill.visible(name),
                           backfill.source_limit(text, bigint), backfill.may_act_as(text, text) TO PUBLIC;

@@ -318,3 +318,59 @@ COMMENT ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer
 -- It grants nothing backfill_start() does not: it runs as its caller, who needs EXECUTE on that.
 REVOKE EXECUTE ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer) TO PUBLIC;
+
+-- backfill_start() refuses, before anything starts, the options a backfill of a Citus
+-- distributed table does not pass on to its nodes (backfill.refuse_node_options()).
+CREATE  FUNCTION backfill."refuse_node_options"(
+	"tables" oid[], /* :: std :: option :: Option < Vec < Option < pg_sys :: Oid > > > */
+	"keys" jsonb, /* Option < JsonB > */
+	"max_replica_lag" bigint, /* Option < i64 > */
+	"max_retained_wal" bigint, /* Option < i64 > */
+	"max_active_sessions" INT /* Option < i32 > */
+) RETURNS oid[] /* :: std :: option :: Option < Vec < Option < pg_sys :: Oid > > > */
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'refuse_node_options_wrapper';
+-- (Revoked, then granted: the privileges of a fresh install, in its order. Executable by all: it
+-- only refuses options or returns the tables it is given, and an operator granted the schema's
+-- functions before it existed keeps starting backfills.)
+REVOKE EXECUTE ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer) TO PUBLIC;
+COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer) IS 'Part of backfill_start(): refuses the options a backfill of a Citus distributed table does not pass on to its nodes; returns the tables';
+CREATE OR REPLACE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(
+         backfill.refuse_node_options(tables::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions), confirm, batch_size, rows_per_second, slot::text,
+                                                      publication::text, max_lag, parallel),
+                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
+
+CREATE OR REPLACE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(
+         backfill.refuse_node_options(ARRAY[table_name]::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions), confirm, batch_size, rows_per_second, slot::text,
+                                                      publication::text, max_lag, parallel),
+                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
+
+CREATE OR REPLACE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.start(
+         backfill.refuse_node_options(ARRAY[table_name::regclass]::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions), confirm, batch_size, rows_per_second, slot::text,
+                                                      publication::text, max_lag, parallel),
+                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;

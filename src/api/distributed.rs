@@ -19,6 +19,7 @@ use crate::pg::errors::{raise, OrInternal};
 use crate::pg::privilege::as_extension_owner;
 use crate::worker::launcher;
 use pgrx::prelude::*;
+use pgrx::JsonB;
 use pgrx::PgSqlErrorCode::*;
 use std::collections::BTreeMap;
 
@@ -375,4 +376,47 @@ pub fn estimate(relid: pg_sys::Oid, batch_size: i32) -> Option<Result<Distribute
         pages += estimate.pages.unwrap_or_default();
     }
     Some(Ok(DistributedEstimate { key, rows, bytes, pages }))
+}
+
+/// The options of backfill_start() that a backfill of a distributed table does not pass on to
+/// its nodes: refused before anything starts (backfill_start() calls this on its tables before
+/// backfill.start()). Returns the tables.
+#[pg_extern(schema = "backfill", name = "refuse_node_options")]
+fn refuse_node_options(
+    tables: Option<Vec<Option<pg_sys::Oid>>>,
+    keys: Option<JsonB>,
+    max_replica_lag: Option<i64>,
+    max_retained_wal: Option<i64>,
+    max_active_sessions: Option<i32>,
+) -> Option<Vec<Option<pg_sys::Oid>>> {
+    let given: Vec<&str> = [
+        ("keys", keys.is_some()),
+        ("max_replica_lag", max_replica_lag.is_some()),
+        ("max_retained_wal", max_retained_wal.is_some()),
+        ("max_active_sessions", max_active_sessions.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, is_given)| is_given.then_some(name))
+    .collect();
+    if given.is_empty() || !citus_metadata::installed() {
+        return tables;
+    }
+    let distributed = tables
+        .iter()
+        .flatten()
+        .flatten()
+        .find(|relid| citus_metadata::distribution(**relid) == Some(Distribution::Distributed));
+    if let Some(relid) = distributed {
+        let name = table::relation_name(*relid);
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("{} cannot be given for distributed table {name}", given.join(", ")),
+            "A backfill of a distributed table runs on its worker nodes, which are not given these options.",
+            Some(format!(
+                "Start it without them: SELECT backfill_start({}, confirm => true);",
+                pgrx::spi::quote_literal(&name)
+            )),
+        );
+    }
+    tables
 }
