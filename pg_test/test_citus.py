@@ -559,3 +559,24 @@ def test_options_the_nodes_are_not_given_are_refused_before_anything_starts(citu
     for worker in citus[1:]:
         with worker.connect() as conn:
             assert conn.execute("SELECT count(*) FROM backfill_status WHERE state = 'running'").fetchone()[0] == 0
+
+
+def test_a_table_named_like_a_shard_is_not_one(citus, orders):
+    """A role that may create tables names one as a shard of orders, on the coordinator (which
+    holds no placement of it): its backfill's messages name it as itself, never as orders."""
+    shard = orders.execute("SELECT min(shardid) FROM pg_dist_shard WHERE logicalrelid = 'orders'::regclass").fetchone()[0]
+    orders.execute(f"CREATE TABLE public.orders_{shard} (id bigint PRIMARY KEY, v int, payload text)")
+    try:
+        # (Citus itself takes it for the shard by its name, and refuses writes without this.)
+        orders.execute("SET citus.enable_manual_changes_to_shards = on")
+        orders.execute(f"INSERT INTO orders_{shard} VALUES (2, 99, 'forged')")
+        orders.execute("SELECT pg_create_logical_replication_slot('trail', 'pgoutput')")
+        backfill_id = orders.execute(f"SELECT backfill_start('orders_{shard}', confirm => true)").fetchone()[0]
+        assert wait_until_ended(orders, backfill_id) == "done"
+        reads = reads_of(node_stream(citus[0]))
+        assert [(m["table"], "shard" in m) for m in reads] == [(f"orders_{shard}", False)]
+    finally:
+        orders.execute("SET citus.enable_manual_changes_to_shards = on")
+        orders.execute(f"DROP TABLE IF EXISTS public.orders_{shard}")
+        orders.execute("RESET citus.enable_manual_changes_to_shards")
+        orders.execute("SELECT pg_drop_replication_slot('trail') FROM pg_replication_slots WHERE slot_name = 'trail'")

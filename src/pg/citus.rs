@@ -48,8 +48,8 @@ pub struct ShardOf {
 /// The distributed table whose shard `relid` is, if it is one. Citus names a shard after its
 /// table and shard id (`orders_102008`, or a hash of a long name followed by the id), in the
 /// table's schema: the id is taken from the name, and the shard is recognized only if Citus's
-/// own `shard_name()` of that table and id names this very relation. A table merely named like
-/// a shard is not one.
+/// own `shard_name()` of that table and id names this very relation, and this node holds a
+/// placement of that shard. A table merely named like a shard is not one.
 pub fn shard_of(relid: pg_sys::Oid) -> Option<ShardOf> {
     if !installed() {
         return None;
@@ -65,6 +65,11 @@ pub fn shard_of(relid: pg_sys::Oid) -> Option<ShardOf> {
                JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) t.relnamespace
               WHERE r.oid OPERATOR(pg_catalog.=) $1
                 AND t.relnamespace OPERATOR(pg_catalog.=) r.relnamespace
+                -- This node holds a placement of the shard: elsewhere a table of that name is
+                -- not the shard (anyone who may create tables could name one so).
+                AND EXISTS (SELECT FROM pg_catalog.pg_dist_placement p
+                              JOIN pg_catalog.pg_dist_local_group g ON g.groupid OPERATOR(pg_catalog.=) p.groupid
+                             WHERE p.shardid OPERATOR(pg_catalog.=) s.shardid)
                 AND pg_catalog.shard_name(s.logicalrelid, s.shardid) OPERATOR(pg_catalog.=)
                     ANY (ARRAY[pg_catalog.quote_ident(r.relname::text),
                                pg_catalog.quote_ident(n.nspname::text) OPERATOR(pg_catalog.||) '.'
