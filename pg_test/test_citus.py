@@ -580,3 +580,45 @@ def test_a_table_named_like_a_shard_is_not_one(citus, orders):
         orders.execute(f"DROP TABLE IF EXISTS public.orders_{shard}")
         orders.execute("RESET citus.enable_manual_changes_to_shards")
         orders.execute("SELECT pg_drop_replication_slot('trail') FROM pg_replication_slots WHERE slot_name = 'trail'")
+
+
+def test_checksum_of_a_distributed_table_is_that_of_its_rows_in_one_table_and_finds_a_node_s_divergence(citus, orders):
+    """backfill_checksum() on the coordinator sums each shard on its node over the same ranges and
+    adds them up: the same rows and sums as the same rows in one plain table. A row changed on one
+    node behind Citus's back shows in its range, and only there."""
+    orders.execute("CREATE TABLE plain_copy AS SELECT * FROM orders; ALTER TABLE plain_copy ADD PRIMARY KEY (id)")
+    try:
+        for level in ("hash", "count"):
+            distributed = orders.execute(
+                "SELECT range, lower, upper, rows, checksum FROM backfill_checksum('orders', 8, %s)", [level]
+            ).fetchall()
+            assert len(distributed) == 8 and sum(r[3] for r in distributed) == ROWS
+            bounds = json.dumps([r[2] for r in distributed if r[2] is not None])
+            plain = orders.execute(
+                "SELECT range, lower, upper, rows, checksum FROM backfill_checksum('plain_copy', level => %s, bounds => %s)",
+                [level, bounds],
+            ).fetchall()
+            assert distributed == plain, level
+        # A divergence on one node: its range's checksum differs, the others agree.
+        shard, port = orders.execute(
+            "SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'orders'::regclass ORDER BY shardid LIMIT 1"
+        ).fetchone()
+        with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres", autocommit=True) as node:
+            node.execute("SET citus.enable_manual_changes_to_shards = on")
+            changed = node.execute(f"UPDATE orders_{shard} SET v = v + 1 WHERE id = (SELECT min(id) FROM orders_{shard}) "
+                                   "RETURNING id").fetchone()[0]
+        distributed = orders.execute("SELECT range, lower, upper, rows, checksum FROM backfill_checksum('orders', 8)").fetchall()
+        bounds = json.dumps([r[2] for r in distributed if r[2] is not None])
+        plain = orders.execute("SELECT range, lower, upper, rows, checksum FROM backfill_checksum('plain_copy', bounds => %s)",
+                               [bounds]).fetchall()
+        differing = [d for d, p in zip(distributed, plain) if d != p]
+        assert len(differing) == 1
+        lower, upper = differing[0][1], differing[0][2]
+        assert (lower is None or lower["id"] <= changed) and (upper is None or changed < upper["id"])
+
+        e = error_of(orders, "SELECT * FROM backfill_checksum('orders', 8, 'aggregate')")
+        assert e.sqlstate == "0A000" and "distributed table orders" in e.diag.message_primary
+        e = error_of(orders, "SELECT * FROM backfill_compare('orders', 'plain_copy')")
+        assert e.sqlstate == "0A000" and "backfill_checksum" in e.diag.message_hint
+    finally:
+        orders.execute("DROP TABLE IF EXISTS plain_copy")

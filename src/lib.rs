@@ -41,6 +41,7 @@
 //!   the estimate and key ranges (`plan.rs`), a distributed table's backfill started on its
 //!   nodes from the coordinator, and control passed on to them (`distributed.rs`), pause, resume, set, wait and cancel
 //!   (`control.rs`), keys given to a backfill (`keyed.rs`), backfill_repair() (`repair.rs`),
+//!   backfill_checksum()'s entry point, which sums a distributed table on its nodes (`verify.rs`),
 //!   the monitoring views' helpers (`views.rs`).
 
 use pgrx::prelude::*;

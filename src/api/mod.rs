@@ -6,4 +6,5 @@ pub(crate) mod keyed;
 pub(crate) mod plan;
 pub(crate) mod repair;
 pub(crate) mod start;
+pub(crate) mod verify;
 pub(crate) mod views;
