@@ -466,7 +466,10 @@ def test_killed_node_workers_and_a_node_restart_deliver_every_row_once(citus, or
     assert_every_row_read_once(citus, orders, [node_stream(worker) for worker in citus[1:]])
 
 
-def test_a_shard_moved_mid_run_fails_the_backfill_saying_how_to_start_again(citus, orders):
+@pytest.mark.parametrize("event", ["move", "split", "drain"])
+def test_a_shard_moved_or_split_mid_run_fails_the_backfill_saying_how_to_start_again(citus, orders, event):
+    """A shard move, a split, and the drain that must come before citus_remove_node (and what
+    citus_rebalance_start does: moves)."""
     backfill_id = orders.execute(
         "SELECT backfill_start('orders', confirm => true, batch_size => 100, rows_per_second => 400)"
     ).fetchone()[0]
@@ -477,20 +480,41 @@ def test_a_shard_moved_mid_run_fails_the_backfill_saying_how_to_start_again(citu
         "SELECT shard_id FROM backfill_shards WHERE backfill_id = %s AND node_port = %s ORDER BY position DESC LIMIT 1",
         [backfill_id, source.port],
     ).fetchone()[0]
-    orders.execute(
-        "SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s, shard_transfer_mode => 'block_writes')",
-        [shard, source.port, target.port],
-    )
+    if event == "move":
+        orders.execute(
+            "SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s, shard_transfer_mode => 'block_writes')",
+            [shard, source.port, target.port],
+        )
+    elif event == "drain":  # every shard of the node moves away, as before removing it
+        orders.execute("SELECT citus_drain_node('127.0.0.1', %s, shard_transfer_mode => 'block_writes')", [source.port])
+        orders.execute("SELECT citus_set_node_property('127.0.0.1', %s, 'shouldhaveshards', true)", [source.port])
+    else:  # in two, one half on each node
+        orders.execute(
+            """SELECT citus_split_shard_by_split_points(
+                          s.shardid, ARRAY[((s.shardminvalue::bigint + s.shardmaxvalue::bigint) / 2)::text],
+                          ARRAY[(SELECT nodeid FROM pg_dist_node WHERE nodeport = %s),
+                                (SELECT nodeid FROM pg_dist_node WHERE nodeport = %s)],
+                          shard_transfer_mode => 'block_writes')
+                 FROM pg_dist_shard s WHERE s.shardid = %s""",
+            [source.port, target.port, shard],
+        )
     assert wait_until_ended(orders, backfill_id) == "failed"
     error = orders.execute("SELECT last_error FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
-    assert f"shard {shard} (public.orders_{shard}) moved away from worker node 127.0.0.1:{source.port}" in error, error
+    moved = shard if event != "drain" else int(error.split()[1])  # a drain moves them all: the first one found
+    assert f"shard {moved} (public.orders_{moved}) moved away from worker node 127.0.0.1:{source.port}" in error, error
     e = error_of(orders, "SELECT backfill_wait(%s)" % backfill_id)
     assert e.sqlstate == "55000"
-    # Started again once the move is over, it delivers from every shard's new home.
+    # Started again once the shard event is over, it delivers every row from the shards' homes
+    # now, each once.
+    orders.execute("SELECT pg_create_logical_replication_slot('trail', 'pgoutput')")
+    for worker in citus[1:]:
+        with worker.connect() as conn:
+            conn.execute("SELECT pg_create_logical_replication_slot('trail', 'pgoutput')")
     again = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
     assert wait_until_ended(orders, again) == "done"
-    assert orders.execute("SELECT count(*) FROM backfill_shards WHERE backfill_id = %s AND shard_id = %s "
-                          "AND node_port = %s", [again, shard, target.port]).fetchone()[0] == 1
+    assert_every_row_read_once(citus, orders, [node_stream(worker) for worker in citus[1:]])
+    assert reads_of(node_stream(citus[0])) == []
+    orders.execute("SELECT pg_drop_replication_slot('trail')")
 
 
 def test_a_node_down_at_start_is_a_clear_error(citus, orders):
