@@ -14,7 +14,6 @@ use crate::catalog::job_table::{self, NewRange};
 use crate::citus::nodes::{self, literal, Node, Placement, Reply};
 use crate::model::table;
 use crate::pg::citus::{self as citus_metadata, Distribution};
-use crate::pg::encoding::Text;
 use crate::pg::errors::{raise, OrInternal};
 use crate::pg::privilege::as_extension_owner;
 use crate::worker::launcher;
@@ -109,11 +108,7 @@ pub fn start_if_distributed(relids: &[pg_sys::Oid], confirm: bool, options: &Nod
         );
     }
     launcher::require_worker_slots(1);
-    let started_by = crate::pg::spi::select_one::<Text>("SELECT current_user::text", &[])
-        .ok()
-        .flatten()
-        .map(|t| t.0)
-        .unwrap_or_default();
+    let started_by = crate::pg::privilege::current_role_name();
     let backfill_id = as_extension_owner(|| {
         job::insert_job(&job::NewJob {
             started_by: &started_by,
@@ -133,7 +128,11 @@ pub fn start_if_distributed(relids: &[pg_sys::Oid], confirm: bool, options: &Nod
         // Started elsewhere but not everywhere: the others stop, as the caller, before the error.
         let started: Vec<(Node, i64)> =
             replies.iter().filter_map(|(node, reply)| reply.id.map(|id| (node.clone(), id))).collect();
-        forward(&started, "SELECT backfill_cancel({id})::text");
+        let cancels: Vec<(Node, String)> = started
+            .into_iter()
+            .map(|(node, id)| (node, nodes::control_statement("backfill_cancel", id, &["running", "paused"])))
+            .collect();
+        forward(&cancels);
         reply.raise_on(node, &format!("backfill_start({name})"));
     }
     as_extension_owner(|| {
@@ -161,7 +160,8 @@ pub fn start_if_distributed(relids: &[pg_sys::Oid], confirm: bool, options: &Nod
     Some(backfill_id)
 }
 
-fn group_by_node(placements: &[Placement]) -> BTreeMap<Node, Vec<Placement>> {
+/// The placements by node.
+pub fn group_by_node(placements: &[Placement]) -> BTreeMap<Node, Vec<Placement>> {
     let mut by_node: BTreeMap<Node, Vec<Placement>> = BTreeMap::new();
     for placement in placements {
         by_node.entry(placement.node.clone()).or_default().push(placement.clone());
@@ -221,13 +221,10 @@ pub fn node_backfills(backfill_id: i64) -> Vec<(Node, i64)> {
     started
 }
 
-/// Runs `statement` on each node for its backfill (`{id}` in it stands for the node's id), as
-/// the current role: the node decides whether the role may. A node's refusal or absence is an
-/// error naming it.
-pub fn forward(node_backfills: &[(Node, i64)], statement: &str) {
-    let commands: Vec<(Node, String)> =
-        node_backfills.iter().map(|(node, id)| (node.clone(), statement.replace("{id}", &id.to_string()))).collect();
-    for ((node, statement), answer) in commands.iter().zip(nodes::run(&commands)) {
+/// Runs each node's statement, as the current role: the node decides whether the role may. A
+/// node's refusal or absence is an error naming it.
+pub fn forward(commands: &[(Node, String)]) {
+    for ((node, statement), answer) in commands.iter().zip(nodes::run(commands)) {
         if let Err(message) = answer {
             raise(
                 ERRCODE_CONNECTION_FAILURE,
@@ -239,45 +236,37 @@ pub fn forward(node_backfills: &[(Node, i64)], statement: &str) {
     }
 }
 
-/// Each node's backfill leaves the states `from` for what `function` makes of it; one already
-/// past them (done on its node, say) is left as it is.
+/// backfill_cancel(), backfill_pause() and backfill_resume() of a distributed backfill: `function`
+/// of each node's backfill that is in one of the states `from`.
 pub fn forward_control(backfill_id: i64, function: &str, from: &[&str]) {
-    let node_backfills = node_backfills(backfill_id);
-    if node_backfills.is_empty() {
-        return;
-    }
-    let schema = nodes::extension_schema();
-    let states: Vec<String> = from.iter().map(|state| literal(state)).collect();
-    forward(
-        &node_backfills,
-        &format!(
-            "SELECT pg_catalog.count({schema}.{function}(id))::text FROM {schema}.backfill_status \
-              WHERE id OPERATOR(pg_catalog.=) {{id}} AND state IN ({})",
-            states.join(", ")
-        ),
-    );
+    let commands: Vec<(Node, String)> = node_backfills(backfill_id)
+        .into_iter()
+        .map(|(node, id)| (node, nodes::control_statement(function, id, from)))
+        .collect();
+    forward(&commands);
 }
 
 /// backfill_set() of a distributed backfill: each node's backfill takes the new pacing (its share
 /// of the rate).
 pub fn forward_set(backfill_id: i64, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag: Option<i64>) {
     let node_backfills = node_backfills(backfill_id);
-    if node_backfills.is_empty() {
-        return;
-    }
     let nodes_count = node_backfills.iter().map(|(node, _)| node).collect::<std::collections::BTreeSet<_>>().len();
     let optional = |value: Option<String>| value.unwrap_or_else(|| "NULL".into());
     let schema = nodes::extension_schema();
-    forward(
-        &node_backfills,
-        &format!(
-            "SELECT pg_catalog.count({schema}.backfill_set(id, {}, {}, {}))::text FROM {schema}.backfill_status \
-              WHERE id OPERATOR(pg_catalog.=) {{id}} AND state IN ('running', 'paused')",
-            optional(batch_size.map(|b| b.to_string())),
-            optional(rows_per_second.map(|r| if r == 0 { 0 } else { share_of_rate(r, nodes_count) }.to_string())),
-            optional(max_lag.map(|l| l.to_string())),
-        ),
-    );
+    let commands: Vec<(Node, String)> = node_backfills
+        .into_iter()
+        .map(|(node, id)| {
+            let statement = format!(
+                "SELECT pg_catalog.count({schema}.backfill_set(id, {}, {}, {}))::text FROM {schema}.backfill_status \
+                  WHERE id OPERATOR(pg_catalog.=) {id} AND state IN ('running', 'paused')",
+                optional(batch_size.map(|b| b.to_string())),
+                optional(rows_per_second.map(|r| if r == 0 { 0 } else { share_of_rate(r, nodes_count) }.to_string())),
+                optional(max_lag.map(|l| l.to_string())),
+            );
+            (node, statement)
+        })
+        .collect();
+    forward(&commands);
 }
 
 /// The tables a backfill on this node reads for `relids`: a Citus reference table is read from

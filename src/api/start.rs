@@ -225,11 +225,7 @@ fn start_visible(
     }
 
     launcher::require_worker_slots(parallel);
-    let started_by = crate::pg::spi::select_one::<Text>("SELECT current_user::text", &[])
-        .ok()
-        .flatten()
-        .map(|t| t.0)
-        .unwrap_or_default();
+    let started_by = crate::pg::privilege::current_role_name();
     let backfill_id = as_extension_owner(|| {
         let backfill_id = job::insert_job(&job::NewJob {
             started_by: &started_by,

@@ -10,7 +10,6 @@ use crate::verify::checksum::{self, Level, RangeRow};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use pgrx::PgSqlErrorCode::*;
-use std::collections::BTreeMap;
 
 /// Sampled keys per range of a distributed table's bounds, and at least this many in all (as
 /// a table's own, checksum.rs).
@@ -62,20 +61,17 @@ fn distributed_checksum(relid: pg_sys::Oid, ranges: Option<i32>, level: Level, b
     let bounds = checksum::checksum_bounds(relid, &key, ranges, bounds, |ranges| sampled_bounds(relid, &key, ranges));
     let bounds_literal = literal(&serde_json::Value::Array(bounds.clone()).to_string());
     let schema = nodes::extension_schema();
-    let mut by_node: BTreeMap<Node, Vec<String>> = BTreeMap::new();
-    for placement in nodes::placements(relid) {
-        by_node.entry(placement.node).or_default().push(placement.shard_name);
-    }
+    let by_node = crate::api::distributed::group_by_node(&nodes::placements(relid));
     // Each node sums its shards range by range: (range, rows, sum of hashes as text).
     let commands: Vec<(Node, String)> = by_node
         .iter()
         .map(|(node, shards)| {
             let per_shard: Vec<String> = shards
                 .iter()
-                .map(|shard| {
+                .map(|placement| {
                     format!(
                         "SELECT * FROM {schema}.backfill_checksum({}::pg_catalog.regclass, 1, {}, {bounds_literal}::pg_catalog.jsonb)",
-                        literal(shard),
+                        literal(&placement.shard_name),
                         literal(level.name())
                     )
                 })

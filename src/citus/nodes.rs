@@ -195,3 +195,16 @@ pub fn placed_on(shard_id: i64, node: &Node) -> bool {
     .or_internal("read Citus's placement metadata")
     .unwrap_or(false)
 }
+
+/// The statement that calls `function(id)` (backfill_cancel, backfill_pause, backfill_resume)
+/// of backfill `node_id` on its node, if it is in one of the states `from` there (one already
+/// past them, done on its node say, is left as it is); it answers how many it called.
+pub fn control_statement(function: &str, node_id: i64, from: &[&str]) -> String {
+    let schema = extension_schema();
+    let states: Vec<String> = from.iter().map(|state| literal(state)).collect();
+    format!(
+        "SELECT pg_catalog.count({schema}.{function}(id))::text FROM {schema}.backfill_status \
+          WHERE id OPERATOR(pg_catalog.=) {node_id} AND state IN ({})",
+        states.join(", ")
+    )
+}

@@ -186,14 +186,9 @@ fn end(backfill_id: i64, state: JobState, error: Option<(&str, &str)>) {
 /// Cancels the nodes' backfills that still run or are paused; a node that cannot be reached is
 /// logged (its backfill is cancelled by hand there, or runs to its end).
 fn cancel_on_nodes<'a>(backfill_id: i64, node_backfills: impl Iterator<Item = &'a (Node, i64)>) {
-    let schema = nodes::extension_schema();
     let commands: Vec<(Node, String)> = node_backfills
         .map(|(node, node_id)| {
-            let statement = format!(
-                "SELECT pg_catalog.count({schema}.backfill_cancel(id))::text FROM {schema}.backfill_status
-                  WHERE id OPERATOR(pg_catalog.=) {node_id} AND state IN ('running', 'paused')"
-            );
-            (node.clone(), statement)
+            (node.clone(), nodes::control_statement("backfill_cancel", *node_id, &["running", "paused"]))
         })
         .collect();
     for ((node, _), answer) in commands.iter().zip(nodes::run(&commands)) {
