@@ -348,6 +348,7 @@ def test_cancel_pause_and_resume_on_the_coordinator_reach_every_node(citus, orde
     assert node_states() == {"running"}
     orders.execute("SELECT backfill_pause(%s)", [backfill_id])
     assert node_states() == {"paused"}
+    orders.execute("SELECT backfill_set(%s, rows_per_second => 2147483647)", [backfill_id])  # shared, no overflow
     orders.execute("SELECT backfill_set(%s, rows_per_second => 1000)", [backfill_id])
     orders.execute("SELECT backfill_resume(%s)", [backfill_id])
     assert node_states() == {"running"}
@@ -403,6 +404,9 @@ def test_a_role_acts_on_the_nodes_as_itself(citus, orders):
                     assert conn.execute("SELECT started_by FROM backfill_status WHERE state <> 'cancelled' "
                                         "ORDER BY id DESC LIMIT 1").fetchone()[0] == "citus_app"
             assert wait_until_ended(app, backfill_id) == "done"
+            # The role sees its own backfill's shards, and no other role's.
+            seen = app.execute("SELECT DISTINCT backfill_id FROM backfill_shards").fetchall()
+            assert seen == [(backfill_id,)], seen
     finally:
         for id_, in orders.execute("SELECT id FROM backfill_status WHERE state = 'running'").fetchall():
             orders.execute("SELECT backfill_cancel(%s)", [id_])

@@ -171,8 +171,9 @@ pub fn group_by_node(placements: &[Placement]) -> BTreeMap<Node, Vec<Placement>>
 
 /// A backfill's rows_per_second is its total: each of `nodes` nodes takes an equal share.
 fn share_of_rate(rate: i32, nodes: usize) -> i32 {
-    let nodes = i32::try_from(nodes.max(1)).unwrap_or(i32::MAX);
-    (rate + nodes - 1) / nodes
+    // (In 64 bits: a rate near i32::MAX plus the rounding would overflow 32.)
+    let nodes = i64::try_from(nodes.max(1)).unwrap_or(i64::MAX);
+    i32::try_from((i64::from(rate) + nodes - 1) / nodes).unwrap_or(i32::MAX)
 }
 
 /// backfill.start_on_node() on every node, of its shards, as the current role.
