@@ -71,7 +71,8 @@ class Cluster:
 # The test clusters besides the session's, each with a port of its own: the session's port
 # plus 100 plus its place here (clear of the demo's, 55440, and of another run's 1,000 above).
 EXTRA_CLUSTERS = ["replica", "standby1", "preload", "nopreload", "install", "huge", "pmdeath", "standby", "resumer",
-                  "upgrade_old", "upgrade_new", "csub_primary", "csub_standby"]
+                  "upgrade_old", "upgrade_new", "csub_primary", "csub_standby",
+                  "citus_coordinator", "citus_worker1", "citus_worker2"]
 
 
 def extra_cluster(cluster: "Cluster", name: str, major: int = PG_MAJOR) -> Cluster:
@@ -216,10 +217,12 @@ def error_of(conn, sql, params=None) -> psycopg.Error:
 
 
 def wait_for(predicate, timeout=30, what="condition"):
+    """Polls until `predicate` returns something true, and returns that."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():
-            return
+        value = predicate()
+        if value:
+            return value
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
 

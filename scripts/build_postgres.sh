@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and installs PostgreSQL MAJOR from Debian's source package under /usr/local/pgsql-MAJOR,
-# with its contrib modules and wal2json (the tests' decoder), as root. Debian 12 packages only
+# with its contrib modules, wal2json (the tests' decoder) and Citus (for the distributed tests,
+# when ../shared/vendor has its source), as root. Debian 12 packages only
 # PostgreSQL 15; the newer majors come from the source packages of Debian's newer suites.
 # Skips everything when /usr/local/pgsql-MAJOR/bin/pg_config already answers for a build with
 # ICU (as every packaged PostgreSQL has it: the suite sorts keys by an ICU collation); a build
@@ -53,5 +54,16 @@ if [ ! -f "$("$prefix/bin/pg_config" --pkglibdir)/wal2json.so" ]; then
     make -C "$work/wal2json" PG_CONFIG="$prefix/bin/pg_config" USE_PGXS=1 >"$work/wal2json.log" 2>&1 &&
         make -C "$work/wal2json" PG_CONFIG="$prefix/bin/pg_config" USE_PGXS=1 install >>"$work/wal2json.log" 2>&1 ||
         { tail -30 "$work/wal2json.log"; exit 1; }
+fi
+# Citus, for the distributed tests (pg_test/test_citus.py), when its source is there: the tests
+# skip, saying how to install it, where it is not. Citus 14 supports PostgreSQL 16 to 18.
+citus_tarball=$(ls "$vendor"/citus-*.tar.gz 2>/dev/null | tail -1 || true)
+if [ -n "$citus_tarball" ] && [ "$major" -ge 16 ] && [ ! -f "$("$prefix/bin/pg_config" --pkglibdir)/citus.so" ]; then
+    log "building $(basename "$citus_tarball") (a few minutes on 2 cores)"
+    rm -rf "$work/citus" && mkdir -p "$work/citus"
+    tar -C "$work/citus" --strip-components=1 -xzf "$citus_tarball"
+    (cd "$work/citus" && ./configure PG_CONFIG="$prefix/bin/pg_config" --without-libcurl >"$work/citus.log" 2>&1 &&
+        make -j"$(nproc)" >>"$work/citus.log" 2>&1 && make install >>"$work/citus.log" 2>&1) ||
+        { tail -30 "$work/citus.log"; exit 1; }
 fi
 log "PostgreSQL $("$prefix/bin/pg_config" --version) at $prefix"

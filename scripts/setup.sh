@@ -10,8 +10,8 @@ PGRX_VERSION=0.18.1
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-wal2json
               clang libclang-dev sudo pkg-config libssl-dev build-essential)
 if [ "$PG_MAJOR" != 15 ]; then
-    # What scripts/build_postgres.sh needs to build PostgreSQL from source.
-    APT_PACKAGES+=(bison flex libreadline-dev zlib1g-dev libicu-dev)
+    # What scripts/build_postgres.sh needs to build PostgreSQL from source, and Citus.
+    APT_PACKAGES+=(bison flex libreadline-dev zlib1g-dev libicu-dev liblz4-dev libzstd-dev libkrb5-dev)
 fi
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }

@@ -36,8 +36,9 @@ CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false,
                                keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(tables::oid[], confirm, batch_size, rows_per_second,
-                                                      slot::text, publication::text, max_lag, parallel), rows_per_message),
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
+         backfill.refuse_node_options(tables::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
+         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
 COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer) IS
 'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate. keys => a JSON array of key objects: only those keys of the one table, each read or, without a row, delivered absent. rows_per_message => N: each page''s rows in reads messages of up to N rows (NULL: backfill.rows_per_message).';
@@ -50,8 +51,9 @@ CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT fals
                                keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(ARRAY[table_name]::oid[], confirm, batch_size, rows_per_second,
-                                                      slot::text, publication::text, max_lag, parallel), rows_per_message),
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
+         backfill.refuse_node_options(ARRAY[table_name]::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
+         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
 COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer) IS 'backfill_start() of one table';
 
@@ -64,8 +66,9 @@ CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, b
                                keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(ARRAY[table_name::regclass]::oid[], confirm, batch_size, rows_per_second,
-                                                      slot::text, publication::text, max_lag, parallel), rows_per_message),
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
+         backfill.refuse_node_options(ARRAY[table_name::regclass]::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
+         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
 COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer) IS 'backfill_start() of one table, by name';
 
@@ -411,6 +414,7 @@ REVOKE EXECUTE ON FUNCTION
 -- The entry points the wrappers above call, and the views' helpers.
 COMMENT ON FUNCTION backfill.estimate(oid[], integer) IS 'Entry point of backfill_estimate()';
 COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer) IS 'Entry point of backfill_start()';
+COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) IS 'Part of backfill_start(): refuses the options a backfill of a Citus distributed table does not pass on to its nodes; returns the tables';
 COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';
 COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
 COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';
@@ -436,7 +440,79 @@ COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 -- Nothing that starts, controls or reveals backfills is executable by PUBLIC: docs/security.md shows
 -- the grants for operators and for consumers. The views' helpers stay executable by all.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
+-- backfill.refuse_node_options() too: it only refuses options, or returns the tables it is given,
+-- and an operator granted the schema's functions before it existed keeps starting backfills.
+GRANT EXECUTE ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
                           backfill.waiting_for(bigint), backfill.waiting_kind(bigint), backfill.visible(name),
                           backfill.source_limit(text, bigint), backfill.may_act_as(text, text) TO PUBLIC;
 
+
+-- Citus: a backfill of a distributed table started on the coordinator (see docs/citus.md).
+CREATE VIEW backfill_shards WITH (security_barrier) AS
+SELECT s.job_id AS backfill_id,
+       s.position,
+       jt.relid AS table_name,
+       s.shard_id,
+       s.shard_name,
+       s.node_name,
+       s.node_port,
+       s.node_backfill_id,
+       CASE WHEN j.state IN ('cancelled', 'failed') AND jt.state <> 'done' THEN j.state
+            ELSE jt.state END AS state,
+       s.node_state,
+       CASE WHEN v.readable THEN jt.rows_done END AS rows_done,
+       CASE WHEN v.readable THEN jt.rows_estimated END AS rows_estimated,
+       CASE WHEN v.readable THEN s.node_error END AS node_error
+  FROM backfill.job_shard s
+  JOIN backfill.job_table jt ON jt.job_id = s.job_id AND jt.position = s.position
+  JOIN backfill.job j ON j.id = s.job_id
+ CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor')
+                            OR coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) v
+ WHERE backfill.visible(j.started_by);
+COMMENT ON VIEW backfill_shards IS 'For a backfill of a Citus distributed table, on the coordinator: each shard placement, its node, and the backfill there that delivers it';
+COMMENT ON COLUMN backfill_shards.backfill_id IS 'The backfill (backfill_status.id)';
+COMMENT ON COLUMN backfill_shards.position IS 'Its row in backfill_tables';
+COMMENT ON COLUMN backfill_shards.table_name IS 'The distributed table';
+COMMENT ON COLUMN backfill_shards.shard_id IS 'The shard (pg_dist_shard.shardid), as messages carry it in "shard"';
+COMMENT ON COLUMN backfill_shards.shard_name IS 'The shard''s table on the node';
+COMMENT ON COLUMN backfill_shards.node_name IS 'The worker node that holds the placement';
+COMMENT ON COLUMN backfill_shards.node_port IS 'Its port';
+COMMENT ON COLUMN backfill_shards.node_backfill_id IS 'The backfill on that node that delivers the shard, in that node''s stream';
+COMMENT ON COLUMN backfill_shards.state IS 'pending, running, done; or the backfill''s cancelled/failed for a shard it did not finish';
+COMMENT ON COLUMN backfill_shards.node_state IS 'The node''s backfill''s state when the coordinator last looked (about every second)';
+COMMENT ON COLUMN backfill_shards.rows_done IS 'Read messages of the shard delivered on its node';
+COMMENT ON COLUMN backfill_shards.rows_estimated IS 'The node''s estimate of the shard''s rows';
+COMMENT ON COLUMN backfill_shards.node_error IS 'The node''s backfill''s error, if it failed';
+GRANT SELECT ON backfill_shards TO PUBLIC;
+
+-- What the coordinator runs on each worker node, as the role that called backfill_start() there:
+-- that node's backfill_start(), its error (SQLSTATE, message, detail, hint) returned as JSON
+-- rather than raised, so that the coordinator can raise it again as it was, naming the node.
+CREATE FUNCTION backfill.start_on_node(tables regclass[], confirm boolean, batch_size integer,
+                                       rows_per_second integer, slot name, publication name,
+                                       max_lag bigint, parallel integer)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    started bigint;
+    state text;
+    message text;
+    detail text;
+    hint text;
+BEGIN
+    started := @extschema@.backfill_start(tables, confirm, batch_size, rows_per_second, slot, publication,
+                                          max_lag, parallel);
+    RETURN jsonb_build_object('id', started);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
+                            detail = PG_EXCEPTION_DETAIL, hint = PG_EXCEPTION_HINT;
+    RETURN jsonb_build_object('sqlstate', state, 'message', message, 'detail', detail, 'hint', hint);
+END
+$$;
+COMMENT ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer) IS
+'backfill_start() on a Citus worker node for the coordinator, with its error returned as JSON (sqlstate, message, detail, hint) instead of raised';
+-- It grants nothing backfill_start() does not: it runs as its caller, who needs EXECUTE on that.
+REVOKE EXECUTE ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer) TO PUBLIC;

@@ -217,3 +217,34 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- A backfill of a Citus distributed table, started on the coordinator: one backfill on each
+-- worker node, of the shards it holds (see docs/citus.md). The coordinator's backfill has one
+-- job_table row per shard placement, and here the node and the node's backfill that delivers it.
+CREATE TABLE backfill.job_shard (
+    job_id           bigint NOT NULL,
+    position         integer NOT NULL,
+    shard_id         bigint NOT NULL,
+    shard_name       text NOT NULL,
+    node_name        text NOT NULL,
+    node_port        integer NOT NULL,
+    node_backfill_id bigint NOT NULL,
+    node_state       text,
+    node_error       text,
+    PRIMARY KEY (job_id, position),
+    FOREIGN KEY (job_id, position) REFERENCES backfill.job_table (job_id, position) ON DELETE CASCADE
+);
+COMMENT ON TABLE backfill.job_shard IS 'For a backfill of a Citus distributed table: each shard placement''s node and the backfill there that delivers it';
+COMMENT ON COLUMN backfill.job_shard.job_id IS 'The backfill (backfill.job.id), on the coordinator';
+COMMENT ON COLUMN backfill.job_shard.position IS 'Its row in backfill.job_table';
+COMMENT ON COLUMN backfill.job_shard.shard_id IS 'The shard (pg_dist_shard.shardid)';
+COMMENT ON COLUMN backfill.job_shard.shard_name IS 'The shard''s table on the node';
+COMMENT ON COLUMN backfill.job_shard.node_name IS 'The node that holds the placement (pg_dist_node.nodename)';
+COMMENT ON COLUMN backfill.job_shard.node_port IS 'Its port';
+COMMENT ON COLUMN backfill.job_shard.node_backfill_id IS 'The backfill on that node that delivers the shard (its backfill_status.id)';
+COMMENT ON COLUMN backfill.job_shard.node_state IS 'That backfill''s state when the coordinator last looked';
+COMMENT ON COLUMN backfill.job_shard.node_error IS 'Its last error, if it failed';
+GRANT SELECT ON backfill.job_shard TO pg_monitor;
+CREATE TRIGGER discard_replicated_row BEFORE INSERT OR UPDATE OR DELETE ON backfill.job_shard
+    FOR EACH ROW EXECUTE FUNCTION backfill.discard_replicated_row();
+ALTER TABLE backfill.job_shard ENABLE REPLICA TRIGGER discard_replicated_row;

@@ -7,12 +7,16 @@
 //! - `pg/`: PostgreSQL plumbing: errors with SQLSTATE, detail and hint (`errors.rs`), the
 //!   database's encoding and UTF-8 (`encoding.rs`), reads through SPI (`spi.rs`), the
 //!   `backfill.*` settings (`settings.rs`), who runs what (`privilege.rs`), checks of SQL
-//!   arguments (`args.rs`), and where PostgreSQL's C API differs between the majors built
-//!   for, one shim per difference (`compat.rs`).
+//!   arguments (`args.rs`), where PostgreSQL's C API differs between the majors built for,
+//!   one shim per difference (`compat.rs`), and what Citus's metadata says of a table: a
+//!   shard's distributed table, a table's distribution (`citus.rs`).
 //! - `model/`: a table as a backfill sees it, its key and columns (`table.rs`); the states
 //!   and modes of backfills and their ranges (`state.rs`).
 //! - `catalog/`: the state tables: one row per backfill and its message key (`job.rs`), one
-//!   per table or key range with its cursor (`job_table.rs`).
+//!   per table or key range with its cursor (`job_table.rs`), and for a backfill of a Citus
+//!   distributed table each shard's node and node backfill (`job_shard.rs`).
+//! - `citus/`: talking to Citus's worker nodes from the coordinator, as the calling role
+//!   (`nodes.rs`).
 //! - `stream/`: what reaches the stream: the key-ordered page queries (`scan.rs`), a row's
 //!   JSON (`json.rs`), the messages (`message.rs`), their authentication tags (`sign.rs`),
 //!   and the hot path from executor to message (`delivery.rs`).
@@ -26,21 +30,25 @@
 //!   (`key_json.rs`), backfill_compare() (`compare.rs`) and the tables it reads, here or
 //!   through dblink (`sides.rs`).
 //! - `worker/`: the background worker: its process, tables in order, retries, failures
-//!   (`process.rs`), how its processes show in pg_stat_activity (`activity.rs`), registering
+//!   (`process.rs`), the coordinator's worker of a distributed backfill, which follows its
+//!   nodes' backfills (`distributed.rs`), how its processes show in pg_stat_activity (`activity.rs`), registering
 //!   workers and the preloaded launcher (`launcher.rs`), its transactions (`xact.rs`), and
 //!   `scan/`: the scan of one table, one page per transaction, where the cursor is advanced
 //!   (`mod.rs`: `TableScan` and `page()`), its start and end markers (`markers.rs`), pages of
 //!   a key range (`range_page.rs`) and of given keys (`keyed_page.rs`), what holds its pages
 //!   back and their size (`throttle.rs`), progress samples and log lines (`progress.rs`).
 //! - `api/`: the SQL functions: backfill_start() and backfill_estimate() (`start.rs`) with
-//!   the estimate and key ranges (`plan.rs`), pause, resume, set, wait and cancel
+//!   the estimate and key ranges (`plan.rs`), a distributed table's backfill started on its
+//!   nodes from the coordinator, and control passed on to them (`distributed.rs`), pause, resume, set, wait and cancel
 //!   (`control.rs`), keys given to a backfill (`keyed.rs`), backfill_repair() (`repair.rs`),
+//!   backfill_checksum()'s entry point, which sums a distributed table on its nodes (`verify.rs`),
 //!   the monitoring views' helpers (`views.rs`).
 
 use pgrx::prelude::*;
 
 mod api;
 mod catalog;
+mod citus;
 mod model;
 mod pg;
 mod stream;

@@ -1,6 +1,7 @@
 //! The SQL functions that control a running backfill: pause, resume, change, wait, cancel.
 //! Their public signatures are declared in `sql/api.sql`.
 
+use crate::api::distributed;
 use crate::catalog::job;
 use crate::catalog::job::SourceOptions;
 use crate::model::state::JobState::{self, *};
@@ -18,6 +19,7 @@ fn cancel(id: Option<i64>) -> bool {
     require_primary("cancel a backfill");
     let id = required(id, "backfill_cancel", "id");
     control(id, "cancel", &[Running, Paused], Some(Cancelled), None);
+    distributed::forward_control(id, "backfill_cancel", &["running", "paused"]);
     true
 }
 
@@ -27,6 +29,7 @@ fn pause(id: Option<i64>) -> bool {
     require_primary("pause a backfill");
     let id = required(id, "backfill_pause", "id");
     control(id, "pause", &[Running], Some(Paused), Some(job::PAUSED_BY_USER));
+    distributed::forward_control(id, "backfill_pause", &["running"]);
     true
 }
 
@@ -43,6 +46,7 @@ fn resume(id: Option<i64>) -> bool {
     for worker in 0..job.parallel {
         launcher::launch_in_this_transaction(id, worker);
     }
+    distributed::forward_control(id, "backfill_resume", &["paused", "failed"]);
     true
 }
 
@@ -76,6 +80,7 @@ fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, m
     }
     as_extension_owner(|| job::set_pacing(id, batch_size, rows_per_second, max_lag));
     launcher::wake_workers_at_commit(id);
+    distributed::forward_set(id, batch_size, rows_per_second, max_lag);
     true
 }
 

@@ -1,8 +1,10 @@
 //! The SQL functions and the views' helpers.
 
 pub(crate) mod control;
+pub(crate) mod distributed;
 pub(crate) mod keyed;
 pub(crate) mod plan;
 pub(crate) mod repair;
 pub(crate) mod start;
+pub(crate) mod verify;
 pub(crate) mod views;

@@ -1,6 +1,7 @@
 //! The SQL functions. Their public signatures (regclass arguments, named defaults) are
 //! declared in `sql/api.sql`, which calls these entry points in schema `backfill`.
 
+use crate::api::distributed;
 use crate::api::plan::{self, Estimate};
 use crate::catalog::job;
 use crate::catalog::job_table;
@@ -44,19 +45,43 @@ fn estimate(
     let batch_size = required(batch_size, "backfill_estimate", "batch_size");
     check_batch_size(batch_size);
     let prefix_len = settings::message_prefix().len();
-    let rows: Vec<EstimateRow> = table_list(tables)
-        .into_iter()
-        .map(|relid| match table::inspect(relid) {
-            Ok(table) => {
-                let estimate = plan::estimate(&table, prefix_len);
-                let pages = plan::pages(estimate.rows, batch_size);
-                let key = crate::pg::encoding::texts(&table.key_names());
-                (relid, true, None, Some(key), Some(estimate.rows), Some(estimate.bytes), Some(pages))
-            }
-            Err(why) => (relid, false, Some(Text(why.reason)), None, None, None, None),
-        })
-        .collect();
+    let listed = table_list(tables);
+    let rows: Vec<EstimateRow> = crate::pg::citus::with_shards_visible(|| {
+        listed
+            .iter()
+            .zip(distributed::local_tables(listed.clone()))
+            .map(|(listed, relid)| estimate_table(*listed, relid, batch_size, prefix_len))
+            .collect()
+    });
     TableIterator::new(rows)
+}
+
+/// The estimate of table `listed`, read from `relid` (itself, or a Citus reference table's
+/// placement on this node) or, for a distributed table, from its nodes.
+fn estimate_table(listed: pg_sys::Oid, relid: pg_sys::Oid, batch_size: i32, prefix_len: usize) -> EstimateRow {
+    if let Some(distributed) = distributed::estimate(listed, batch_size) {
+        return match distributed {
+            Ok(e) => (
+                listed,
+                true,
+                None,
+                Some(crate::pg::encoding::texts(&e.key)),
+                Some(e.rows),
+                Some(e.bytes),
+                Some(e.pages),
+            ),
+            Err(why) => (listed, false, Some(Text(why)), None, None, None, None),
+        };
+    }
+    match table::inspect(relid) {
+        Ok(table) => {
+            let estimate = plan::estimate(&table, prefix_len);
+            let pages = plan::pages(estimate.rows, batch_size);
+            let key = crate::pg::encoding::texts(&table.key_names());
+            (listed, true, None, Some(key), Some(estimate.rows), Some(estimate.bytes), Some(pages))
+        }
+        Err(why) => (listed, false, Some(Text(why.reason)), None, None, None, None),
+    }
 }
 
 /// backfill_start(): validates every table (all or nothing), records the backfill and
@@ -64,6 +89,23 @@ fn estimate(
 #[pg_extern(schema = "backfill", name = "start")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn start(
+    tables: Option<Vec<Option<pg_sys::Oid>>>,
+    confirm: Option<bool>,
+    batch_size: Option<i32>,
+    rows_per_second: Option<i32>,
+    slot: Option<Text>,
+    publication: Option<Text>,
+    max_lag: Option<i64>,
+    parallel: Option<i32>,
+) -> i64 {
+    // On a Citus worker node, the coordinator starts backfills of shards, which Citus hides.
+    crate::pg::citus::with_shards_visible(|| {
+        start_visible(tables, confirm, batch_size, rows_per_second, slot, publication, max_lag, parallel)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start_visible(
     tables: Option<Vec<Option<pg_sys::Oid>>>,
     confirm: Option<bool>,
     batch_size: Option<i32>,
@@ -93,6 +135,18 @@ pub(crate) fn start(
     let prefix = settings::message_prefix();
     let lock_mode = crate::throttle::lock::lock_mode();
     let relids = table_list(tables);
+    let node_options = distributed::NodeOptions {
+        batch_size,
+        rows_per_second,
+        slot: slot.as_deref(),
+        publication: publication.as_deref(),
+        max_lag,
+        parallel,
+    };
+    if let Some(backfill_id) = distributed::start_if_distributed(&relids, confirm, &node_options) {
+        return backfill_id;
+    }
+    let relids = distributed::local_tables(relids);
     let tables: Vec<Table> = relids.iter().map(|relid| table::require(*relid)).collect();
     refuse_partitions_of_listed_tables(&relids);
     if let Some(partitioned) = tables.iter().find(|t| t.partitioned && lock_mode == LockMode::Table) {
@@ -171,11 +225,7 @@ pub(crate) fn start(
     }
 
     launcher::require_worker_slots(parallel);
-    let started_by = crate::pg::spi::select_one::<Text>("SELECT current_user::text", &[])
-        .ok()
-        .flatten()
-        .map(|t| t.0)
-        .unwrap_or_default();
+    let started_by = crate::pg::privilege::current_role_name();
     let backfill_id = as_extension_owner(|| {
         let backfill_id = job::insert_job(&job::NewJob {
             started_by: &started_by,

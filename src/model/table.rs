@@ -41,6 +41,8 @@ pub struct Table {
     pub partitioned: bool,
     pub columns: Vec<Column>,
     pub key: Vec<KeyColumn>,
+    /// The Citus distributed table this table is a shard of: its messages name that table.
+    pub shard_of: Option<crate::pg::citus::ShardOf>,
 }
 
 /// Why a table cannot be backfilled, in the words an error or the estimate shows.
@@ -153,6 +155,10 @@ fn relkind_name(relkind: &str) -> &'static str {
 
 /// Looks a table up and decides whether it can be backfilled by the current user.
 pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
+    crate::pg::citus::with_shards_visible(|| inspect_visible(relid))
+}
+
+fn inspect_visible(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
     let row = Spi::connect(|client| {
         let rows = client.select(&inspect_sql(), None, &[relid.into()])?;
         if rows.is_empty() {
@@ -298,7 +304,8 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
             collation: collations.get(i).cloned().flatten(),
         })
         .collect();
-    Ok(Table { relid, owner, key_index, schema, name, partitioned: relkind == "p", columns, key })
+    let shard_of = crate::pg::citus::shard_of(relid);
+    Ok(Table { relid, owner, key_index, schema, name, partitioned: relkind == "p", columns, key, shard_of })
 }
 
 /// The table as a page finds it.
@@ -314,8 +321,8 @@ impl Table {
     /// Looks at the table as it is now, at the start of a page, and locks it as the page query
     /// does until the transaction ends, so that it stays so for the page. Raises an error that
     /// names it when it can no longer be backfilled as it was: dropped (42P01), made unlogged
-    /// (its changes no longer reach the stream; 55000) or given another key index, whose order
-    /// the cursor does not follow (55000).
+    /// (its changes no longer reach the stream; 55000), given another key index, whose order
+    /// the cursor does not follow (55000), or, for a Citus shard, moved to another node (55000).
     pub fn recheck(&self, same_columns: impl FnOnce(pg_sys::TupleDesc) -> bool) -> Recheck {
         let name = self.qualified_name();
         // SAFETY: the relation is opened, read and closed here; the lock stays until the
@@ -323,6 +330,10 @@ impl Table {
         unsafe {
             let relation = pg_sys::try_relation_open(self.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
             if relation.is_null() {
+                if let Some(shard) = &self.shard_of {
+                    // Citus drops a shard's table after moving it: say that it moved.
+                    crate::pg::citus::require_placement_here(shard, &name);
+                }
                 raise(
                     ERRCODE_UNDEFINED_TABLE,
                     format!("table {name} was dropped during its backfill"),
@@ -356,6 +367,9 @@ impl Table {
                     ),
                     Some("Start a new backfill of the table.".into()),
                 );
+            }
+            if let Some(shard) = &self.shard_of {
+                crate::pg::citus::require_placement_here(shard, &name);
             }
             found
         }

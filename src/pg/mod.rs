@@ -1,6 +1,8 @@
-//! PostgreSQL plumbing that every layer above uses: errors, encodings, SPI, settings, privileges, argument checks.
+//! PostgreSQL plumbing that every layer above uses: errors, encodings, SPI, settings, privileges,
+//! argument checks, and what Citus's metadata says of a table.
 
 pub(crate) mod args;
+pub(crate) mod citus;
 pub(crate) mod compat;
 pub(crate) mod encoding;
 pub(crate) mod errors;

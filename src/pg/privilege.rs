@@ -187,3 +187,13 @@ fn role_named(name: &str) -> Option<pg_sys::Oid> {
     let oid = unsafe { pg_sys::get_role_oid(name.as_ptr(), true) };
     (oid != pg_sys::InvalidOid).then_some(oid)
 }
+
+/// The current role's name (in the database's encoding, converted: see encoding.rs), as a
+/// backfill records who started it.
+pub fn current_role_name() -> String {
+    crate::pg::spi::select_one::<crate::pg::encoding::Text>("SELECT current_user::text", &[])
+        .ok()
+        .flatten()
+        .map(|t| t.0)
+        .unwrap_or_default()
+}

@@ -3,7 +3,8 @@
 //! Every message is a transactional logical decoding message whose content is UTF-8 JSON:
 //! - `read`: one per row: `{"op":"read","backfill_id":1,"schema":"public","table":"orders",
 //!   "key":{"id":7},"data":{...whole row...},"commit_lsn":"0/0"}` (plus `"slot"` when the
-//!   backfill is for a slot, and `"partition"` for a partitioned table). `commit_lsn` is always `0/0`: the LSN is only known at commit, and
+//!   backfill is for a slot, `"shard"` for a Citus shard, whose messages name its distributed
+//!   table, and `"partition"` for a partitioned table). `commit_lsn` is always `0/0`: the LSN is only known at commit, and
 //!   every decoder reports the real one with the transaction.
 //! - `reads`: a backfill started with `rows_per_message => N` (N > 1) sends its rows N at a
 //!   time instead: `{"op":"reads",...,"rows":[{"key":{"id":7},"data":{...}},...],"commit_lsn":"0/0"}`,
@@ -75,11 +76,20 @@ struct Envelope<'a> {
     slot: Option<&'a str>,
     schema: &'a str,
     table: &'a str,
+    /// A Citus shard's id: `schema` and `table` then name its distributed table, as Citus's
+    /// change data capture names the shard's changes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shard: Option<i64>,
 }
 
 impl<'a> Envelope<'a> {
     fn new(op: &'a str, backfill_id: i64, slot: Option<&'a str>, table: &'a Table) -> Self {
-        Envelope { op, backfill_id, slot, schema: &table.schema, table: &table.name }
+        match &table.shard_of {
+            Some(of) => {
+                Envelope { op, backfill_id, slot, schema: &of.schema, table: &of.name, shard: Some(of.shard_id) }
+            }
+            None => Envelope { op, backfill_id, slot, schema: &table.schema, table: &table.name, shard: None },
+        }
     }
 }
 

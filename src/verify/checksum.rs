@@ -3,7 +3,7 @@
 //! scan that sums it are in row_hash.rs.
 
 use crate::pg::encoding::in_utf8;
-use crate::pg::encoding::{quote_ident, Text};
+use crate::pg::encoding::quote_ident;
 use crate::pg::errors::{raise, OrInternal};
 use crate::verify::key_json::{checked_keys, json_object_of, key_expression, key_from_json, require_ascending};
 use pgrx::prelude::*;
@@ -69,37 +69,34 @@ pub fn key_columns(relid: pg_sys::Oid, table: &str) -> Vec<(String, String)> {
     columns
 }
 
-/// backfill_checksum(): ranges of the table's key, with the bounds `bounds` (a JSON array of
-/// key objects, ascending) or, without them, about `ranges` ranges of equal rows placed from a
-/// sample of the keys. Runs as the caller: it reads what the caller may read.
-#[pg_extern(schema = "backfill", name = "checksum")]
-#[allow(clippy::type_complexity)]
-fn checksum(
-    table: Option<pg_sys::Oid>,
-    ranges: Option<i32>,
-    level: Option<Text>,
-    bounds: Option<JsonB>,
-) -> TableIterator<
-    'static,
-    (
-        name!(range, i32),
-        name!(lower, Option<JsonB>),
-        name!(upper, Option<JsonB>),
-        name!(rows, i64),
-        name!(checksum, Option<String>),
-    ),
-> {
-    let relid = crate::pg::args::required(table, "backfill_checksum", "tbl");
-    let level = Level::parse(&crate::pg::args::required(level, "backfill_checksum", "level").0);
+/// backfill_checksum() of a table of this server (api/verify.rs): ranges of the table's key, with
+/// the bounds `bounds` (a JSON array of key objects, ascending) or, without them, about `ranges`
+/// ranges of equal rows placed from a sample of the keys. Runs as the caller: it reads what the
+/// caller may read.
+pub fn checksum(relid: pg_sys::Oid, ranges: Option<i32>, level: Level, bounds: Option<JsonB>) -> Vec<RangeRow> {
     let name = crate::model::table::relation_name(relid);
     require_readable(relid, &name);
     let key = key_columns(relid, &name);
+    let bounds = checksum_bounds(relid, &key, ranges, bounds, |ranges| sampled_bounds(relid, &key, ranges));
+    // (The aggregate level writes dates and times as text: in one format on every server.)
+    crate::pg::privilege::with_portable_settings(|| in_utf8(|| summarize(relid, &key, &bounds, level)))
+}
+
+/// The bounds of a checksum's ranges: `bounds` as given, checked (ascending key objects of the
+/// table's key, at most backfill.checksum_max_ranges ranges), or `sample(ranges)`.
+pub fn checksum_bounds(
+    relid: pg_sys::Oid,
+    key: &[(String, String)],
+    ranges: Option<i32>,
+    bounds: Option<JsonB>,
+    sample: impl FnOnce(i32) -> Vec<serde_json::Value>,
+) -> Vec<serde_json::Value> {
     let most_ranges = crate::pg::settings::checksum_max_ranges();
-    let bounds = match bounds {
+    match bounds {
         Some(bounds) => {
             let bounds = checked_keys(
                 bounds.0,
-                &key,
+                key,
                 "bounds",
                 (
                     most_ranges as usize - 1,
@@ -111,7 +108,7 @@ fn checksum(
                     "Pass fewer bounds, or ask a superuser to raise backfill.checksum_max_ranges.",
                 ),
             );
-            require_ascending(relid, &key, &bounds);
+            require_ascending(relid, key, &bounds);
             bounds
         }
         None => {
@@ -132,12 +129,9 @@ fn checksum(
                     Some("Ask for fewer ranges, or ask a superuser to raise backfill.checksum_max_ranges.".into()),
                 );
             }
-            sampled_bounds(relid, &key, ranges)
+            sample(ranges)
         }
-    };
-    // (The aggregate level writes dates and times as text: in one format on every server.)
-    let rows = crate::pg::privilege::with_portable_settings(|| in_utf8(|| summarize(relid, &key, &bounds, level)));
-    TableIterator::new(rows)
+    }
 }
 
 /// The caller may read the table (a checksum runs as the caller and reads every row).
@@ -166,7 +160,6 @@ pub fn sampled_bounds(relid: pg_sys::Oid, key: &[(String, String)], ranges: i32)
     let rows = crate::pg::spi::planned_rows(&format!("SELECT * FROM {name}")).unwrap_or(0.0).max(1.0);
     let sampled = (SAMPLE_PER_RANGE * f64::from(ranges)).max(MIN_SAMPLE);
     let percent = (100.0 * sampled / rows).clamp(0.0001, 100.0);
-    let columns = key.iter().map(|(n, _)| format!("s.{}", quote_ident(n))).collect::<Vec<_>>().join(", ");
     // Rows, not blocks: a block sample of a table whose keys follow its physical order would
     // place the bounds in clumps. Drawn as ANALYZE draws them, blocks first, then a row of each
     // (a random line pointer of a random block, fetched by TID): that reads about one block a
@@ -189,12 +182,19 @@ pub fn sampled_bounds(relid: pg_sys::Oid, key: &[(String, String)], ranges: i32)
     } else {
         format!("TABLESAMPLE BERNOULLI ({percent})")
     };
+    bounds_of_sample(key, ranges, "", &format!("{name} AS s {sample}"))
+}
+
+/// About `ranges` - 1 bounds at equal steps of the keys of the rows of `from` (a FROM item named
+/// `s`, after the query `with`, if any), duplicates merged.
+pub fn bounds_of_sample(key: &[(String, String)], ranges: i32, with: &str, from: &str) -> Vec<serde_json::Value> {
+    let columns = key.iter().map(|(n, _)| format!("s.{}", quote_ident(n))).collect::<Vec<_>>().join(", ");
     let sql = format!(
-        "SELECT pg_catalog.jsonb_agg(b.bound ORDER BY {columns}) FROM (
+        "{with} SELECT pg_catalog.jsonb_agg(b.bound ORDER BY {columns}) FROM (
              SELECT DISTINCT ON ({columns}) {object} AS bound, {columns}
                FROM (SELECT {columns}, pg_catalog.row_number() OVER (ORDER BY {columns}) AS i,
                             pg_catalog.count(*) OVER () AS m
-                       FROM {name} AS s {sample}) s
+                       FROM {from}) s
               -- The first sampled key of each of $1 equal shares of the sample but the first.
               WHERE s.i OPERATOR(pg_catalog.>) 1
                 AND (((s.i OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) $1) OPERATOR(pg_catalog./) s.m)

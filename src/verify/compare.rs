@@ -86,6 +86,9 @@ pub fn differences(
 ) -> Found {
     let source = crate::pg::args::required(source, function, "source");
     let target = crate::pg::args::required(target, function, "target");
+    for table in [source, target] {
+        refuse_distributed(function, table);
+    }
     let level = Level::parse(&crate::pg::args::required(level, function, "level").0);
     let passes = crate::pg::args::required(passes, function, "passes");
     if !(1..=MAX_PASSES).contains(&passes) {
@@ -271,4 +274,25 @@ fn compare_sides(
         .into_iter()
         .map(|(key, status)| (serde_json::from_str(&key).unwrap_or(serde_json::Value::Null), status))
         .collect()
+}
+
+/// A Citus distributed table is compared by checksums only (api/verify.rs): its rows are on the
+/// worker nodes, and narrowing a range down to its keys there is not done yet.
+fn refuse_distributed(function: &str, table: pg_sys::Oid) {
+    if crate::pg::citus::installed()
+        && crate::pg::citus::distribution(table) == Some(crate::pg::citus::Distribution::Distributed)
+    {
+        let name = crate::model::table::relation_name(table);
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("{function}() cannot read distributed table {name}"),
+            "A distributed table's rows are on its worker nodes: backfill_checksum() sums them there, range by \
+             range; finding the differing keys of a range is not done there yet.",
+            Some(format!(
+                "Compare checksums over the same ranges: SELECT * FROM backfill_checksum({}); on this side, and \
+                 backfill_checksum(copy, bounds => ...) with its bounds on the other.",
+                pgrx::spi::quote_literal(&name)
+            )),
+        );
+    }
 }

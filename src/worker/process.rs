@@ -131,6 +131,13 @@ fn configure_session(name: &str) {
         Spi::run_with_args("SELECT pg_catalog.set_config($1, $2, false)", &[name.into(), value.into()])
             .or_internal(&format!("set {name}"));
     }
+    // Citus hides shards from catalog queries of sessions not its own: a shard the worker
+    // scans would look dropped (see pg/citus.rs). Only when Citus is loaded.
+    Spi::run(
+        "SELECT pg_catalog.set_config('citus.override_table_visibility', 'off', false)
+          WHERE pg_catalog.current_setting('citus.override_table_visibility', true) IS NOT NULL",
+    )
+    .or_internal("show Citus's shards");
 }
 
 /// Waits until the transaction that launched the worker (backfill_start or backfill_resume)
@@ -173,6 +180,10 @@ fn run(backfill_id: i64, worker: i32) {
     };
     if job.state != JobState::Running {
         return log!("{}: {}, its worker exits", who(backfill_id), job.state);
+    }
+    // A backfill of a Citus distributed table: its nodes scan the shards; this worker follows them.
+    if !matches!(in_transaction(|| crate::catalog::job_shard::shards_of(backfill_id).is_empty()), Ok(true)) {
+        return crate::worker::distributed::watch(backfill_id);
     }
     let prefix = CString::new(job.message_prefix.clone()).unwrap_or_else(|_| c"backfill".into());
     for table in tables.iter().filter(|t| t.state != RangeState::Done && t.worker == worker) {

@@ -1,0 +1,653 @@
+"""Citus: a backfill of a distributed table, started on the coordinator, is one backfill on each
+worker node, of the shards there, in that node's stream. Three clusters of this run's major: a
+coordinator and two worker nodes, with Citus's change data capture on (pgoutput on a worker names
+shard changes by the distributed table). A consumer reads every worker node's slot with a real
+streaming client (psycopg2, pgoutput with messages) and applies each node's stream in its order.
+
+Skipped where Citus is not installed (PostgreSQL 15, or a clone without ../shared/vendor):
+scripts/build_postgres.sh builds it for 16 and later from ../shared/vendor/citus-*.tar.gz."""
+
+import json
+import random
+import select
+import struct
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import psycopg2
+import psycopg2.extras
+import pytest
+
+from conftest import PG_BIN, PG_MAJOR, error_of, extra_cluster, readme_grants, wait_for, wait_until_ended
+
+pytestmark = pytest.mark.cluster
+
+NODES = ["citus_coordinator", "citus_worker1", "citus_worker2"]
+ROWS = 20_000  # even ids 2..40000; writers insert odd ids, so no key is ever reused
+
+
+def citus_installed() -> bool:
+    pkglibdir = subprocess.run([f"{PG_BIN}/pg_config", "--pkglibdir"], capture_output=True, text=True).stdout.strip()
+    return PG_MAJOR >= 16 and (Path(pkglibdir) / "citus.so").exists()
+
+
+@pytest.fixture(scope="module")
+def citus(cluster):
+    """The coordinator and two worker nodes, pg_backfill created on the coordinator (Citus
+    creates it on the workers)."""
+    if not citus_installed():
+        pytest.skip(f"Citus is not installed for PostgreSQL {PG_MAJOR}: it needs 16 or later, and "
+                    "scripts/build_postgres.sh builds it from ../shared/vendor/citus-*.tar.gz")
+    nodes = [extra_cluster(cluster, name) for name in NODES]
+    conf = ("shared_preload_libraries = 'citus, pg_backfill'\n"
+            "citus.enable_change_data_capture = on\n"
+            "max_connections = 100")
+    for node in nodes:
+        node.start(conf)
+    try:
+        for node in nodes:
+            with node.connect() as conn:
+                conn.execute("CREATE EXTENSION citus")
+        with nodes[0].connect() as conn:
+            conn.execute("SELECT citus_set_coordinator_host('127.0.0.1', %s)", [nodes[0].port])
+            for worker in nodes[1:]:
+                conn.execute("SELECT citus_add_node('127.0.0.1', %s)", [worker.port])
+            conn.execute("CREATE EXTENSION pg_backfill")
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+@pytest.fixture
+def orders(citus):
+    """A distributed table of ROWS rows in 4 shards, a publication of it, and a connection to the
+    coordinator; dropped afterwards with every slot on the workers."""
+    coordinator = citus[0].connect()
+    coordinator.execute(
+        f"""CREATE TABLE orders (id bigint PRIMARY KEY, v int NOT NULL DEFAULT 0, payload text NOT NULL);
+            SELECT create_distributed_table('orders', 'id', shard_count => 4);
+            INSERT INTO orders SELECT 2 * g, 0, md5(g::text) FROM generate_series(1, {ROWS}) g;
+            CREATE PUBLICATION orders_pub FOR TABLE orders;"""
+    )
+    yield coordinator
+    for id_, in coordinator.execute("SELECT id FROM backfill_status WHERE state IN ('running', 'paused')").fetchall():
+        coordinator.execute("SELECT backfill_cancel(%s)", [id_])
+    coordinator.execute("DROP PUBLICATION IF EXISTS orders_pub; DROP TABLE IF EXISTS orders")
+    for worker in citus[1:]:
+        with worker.connect() as conn:
+            wait_for(lambda: conn.execute("SELECT count(*) FROM pg_replication_slots WHERE active").fetchone()[0] == 0,
+                     what="the consumers to let go of their slots")
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots")
+    coordinator.close()
+
+
+def shards_by_node(citus):
+    """{worker port: {shard id, ...}} of table orders."""
+    with citus[0].connect() as conn:
+        rows = conn.execute("SELECT nodeport, shardid FROM citus_shards WHERE table_name = 'orders'::regclass").fetchall()
+    placed = {}
+    for port, shard in rows:
+        placed.setdefault(port, set()).add(shard)
+    return placed
+
+
+class PgOutputStream(threading.Thread):
+    """A real streaming consumer of one worker node's pgoutput slot (through Citus's change data
+    capture), with messages: it records the node's stream in order, as events
+    ("I"/"U"/"D", table, row or key) and ("M", prefix, content), and confirms what it received."""
+
+    def __init__(self, node, slot, publication="orders_pub"):
+        super().__init__(daemon=True)
+        self.node, self.slot, self.publication = node, slot, publication
+        self.events, self.relations, self.errors = [], {}, []
+        self.stop_event = threading.Event()
+        self.received_lsn = 0
+
+    def run(self):
+        try:
+            conn = psycopg2.connect(host="127.0.0.1", port=self.node.port, user="postgres", dbname="postgres",
+                                    connection_factory=psycopg2.extras.LogicalReplicationConnection)
+            cursor = conn.cursor()
+            cursor.start_replication(slot_name=self.slot, decode=False, options={
+                "proto_version": "1", "publication_names": self.publication, "messages": "true"})
+            while not self.stop_event.is_set():
+                message = cursor.read_message()
+                if message is None:
+                    cursor.send_feedback(flush_lsn=self.received_lsn, force=True)
+                    select.select([cursor], [], [], 0.05)
+                    continue
+                self.decode(bytes(message.payload))
+                self.received_lsn = max(self.received_lsn, message.data_start)
+                if message.payload[:1] == b"C":
+                    cursor.send_feedback(flush_lsn=message.data_start, force=True)
+            conn.close()
+        except Exception as e:  # reported by the test
+            self.errors.append(repr(e))
+
+    def stop(self):
+        self.stop_event.set()
+        self.join(10)
+
+    def decode(self, payload):
+        kind = payload[:1]
+        if kind == b"R":
+            relid, = struct.unpack_from(">I", payload, 1)
+            namespace, offset = cstring(payload, 5)
+            name, offset = cstring(payload, offset)
+            offset += 1  # replica identity
+            count, = struct.unpack_from(">h", payload, offset)
+            offset += 2
+            columns = []
+            for _ in range(count):
+                offset += 1  # flags
+                column, offset = cstring(payload, offset)
+                columns.append(column)
+                offset += 8  # type oid, type modifier
+            self.relations[relid] = (namespace, name, columns)
+        elif kind in (b"I", b"U", b"D"):
+            relid, = struct.unpack_from(">I", payload, 1)
+            namespace, name, columns = self.relations[relid]
+            offset, old = 5, None
+            if payload[offset:offset + 1] in (b"K", b"O"):
+                old, offset = tuple_data(payload, offset + 1, columns)
+            if kind == b"D":
+                self.events.append(("D", name, old))
+                return
+            offset += 1  # "N"
+            new, _ = tuple_data(payload, offset, columns)
+            self.events.append((kind.decode(), name, new, old))
+        elif kind == b"M":
+            offset = 1 + 1 + 8  # flags, lsn
+            prefix, offset = cstring(payload, offset)
+            length, = struct.unpack_from(">I", payload, offset)
+            content = payload[offset + 4:offset + 4 + length]
+            self.events.append(("M", prefix, json.loads(content)))
+
+
+def cstring(payload, offset):
+    end = payload.index(b"\0", offset)
+    return payload[offset:end].decode(), end + 1
+
+
+def tuple_data(payload, offset, columns):
+    count, = struct.unpack_from(">h", payload, offset)
+    offset += 2
+    row = {}
+    for i in range(count):
+        kind = payload[offset:offset + 1]
+        offset += 1
+        if kind == b"t":
+            length, = struct.unpack_from(">I", payload, offset)
+            row[columns[i]] = payload[offset + 4:offset + 4 + length].decode()
+            offset += 4 + length
+        else:  # null or unchanged TOAST: none here
+            row[columns[i]] = None
+    return row, offset
+
+
+def replay(events):
+    """Applies one node's stream in order, reads as upserts. Returns (rows by id, violations,
+    read messages)."""
+    state, deleted, violations, reads = {}, set(), [], []
+    for event in events:
+        if event[0] == "M":
+            _, prefix, message = event
+            if prefix != "backfill" or message["op"] != "read":
+                continue
+            reads.append(message)
+            row = message["data"]
+            key = row["id"]
+            if key in deleted:
+                violations.append(f"read brought back deleted row {key}")
+            elif key in state and state[key][0] > row["v"]:
+                violations.append(f"read of {key} at v{row['v']} after a change to v{state[key][0]}")
+            state[key] = (row["v"], row["payload"])
+        elif event[1] != "orders":
+            violations.append(f"a change named {event[1]}, not the distributed table")
+        elif event[0] == "D":
+            key = int(event[2]["id"])
+            state.pop(key, None)
+            deleted.add(key)
+        else:
+            _, _, new, old = event
+            if old is not None and int(old["id"]) != int(new["id"]):
+                state.pop(int(old["id"]), None)
+            state[int(new["id"])] = (int(new["v"]), new["payload"])
+    return state, violations, reads
+
+
+class Writers(threading.Thread):
+    """Application traffic through the coordinator: updates (many of one shard's next rows),
+    inserts, deletes, and keys moved across shards (a delete and an insert in one transaction,
+    since Citus does not update a distribution column)."""
+
+    def __init__(self, coordinator_node):
+        super().__init__(daemon=True)
+        self.node, self.stop_event, self.errors, self.ops = coordinator_node, threading.Event(), [], 0
+
+    def run(self):
+        rng, fresh = random.Random(7), iter(range(1, 10 * ROWS, 2))
+        try:
+            with self.node.connect() as conn:
+                while not self.stop_event.is_set():
+                    self.ops += 1
+                    dice, target = rng.random(), 2 * rng.randint(1, ROWS)
+                    if dice < 0.6:
+                        conn.execute("UPDATE orders SET v = v + 1 WHERE id = %s", [target])
+                    elif dice < 0.75:
+                        conn.execute("INSERT INTO orders (id, payload) VALUES (%s, 'inserted')", [next(fresh)])
+                    elif dice < 0.85:
+                        conn.execute("DELETE FROM orders WHERE id = %s", [target])
+                    else:
+                        with conn.transaction():
+                            row = conn.execute("DELETE FROM orders WHERE id = %s RETURNING v, payload",
+                                               [target]).fetchone()
+                            if row:
+                                conn.execute("INSERT INTO orders VALUES (%s, %s, %s)", [next(fresh), row[0] + 1, row[1]])
+        except Exception as e:  # a writer must never fail because of the backfill
+            self.errors.append(repr(e))
+
+    def stop(self):
+        self.stop_event.set()
+        self.join(30)
+
+
+def create_slots(citus, slot="cdc", workers=None):
+    for worker in workers or citus[1:]:
+        with worker.connect() as conn:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
+
+
+def caught_up(stream, worker):
+    with worker.connect() as conn:
+        return stream.received_lsn >= lsn_number(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
+
+def lsn_number(text):
+    high, low = text.split("/")
+    return (int(high, 16) << 32) + int(low, 16)
+
+
+def test_distributed_backfill_is_an_exact_ordered_copy_in_each_nodes_stream_under_writes(citus, orders):
+    create_slots(citus)
+    streams = [PgOutputStream(worker, "cdc") for worker in citus[1:]]
+    for stream in streams:
+        stream.start()
+    writers = Writers(citus[0])
+    writers.start()
+    try:
+        backfill_id = orders.execute(
+            "SELECT backfill_start('orders', confirm => true, slot => 'cdc', batch_size => 100, rows_per_second => 4000)"
+        ).fetchone()[0]
+        assert wait_until_ended(orders, backfill_id) == "done"
+    finally:
+        writers.stop()
+    for stream, worker in zip(streams, citus[1:]):
+        wait_for(lambda: caught_up(stream, worker), what="each consumer to reach its node's last WAL")
+        stream.stop()
+    assert writers.errors == [] and all(s.errors == [] for s in streams), (writers.errors, [s.errors for s in streams])
+    assert writers.ops > 300, "the writers barely ran: the scenario proves nothing"
+
+    placed, copy = shards_by_node(citus), {}
+    for stream, worker in zip(streams, citus[1:]):
+        state, violations, reads = replay(stream.events)
+        assert violations == []
+        # Each node's reads are of its own shards, named as Citus names their changes.
+        assert {(m["schema"], m["table"]) for m in reads} == {("public", "orders")}
+        assert {m["shard"] for m in reads} == placed[worker.port]
+        assert len({m["data"]["id"] for m in reads}) == len(reads), "a row was read twice"
+        assert not copy.keys() & state.keys(), "a key in two nodes' streams"
+        copy.update(state)
+    source = {row[0]: (row[1], row[2]) for row in orders.execute("SELECT id, v, payload FROM orders")}
+    assert copy == source
+
+    # The coordinator shows the whole: one backfill, a row per shard, every row counted.
+    shards = orders.execute(
+        "SELECT shard_id, node_port, state, rows_done FROM backfill_shards WHERE backfill_id = %s", [backfill_id]
+    ).fetchall()
+    assert {(s[0], s[1]) for s in shards} == {(shard, port) for port, ids in placed.items() for shard in ids}
+    assert all(s[2] == "done" for s in shards)
+    reads = sum(len(replay(s.events)[2]) for s in streams)
+    assert sum(s[3] for s in shards) == reads
+    assert orders.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == reads
+
+
+def test_a_node_without_the_slot_is_refused_at_start_naming_it_and_nothing_starts(citus, orders):
+    create_slots(citus, workers=citus[1:2])
+    before = orders.execute("SELECT count(*) FROM backfill_status").fetchone()[0]
+    on_nodes = [w.connect().execute("SELECT count(*) FROM backfill_status").fetchone()[0] for w in citus[1:]]
+    e = error_of(orders, "SELECT backfill_start('orders', confirm => true, slot => 'cdc')")
+    assert e.sqlstate == "42704", e
+    assert str(citus[2].port) in e.diag.message_primary and "cdc" in e.diag.message_primary
+    assert "pg_create_logical_replication_slot" in e.diag.message_hint
+    # Every node checked first: none started anything, not even one cancelled at once.
+    assert [w.connect().execute("SELECT count(*) FROM backfill_status").fetchone()[0] for w in citus[1:]] == on_nodes
+    assert orders.execute("SELECT count(*) FROM backfill_status").fetchone()[0] == before
+
+
+def test_cancel_pause_and_resume_on_the_coordinator_reach_every_node(citus, orders):
+    backfill_id = orders.execute(
+        "SELECT backfill_start('orders', confirm => true, batch_size => 100, rows_per_second => 200)"
+    ).fetchone()[0]
+    node_ids = orders.execute(
+        "SELECT DISTINCT node_port, node_backfill_id FROM backfill_shards WHERE backfill_id = %s", [backfill_id]
+    ).fetchall()
+    assert {port for port, _ in node_ids} == {w.port for w in citus[1:]}
+
+    def node_states():
+        states = set()
+        for port, node_id in node_ids:
+            with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres") as conn:
+                states.add(conn.execute("SELECT state FROM backfill_status WHERE id = %s", [node_id]).fetchone()[0])
+        return states
+
+    assert node_states() == {"running"}
+    orders.execute("SELECT backfill_pause(%s)", [backfill_id])
+    assert node_states() == {"paused"}
+    orders.execute("SELECT backfill_set(%s, rows_per_second => 2147483647)", [backfill_id])  # shared, no overflow
+    orders.execute("SELECT backfill_set(%s, rows_per_second => 1000)", [backfill_id])
+    orders.execute("SELECT backfill_resume(%s)", [backfill_id])
+    assert node_states() == {"running"}
+    wait_for(lambda: orders.execute("SELECT rows_done > 0 FROM backfill_status WHERE id = %s",
+                                    [backfill_id]).fetchone()[0], what="progress seen on the coordinator")
+    orders.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    assert node_states() == {"cancelled"}
+    assert orders.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "cancelled"
+
+
+def test_a_distributed_table_is_backfilled_from_the_coordinator_only_and_alone(citus, orders):
+    orders.execute("CREATE TABLE plain_t (id int PRIMARY KEY)")
+    try:
+        e = error_of(orders, "SELECT backfill_start(ARRAY['orders', 'plain_t']::regclass[], confirm => true)")
+        assert e.sqlstate == "0A000" and "alone" in e.diag.message_primary
+        with citus[1].connect() as worker:
+            e = error_of(worker, "SELECT backfill_start('orders', confirm => true)")
+            assert e.sqlstate == "0A000" and "coordinator" in e.diag.message_primary
+        orders.execute("CREATE TABLE ref_t (id int PRIMARY KEY); SELECT create_reference_table('ref_t')")
+        with citus[1].connect() as worker:
+            e = error_of(worker, "SELECT backfill_start('ref_t', confirm => true)")
+            assert e.sqlstate == "0A000" and "reference table" in e.diag.message_primary
+    finally:
+        orders.execute("DROP TABLE IF EXISTS plain_t, ref_t")
+
+
+def test_a_role_acts_on_the_nodes_as_itself(citus, orders):
+    """The coordinator starts nothing on a node that the calling role could not start there itself,
+    and takes no connection string or password: the node checks the role's grants and attributes,
+    and the coordinator passes the node's SQLSTATE on, naming the node."""
+    create_slots(citus)
+    orders.execute("DROP ROLE IF EXISTS citus_app; CREATE ROLE citus_app LOGIN; GRANT SELECT, UPDATE ON orders TO citus_app;")
+    grants = readme_grants("operator", "citus_app")
+    orders.execute(grants)  # on the coordinator only, first
+    try:
+        with psycopg.connect(host="127.0.0.1", port=citus[0].port, user="citus_app", dbname="postgres",
+                             autocommit=True) as app:
+            e = error_of(app, "SELECT backfill_start('orders'::regclass, confirm => true)")
+            assert e.sqlstate == "42501", e
+            assert "worker node 127.0.0.1:" in e.diag.message_primary and "backfill_start" in e.diag.message_primary
+            assert "every node" in e.diag.message_hint
+            # docs/citus.md: the same grants on every worker node.
+            orders.execute("SELECT run_command_on_workers(%s)", [grants])
+            e = error_of(app, "SELECT backfill_start('orders'::regclass, confirm => true, slot => 'cdc')")
+            assert e.sqlstate == "42501" and "replication slot" in e.diag.message_primary, e
+            for worker in citus[1:]:
+                with worker.connect() as conn:
+                    assert conn.execute("SELECT count(*) FROM backfill_status WHERE started_by = 'citus_app'"
+                                        ).fetchone()[0] == 0
+            backfill_id = app.execute("SELECT backfill_start('orders'::regclass, confirm => true)").fetchone()[0]
+            for worker in citus[1:]:
+                with worker.connect() as conn:
+                    assert conn.execute("SELECT started_by FROM backfill_status WHERE state <> 'cancelled' "
+                                        "ORDER BY id DESC LIMIT 1").fetchone()[0] == "citus_app"
+            assert wait_until_ended(app, backfill_id) == "done"
+            # The role sees its own backfill's shards, and no other role's.
+            seen = app.execute("SELECT DISTINCT backfill_id FROM backfill_shards").fetchall()
+            assert seen == [(backfill_id,)], seen
+    finally:
+        for id_, in orders.execute("SELECT id FROM backfill_status WHERE state = 'running'").fetchall():
+            orders.execute("SELECT backfill_cancel(%s)", [id_])
+        orders.execute("SELECT run_command_on_workers('DROP OWNED BY citus_app')")
+        orders.execute("DROP OWNED BY citus_app; DROP ROLE citus_app")
+
+
+def node_stream(worker, slot="trail", publication="orders_pub"):
+    """Everything a slot created before the backfill holds, decoded as pgoutput (what a consumer
+    reconnecting after the node's restart would receive), in the node's order."""
+    stream = PgOutputStream(worker, slot)
+    with worker.connect() as conn:
+        rows = conn.execute(
+            "SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+            "'publication_names', %s, 'messages', 'true')", [slot, publication]
+        ).fetchall()
+    for data, in rows:
+        stream.decode(bytes(data))
+    return stream.events
+
+
+def reads_of(events):
+    return [e[2] for e in events if e[0] == "M" and e[1] == "backfill" and e[2]["op"] == "read"]
+
+
+def assert_every_row_read_once(citus, orders, streams):
+    ids = [m["data"]["id"] for events in streams for m in reads_of(events)]
+    assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} rows read twice"
+    assert set(ids) == {row[0] for row in orders.execute("SELECT id FROM orders")}
+
+
+def node_backfill(orders, backfill_id, port):
+    return orders.execute("SELECT DISTINCT node_backfill_id FROM backfill_shards WHERE backfill_id = %s AND node_port = %s",
+                          [backfill_id, port]).fetchone()[0]
+
+
+def test_killed_node_workers_and_a_node_restart_deliver_every_row_once(citus, orders):
+    """A node's backfill worker killed mid-page restarts from its cursor; a worker node restarted
+    mid-run resumes its backfill (pg_backfill is preloaded there) while the coordinator shows it
+    unreachable, then done."""
+    create_slots(citus, slot="trail")
+    backfill_id = orders.execute(
+        "SELECT backfill_start('orders', confirm => true, batch_size => 100, rows_per_second => 3000)"
+    ).fetchone()[0]
+    first, second = citus[1], citus[2]
+    first_id = node_backfill(orders, backfill_id, first.port)
+    with first.connect() as conn:
+        for _ in range(2):
+            wait_for(lambda: conn.execute("SELECT rows_done > 0 FROM backfill_status WHERE id = %s",
+                                          [first_id]).fetchone()[0], what="the node's backfill to deliver")
+            pid = wait_for(lambda: conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [f"pg_backfill {first_id}"]
+            ).fetchone(), what="the node's worker")[0]
+            conn.execute("SELECT pg_catalog.pg_terminate_backend(%s::integer)", [pid])
+            time.sleep(0.5)
+    wait_for(lambda: orders.execute("SELECT bool_and(rows_done > 0) FROM backfill_shards WHERE backfill_id = %s "
+                                    "AND node_port = %s", [backfill_id, second.port]).fetchone()[0],
+             what="progress on the second node")
+    second.pg_ctl("restart", "-m", "fast")
+    assert wait_until_ended(orders, backfill_id) == "done"
+    assert_every_row_read_once(citus, orders, [node_stream(worker) for worker in citus[1:]])
+
+
+@pytest.mark.parametrize("event", ["move", "split", "drain"])
+def test_a_shard_moved_or_split_mid_run_fails_the_backfill_saying_how_to_start_again(citus, orders, event):
+    """A shard move, a split, and the drain that must come before citus_remove_node (and what
+    citus_rebalance_start does: moves)."""
+    backfill_id = orders.execute(
+        "SELECT backfill_start('orders', confirm => true, batch_size => 100, rows_per_second => 400)"
+    ).fetchone()[0]
+    source, target = citus[1], citus[2]
+    wait_for(lambda: orders.execute("SELECT rows_done > 0 FROM backfill_status WHERE id = %s",
+                                    [backfill_id]).fetchone()[0], what="progress")
+    shard = orders.execute(
+        "SELECT shard_id FROM backfill_shards WHERE backfill_id = %s AND node_port = %s ORDER BY position DESC LIMIT 1",
+        [backfill_id, source.port],
+    ).fetchone()[0]
+    if event == "move":
+        orders.execute(
+            "SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s, shard_transfer_mode => 'block_writes')",
+            [shard, source.port, target.port],
+        )
+    elif event == "drain":  # every shard of the node moves away, as before removing it
+        orders.execute("SELECT citus_drain_node('127.0.0.1', %s, shard_transfer_mode => 'block_writes')", [source.port])
+        orders.execute("SELECT citus_set_node_property('127.0.0.1', %s, 'shouldhaveshards', true)", [source.port])
+    else:  # in two, one half on each node
+        orders.execute(
+            """SELECT citus_split_shard_by_split_points(
+                          s.shardid, ARRAY[((s.shardminvalue::bigint + s.shardmaxvalue::bigint) / 2)::text],
+                          ARRAY[(SELECT nodeid FROM pg_dist_node WHERE nodeport = %s),
+                                (SELECT nodeid FROM pg_dist_node WHERE nodeport = %s)],
+                          shard_transfer_mode => 'block_writes')
+                 FROM pg_dist_shard s WHERE s.shardid = %s""",
+            [source.port, target.port, shard],
+        )
+    assert wait_until_ended(orders, backfill_id) == "failed"
+    error = orders.execute("SELECT last_error FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
+    moved = shard if event != "drain" else int(error.split()[1])  # a drain moves them all: the first one found
+    assert f"shard {moved} (public.orders_{moved}) moved away from worker node 127.0.0.1:{source.port}" in error, error
+    e = error_of(orders, "SELECT backfill_wait(%s)" % backfill_id)
+    assert e.sqlstate == "55000"
+    # Started again once the shard event is over, it delivers every row from the shards' homes
+    # now, each once.
+    orders.execute("SELECT pg_create_logical_replication_slot('trail', 'pgoutput')")
+    for worker in citus[1:]:
+        with worker.connect() as conn:
+            conn.execute("SELECT pg_create_logical_replication_slot('trail', 'pgoutput')")
+    again = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
+    assert wait_until_ended(orders, again) == "done"
+    assert_every_row_read_once(citus, orders, [node_stream(worker) for worker in citus[1:]])
+    assert reads_of(node_stream(citus[0])) == []
+    orders.execute("SELECT pg_drop_replication_slot('trail')")
+
+
+def test_a_node_down_at_start_is_a_clear_error(citus, orders):
+    down = citus[2]
+    down.pg_ctl("stop", "-m", "fast")
+    try:
+        e = error_of(orders, "SELECT backfill_start('orders', confirm => true)")
+        assert e.sqlstate == "08006", e
+        assert f"worker node 127.0.0.1:{down.port}" in e.diag.message_primary
+    finally:
+        down.pg_ctl("start")
+    with citus[1].connect() as conn:
+        assert conn.execute("SELECT count(*) FROM backfill_status WHERE state = 'running'").fetchone()[0] == 0
+
+
+def test_a_reference_table_is_backfilled_once_in_the_coordinators_stream(citus, orders):
+    """Citus's change data capture emits a reference table's changes from the coordinator only:
+    its reads are written there, from the coordinator's placement, and on no worker node."""
+    orders.execute(
+        """CREATE TABLE ref_t (id int PRIMARY KEY, v int NOT NULL);
+           SELECT create_reference_table('ref_t');
+           INSERT INTO ref_t SELECT g, 0 FROM generate_series(1, 1000) g;
+           CREATE PUBLICATION ref_pub FOR TABLE ref_t;"""
+    )
+    try:
+        create_slots(citus, slot="trail", workers=citus)
+        backfill_id = orders.execute("SELECT backfill_start('ref_t', confirm => true, batch_size => 100)").fetchone()[0]
+        orders.execute("UPDATE ref_t SET v = 1 WHERE id % 10 = 0")
+        assert wait_until_ended(orders, backfill_id) == "done"
+        events = node_stream(citus[0], publication="ref_pub")
+        reads = reads_of(events)
+        assert sorted(m["data"]["id"] for m in reads) == list(range(1, 1001))
+        placement = orders.execute("SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 'ref_t'::regclass").fetchone()[0]
+        assert {(m["table"], m["shard"]) for m in reads} == {("ref_t", placement)}
+        # Applied in the coordinator's stream order (reads as upserts), it is the table.
+        copy = {}
+        for event in events:
+            if event[0] == "M" and event[1] == "backfill" and event[2]["op"] == "read":
+                copy[event[2]["data"]["id"]] = event[2]["data"]["v"]
+            elif event[0] == "U" and event[1] == "ref_t":
+                copy[int(event[2]["id"])] = int(event[2]["v"])
+        assert copy == dict(orders.execute("SELECT id, v FROM ref_t").fetchall())
+        for worker in citus[1:]:
+            assert reads_of(node_stream(worker)) == []
+    finally:
+        orders.execute("DROP PUBLICATION IF EXISTS ref_pub; DROP TABLE IF EXISTS ref_t")
+        with citus[0].connect() as conn:
+            conn.execute("SELECT pg_drop_replication_slot('trail')")
+
+
+def test_estimate_of_a_distributed_table_adds_up_its_nodes(citus, orders):
+    orders.execute("ANALYZE orders")
+    row = orders.execute(
+        "SELECT eligible, key_columns, rows_estimated, pages FROM backfill_estimate('orders', batch_size => 100)"
+    ).fetchone()
+    assert row[0] is True and row[1] == ["id"]
+    assert abs(row[2] - ROWS) <= ROWS // 10, row
+    assert row[3] >= ROWS // 100
+
+
+@pytest.mark.parametrize("option", ["keys => '[{\"id\": 2}]'", "max_replica_lag => 1000000",
+                                    "max_retained_wal => 1000000", "max_active_sessions => 10",
+                                    "rows_per_message => 100"])
+def test_options_the_nodes_are_not_given_are_refused_before_anything_starts(citus, orders, option):
+    e = error_of(orders, f"SELECT backfill_start('orders', confirm => true, {option})")
+    assert e.sqlstate == "0A000" and "distributed table orders" in e.diag.message_primary, e
+    for worker in citus[1:]:
+        with worker.connect() as conn:
+            assert conn.execute("SELECT count(*) FROM backfill_status WHERE state = 'running'").fetchone()[0] == 0
+
+
+def test_a_table_named_like_a_shard_is_not_one(citus, orders):
+    """A role that may create tables names one as a shard of orders, on the coordinator (which
+    holds no placement of it): its backfill's messages name it as itself, never as orders."""
+    shard = orders.execute("SELECT min(shardid) FROM pg_dist_shard WHERE logicalrelid = 'orders'::regclass").fetchone()[0]
+    orders.execute(f"CREATE TABLE public.orders_{shard} (id bigint PRIMARY KEY, v int, payload text)")
+    try:
+        # (Citus itself takes it for the shard by its name, and refuses writes without this.)
+        orders.execute("SET citus.enable_manual_changes_to_shards = on")
+        orders.execute(f"INSERT INTO orders_{shard} VALUES (2, 99, 'forged')")
+        orders.execute("SELECT pg_create_logical_replication_slot('trail', 'pgoutput')")
+        backfill_id = orders.execute(f"SELECT backfill_start('orders_{shard}', confirm => true)").fetchone()[0]
+        assert wait_until_ended(orders, backfill_id) == "done"
+        reads = reads_of(node_stream(citus[0]))
+        assert [(m["table"], "shard" in m) for m in reads] == [(f"orders_{shard}", False)]
+    finally:
+        orders.execute("SET citus.enable_manual_changes_to_shards = on")
+        orders.execute(f"DROP TABLE IF EXISTS public.orders_{shard}")
+        orders.execute("RESET citus.enable_manual_changes_to_shards")
+        orders.execute("SELECT pg_drop_replication_slot('trail') FROM pg_replication_slots WHERE slot_name = 'trail'")
+
+
+def test_checksum_of_a_distributed_table_is_that_of_its_rows_in_one_table_and_finds_a_node_s_divergence(citus, orders):
+    """backfill_checksum() on the coordinator sums each shard on its node over the same ranges and
+    adds them up: the same rows and sums as the same rows in one plain table. A row changed on one
+    node behind Citus's back shows in its range, and only there."""
+    orders.execute("CREATE TABLE plain_copy AS SELECT * FROM orders; ALTER TABLE plain_copy ADD PRIMARY KEY (id)")
+    try:
+        for level in ("hash", "count"):
+            distributed = orders.execute(
+                "SELECT range, lower, upper, rows, checksum FROM backfill_checksum('orders', 8, %s)", [level]
+            ).fetchall()
+            assert len(distributed) == 8 and sum(r[3] for r in distributed) == ROWS
+            bounds = json.dumps([r[2] for r in distributed if r[2] is not None])
+            plain = orders.execute(
+                "SELECT range, lower, upper, rows, checksum FROM backfill_checksum('plain_copy', level => %s, bounds => %s)",
+                [level, bounds],
+            ).fetchall()
+            assert distributed == plain, level
+        # A divergence on one node: its range's checksum differs, the others agree.
+        shard, port = orders.execute(
+            "SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'orders'::regclass ORDER BY shardid LIMIT 1"
+        ).fetchone()
+        with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres", autocommit=True) as node:
+            node.execute("SET citus.enable_manual_changes_to_shards = on")
+            changed = node.execute(f"UPDATE orders_{shard} SET v = v + 1 WHERE id = (SELECT min(id) FROM orders_{shard}) "
+                                   "RETURNING id").fetchone()[0]
+        distributed = orders.execute("SELECT range, lower, upper, rows, checksum FROM backfill_checksum('orders', 8)").fetchall()
+        bounds = json.dumps([r[2] for r in distributed if r[2] is not None])
+        plain = orders.execute("SELECT range, lower, upper, rows, checksum FROM backfill_checksum('plain_copy', bounds => %s)",
+                               [bounds]).fetchall()
+        differing = [d for d, p in zip(distributed, plain) if d != p]
+        assert len(differing) == 1
+        lower, upper = differing[0][1], differing[0][2]
+        assert (lower is None or lower["id"] <= changed) and (upper is None or changed < upper["id"])
+
+        e = error_of(orders, "SELECT * FROM backfill_checksum('orders', 8, 'aggregate')")
+        assert e.sqlstate == "0A000" and "distributed table orders" in e.diag.message_primary
+        e = error_of(orders, "SELECT * FROM backfill_compare('orders', 'plain_copy')")
+        assert e.sqlstate == "0A000" and "backfill_checksum" in e.diag.message_hint
+    finally:
+        orders.execute("DROP TABLE IF EXISTS plain_copy")

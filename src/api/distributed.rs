@@ -1,0 +1,415 @@
+//! backfill_start() of a Citus distributed table, on the coordinator, and the control of such a
+//! backfill (see docs/citus.md).
+//!
+//! A shard's changes are written, and decoded, on the worker node that holds it: its reads must
+//! be written there too, in the same WAL, to sort against them. So the coordinator starts one
+//! backfill on each node, of the shards it holds, as the calling role (`citus/nodes.rs`), and
+//! keeps one backfill of its own with one row per shard placement, which a worker on the
+//! coordinator keeps up to date (`worker/distributed.rs`). Cursors, exactly-once resume, pacing
+//! and back-pressure stay each node's.
+
+use crate::catalog::job;
+use crate::catalog::job_shard::{self, JobShard};
+use crate::catalog::job_table::{self, NewRange};
+use crate::citus::nodes::{self, literal, Node, Placement, Reply};
+use crate::model::table;
+use crate::pg::citus::{self as citus_metadata, Distribution};
+use crate::pg::errors::{raise, OrInternal};
+use crate::pg::privilege::as_extension_owner;
+use crate::worker::launcher;
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use pgrx::PgSqlErrorCode::*;
+use std::collections::BTreeMap;
+
+/// What backfill_start() was given, passed on to every node.
+pub struct NodeOptions<'a> {
+    pub batch_size: i32,
+    pub rows_per_second: Option<i32>,
+    pub slot: Option<&'a str>,
+    pub publication: Option<&'a str>,
+    pub max_lag: Option<i64>,
+    pub parallel: i32,
+}
+
+/// The backfill of the one distributed table listed, if one is: started on its nodes, recorded
+/// here, and its id. None when no table listed is a distributed table (or Citus is not there).
+pub fn start_if_distributed(relids: &[pg_sys::Oid], confirm: bool, options: &NodeOptions) -> Option<i64> {
+    if !citus_metadata::installed() {
+        return None;
+    }
+    let kinds: Vec<Option<Distribution>> = relids.iter().map(|relid| citus_metadata::distribution(*relid)).collect();
+    let index = kinds.iter().position(|kind| *kind == Some(Distribution::Distributed))?;
+    let relid = relids[index];
+    let name = table::relation_name(relid);
+    if relids.len() > 1 {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("distributed table {name} must be backfilled alone"),
+            "A backfill of a distributed table is one backfill on each worker node, of its shards there; \
+             it takes no other table.",
+            Some(format!("Start one backfill for {name}, and another for the other tables.")),
+        );
+    }
+    if !citus_metadata::is_coordinator() {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("distributed table {name} can be backfilled only from the coordinator"),
+            "The coordinator starts a backfill on each worker node and keeps the whole as one backfill.",
+            Some("Run backfill_start() on the Citus coordinator.".into()),
+        );
+    }
+    // The caller's rights on the table, as for any table (and the nodes check theirs again).
+    let table = table::require(relid);
+    let placements = nodes::placements(relid);
+    if placements.is_empty() {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("distributed table {name} has no active shard placement"),
+            "Citus's metadata lists no shard of it on an active primary node.",
+            Some("SELECT * FROM citus_shards; shows where its shards are.".into()),
+        );
+    }
+    let by_node = group_by_node(&placements);
+    let rows_per_second = options.rows_per_second.map(|rate| share_of_rate(rate, by_node.len()));
+
+    // Every node checks what it would deliver first (its slot, publication and the caller's rights
+    // there): a node that refuses then refuses before any starts.
+    for (node, reply) in start_on_nodes(&by_node, false, options, rows_per_second) {
+        if !is_unconfirmed(&reply) {
+            reply.raise_on(&node, &format!("backfill_start({name})"));
+        }
+    }
+    if !confirm {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "backfill not started: confirm => true is required",
+            format!(
+                "The backfill of distributed table {name} would deliver its {} shard placements from {} worker \
+                 nodes, each in its node's stream.",
+                placements.len(),
+                by_node.len()
+            ),
+            Some(format!(
+                "Review backfill_estimate() on the nodes, then run: SELECT backfill_start({}, confirm => true);",
+                pgrx::spi::quote_literal(&name)
+            )),
+        );
+    }
+
+    Spi::run("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pg_backfill.start'))")
+        .or_internal("serialize backfill starts");
+    if let Some(running) = as_extension_owner(|| job::running_backfill_of(relid)) {
+        raise(
+            ERRCODE_OBJECT_IN_USE,
+            format!("table {name} already has a running backfill"),
+            format!("Backfill {running} is delivering it."),
+            Some(format!("Wait for it to finish, or cancel it: SELECT backfill_cancel({running});")),
+        );
+    }
+    launcher::require_worker_slots(1);
+    let started_by = crate::pg::privilege::current_role_name();
+    let backfill_id = as_extension_owner(|| {
+        job::insert_job(&job::NewJob {
+            started_by: &started_by,
+            batch_size: options.batch_size,
+            rows_per_second: options.rows_per_second,
+            message_prefix: &crate::pg::settings::message_prefix(),
+            // Each node's backfill follows the node's slot of this name; the coordinator has none.
+            slot_name: None,
+            publication_name: options.publication,
+            max_lag_bytes: None,
+            parallel: 1,
+        })
+    });
+
+    let replies = start_on_nodes(&by_node, true, options, rows_per_second);
+    if let Some((node, reply)) = replies.iter().find(|(_, reply)| reply.id.is_none()) {
+        // Started elsewhere but not everywhere: the others stop, as the caller, before the error.
+        let started: Vec<(Node, i64)> =
+            replies.iter().filter_map(|(node, reply)| reply.id.map(|id| (node.clone(), id))).collect();
+        let cancels: Vec<(Node, String)> = started
+            .into_iter()
+            .map(|(node, id)| (node, nodes::control_statement("backfill_cancel", id, &["running", "paused"])))
+            .collect();
+        forward(&cancels);
+        reply.raise_on(node, &format!("backfill_start({name})"));
+    }
+    as_extension_owner(|| {
+        let mut position = 0;
+        for ((node, shards), (_, reply)) in by_node.iter().zip(&replies) {
+            for placement in shards {
+                position += 1;
+                let range = NewRange { part: 0, lower_bound: None, upper_bound: None, rows_estimated: 0 };
+                job_table::insert_job_table(backfill_id, position, relid, table.key_names(), range);
+                job_shard::insert(
+                    backfill_id,
+                    &JobShard {
+                        position,
+                        shard_id: placement.shard_id,
+                        shard_name: placement.shard_name.clone(),
+                        node_name: node.name.clone(),
+                        node_port: node.port,
+                        node_backfill_id: reply.id.unwrap_or_default(),
+                    },
+                );
+            }
+        }
+    });
+    launcher::launch_in_this_transaction(backfill_id, 0);
+    Some(backfill_id)
+}
+
+/// The placements by node.
+pub fn group_by_node(placements: &[Placement]) -> BTreeMap<Node, Vec<Placement>> {
+    let mut by_node: BTreeMap<Node, Vec<Placement>> = BTreeMap::new();
+    for placement in placements {
+        by_node.entry(placement.node.clone()).or_default().push(placement.clone());
+    }
+    by_node
+}
+
+/// A backfill's rows_per_second is its total: each of `nodes` nodes takes an equal share.
+fn share_of_rate(rate: i32, nodes: usize) -> i32 {
+    // (In 64 bits: a rate near i32::MAX plus the rounding would overflow 32.)
+    let nodes = i64::try_from(nodes.max(1)).unwrap_or(i64::MAX);
+    i32::try_from((i64::from(rate) + nodes - 1) / nodes).unwrap_or(i32::MAX)
+}
+
+/// backfill.start_on_node() on every node, of its shards, as the current role.
+fn start_on_nodes(
+    by_node: &BTreeMap<Node, Vec<Placement>>,
+    confirm: bool,
+    options: &NodeOptions,
+    rows_per_second: Option<i32>,
+) -> Vec<(Node, Reply)> {
+    let optional = |value: Option<String>| value.unwrap_or_else(|| "NULL".into());
+    let commands: Vec<(Node, String)> = by_node
+        .iter()
+        .map(|(node, shards)| {
+            let tables: Vec<String> = shards.iter().map(|p| literal(&p.shard_name)).collect();
+            let statement = format!(
+                "SELECT backfill.start_on_node(ARRAY[{}]::pg_catalog.regclass[], {confirm}, {}, {}, {}, {}, {}, {})::text",
+                tables.join(", "),
+                options.batch_size,
+                optional(rows_per_second.map(|r| r.to_string())),
+                optional(options.slot.map(literal)),
+                optional(options.publication.map(literal)),
+                optional(options.max_lag.map(|l| l.to_string())),
+                options.parallel,
+            );
+            (node.clone(), statement)
+        })
+        .collect();
+    let answers = nodes::run(&commands);
+    commands.into_iter().zip(answers).map(|((node, _), answer)| (node, Reply::of(answer))).collect()
+}
+
+/// A node's answer to a start without confirm => true: everything checked, nothing started.
+fn is_unconfirmed(reply: &Reply) -> bool {
+    reply.sqlstate.as_deref() == Some("22023")
+        && reply.message.as_deref().is_some_and(|m| m.starts_with("backfill not started: confirm => true"))
+}
+
+/// The nodes' backfills of a distributed backfill, for control functions.
+pub fn node_backfills(backfill_id: i64) -> Vec<(Node, i64)> {
+    let mut started: Vec<(Node, i64)> = as_extension_owner(|| job_shard::shards_of(backfill_id))
+        .into_iter()
+        .map(|s| (Node { name: s.node_name, port: s.node_port }, s.node_backfill_id))
+        .collect();
+    started.sort();
+    started.dedup();
+    started
+}
+
+/// Runs each node's statement, as the current role: the node decides whether the role may. A
+/// node's refusal or absence is an error naming it.
+pub fn forward(commands: &[(Node, String)]) {
+    for ((node, statement), answer) in commands.iter().zip(nodes::run(commands)) {
+        if let Err(message) = answer {
+            raise(
+                ERRCODE_CONNECTION_FAILURE,
+                format!("worker node {node}: {message}"),
+                format!("On worker node {node}, this failed: {statement}"),
+                Some("Run it on that node once it is reachable.".into()),
+            );
+        }
+    }
+}
+
+/// backfill_cancel(), backfill_pause() and backfill_resume() of a distributed backfill: `function`
+/// of each node's backfill that is in one of the states `from`.
+pub fn forward_control(backfill_id: i64, function: &str, from: &[&str]) {
+    let commands: Vec<(Node, String)> = node_backfills(backfill_id)
+        .into_iter()
+        .map(|(node, id)| (node, nodes::control_statement(function, id, from)))
+        .collect();
+    forward(&commands);
+}
+
+/// backfill_set() of a distributed backfill: each node's backfill takes the new pacing (its share
+/// of the rate).
+pub fn forward_set(backfill_id: i64, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag: Option<i64>) {
+    let node_backfills = node_backfills(backfill_id);
+    let nodes_count = node_backfills.iter().map(|(node, _)| node).collect::<std::collections::BTreeSet<_>>().len();
+    let optional = |value: Option<String>| value.unwrap_or_else(|| "NULL".into());
+    let schema = nodes::extension_schema();
+    let commands: Vec<(Node, String)> = node_backfills
+        .into_iter()
+        .map(|(node, id)| {
+            let statement = format!(
+                "SELECT pg_catalog.count({schema}.backfill_set(id, {}, {}, {}))::text FROM {schema}.backfill_status \
+                  WHERE id OPERATOR(pg_catalog.=) {id} AND state IN ('running', 'paused')",
+                optional(batch_size.map(|b| b.to_string())),
+                optional(rows_per_second.map(|r| if r == 0 { 0 } else { share_of_rate(r, nodes_count) }.to_string())),
+                optional(max_lag.map(|l| l.to_string())),
+            );
+            (node, statement)
+        })
+        .collect();
+    forward(&commands);
+}
+
+/// The tables a backfill on this node reads for `relids`: a Citus reference table is read from
+/// the coordinator's placement of it, in the coordinator's stream, where Citus's change data
+/// capture emits its changes (and from no other node); its messages name the reference table.
+pub fn local_tables(relids: Vec<pg_sys::Oid>) -> Vec<pg_sys::Oid> {
+    if !citus_metadata::installed() {
+        return relids;
+    }
+    relids
+        .into_iter()
+        .map(|relid| {
+            if citus_metadata::distribution(relid) != Some(Distribution::Reference) {
+                return relid;
+            }
+            let name = table::relation_name(relid);
+            if !citus_metadata::is_coordinator() {
+                raise(
+                    ERRCODE_FEATURE_NOT_SUPPORTED,
+                    format!("reference table {name} can be backfilled only from the coordinator"),
+                    "Citus's change data capture emits a reference table's changes in the coordinator's stream \
+                     only: its reads must be written there too.",
+                    Some("Run backfill_start() on the Citus coordinator.".into()),
+                );
+            }
+            citus_metadata::coordinator_placement(relid).unwrap_or_else(|| {
+                raise(
+                    ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    format!("reference table {name} has no placement on the coordinator"),
+                    "Citus's change data capture emits a reference table's changes from the coordinator's \
+                     placement, and this coordinator holds none.",
+                    Some(
+                        "Add the coordinator to the metadata: SELECT citus_set_coordinator_host('<host>', <port>);"
+                            .into(),
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+/// A distributed table's estimate: its key columns, rows, message bytes and pages.
+pub struct DistributedEstimate {
+    pub key: Vec<String>,
+    pub rows: i64,
+    pub bytes: i64,
+    pub pages: i64,
+}
+
+/// What backfill_estimate() says of a distributed table: its nodes' estimates of their shards,
+/// added up, or why a node cannot backfill them. None when `relid` is not a distributed table.
+pub fn estimate(relid: pg_sys::Oid, batch_size: i32) -> Option<Result<DistributedEstimate, String>> {
+    if !citus_metadata::installed() || citus_metadata::distribution(relid) != Some(Distribution::Distributed) {
+        return None;
+    }
+    let by_node = group_by_node(&nodes::placements(relid));
+    let schema = nodes::extension_schema();
+    let commands: Vec<(Node, String)> = by_node
+        .iter()
+        .map(|(node, shards)| {
+            let tables: Vec<String> = shards.iter().map(|p| literal(&p.shard_name)).collect();
+            let statement = format!(
+                "SELECT pg_catalog.json_build_object('eligible', pg_catalog.bool_and(eligible),
+                        'reason', pg_catalog.min(reason), 'key', pg_catalog.min(key_columns::text[]),
+                        'rows', pg_catalog.sum(rows_estimated), 'bytes', pg_catalog.sum(bytes_estimated),
+                        'pages', pg_catalog.sum(pages))::text
+                   FROM {schema}.backfill_estimate(ARRAY[{}]::pg_catalog.regclass[], {batch_size})",
+                tables.join(", ")
+            );
+            (node.clone(), statement)
+        })
+        .collect();
+    #[derive(serde::Deserialize)]
+    struct NodeEstimate {
+        eligible: Option<bool>,
+        reason: Option<String>,
+        key: Option<Vec<String>>,
+        rows: Option<i64>,
+        bytes: Option<i64>,
+        pages: Option<i64>,
+    }
+    let (mut key, mut rows, mut bytes, mut pages) = (Vec::new(), 0, 0, 0);
+    for ((node, _), answer) in commands.iter().zip(nodes::run(&commands)) {
+        let estimate: NodeEstimate = match answer.map(|json| serde_json::from_str(&json)) {
+            Ok(Ok(estimate)) => estimate,
+            Ok(Err(e)) => return Some(Err(format!("worker node {node} answered what is not an estimate ({e})"))),
+            Err(message) => return Some(Err(format!("worker node {node}: {message}"))),
+        };
+        if estimate.eligible != Some(true) {
+            let reason = estimate.reason.unwrap_or_else(|| "no shard there can be backfilled".into());
+            return Some(Err(format!("on worker node {node}: {reason}")));
+        }
+        key = estimate.key.unwrap_or_default();
+        rows += estimate.rows.unwrap_or_default();
+        bytes += estimate.bytes.unwrap_or_default();
+        pages += estimate.pages.unwrap_or_default();
+    }
+    Some(Ok(DistributedEstimate { key, rows, bytes, pages }))
+}
+
+/// The options of backfill_start() that a backfill of a distributed table does not pass on to
+/// its nodes: refused before anything starts (backfill_start() calls this on its tables before
+/// backfill.start()). Returns the tables.
+#[pg_extern(schema = "backfill", name = "refuse_node_options")]
+fn refuse_node_options(
+    tables: Option<Vec<Option<pg_sys::Oid>>>,
+    keys: Option<JsonB>,
+    max_replica_lag: Option<i64>,
+    max_retained_wal: Option<i64>,
+    max_active_sessions: Option<i32>,
+    rows_per_message: Option<i32>,
+) -> Option<Vec<Option<pg_sys::Oid>>> {
+    let given: Vec<&str> = [
+        ("keys", keys.is_some()),
+        ("max_replica_lag", max_replica_lag.is_some()),
+        ("max_retained_wal", max_retained_wal.is_some()),
+        ("max_active_sessions", max_active_sessions.is_some()),
+        // (Each node's backfill.rows_per_message setting applies there.)
+        ("rows_per_message", rows_per_message.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, is_given)| is_given.then_some(name))
+    .collect();
+    if given.is_empty() || !citus_metadata::installed() {
+        return tables;
+    }
+    let distributed = tables
+        .iter()
+        .flatten()
+        .flatten()
+        .find(|relid| citus_metadata::distribution(**relid) == Some(Distribution::Distributed));
+    if let Some(relid) = distributed {
+        let name = table::relation_name(*relid);
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("{} cannot be given for distributed table {name}", given.join(", ")),
+            "A backfill of a distributed table runs on its worker nodes, which are not given these options.",
+            Some(format!(
+                "Start it without them: SELECT backfill_start({}, confirm => true);",
+                pgrx::spi::quote_literal(&name)
+            )),
+        );
+    }
+    tables
+}

@@ -1,0 +1,5 @@
+//! Citus: a backfill of a distributed table is one backfill on each worker node, of the shards it
+//! holds, in that node's own stream; the coordinator keeps the whole as one backfill. What the
+//! nodes are asked, and how (`nodes.rs`).
+
+pub(crate) mod nodes;
