@@ -74,6 +74,8 @@ def orders(citus):
             CREATE PUBLICATION orders_pub FOR TABLE orders;"""
     )
     yield coordinator
+    coordinator.close()
+    coordinator = citus[0].connect()  # (a test may have restarted the coordinator)
     for id_, in coordinator.execute("SELECT id FROM backfill_status WHERE state IN ('running', 'paused')").fetchall():
         coordinator.execute("SELECT backfill_cancel(%s)", [id_])
     coordinator.execute("DROP PUBLICATION IF EXISTS orders_pub; DROP TABLE IF EXISTS orders")
@@ -651,3 +653,17 @@ def test_checksum_of_a_distributed_table_is_that_of_its_rows_in_one_table_and_fi
         assert e.sqlstate == "0A000" and "backfill_checksum" in e.diag.message_hint
     finally:
         orders.execute("DROP TABLE IF EXISTS plain_copy")
+
+
+def test_a_coordinator_restart_leaves_the_nodes_running_and_its_worker_follows_them_again(citus, orders):
+    """The coordinator's worker only follows the nodes: after a restart (pg_backfill preloaded)
+    it is launched again and ends the backfill when the nodes' are done."""
+    backfill_id = orders.execute(
+        "SELECT backfill_start('orders', confirm => true, batch_size => 100, rows_per_second => 2000)"
+    ).fetchone()[0]
+    wait_for(lambda: orders.execute("SELECT rows_done > 0 FROM backfill_status WHERE id = %s",
+                                    [backfill_id]).fetchone()[0], what="progress")
+    citus[0].pg_ctl("restart", "-m", "fast")
+    with citus[0].connect() as conn:
+        assert wait_until_ended(conn, backfill_id) == "done"
+        assert conn.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == ROWS
