@@ -667,3 +667,30 @@ def test_a_coordinator_restart_leaves_the_nodes_running_and_its_worker_follows_t
     with citus[0].connect() as conn:
         assert wait_until_ended(conn, backfill_id) == "done"
         assert conn.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == ROWS
+
+
+def test_a_distributed_table_dropped_mid_run_fails_the_backfill_naming_it(citus, orders):
+    backfill_id = orders.execute(
+        "SELECT backfill_start('orders', confirm => true, batch_size => 100, rows_per_second => 400)"
+    ).fetchone()[0]
+    wait_for(lambda: orders.execute("SELECT rows_done > 0 FROM backfill_status WHERE id = %s",
+                                    [backfill_id]).fetchone()[0], what="progress")
+    orders.execute("DROP PUBLICATION orders_pub; DROP TABLE orders")
+    assert wait_until_ended(orders, backfill_id) == "failed"
+    sqlstate, error = orders.execute("SELECT last_error_sqlstate, last_error FROM backfill_status WHERE id = %s",
+                                     [backfill_id]).fetchone()
+    assert sqlstate == "42P01" and "was dropped during its backfill" in error, (sqlstate, error)
+    for worker in citus[1:]:
+        with worker.connect() as conn:
+            assert conn.execute("SELECT count(*) FROM backfill_status WHERE state IN ('running', 'paused')"
+                                ).fetchone()[0] == 0
+
+
+def test_the_new_functions_take_null(citus, orders):
+    reply = orders.execute(
+        "SELECT backfill.start_on_node(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)").fetchone()[0]
+    assert reply["sqlstate"] in ("22004", "22023"), reply
+    assert orders.execute("SELECT backfill.refuse_node_options(NULL, NULL, NULL, NULL, NULL, NULL)").fetchone()[0] is None
+    e = error_of(orders, "SELECT * FROM backfill_checksum(NULL::regclass)")
+    assert e.sqlstate == "22004", e
+    assert orders.execute("SELECT count(*) FROM backfill_shards WHERE backfill_id IS NULL").fetchone()[0] == 0

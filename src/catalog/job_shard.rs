@@ -123,3 +123,15 @@ pub fn unfinished_positions(backfill_id: i64) -> Vec<i32> {
     })
     .or_internal("read the shards not done")
 }
+
+/// The OID of the backfill's table, if it no longer exists (dropped).
+pub fn dropped_table(backfill_id: i64) -> Option<i64> {
+    crate::pg::spi::select_one::<i64>(
+        "SELECT t.relid::oid::bigint FROM backfill.job_table t
+          WHERE t.job_id = $1
+            AND NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t.relid::oid)
+          LIMIT 1",
+        &[backfill_id.into()],
+    )
+    .or_internal("look for the backfill's table")
+}

@@ -59,6 +59,17 @@ fn look(backfill_id: i64) -> bool {
         let node = Node { name: shard.node_name.clone(), port: shard.node_port };
         by_node.entry((node, shard.node_backfill_id)).or_default().push(shard);
     }
+    // The distributed table dropped: its shards are gone too (and no longer placed anywhere,
+    // which the check below would report as a move).
+    if let Some(relid) = job_shard::dropped_table(backfill_id) {
+        let why = format!(
+            "distributed table {relid} was dropped during its backfill: its shards are gone from every node, \
+             their rows up to each node's cursor were delivered"
+        );
+        end(backfill_id, JobState::Failed, Some(("42P01", &why)));
+        cancel_on_nodes(backfill_id, by_node.keys());
+        return false;
+    }
     // A shard that moved (or was split) before its node delivered it: its rows' changes now go
     // to another node's stream, where this node's reads would not sort against them.
     let unfinished = job_shard::unfinished_positions(backfill_id);
