@@ -320,7 +320,7 @@ pub struct DistributedEstimate {
 /// What backfill_estimate() says of a distributed table: its nodes' estimates of their shards,
 /// added up, or why a node cannot backfill them. None when `relid` is not a distributed table.
 pub fn estimate(relid: pg_sys::Oid, batch_size: i32) -> Option<Result<DistributedEstimate, String>> {
-    if !citus_metadata::installed() || citus_metadata::distribution(relid) != Some(Distribution::Distributed) {
+    if citus_metadata::distribution(relid) != Some(Distribution::Distributed) {
         return None;
     }
     let by_node = group_by_node(&nodes::placements(relid));
@@ -391,7 +391,7 @@ fn refuse_node_options(
     .into_iter()
     .filter_map(|(name, is_given)| is_given.then_some(name))
     .collect();
-    if given.is_empty() || !citus_metadata::installed() {
+    if given.is_empty() {
         return tables;
     }
     let distributed = tables

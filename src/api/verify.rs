@@ -36,7 +36,7 @@ fn checksum(
 > {
     let relid = crate::pg::args::required(table, "backfill_checksum", "tbl");
     let level = Level::parse(&crate::pg::args::required(level, "backfill_checksum", "level").0);
-    if citus_metadata::installed() && citus_metadata::distribution(relid) == Some(Distribution::Distributed) {
+    if citus_metadata::distribution(relid) == Some(Distribution::Distributed) {
         return TableIterator::new(distributed_checksum(relid, ranges, level, bounds));
     }
     TableIterator::new(checksum::checksum(relid, ranges, level, bounds))

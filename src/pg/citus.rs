@@ -100,6 +100,7 @@ pub enum Distribution {
     Local,
 }
 
+/// How Citus distributes table `relid`; None for a table it does not manage, or without Citus.
 pub fn distribution(relid: pg_sys::Oid) -> Option<Distribution> {
     if !installed() {
         return None;

@@ -279,9 +279,7 @@ fn compare_sides(
 /// A Citus distributed table is compared by checksums only (api/verify.rs): its rows are on the
 /// worker nodes, and narrowing a range down to its keys there is not done yet.
 fn refuse_distributed(function: &str, table: pg_sys::Oid) {
-    if crate::pg::citus::installed()
-        && crate::pg::citus::distribution(table) == Some(crate::pg::citus::Distribution::Distributed)
-    {
+    if crate::pg::citus::distribution(table) == Some(crate::pg::citus::Distribution::Distributed) {
         let name = crate::model::table::relation_name(table);
         raise(
             ERRCODE_FEATURE_NOT_SUPPORTED,
