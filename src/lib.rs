@@ -16,7 +16,7 @@
 //!   per table or key range with its cursor (`job_table.rs`), and for a backfill of a Citus
 //!   distributed table each shard's node and node backfill (`job_shard.rs`).
 //! - `citus/`: talking to Citus's worker nodes from the coordinator, as the calling role
-//!   (`nodes.rs`).
+//!   (`nodes.rs`), and a distributed table's estimate from theirs (`estimate.rs`).
 //! - `stream/`: what reaches the stream: the key-ordered page queries (`scan.rs`), a row's
 //!   JSON (`json.rs`), the messages (`message.rs`), their authentication tags (`sign.rs`),
 //!   and the hot path from executor to message (`delivery.rs`).
@@ -27,8 +27,9 @@
 //! - `verify/`: backfill_checksum() (`checksum.rs`, `aggregate.rs`, `row_hash.rs`,
 //!   `row_encoding.rs`: what a row's hash is computed over, `numeric_jsonb.rs`: numeric's and
 //!   jsonb's encodings, `parallel_heap_scan.rs`: its parallel scan), keys as JSON
-//!   (`key_json.rs`), backfill_compare() (`compare.rs`) and the tables it reads, here or
-//!   through dblink (`sides.rs`).
+//!   (`key_json.rs`), backfill_compare() (`compare.rs`) and the tables it reads, here, through
+//!   dblink or a Citus coordinator (`sides.rs`), and a distributed table's checksums from its
+//!   nodes' (`distributed.rs`).
 //! - `worker/`: the background worker: its process, tables in order, retries, failures
 //!   (`process.rs`), the coordinator's worker of a distributed backfill, which follows its
 //!   nodes' backfills (`distributed.rs`), how its processes show in pg_stat_activity (`activity.rs`), registering

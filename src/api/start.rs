@@ -59,7 +59,7 @@ fn estimate(
 /// The estimate of table `listed`, read from `relid` (itself, or a Citus reference table's
 /// placement on this node) or, for a distributed table, from its nodes.
 fn estimate_table(listed: pg_sys::Oid, relid: pg_sys::Oid, batch_size: i32, prefix_len: usize) -> EstimateRow {
-    if let Some(distributed) = distributed::estimate(listed, batch_size) {
+    if let Some(distributed) = crate::citus::estimate::estimate(listed, batch_size) {
         return match distributed {
             Ok(e) => (
                 listed,

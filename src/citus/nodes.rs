@@ -9,6 +9,7 @@ use crate::pg::errors::{raise, OrInternal};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::fmt;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -207,4 +208,13 @@ pub fn control_statement(function: &str, node_id: i64, from: &[&str]) -> String 
           WHERE id OPERATOR(pg_catalog.=) {node_id} AND state IN ({})",
         states.join(", ")
     )
+}
+
+/// The placements by node.
+pub fn group_by_node(placements: &[Placement]) -> BTreeMap<Node, Vec<Placement>> {
+    let mut by_node: BTreeMap<Node, Vec<Placement>> = BTreeMap::new();
+    for placement in placements {
+        by_node.entry(placement.node.clone()).or_default().push(placement.clone());
+    }
+    by_node
 }
