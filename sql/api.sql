@@ -422,6 +422,7 @@ COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint) IS 'Entry poi
 COMMENT ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) IS 'Entry point of the back-pressure options of backfill_start() and backfill_set(); returns the backfill''s id';
 COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb) IS 'Entry point of backfill_checksum()';
 COMMENT ON FUNCTION backfill.set_keys(bigint, jsonb) IS 'Entry point of backfill_start()''s keys; returns the backfill''s id';
+COMMENT ON FUNCTION backfill.set_keys_of(bigint, oid, jsonb) IS 'The keys of one table of a backfill started in this transaction (a worker node''s backfill of its shards, for backfill_repair() on the Citus coordinator); returns the backfill''s id';
 COMMENT ON FUNCTION backfill.set_rows_per_message(bigint, integer) IS 'Entry point of backfill_start()''s rows_per_message; returns the backfill''s id';
 COMMENT ON FUNCTION backfill.compare(oid, oid, text, integer, text) IS 'Entry point of backfill_compare()';
 COMMENT ON FUNCTION backfill.repair(oid, oid, boolean, text, integer, text, integer) IS 'Entry point of backfill_repair()';
@@ -489,9 +490,10 @@ GRANT SELECT ON backfill_shards TO PUBLIC;
 -- What the coordinator runs on each worker node, as the role that called backfill_start() there:
 -- that node's backfill_start(), its error (SQLSTATE, message, detail, hint) returned as JSON
 -- rather than raised, so that the coordinator can raise it again as it was, naming the node.
+-- shard_keys (backfill_repair()): a JSON array of each table's keys, in the order of tables.
 CREATE FUNCTION backfill.start_on_node(tables regclass[], confirm boolean, batch_size integer,
                                        rows_per_second integer, slot name, publication name,
-                                       max_lag bigint, parallel integer)
+                                       max_lag bigint, parallel integer, shard_keys jsonb DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
@@ -504,6 +506,9 @@ DECLARE
 BEGIN
     started := @extschema@.backfill_start(tables, confirm, batch_size, rows_per_second, slot, publication,
                                           max_lag, parallel);
+    FOR i IN 1 .. CASE WHEN shard_keys IS NULL THEN 0 ELSE cardinality(tables) END LOOP
+        PERFORM backfill.set_keys_of(started, tables[i], shard_keys -> (i - 1));
+    END LOOP;
     RETURN jsonb_build_object('id', started);
 EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
@@ -511,8 +516,11 @@ EXCEPTION WHEN OTHERS THEN
     RETURN jsonb_build_object('sqlstate', state, 'message', message, 'detail', detail, 'hint', hint);
 END
 $$;
-COMMENT ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer) IS
-'backfill_start() on a Citus worker node for the coordinator, with its error returned as JSON (sqlstate, message, detail, hint) instead of raised';
+COMMENT ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer, jsonb) IS
+'backfill_start() on a Citus worker node for the coordinator (with each table''s keys, for backfill_repair()), with its error returned as JSON (sqlstate, message, detail, hint) instead of raised';
 -- It grants nothing backfill_start() does not: it runs as its caller, who needs EXECUTE on that.
-REVOKE EXECUTE ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer) TO PUBLIC;
+REVOKE EXECUTE ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer, jsonb) TO PUBLIC;
+-- backfill.set_keys_of() too: it only narrows a backfill its caller started in the same
+-- transaction, to keys of a table the caller may backfill.
+GRANT EXECUTE ON FUNCTION backfill.set_keys_of(bigint, oid, jsonb) TO PUBLIC;

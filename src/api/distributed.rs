@@ -30,6 +30,9 @@ pub struct NodeOptions<'a> {
     pub publication: Option<&'a str>,
     pub max_lag: Option<i64>,
     pub parallel: i32,
+    /// A backfill of given keys (backfill_repair()): each shard's keys, by shard id; only the
+    /// shards that have some are backfilled.
+    pub keys: Option<&'a BTreeMap<i64, Vec<serde_json::Value>>>,
 }
 
 /// The backfill of the one distributed table listed, if one is: started on its nodes, recorded
@@ -41,8 +44,8 @@ pub fn start_if_distributed(relids: &[pg_sys::Oid], confirm: bool, options: &Nod
     let kinds: Vec<Option<Distribution>> = relids.iter().map(|relid| citus_metadata::distribution(*relid)).collect();
     let index = kinds.iter().position(|kind| *kind == Some(Distribution::Distributed))?;
     let relid = relids[index];
-    let name = table::relation_name(relid);
     if relids.len() > 1 {
+        let name = table::relation_name(relid);
         raise(
             ERRCODE_FEATURE_NOT_SUPPORTED,
             format!("distributed table {name} must be backfilled alone"),
@@ -51,6 +54,12 @@ pub fn start_if_distributed(relids: &[pg_sys::Oid], confirm: bool, options: &Nod
             Some(format!("Start one backfill for {name}, and another for the other tables.")),
         );
     }
+    Some(start_distributed(relid, confirm, options))
+}
+
+/// Starts the backfill of distributed table `relid` on its nodes, and records it here: its id.
+pub fn start_distributed(relid: pg_sys::Oid, confirm: bool, options: &NodeOptions) -> i64 {
+    let name = table::relation_name(relid);
     if !citus_metadata::is_coordinator() {
         raise(
             ERRCODE_FEATURE_NOT_SUPPORTED,
@@ -61,7 +70,10 @@ pub fn start_if_distributed(relids: &[pg_sys::Oid], confirm: bool, options: &Nod
     }
     // The caller's rights on the table, as for any table (and the nodes check theirs again).
     let table = table::require(relid);
-    let placements = nodes::placements(relid);
+    let mut placements = nodes::placements(relid);
+    if let Some(keys) = options.keys {
+        placements.retain(|placement| keys.contains_key(&placement.shard_id));
+    }
     if placements.is_empty() {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -140,7 +152,8 @@ pub fn start_if_distributed(relids: &[pg_sys::Oid], confirm: bool, options: &Nod
         for ((node, shards), (_, reply)) in by_node.iter().zip(&replies) {
             for placement in shards {
                 position += 1;
-                let range = NewRange { part: 0, lower_bound: None, upper_bound: None, rows_estimated: 0 };
+                let keys = options.keys.and_then(|keys| keys.get(&placement.shard_id)).map_or(0, Vec::len);
+                let range = NewRange { part: 0, lower_bound: None, upper_bound: None, rows_estimated: keys as i64 };
                 job_table::insert_job_table(backfill_id, position, relid, table.key_names(), range);
                 job_shard::insert(
                     backfill_id,
@@ -157,7 +170,42 @@ pub fn start_if_distributed(relids: &[pg_sys::Oid], confirm: bool, options: &Nod
         }
     });
     launcher::launch_in_this_transaction(backfill_id, 0);
-    Some(backfill_id)
+    backfill_id
+}
+
+/// The keys of distributed table `relid` by the shard that holds each (Citus hashes the
+/// distribution column's value, cast from the key's JSON to its type).
+pub fn keys_by_shard(relid: pg_sys::Oid, keys: Vec<serde_json::Value>) -> BTreeMap<i64, Vec<serde_json::Value>> {
+    let name = table::relation_name(relid);
+    let key = crate::verify::checksum::key_columns(relid, &name);
+    let column = citus_metadata::distribution_column(relid);
+    let Some((column, type_name)) = key.iter().find(|(k, _)| Some(k) == column.as_ref()) else {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("the key of distributed table {name} does not hold its distribution column"),
+            "Keys are sent to the shards that hold them, found by the distribution column's value.",
+            None,
+        );
+    };
+    let value = crate::verify::key_json::key_from_json("e.v", column, type_name);
+    let sql = format!(
+        "SELECT pg_catalog.get_shard_id_for_distribution_column($1::pg_catalog.regclass, {value}), e.v
+           FROM pg_catalog.jsonb_array_elements($2) AS e(v)"
+    );
+    let shards: Vec<(i64, serde_json::Value)> = Spi::connect(|client| {
+        client
+            .select(&sql, None, &[relid.into(), JsonB(serde_json::Value::Array(keys)).into()])?
+            .map(|row| {
+                Ok((row.get::<i64>(1)?.unwrap_or_default(), row.get::<JsonB>(2)?.map(|j| j.0).unwrap_or_default()))
+            })
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+    })
+    .or_internal("find the shards of the keys");
+    let mut by_shard: BTreeMap<i64, Vec<serde_json::Value>> = BTreeMap::new();
+    for (shard, key) in shards {
+        by_shard.entry(shard).or_default().push(key);
+    }
+    by_shard
 }
 
 /// A backfill's rows_per_second is its total: each of `nodes` nodes takes an equal share.
@@ -179,8 +227,16 @@ fn start_on_nodes(
         .iter()
         .map(|(node, shards)| {
             let tables: Vec<String> = shards.iter().map(|p| literal(&p.shard_name)).collect();
+            // Each shard's keys, in the order of the tables.
+            let keys = options.keys.map(|keys| {
+                let each: Vec<serde_json::Value> = shards
+                    .iter()
+                    .map(|p| serde_json::Value::Array(keys.get(&p.shard_id).cloned().unwrap_or_default()))
+                    .collect();
+                format!("{}::pg_catalog.jsonb", literal(&serde_json::Value::Array(each).to_string()))
+            });
             let statement = format!(
-                "SELECT backfill.start_on_node(ARRAY[{}]::pg_catalog.regclass[], {confirm}, {}, {}, {}, {}, {}, {})::text",
+                "SELECT backfill.start_on_node(ARRAY[{}]::pg_catalog.regclass[], {confirm}, {}, {}, {}, {}, {}, {}, {})::text",
                 tables.join(", "),
                 options.batch_size,
                 optional(rows_per_second.map(|r| r.to_string())),
@@ -188,6 +244,7 @@ fn start_on_nodes(
                 optional(options.publication.map(literal)),
                 optional(options.max_lag.map(|l| l.to_string())),
                 options.parallel,
+                optional(keys),
             );
             (node.clone(), statement)
         })

@@ -23,12 +23,23 @@ use pgrx::PgSqlErrorCode::*;
 fn set_keys(id: Option<i64>, keys: Option<JsonB>) -> Option<i64> {
     let Some(keys) = keys else { return id };
     let id = required(id, "backfill_start", "id");
-    record_keys(id, keys.0);
+    record_keys(id, None, keys.0);
     Some(id)
 }
 
-/// Records the keys of backfill `id` (see [`set_keys`]).
-pub fn record_keys(id: i64, keys: serde_json::Value) {
+/// backfill.set_keys_of(): as [`set_keys`], for table `tbl` of a backfill of several tables (a
+/// Citus worker node's backfill of its shards, for backfill_repair() on the coordinator).
+#[pg_extern(schema = "backfill", name = "set_keys_of")]
+fn set_keys_of(id: Option<i64>, tbl: Option<pg_sys::Oid>, keys: Option<JsonB>) -> Option<i64> {
+    let Some(keys) = keys else { return id };
+    let id = required(id, "backfill.set_keys_of", "id");
+    let table = required(tbl, "backfill.set_keys_of", "tbl");
+    record_keys(id, Some(table), keys.0);
+    Some(id)
+}
+
+/// Records the keys of backfill `id`, of its one table or of `table` (see [`set_keys`]).
+pub fn record_keys(id: i64, table: Option<pg_sys::Oid>, keys: serde_json::Value) {
     // Only in the transaction that started it: its worker starts at commit and finds the keys.
     if !crate::api::start::started_in_this_transaction(id) {
         raise(
@@ -38,12 +49,15 @@ pub fn record_keys(id: i64, keys: serde_json::Value) {
             Some("SELECT backfill_start('public.orders', confirm => true, keys => '[{\"id\": 7}]');".into()),
         );
     }
-    let tables = as_extension_owner(|| job_table::job_tables(id));
+    let mut tables = as_extension_owner(|| job_table::job_tables(id));
+    if let Some(table) = table {
+        tables.retain(|job_table| job_table.relid == table);
+    }
     let [job_table] = tables.as_slice() else {
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,
             "keys need a backfill of one table by one worker",
-            format!("The backfill has {} tables or key ranges; keys name rows of one table.", tables.len()),
+            format!("The backfill has {} such tables or key ranges; keys name rows of one table.", tables.len()),
             Some("Start one backfill per table, with parallel => 1.".into()),
         );
     };

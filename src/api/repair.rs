@@ -49,9 +49,24 @@ fn repair(
             Some("SELECT * FROM backfill_compare(...) lists them; backfill_repair(..., confirm => true) re-delivers them.".into()),
         );
     }
-    let keys = found.keys.into_iter().map(|(key, _)| key).collect();
+    let keys: Vec<serde_json::Value> = found.keys.into_iter().map(|(key, _)| key).collect();
+    let source = source.unwrap_or_default();
+    if crate::pg::citus::distribution(source) == Some(crate::pg::citus::Distribution::Distributed) {
+        // On the worker nodes, each in its stream: one keyed backfill of the shards that hold keys.
+        let by_shard = crate::api::distributed::keys_by_shard(source, keys);
+        let options = crate::api::distributed::NodeOptions {
+            batch_size,
+            rows_per_second: None,
+            slot: found.slot.as_deref(),
+            publication: None,
+            max_lag: None,
+            parallel: 1,
+            keys: Some(&by_shard),
+        };
+        return Some(crate::api::distributed::start_distributed(source, true, &options));
+    }
     let id = crate::api::start::start(
-        Some(vec![source]),
+        Some(vec![Some(source)]),
         Some(true),
         Some(batch_size),
         None,
@@ -60,6 +75,6 @@ fn repair(
         None,
         Some(1),
     );
-    crate::api::keyed::record_keys(id, serde_json::Value::Array(keys));
+    crate::api::keyed::record_keys(id, None, serde_json::Value::Array(keys));
     Some(id)
 }

@@ -142,6 +142,7 @@ fn start_visible(
         publication: publication.as_deref(),
         max_lag,
         parallel,
+        keys: None,
     };
     if let Some(backfill_id) = distributed::start_if_distributed(&relids, confirm, &node_options) {
         return backfill_id;

@@ -122,6 +122,20 @@ pub fn distribution(relid: pg_sys::Oid) -> Option<Distribution> {
     }
 }
 
+/// The distribution column of a distributed table (None for other tables, or without Citus).
+pub fn distribution_column(relid: pg_sys::Oid) -> Option<String> {
+    if !installed() {
+        return None;
+    }
+    crate::pg::spi::select_one::<String>(
+        "SELECT pg_catalog.column_to_column_name(p.logicalrelid, p.partkey)::pg_catalog.text
+           FROM pg_catalog.pg_dist_partition p
+          WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1 AND p.partmethod OPERATOR(pg_catalog.<>) 'n'",
+        &[relid.into()],
+    )
+    .or_internal("read the table's distribution column")
+}
+
 /// Whether this server is the Citus coordinator (the node whose group is 0).
 pub fn is_coordinator() -> bool {
     crate::pg::spi::select_one::<bool>(

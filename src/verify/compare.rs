@@ -19,6 +19,7 @@
 //! comparison runs its queries there through dblink (over the foreign table's server and user
 //! mapping), so that only checksums, and the differing rows' keys and hashes, cross.
 
+use crate::citus::nodes::{self, literal, Node};
 use crate::pg::encoding::Text;
 use crate::pg::errors::{raise, OrInternal};
 use crate::verify::checksum::{self, Level};
@@ -86,9 +87,6 @@ pub fn differences(
 ) -> Found {
     let source = crate::pg::args::required(source, function, "source");
     let target = crate::pg::args::required(target, function, "target");
-    for table in [source, target] {
-        refuse_distributed(function, table);
-    }
     let level = Level::parse(&crate::pg::args::required(level, function, "level").0);
     let passes = crate::pg::args::required(passes, function, "passes");
     if !(1..=MAX_PASSES).contains(&passes) {
@@ -108,20 +106,25 @@ pub fn differences(
             Some("Run it on its own, or in a transaction at the default isolation level.".into()),
         );
     }
-    let source_name = crate::pg::spi::qualified_name(source);
     checksum::require_readable(source, &crate::model::table::relation_name(source));
     let key = checksum::key_columns(source, &crate::model::table::relation_name(source));
     let target_side = target_side(source, target, function);
+    let source_side = Side::here(source);
     let slot = slot.or_else(|| crate::pg::privilege::as_extension_owner(|| last_slot_of(source)));
     if let Some(slot) = &slot {
-        // A repair's backfill is bound to the slot: the right to do that is checked before a
-        // comparison that may wait minutes for the slot's consumer, not after it.
-        if starts_backfill {
-            crate::pg::privilege::require_replication(slot);
+        if let Side::Distributed { .. } = source_side {
+            // Its copy follows every worker node's slot of that name (the nodes' own backfills
+            // check the right to bind them).
+            StreamPosition::now(&source_side).require_slot(slot);
+        } else {
+            // A repair's backfill is bound to the slot: the right to do that is checked before a
+            // comparison that may wait minutes for the slot's consumer, not after it.
+            if starts_backfill {
+                crate::pg::privilege::require_replication(slot);
+            }
+            crate::throttle::pipeline::require_slot(slot);
         }
-        crate::throttle::pipeline::require_slot(slot);
     }
-    let source_side = Side::Local { name: source_name, relid: source };
     // With the worker's settings: keys print alike on both sides, and the SQL the comparison
     // writes resolves nothing on the caller's search_path.
     let keys = crate::pg::privilege::with_portable_settings(|| {
@@ -145,41 +148,126 @@ fn last_slot_of(relid: pg_sys::Oid) -> Option<String> {
     .map(|t| t.0)
 }
 
-/// The WAL position now: every change the source committed so far is before it (the insert
-/// position: an asynchronous commit is visible before its record is written).
-fn wal_position() -> String {
-    crate::pg::spi::select_one::<String>(
-        "SELECT (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
-                      ELSE pg_catalog.pg_current_wal_insert_lsn() END)::text",
-        &[],
+/// Where the source's stream stands now: every change the source committed so far is before it.
+/// A distributed table's changes are in its worker nodes' streams: a position on each.
+enum StreamPosition {
+    Here(String),
+    OnNodes(Vec<(Node, String)>),
+}
+
+impl StreamPosition {
+    /// The insert position (an asynchronous commit is visible before its record is written).
+    fn now(source: &Side) -> StreamPosition {
+        const POSITION: &str =
+            "SELECT (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+                                             ELSE pg_catalog.pg_current_wal_insert_lsn() END)::pg_catalog.text";
+        let Side::Distributed { relid, .. } = source else {
+            let here = crate::pg::spi::select_one::<String>(POSITION, &[]).or_internal("read the WAL position");
+            return StreamPosition::Here(here.unwrap_or_default());
+        };
+        let commands: Vec<(Node, String)> = nodes::group_by_node(&nodes::placements(*relid))
+            .into_keys()
+            .map(|node| (node, POSITION.to_string()))
+            .collect();
+        let answers = nodes::run(&commands);
+        StreamPosition::OnNodes(
+            commands
+                .into_iter()
+                .zip(answers)
+                .map(|((node, _), answer)| {
+                    let position = answer.unwrap_or_else(|message| node_unreachable(&node, &message));
+                    (node, position)
+                })
+                .collect(),
+        )
+    }
+
+    /// Whether the consumer of `slot` confirmed this position: on every node, for a distributed
+    /// source. A node without the slot is an error naming it.
+    fn confirmed(&self, slot: &str) -> bool {
+        const CONFIRMED: &str =
+            "SELECT coalesce(s.confirmed_flush_lsn OPERATOR(pg_catalog.>=) $2::pg_catalog.pg_lsn, false)
+                                   FROM pg_catalog.pg_replication_slots s WHERE s.slot_name OPERATOR(pg_catalog.=) $1";
+        match self {
+            StreamPosition::Here(position) => {
+                let confirmed = fresh_snapshot(|| {
+                    crate::pg::spi::select_one::<bool>(
+                        CONFIRMED,
+                        &[Text(slot.to_string()).into(), Text(position.to_string()).into()],
+                    )
+                })
+                .or_internal("read the slot's position");
+                confirmed.unwrap_or_else(|| {
+                    crate::throttle::pipeline::require_slot(slot);
+                    false
+                })
+            }
+            StreamPosition::OnNodes(positions) => {
+                let commands: Vec<(Node, String)> = positions
+                    .iter()
+                    .map(|(node, position)| {
+                        let sql = CONFIRMED.replace("$1", &literal(slot)).replace("$2", &literal(position));
+                        (node.clone(), format!("SELECT coalesce(({sql})::pg_catalog.text, 'no slot')"))
+                    })
+                    .collect();
+                let answers = nodes::run(&commands);
+                let mut confirmed = true;
+                for ((node, _), answer) in commands.iter().zip(answers) {
+                    match answer.as_deref() {
+                        Ok("true") => {}
+                        Ok("false") => confirmed = false,
+                        Ok(_) => raise(
+                            ERRCODE_UNDEFINED_OBJECT,
+                            format!("replication slot \"{slot}\" does not exist on worker node {node}"),
+                            "A distributed table's copy follows each worker node's stream, through a slot of that \
+                             name on every node.",
+                            Some(format!(
+                                "Create it on that node (the consumer of a Citus cluster reads one slot per node): \
+                                 SELECT pg_create_logical_replication_slot({}, 'pgoutput');",
+                                spi::quote_literal(slot)
+                            )),
+                        ),
+                        Err(message) => node_unreachable(node, message),
+                    }
+                }
+                confirmed
+            }
+        }
+    }
+
+    /// The slot exists where the copy's stream is read (on every node, for a distributed source).
+    fn require_slot(&self, slot: &str) {
+        self.confirmed(slot);
+    }
+}
+
+fn node_unreachable(node: &Node, message: &str) -> ! {
+    raise(
+        ERRCODE_CONNECTION_FAILURE,
+        format!("worker node {node} did not answer the comparison"),
+        format!("On worker node {node}: {}.", message.trim_start_matches("ERROR:").trim()),
+        Some("Compare again once every node is up: SELECT * FROM citus_check_cluster_node_health();".into()),
     )
-    .or_internal("read the WAL position")
-    .unwrap_or_default()
 }
 
 /// Waits until the copy holds every change before `position`: the slot's consumer confirmed
 /// it. Without a slot, a fixed pause. False if the consumer did not catch up in time.
-fn catch_up(slot: Option<&str>, position: &str) -> bool {
+fn catch_up(slot: Option<&str>, position: &StreamPosition) -> bool {
     let Some(slot) = slot else {
         crate::throttle::pacing::sleep(SETTLE_WITHOUT_SLOT);
         return true;
     };
     let started = Instant::now();
     loop {
-        let confirmed = fresh_snapshot(|| {
-            crate::pg::spi::select_one::<bool>(
-                "SELECT coalesce(s.confirmed_flush_lsn OPERATOR(pg_catalog.>=) $2::pg_catalog.pg_lsn, false)
-                   FROM pg_catalog.pg_replication_slots s WHERE s.slot_name OPERATOR(pg_catalog.=) $1",
-                &[Text(slot.to_string()).into(), Text(position.to_string()).into()],
-            )
-        })
-        .or_internal("read the slot's position");
-        match confirmed {
-            Some(true) => return true,
-            None => crate::throttle::pipeline::require_slot(slot),
-            Some(false) if started.elapsed() >= CATCH_UP_TIMEOUT => return false,
-            Some(false) => crate::throttle::pacing::sleep(Duration::from_millis(20)),
+        if position.confirmed(slot) {
+            return true;
         }
+        if started.elapsed() >= CATCH_UP_TIMEOUT {
+            return false;
+        }
+        // (Asking the worker nodes takes a connection to each: less often.)
+        let interval = if let StreamPosition::OnNodes(_) = position { 100 } else { 20 };
+        crate::throttle::pacing::sleep(Duration::from_millis(interval));
     }
 }
 
@@ -192,11 +280,11 @@ fn compare_sides(
     slot: Option<&str>,
 ) -> Vec<(serde_json::Value, Status)> {
     // 1. Ranges.
-    let bounds = checksum::sampled_bounds(source.relid(), key, RANGES);
+    let bounds = source.sampled_bounds(key, RANGES);
     let source_sums = range_sums(source, key, &bounds, level);
     // (Without a slot, the passes give the copy time; the ranges only find candidates.)
     if slot.is_some() {
-        catch_up(slot, &wal_position());
+        catch_up(slot, &StreamPosition::now(source));
     }
     let target_sums = range_sums(target, key, &bounds, level);
     // 2. Narrowing.
@@ -240,7 +328,7 @@ fn compare_sides(
         }
         let before = rows_of_keys(source, key, level, &candidates, true);
         // Without a slot, the first pass runs at once, and the next ones after a pause.
-        let caught_up = if slot.is_some() || pass > 0 { catch_up(slot, &wal_position()) } else { true };
+        let caught_up = if slot.is_some() || pass > 0 { catch_up(slot, &StreamPosition::now(source)) } else { true };
         let copy = rows_of_keys(target, key, level, &candidates, false);
         let after = rows_of_keys(source, key, level, &candidates, true);
         let previous = std::mem::take(&mut verdicts);
@@ -274,23 +362,4 @@ fn compare_sides(
         .into_iter()
         .map(|(key, status)| (serde_json::from_str(&key).unwrap_or(serde_json::Value::Null), status))
         .collect()
-}
-
-/// A Citus distributed table is compared by checksums only (api/verify.rs): its rows are on the
-/// worker nodes, and narrowing a range down to its keys there is not done yet.
-fn refuse_distributed(function: &str, table: pg_sys::Oid) {
-    if crate::pg::citus::distribution(table) == Some(crate::pg::citus::Distribution::Distributed) {
-        let name = crate::model::table::relation_name(table);
-        raise(
-            ERRCODE_FEATURE_NOT_SUPPORTED,
-            format!("{function}() cannot read distributed table {name}"),
-            "A distributed table's rows are on its worker nodes: backfill_checksum() sums them there, range by \
-             range; finding the differing keys of a range is not done there yet.",
-            Some(format!(
-                "Compare checksums over the same ranges: SELECT * FROM backfill_checksum({}); on this side, and \
-                 backfill_checksum(copy, bounds => ...) with its bounds on the other.",
-                pgrx::spi::quote_literal(&name)
-            )),
-        );
-    }
 }

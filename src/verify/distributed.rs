@@ -14,10 +14,27 @@ const SAMPLE_PER_RANGE: f64 = 30.0;
 const MIN_SAMPLE: f64 = 10_000.0;
 
 /// The checksum of a distributed table: the same rows and sums, range by range, as the checksum
-/// of one table holding its rows. The count and hash levels add up over shards; the aggregate
-/// level (an md5 of each range's per-column aggregates) does not, and is refused.
+/// of one table holding its rows.
 pub fn checksum(relid: pg_sys::Oid, ranges: Option<i32>, level: Level, bounds: Option<JsonB>) -> Vec<RangeRow> {
     let name = crate::model::table::relation_name(relid);
+    refuse_aggregate_level(&name, level);
+    checksum::require_readable(relid, &name);
+    let key = checksum::key_columns(relid, &name);
+    let bounds = checksum::checksum_bounds(relid, &key, ranges, bounds, |ranges| sampled_bounds(relid, &key, ranges));
+    let sums = range_sums(relid, &bounds, level);
+    sums.into_iter()
+        .enumerate()
+        .map(|(i, (rows, checksum))| {
+            let lower = i.checked_sub(1).map(|b| JsonB(bounds[b].clone()));
+            let upper = bounds.get(i).map(|b| JsonB(b.clone()));
+            (i as i32 + 1, lower, upper, rows, checksum)
+        })
+        .collect()
+}
+
+/// The count and hash levels add up over shards; the aggregate level (an md5 of each range's
+/// per-column aggregates) does not.
+pub fn refuse_aggregate_level(name: &str, level: Level) {
     if level == Level::Aggregate {
         raise(
             ERRCODE_FEATURE_NOT_SUPPORTED,
@@ -27,10 +44,15 @@ pub fn checksum(relid: pg_sys::Oid, ranges: Option<i32>, level: Level, bounds: O
             Some("level => 'hash'".into()),
         );
     }
-    checksum::require_readable(relid, &name);
-    let key = checksum::key_columns(relid, &name);
-    let bounds = checksum::checksum_bounds(relid, &key, ranges, bounds, |ranges| sampled_bounds(relid, &key, ranges));
-    let bounds_literal = literal(&serde_json::Value::Array(bounds.clone()).to_string());
+}
+
+/// (rows, checksum) of each range of the distributed table between `bounds` (one more range than
+/// bounds), as a table of its rows would give them: each node sums its shards range by range, and
+/// the nodes' sums are added up.
+pub fn range_sums(relid: pg_sys::Oid, bounds: &[serde_json::Value], level: Level) -> Vec<(i64, Option<String>)> {
+    let name = crate::model::table::relation_name(relid);
+    refuse_aggregate_level(&name, level);
+    let bounds_literal = literal(&serde_json::Value::Array(bounds.to_vec()).to_string());
     let schema = nodes::extension_schema();
     let by_node = nodes::group_by_node(&nodes::placements(relid));
     // Each node sums its shards range by range: (range, rows, sum of hashes as text).
@@ -73,19 +95,12 @@ pub fn checksum(relid: pg_sys::Oid, ranges: Option<i32>, level: Level, bounds: O
             sums[i] += sum.and_then(|s| s.parse::<i128>().ok()).unwrap_or(0);
         }
     }
-    (0..=bounds.len())
-        .map(|i| {
-            let lower = i.checked_sub(1).map(|b| JsonB(bounds[b].clone()));
-            let upper = bounds.get(i).map(|b| JsonB(b.clone()));
-            let checksum = (level == Level::Hash).then(|| sums[i].to_string());
-            (i as i32 + 1, lower, upper, rows[i], checksum)
-        })
-        .collect()
+    rows.into_iter().zip(sums).map(|(rows, sum)| (rows, (level == Level::Hash).then(|| sum.to_string()))).collect()
 }
 
 /// Bounds from a sample of the distributed table's keys: Citus draws it from every shard (a
 /// materialized query, run on the nodes), and the bounds are placed here.
-fn sampled_bounds(relid: pg_sys::Oid, key: &[(String, String)], ranges: i32) -> Vec<serde_json::Value> {
+pub fn sampled_bounds(relid: pg_sys::Oid, key: &[(String, String)], ranges: i32) -> Vec<serde_json::Value> {
     if ranges == 1 {
         return Vec::new();
     }

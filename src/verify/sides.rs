@@ -1,7 +1,9 @@
 //! The two tables a comparison reads (compare.rs): the source, here, and its copy, here or, for
 //! a postgres_fdw foreign table, on the foreign table's server through dblink (over the foreign
 //! table's server and user mapping), where pg_backfill computes the checksums and row hashes.
-//! Both run the same SQL, with every result column as text.
+//! Both run the same SQL, with every result column as text. A Citus distributed table, on the
+//! coordinator, is read as a table here (Citus runs the SQL on its shards, on their nodes); only
+//! its checksums are summed on its nodes (distributed.rs).
 
 use crate::pg::encoding::{quote_qualified, Text};
 use crate::pg::errors::{raise, OrInternal};
@@ -17,6 +19,11 @@ const KEYS_PER_QUERY: usize = 5_000;
 /// A table of the comparison, local or behind a foreign table's server.
 pub enum Side {
     Local {
+        name: String,
+        relid: pg_sys::Oid,
+    },
+    /// A Citus distributed table, on the coordinator.
+    Distributed {
         name: String,
         relid: pg_sys::Oid,
     },
@@ -42,17 +49,35 @@ pub struct Row {
 }
 
 impl Side {
+    /// A table of this server: a distributed table if Citus distributes it.
+    pub fn here(relid: pg_sys::Oid) -> Side {
+        let name = crate::pg::spi::qualified_name(relid);
+        if crate::pg::citus::distribution(relid) == Some(crate::pg::citus::Distribution::Distributed) {
+            Side::Distributed { name, relid }
+        } else {
+            Side::Local { name, relid }
+        }
+    }
+
     pub fn name(&self) -> &str {
         match self {
-            Side::Local { name, .. } | Side::Remote { name, .. } => name,
+            Side::Local { name, .. } | Side::Distributed { name, .. } | Side::Remote { name, .. } => name,
         }
     }
 
     /// The table here (InvalidOid on another server).
     pub fn relid(&self) -> pg_sys::Oid {
         match self {
-            Side::Local { relid, .. } => *relid,
+            Side::Local { relid, .. } | Side::Distributed { relid, .. } => *relid,
             Side::Remote { .. } => pg_sys::InvalidOid,
+        }
+    }
+
+    /// Bounds of about `ranges` ranges of equal rows, from a sample of the table's keys.
+    pub fn sampled_bounds(&self, key: &[(String, String)], ranges: i32) -> Vec<serde_json::Value> {
+        match self {
+            Side::Distributed { relid, .. } => crate::verify::distributed::sampled_bounds(*relid, key, ranges),
+            _ => checksum::sampled_bounds(self.relid(), key, ranges),
         }
     }
 
@@ -61,7 +86,7 @@ impl Side {
     /// `ONLY`) does not count either.
     pub fn scanned_table(&self) -> String {
         match self {
-            Side::Local { relid, .. } => crate::pg::spi::scanned_table(*relid),
+            Side::Local { relid, .. } | Side::Distributed { relid, .. } => crate::pg::spi::scanned_table(*relid),
             Side::Remote { scanned, .. } => scanned.clone(),
         }
     }
@@ -69,7 +94,7 @@ impl Side {
     /// Runs `sql` (every column text) here or on the remote server; rows of `columns` texts.
     fn query(&self, sql: &str, columns: usize) -> Vec<Vec<Option<String>>> {
         let (sql, args): (String, Vec<pgrx::datum::DatumWithOid>) = match self {
-            Side::Local { .. } => (sql.to_string(), vec![]),
+            Side::Local { .. } | Side::Distributed { .. } => (sql.to_string(), vec![]),
             Side::Remote { dblink, connection, .. } => (
                 format!("SELECT * FROM {dblink}.dblink($1, $2) AS r({})", text_columns(columns)),
                 vec![Text(connection.clone()).into(), Text(sql.to_string()).into()],
@@ -169,7 +194,7 @@ pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str) -> 
                 None,
             );
         }
-        return Side::Local { name: crate::pg::spi::qualified_name(target), relid: target };
+        return Side::here(target);
     }
     let side = connect(target, &target_name);
     require_same_row_hash(&side, &target_name);
@@ -345,6 +370,8 @@ pub fn range_sums(
             .into_iter()
             .map(|(_, _, _, rows, sum)| (rows, sum))
             .collect(),
+        // (Each node answers with a snapshot of its own.)
+        Side::Distributed { relid, .. } => crate::verify::distributed::range_sums(*relid, bounds, level),
         Side::Remote { name, .. } => {
             let sql = format!(
                 "SELECT rows::text, checksum FROM backfill.checksum({}::regclass::oid, 1, {}, {}::jsonb) ORDER BY range",
