@@ -73,10 +73,14 @@ def test_public_may_execute_no_function_but_those_the_views_call(db):
     for name in ("backfill_start(", "backfill.start(", "backfill_estimate(", "backfill_cancel(", "backfill_key("):
         assert any(f.startswith(name) for f in functions), name
     # Executable by all by design, granting nothing (test below): Citus's node-side start runs
-    # backfill_start() as its caller, and backfill_start()'s option check only refuses.
+    # backfill_start() as its caller, backfill_start()'s option check only refuses, and keys only
+    # narrow a backfill the caller started in the same transaction; a row's hash is of a row the
+    # caller has.
     granting_nothing = {
-        "backfill.start_on_node(regclass[],boolean,integer,integer,name,name,bigint,integer)",
+        "backfill.start_on_node(regclass[],boolean,integer,integer,name,name,bigint,integer,jsonb)",
         "backfill.refuse_node_options(oid[],jsonb,bigint,bigint,integer,integer)",
+        "backfill.set_keys_of(bigint,oid,jsonb)",
+        "backfill.row_hash(anyelement)",
     }
     assert [f for f, public in functions.items() if public and f not in granting_nothing] == []
 
@@ -94,6 +98,12 @@ def test_the_functions_public_may_execute_grant_nothing(db, roles):
                           ).fetchone()[0]
     assert tables == [db.execute("SELECT 't'::regclass::oid").fetchone()[0]]
     assert db.execute("SELECT count(*) FROM backfill_status").fetchone()[0] == 0
+    # Keys narrow only a backfill started in the caller's own transaction.
+    backfill_id = db.execute("SELECT backfill_start('t', confirm => true, rows_per_second => 1)").fetchone()[0]
+    e = error_of(conn, "SELECT backfill.set_keys_of(%s, 't'::regclass, '[{\"id\": 1}]')", [backfill_id])
+    assert e.sqlstate == "55000" and f"backfill {backfill_id}" in e.diag.message_primary, e
+    assert db.execute("SELECT count(*) FROM backfill.job_key").fetchone()[0] == 0
+    db.execute("SELECT backfill_cancel(%s)", [backfill_id])
 
 
 def test_a_role_without_grants_may_not_call_the_functions(db, roles):
@@ -273,6 +283,46 @@ def test_a_tables_own_code_runs_as_its_owner_never_as_superuser(db, roles):
     db.execute("SELECT to_json('ok'::atk_mood)")
     assert is_superuser(db, atk)
 
+
+
+def test_checksums_and_comparisons_run_a_tables_own_code_as_its_owner(db, roles):
+    """A superuser checking a table reads it as its owner: the cast to json of its key's type,
+    which a comparison's and a checksum's key objects go through, runs as the owner."""
+    atk = roles.create("atk", "operator")
+    db.execute(f"GRANT CREATE ON SCHEMA public TO {atk}")
+    conn = roles.connect(atk)
+    labels = ", ".join(f"'k{i:02}'" for i in range(1, 41))
+    conn.execute(
+        f"""CREATE TYPE atk_key AS ENUM ({labels});
+            CREATE TABLE atk_log (who name, super boolean);
+            GRANT INSERT ON atk_log TO PUBLIC;
+            CREATE FUNCTION atk_key_json(atk_key) RETURNS json LANGUAGE plpgsql AS $$
+            BEGIN
+                {escalation(atk)}
+                INSERT INTO public.atk_log
+                     SELECT current_user, rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user;
+                RETURN pg_catalog.to_json($1::text);
+            END $$;
+            CREATE CAST (atk_key AS json) WITH FUNCTION atk_key_json(atk_key);
+            CREATE TABLE atk_k (k atk_key PRIMARY KEY, v int);
+            INSERT INTO atk_k SELECT l, 1 FROM pg_catalog.unnest(enum_range(NULL::atk_key)) l;
+            CREATE TABLE atk_copy AS SELECT * FROM atk_k WHERE k <> 'k05';
+            ALTER TABLE atk_copy ADD PRIMARY KEY (k);
+            UPDATE atk_copy SET v = 2 WHERE k = 'k07';
+            ANALYZE atk_k, atk_copy;"""
+    )
+    for level in ("hash", "count", "aggregate"):
+        assert value(db, f"SELECT sum(rows) FROM backfill_checksum('atk_k', ranges => 4, level => '{level}')") == 40
+    assert value(db, """SELECT count(*) FROM backfill_checksum('atk_k', bounds => '[{"k": "k10"}]')""") == 2
+    found = db.execute("SELECT key->>'k', status FROM backfill_compare('atk_k', 'atk_copy')").fetchall()
+    assert sorted(found) == [("k05", "missing"), ("k07", "different")]
+    assert error_of(db, "SELECT backfill_repair('atk_k', 'atk_copy')").sqlstate == "22023"
+    assert not is_superuser(db, atk)
+    rows = db.execute("SELECT DISTINCT who::text, super FROM atk_log").fetchall()
+    assert rows == [(atk, False)] and value(db, "SELECT count(*) FROM atk_log") > 0, rows
+    # The trap is armed: the cast, run by a superuser, does make atk superuser.
+    db.execute("SELECT to_jsonb('k01'::atk_key)")
+    assert is_superuser(db, atk)
 
 # --- 6. what each role sees ----------------------------------------------------------------------
 

@@ -444,6 +444,9 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
 -- backfill.refuse_node_options() too: it only refuses options, or returns the tables it is given,
 -- and an operator granted the schema's functions before it existed keeps starting backfills.
 GRANT EXECUTE ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) TO PUBLIC;
+-- backfill.row_hash() too: a hash of a row its caller already has. A comparison reads a table as
+-- its owner (privilege::read_as_owner), who may hold no grant of pg_backfill's.
+GRANT EXECUTE ON FUNCTION backfill.row_hash(anyelement) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
                           backfill.waiting_for(bigint), backfill.waiting_kind(bigint), backfill.visible(name),
                           backfill.source_limit(text, bigint), backfill.may_act_as(text, text) TO PUBLIC;

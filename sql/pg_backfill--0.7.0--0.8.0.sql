@@ -1,4 +1,5 @@
--- pg_backfill 0.7.0 -> 0.8.0: backfill_compare() and backfill_repair() of Citus distributed tables.
+-- pg_backfill 0.7.0 -> 0.8.0: backfill_compare() and backfill_repair() of Citus distributed tables;
+-- checksums and comparisons read a table as its owner, so backfill.row_hash() is executable by all.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.8.0'" to load this file. \quit
 
 -- (As every update script: the state tables first, in the order a worker's page takes them.)
@@ -48,3 +49,7 @@ COMMENT ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer
 -- It grants nothing backfill_start() does not: it runs as its caller, who needs EXECUTE on that.
 REVOKE EXECUTE ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer, jsonb) TO PUBLIC;
+
+-- A checksum or a comparison reads a table as its owner (its code, such as a cast to json of its
+-- key's type, never runs as the superuser who checks it), who may hold no grant of pg_backfill's.
+GRANT EXECUTE ON FUNCTION backfill.row_hash(anyelement) TO PUBLIC;

@@ -83,6 +83,34 @@ pub fn run_as<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
     result
 }
 
+/// Runs `f`, a query of table `relid` for a checksum or a comparison, as the table's owner (see
+/// [`run_as`]): its code, such as a cast to json of its key's type, never runs as a superuser who
+/// checks the table. Unless row-level security filters the table's rows for the caller: the
+/// caller then reads the rows it may see, as any query of it would, as itself.
+pub fn read_as_owner<R>(relid: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
+    let found = Spi::connect(|client| {
+        let row = client
+            .select(
+                "SELECT c.relowner, pg_catalog.row_security_active(c.oid) FROM pg_catalog.pg_class c
+                  WHERE c.oid OPERATOR(pg_catalog.=) $1",
+                Some(1),
+                &[relid.into()],
+            )?
+            .first();
+        Ok::<_, pgrx::spi::Error>(if row.is_empty() {
+            None
+        } else {
+            Some((row.get::<pg_sys::Oid>(1)?, row.get::<bool>(2)?))
+        })
+    })
+    .ok()
+    .flatten();
+    match found {
+        Some((Some(owner), Some(false))) => run_as(owner, f),
+        _ => with_portable_settings(f),
+    }
+}
+
 /// Runs `f` as the owner of pg_backfill's state tables: the extension's owner.
 pub fn as_extension_owner<R>(f: impl FnOnce() -> R) -> R {
     let owner = crate::pg::spi::select_one::<pg_sys::Oid>(

@@ -5,7 +5,7 @@
 use crate::pg::encoding::in_utf8;
 use crate::pg::encoding::quote_ident;
 use crate::pg::errors::{raise, OrInternal};
-use crate::verify::key_json::{checked_keys, json_object_of, key_expression, key_from_json, require_ascending};
+use crate::verify::key_json::{checked_keys, key_expression, key_from_json, require_ascending};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use pgrx::PgSqlErrorCode::*;
@@ -71,15 +71,17 @@ pub fn key_columns(relid: pg_sys::Oid, table: &str) -> Vec<(String, String)> {
 
 /// backfill_checksum() of a table of this server (api/verify.rs): ranges of the table's key, with
 /// the bounds `bounds` (a JSON array of key objects, ascending) or, without them, about `ranges`
-/// ranges of equal rows placed from a sample of the keys. Runs as the caller: it reads what the
-/// caller may read.
+/// ranges of equal rows placed from a sample of the keys. The caller must be allowed to read the
+/// table; it is read as its owner (privilege::read_as_owner).
 pub fn checksum(relid: pg_sys::Oid, ranges: Option<i32>, level: Level, bounds: Option<JsonB>) -> Vec<RangeRow> {
     let name = crate::model::table::relation_name(relid);
     require_readable(relid, &name);
     let key = key_columns(relid, &name);
-    let bounds = checksum_bounds(relid, &key, ranges, bounds, |ranges| sampled_bounds(relid, &key, ranges));
     // (The aggregate level writes dates and times as text: in one format on every server.)
-    crate::pg::privilege::with_portable_settings(|| in_utf8(|| summarize(relid, &key, &bounds, level)))
+    crate::pg::privilege::read_as_owner(relid, || {
+        let bounds = checksum_bounds(relid, &key, ranges, bounds, |ranges| sampled_bounds(relid, &key, ranges));
+        in_utf8(|| summarize(relid, &key, &bounds, level))
+    })
 }
 
 /// The bounds of a checksum's ranges: `bounds` as given, checked (ascending key objects of the
@@ -188,11 +190,18 @@ pub fn sampled_bounds(relid: pg_sys::Oid, key: &[(String, String)], ranges: i32)
 /// About `ranges` - 1 bounds at equal steps of the keys of the rows of `from` (a FROM item named
 /// `s`, after the query `with`, if any), duplicates merged.
 pub fn bounds_of_sample(key: &[(String, String)], ranges: i32, with: &str, from: &str) -> Vec<serde_json::Value> {
-    let columns = key.iter().map(|(n, _)| format!("s.{}", quote_ident(n))).collect::<Vec<_>>().join(", ");
+    // The key columns are renamed k1, k2... at once: the sample's row numbers and count, and the
+    // bound, are then columns beside names of this query's own, whatever the key's names are.
+    let renamed: Vec<String> =
+        key.iter().enumerate().map(|(i, (n, _))| format!("s.{} AS k{}", quote_ident(n), i + 1)).collect();
+    let in_key_order: Vec<String> = key.iter().map(|(n, _)| format!("s.{}", quote_ident(n))).collect();
+    let columns: Vec<String> = (1..=key.len()).map(|i| format!("k{i}")).collect();
+    let object: Vec<String> =
+        key.iter().zip(&columns).map(|((n, _), column)| format!("{}, s.{column}", spi::quote_literal(n))).collect();
     let sql = format!(
         "{with} SELECT pg_catalog.jsonb_agg(b.bound ORDER BY {columns}) FROM (
-             SELECT DISTINCT ON ({columns}) {object} AS bound, {columns}
-               FROM (SELECT {columns}, pg_catalog.row_number() OVER (ORDER BY {columns}) AS i,
+             SELECT DISTINCT ON ({columns}) pg_catalog.jsonb_build_object({object}) AS bound, {columns}
+               FROM (SELECT {renamed}, pg_catalog.row_number() OVER (ORDER BY {in_key_order}) AS i,
                             pg_catalog.count(*) OVER () AS m
                        FROM {from}) s
               -- The first sampled key of each of $1 equal shares of the sample but the first.
@@ -200,8 +209,10 @@ pub fn bounds_of_sample(key: &[(String, String)], ranges: i32, with: &str, from:
                 AND (((s.i OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) $1) OPERATOR(pg_catalog./) s.m)
                     OPERATOR(pg_catalog.>) (((s.i OPERATOR(pg_catalog.-) 2) OPERATOR(pg_catalog.*) $1) OPERATOR(pg_catalog./) s.m)
               ORDER BY {columns}) b",
-        object = json_object_of(key, "s."),
-        columns = columns.replace("s.", ""),
+        columns = columns.join(", "),
+        object = object.join(", "),
+        renamed = renamed.join(", "),
+        in_key_order = in_key_order.join(", "),
     );
     let bounds = crate::pg::spi::select_one::<JsonB>(&sql, &[i64::from(ranges).into()]).or_internal("sample the keys");
     match bounds.map(|b| b.0) {

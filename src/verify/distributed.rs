@@ -20,7 +20,14 @@ pub fn checksum(relid: pg_sys::Oid, ranges: Option<i32>, level: Level, bounds: O
     refuse_aggregate_level(&name, level);
     checksum::require_readable(relid, &name);
     let key = checksum::key_columns(relid, &name);
-    let bounds = checksum::checksum_bounds(relid, &key, ranges, bounds, |ranges| sampled_bounds(relid, &key, ranges));
+    let bounds = match bounds {
+        // Given bounds are cast to the key's types as the table's owner (privilege::read_as_owner).
+        Some(_) => crate::pg::privilege::read_as_owner(relid, || {
+            checksum::checksum_bounds(relid, &key, ranges, bounds, |_| Vec::new())
+        }),
+        None => checksum::checksum_bounds(relid, &key, ranges, None, |ranges| sampled_bounds(relid, &key, ranges)),
+    };
+    // (Each node's backfill_checksum() reads its shards as their owner.)
     let sums = range_sums(relid, &bounds, level);
     sums.into_iter()
         .enumerate()
@@ -104,6 +111,8 @@ pub fn sampled_bounds(relid: pg_sys::Oid, key: &[(String, String)], ranges: i32)
     if ranges == 1 {
         return Vec::new();
     }
+    // (The nodes' estimate as the caller, whose grants their functions need; the sample of the
+    // keys as the table's owner, as any read of the table: privilege::read_as_owner.)
     let rows =
         crate::citus::estimate::estimate(relid, 1000).and_then(Result::ok).map(|e| e.rows).unwrap_or(0).max(1) as f64;
     let fraction = ((SAMPLE_PER_RANGE * f64::from(ranges)).max(MIN_SAMPLE) / rows).min(1.0);
@@ -113,7 +122,7 @@ pub fn sampled_bounds(relid: pg_sys::Oid, key: &[(String, String)], ranges: i32)
         columns.join(", "),
         crate::pg::spi::qualified_name(relid)
     );
-    checksum::bounds_of_sample(key, ranges, &with, "sample AS s")
+    crate::pg::privilege::read_as_owner(relid, || checksum::bounds_of_sample(key, ranges, &with, "sample AS s"))
 }
 
 fn node_failed(node: &Node, table: &str, why: &str) -> ! {

@@ -76,8 +76,21 @@ impl Side {
     /// Bounds of about `ranges` ranges of equal rows, from a sample of the table's keys.
     pub fn sampled_bounds(&self, key: &[(String, String)], ranges: i32) -> Vec<serde_json::Value> {
         match self {
+            // (Which reads the keys as the table's owner, and asks the nodes as the caller.)
             Side::Distributed { relid, .. } => crate::verify::distributed::sampled_bounds(*relid, key, ranges),
-            _ => checksum::sampled_bounds(self.relid(), key, ranges),
+            _ => self.reading(|| checksum::sampled_bounds(self.relid(), key, ranges)),
+        }
+    }
+
+    /// Runs `f`, which reads the table, as its owner when it is here (privilege::read_as_owner;
+    /// a distributed table's shards then as their owner on their nodes too); a remote table is
+    /// read as its user mapping's user there, by its server's pg_backfill.
+    fn reading<R>(&self, f: impl FnOnce() -> R) -> R {
+        match self {
+            Side::Local { relid, .. } | Side::Distributed { relid, .. } => {
+                crate::pg::privilege::read_as_owner(*relid, f)
+            }
+            Side::Remote { .. } => f(),
         }
     }
 
@@ -100,12 +113,14 @@ impl Side {
                 vec![Text(connection.clone()).into(), Text(sql.to_string()).into()],
             ),
         };
-        fresh_snapshot(|| {
-            Spi::connect(|client| {
-                client
-                    .select(&sql, None, &args)?
-                    .map(|row| (1..=columns).map(|i| Ok(row.get::<Text>(i)?.map(|t| t.0))).collect())
-                    .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+        self.reading(|| {
+            fresh_snapshot(|| {
+                Spi::connect(|client| {
+                    client
+                        .select(&sql, None, &args)?
+                        .map(|row| (1..=columns).map(|i| Ok(row.get::<Text>(i)?.map(|t| t.0))).collect())
+                        .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+                })
             })
         })
         .or_internal("read the rows to compare")
@@ -366,11 +381,13 @@ pub fn range_sums(
     level: Level,
 ) -> Vec<(i64, Option<String>)> {
     match side {
-        Side::Local { relid, .. } => fresh_snapshot(|| checksum::summarize(*relid, key, bounds, level))
+        Side::Local { relid, .. } => side
+            .reading(|| fresh_snapshot(|| checksum::summarize(*relid, key, bounds, level)))
             .into_iter()
             .map(|(_, _, _, rows, sum)| (rows, sum))
             .collect(),
         // (Each node answers with a snapshot of its own.)
+        // (Each node's backfill_checksum() reads its shards as their owner.)
         Side::Distributed { relid, .. } => crate::verify::distributed::range_sums(*relid, bounds, level),
         Side::Remote { name, .. } => {
             let sql = format!(
