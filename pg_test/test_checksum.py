@@ -316,3 +316,20 @@ def test_mistakes_are_refused_with_their_sqlstate(db, roles):
     db.execute("ALTER TABLE k ENABLE ROW LEVEL SECURITY")
     db.execute(f"CREATE POLICY only_some ON k FOR SELECT TO {nobody} USING (id <= 10)")
     assert conn.execute("SELECT sum(rows) FROM backfill_checksum('k', ranges => 4)").fetchone()[0] == 10
+
+
+def test_key_columns_named_like_the_columns_of_its_own_queries(db):
+    """A sample of the keys numbers and counts its rows beside the key's columns: a key column
+    named m, i or bound (as those) is still the key's. (It was "column reference m is
+    ambiguous", an internal error.)"""
+    for table in ("odd", "odd_copy"):
+        db.execute(f"""CREATE TABLE {table} (m int, i int, bound text, s int, b int, k1 int,
+                                             PRIMARY KEY (m, i, bound, k1));
+                       INSERT INTO {table} SELECT g % 7, g, 'x' || g, g, g, g FROM generate_series(1, 2000) g;
+                       ANALYZE {table}""")
+    ranges = db.execute("SELECT lower, rows FROM backfill_checksum('odd', ranges => 8)").fetchall()
+    assert len(ranges) > 1 and sum(r[1] for r in ranges) == 2000
+    assert set(ranges[1][0]) == {"m", "i", "bound", "k1"}
+    db.execute("UPDATE odd_copy SET s = 0 WHERE i = 5")
+    found = db.execute("SELECT key, status FROM backfill_compare('odd', 'odd_copy')").fetchall()
+    assert found == [({"m": 5, "i": 5, "bound": "x5", "k1": 5}, "different")]

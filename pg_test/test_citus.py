@@ -777,13 +777,21 @@ def test_repair_of_a_distributed_table_redelivers_each_differing_key_in_its_node
         stream.start()
     orders.execute("CREATE TABLE copy AS SELECT * FROM orders; ALTER TABLE copy ADD PRIMARY KEY (id)")
     try:
-        missing = [2, 4, 6, 8, 10, 12, 14, 16]
+        # Differences in one shard of each node: the other shards are not backfilled.
+        chosen = [min(shards) for shards in shards_by_node(citus).values()]
+        in_chosen = orders.execute(
+            "SELECT id FROM orders WHERE get_shard_id_for_distribution_column('orders', id) = ANY(%s) "
+            "ORDER BY id LIMIT 10", [chosen]).fetchall()
+        missing, changed = [r[0] for r in in_chosen[:8]], in_chosen[8][0]
+        extra = next(i for i in range(1, 1000, 2) if orders.execute(
+            "SELECT get_shard_id_for_distribution_column('orders', %s::bigint) = ANY(%s)", [i, chosen]).fetchone()[0])
         orders.execute("DELETE FROM copy WHERE id = ANY(%s)", [missing])
-        orders.execute("UPDATE copy SET v = 99 WHERE id = 100")
-        orders.execute("INSERT INTO copy VALUES (3, 0, 'extra')")
-        differing = {**{i: "missing" for i in missing}, 100: "different", 3: "extra"}
+        orders.execute("UPDATE copy SET v = 99 WHERE id = %s", [changed])
+        orders.execute("INSERT INTO copy VALUES (%s, 0, 'extra')", [extra])
+        differing = {**{i: "missing" for i in missing}, changed: "different", extra: "extra"}
         shard_of = {i: orders.execute("SELECT get_shard_id_for_distribution_column('orders', %s::bigint)",
                                       [i]).fetchone()[0] for i in differing}
+        assert set(shard_of.values()) == set(chosen)
         backfill_id = orders.execute(
             "SELECT backfill_repair('orders', 'copy', confirm => true, slot => 'cdc')").fetchone()[0]
         assert wait_until_ended(orders, backfill_id) == "done"
@@ -816,3 +824,119 @@ def test_repair_of_a_distributed_table_redelivers_each_differing_key_in_its_node
         assert compared(orders, "orders", "copy") == {}
     finally:
         orders.execute("DROP TABLE IF EXISTS copy")
+
+
+def connect_as(node, role):
+    return psycopg.connect(host="127.0.0.1", port=node.port, user=role, dbname="postgres", autocommit=True)
+
+
+def on_every_node(orders, sql):
+    orders.execute(sql)
+    orders.execute("SELECT run_command_on_workers(%s)", [sql])
+
+
+def backfills_everywhere(citus):
+    counts = []
+    for node in citus:
+        with node.connect() as conn:
+            counts.append(conn.execute("SELECT count(*) FROM backfill.job").fetchone()[0])
+    return counts
+
+
+def test_hostile_roles_against_a_distributed_table(citus, orders):
+    """test_security.py's rights, on the coordinator of a Citus cluster: a role without grants,
+    and an operator (docs/security.md's grants, on every node) without rights on the table, start,
+    check and repair nothing, anywhere; SELECT alone checks and compares but starts nothing; and an
+    operator sees and stops none of a superuser's distributed backfill."""
+    orders.execute("CREATE TABLE copy AS SELECT * FROM orders; ALTER TABLE copy ADD PRIMARY KEY (id)")
+    orders.execute("DROP ROLE IF EXISTS citus_nobody; CREATE ROLE citus_nobody LOGIN")
+    orders.execute("DROP ROLE IF EXISTS citus_op; CREATE ROLE citus_op LOGIN")
+    on_every_node(orders, readme_grants("operator", "citus_op"))
+    orders.execute("GRANT SELECT ON copy TO citus_op")
+    statements = [
+        "SELECT backfill_start('orders', confirm => true)",
+        "SELECT * FROM backfill_checksum('orders')",
+        "SELECT * FROM backfill_compare('orders', 'copy')",
+        "SELECT backfill_repair('orders', 'copy', confirm => true)",
+    ]
+    try:
+        before = backfills_everywhere(citus)
+        with connect_as(citus[0], "citus_nobody") as nobody, connect_as(citus[0], "citus_op") as op:
+            for sql in statements:
+                e = error_of(nobody, sql)
+                assert e.sqlstate == "42501", (sql, e)
+                e = error_of(op, sql)
+                assert e.sqlstate == "42501" and "orders" in str(e), (sql, e)
+            assert backfills_everywhere(citus) == before, "a refused call started something on a node"
+
+            # SELECT (Citus grants it on the shards too): it checks and compares, starts nothing.
+            orders.execute("GRANT SELECT ON orders TO citus_op")
+            assert op.execute("SELECT sum(rows) FROM backfill_checksum('orders', 4)").fetchone()[0] == ROWS
+            assert compared(op, "orders", "copy") == {}
+            e = error_of(op, "SELECT backfill_start('orders', confirm => true)")
+            assert e.sqlstate == "42501" and "orders" in e.diag.message_primary, e
+            assert backfills_everywhere(citus) == before
+
+            # A superuser's distributed backfill: invisible to the operator, and not its to stop.
+            backfill_id = orders.execute(
+                "SELECT backfill_start('orders', confirm => true, rows_per_second => 2000)").fetchone()[0]
+            assert op.execute("SELECT count(*) FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == 0
+            assert op.execute("SELECT count(*) FROM backfill_shards WHERE backfill_id = %s",
+                              [backfill_id]).fetchone()[0] == 0
+            e = error_of(op, "SELECT backfill_cancel(%s)", [backfill_id])
+            assert e.sqlstate in ("42501", "42704"), e
+            for worker in citus[1:]:
+                with worker.connect() as conn:
+                    state = conn.execute("SELECT state FROM backfill_status WHERE id = %s",
+                                         [node_backfill(orders, backfill_id, worker.port)]).fetchone()[0]
+                    assert state in ("running", "done"), state
+            orders.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    finally:
+        orders.execute("DROP TABLE IF EXISTS copy")
+        for role in ("citus_op", "citus_nobody"):
+            on_every_node(orders, f"DROP OWNED BY {role}")
+            orders.execute(f"DROP ROLE {role}")
+
+
+def test_a_distributed_tables_own_code_runs_as_its_owner_never_as_superuser(citus, orders):
+    """A table owner's cast to json of its key's type, on the coordinator and on the nodes: a
+    superuser's checksum, comparison and backfill of the distributed table run it as the owner,
+    so it cannot make the owner superuser on any node."""
+    orders.execute("DROP ROLE IF EXISTS citus_atk; CREATE ROLE citus_atk LOGIN")
+    on_every_node(orders, "GRANT CREATE ON SCHEMA public TO citus_atk")
+    labels = ", ".join(f"'k{i:02}'" for i in range(1, 41))
+    escalate = "BEGIN EXECUTE 'ALTER ROLE citus_atk SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;"
+    try:
+        with connect_as(citus[0], "citus_atk") as atk:
+            atk.execute(f"""CREATE TYPE atk_key AS ENUM ({labels});
+                CREATE FUNCTION atk_key_json(atk_key) RETURNS json LANGUAGE plpgsql AS $$
+                BEGIN {escalate} RETURN pg_catalog.to_json($1::text); END $$;
+                CREATE TABLE atk_d (k atk_key PRIMARY KEY, v int);
+                SELECT create_distributed_table('atk_d', 'k', shard_count => 4);
+                INSERT INTO atk_d SELECT l, 1 FROM pg_catalog.unnest(enum_range(NULL::atk_key)) l;
+                CREATE TABLE atk_copy AS SELECT * FROM atk_d WHERE k <> 'k05';
+                ALTER TABLE atk_copy ADD PRIMARY KEY (k);""")
+        # (Citus does not pass casts on: the trap is set on every node.)
+        on_every_node(orders, "CREATE CAST (atk_key AS json) WITH FUNCTION atk_key_json(atk_key)")
+
+        def superuser_anywhere():
+            return [node.connect().execute("SELECT rolsuper FROM pg_roles WHERE rolname = 'citus_atk'").fetchone()[0]
+                    for node in citus]
+
+        assert orders.execute("SELECT sum(rows) FROM backfill_checksum('atk_d', 4)").fetchone()[0] == 40
+        found = orders.execute("SELECT key->>'k', status FROM backfill_compare('atk_d', 'atk_copy')").fetchall()
+        assert found == [("k05", "missing")]
+        assert superuser_anywhere() == [False, False, False]
+        backfill_id = orders.execute("SELECT backfill_start('atk_d', confirm => true)").fetchone()[0]
+        assert wait_until_ended(orders, backfill_id) == "done"
+        assert superuser_anywhere() == [False, False, False]
+        # The trap is armed: the cast, run by a superuser, does make the owner superuser.
+        orders.execute("SELECT to_jsonb('k01'::atk_key)")
+        assert superuser_anywhere()[0] is True
+    finally:
+        orders.execute("ALTER ROLE citus_atk NOSUPERUSER")
+        orders.execute("DROP TABLE IF EXISTS atk_d, atk_copy")
+        on_every_node(orders, "DROP CAST IF EXISTS (atk_key AS json)")
+        orders.execute("DROP FUNCTION IF EXISTS atk_key_json(atk_key); DROP TYPE IF EXISTS atk_key")
+        on_every_node(orders, "DROP OWNED BY citus_atk")
+        orders.execute("DROP ROLE citus_atk")
