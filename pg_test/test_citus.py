@@ -940,3 +940,39 @@ def test_a_distributed_tables_own_code_runs_as_its_owner_never_as_superuser(citu
         orders.execute("DROP FUNCTION IF EXISTS atk_key_json(atk_key); DROP TYPE IF EXISTS atk_key")
         on_every_node(orders, "DROP OWNED BY citus_atk")
         orders.execute("DROP ROLE citus_atk")
+
+
+def test_citus_local_and_plain_tables_on_the_coordinator_are_backfilled_as_on_one_server(citus, orders):
+    """A Citus local table (in Citus's metadata, its rows on the coordinator) and a plain table
+    of the coordinator are read there, in the coordinator's stream, under their own names."""
+    orders.execute(
+        """CREATE TABLE loc_t (id int PRIMARY KEY, v int NOT NULL);
+           INSERT INTO loc_t SELECT g, 0 FROM generate_series(1, 500) g;
+           SELECT citus_add_local_table_to_metadata('loc_t');
+           CREATE TABLE plain_t (id int PRIMARY KEY, v int NOT NULL);
+           INSERT INTO plain_t SELECT g, 0 FROM generate_series(1, 300) g;
+           CREATE PUBLICATION local_pub FOR TABLE loc_t, plain_t;"""
+    )
+    try:
+        assert orders.execute("SELECT citus_table_type FROM citus_tables WHERE table_name = 'loc_t'::regclass"
+                              ).fetchone()[0] == "local"
+        create_slots(citus, slot="trail", workers=citus)
+        backfill_id = orders.execute(
+            "SELECT backfill_start(ARRAY['loc_t', 'plain_t']::regclass[], confirm => true, batch_size => 100)"
+        ).fetchone()[0]
+        assert wait_until_ended(orders, backfill_id) == "done"
+        reads = reads_of(node_stream(citus[0], publication="local_pub"))
+        by_table = {}
+        for m in reads:
+            by_table.setdefault(m["table"], []).append(m["data"]["id"])
+            assert "shard" not in m
+        assert {t: sorted(ids) for t, ids in by_table.items()} == {
+            "loc_t": list(range(1, 501)), "plain_t": list(range(1, 301))}
+        for worker in citus[1:]:
+            assert reads_of(node_stream(worker)) == []
+        assert orders.execute("SELECT count(*) FROM backfill_shards WHERE backfill_id = %s",
+                              [backfill_id]).fetchone()[0] == 0
+    finally:
+        orders.execute("DROP PUBLICATION IF EXISTS local_pub; DROP TABLE IF EXISTS loc_t, plain_t")
+        with citus[0].connect() as conn:
+            conn.execute("SELECT pg_drop_replication_slot('trail')")
