@@ -93,9 +93,9 @@ pub fn blocker(options: &SourceOptions, own_slot: Option<&str>) -> Option<WaitRe
     if let Some(limit) = SourceLimit::RetainedWal.in_force(options.max_retained_wal) {
         // The backfill's own slot is its consumer's, held to max_lag (pipeline.rs): its
         // restart_lsn moves only at running-transactions records, which a backfill alone on a
-        // quiet server would wait for.
+        // quiet server would wait for. (From the WAL inserted: see pipeline.rs.)
         let greediest = two_columns(
-            "SELECT slot_name::text, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), restart_lsn)::bigint
+            "SELECT slot_name::text, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(), restart_lsn)::bigint
                FROM pg_catalog.pg_replication_slots
               WHERE restart_lsn IS NOT NULL AND slot_name::text IS DISTINCT FROM $1
               ORDER BY 2 DESC LIMIT 1",

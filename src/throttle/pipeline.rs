@@ -108,9 +108,12 @@ pub fn slot_identity(slot: &str) -> Option<String> {
 /// gone, is another slot of the same name, or was invalidated.
 pub fn blocker(job: &Job) -> Option<WaitReason> {
     let slot = job.slot_name.as_deref()?;
+    // The lag from the WAL inserted, not written: the worker commits asynchronously, and on a
+    // busy server the WAL writer can be several pages behind what the backfill has emitted (a
+    // run stopped 370 kB past its limit, measured from the written position).
     let row = Spi::connect(|client| {
         let rows = client.select(
-            "SELECT active, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
+            "SELECT active, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(), confirmed_flush_lsn)::bigint,
                     wal_status
                FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
             None,
