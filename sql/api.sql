@@ -153,13 +153,17 @@ SELECT j.id,
        t.tables,
        t.current_table,
        CASE WHEN v.readable THEN t.rows_done END AS rows_done,
-       CASE WHEN v.readable THEN t.rows_estimated END AS rows_estimated,
+       CASE WHEN v.readable THEN t.rows_expected END AS rows_estimated,
+       -- Progress is rows_done against rows_estimated, the one definition of both (docs/reference.md
+       -- #progress): truncated, never rounded up, and below 100 until the backfill is done.
        CASE WHEN NOT v.readable THEN NULL
-            WHEN j.state = 'done' THEN 100.0 ELSE pg_catalog.round((100 OPERATOR(pg_catalog.*) t.fraction_done)::numeric, 1) END AS percent_done,
+            WHEN j.state = 'done' THEN 100.0
+            ELSE least(99.9, pg_catalog.trunc((100 OPERATOR(pg_catalog.*) t.rows_done)::numeric
+                                              OPERATOR(pg_catalog./) nullif(t.rows_expected, 0), 1)) END AS percent_done,
        CASE WHEN v.readable THEN r.rows_per_second END AS rows_per_second_last_minute,
        CASE WHEN v.readable AND j.state = 'running' AND r.rows_per_second OPERATOR(pg_catalog.>) 0
-            THEN pg_catalog.make_interval(secs => pg_catalog.round(((1 OPERATOR(pg_catalog.-) t.fraction_done) OPERATOR(pg_catalog.*) t.rows_estimated
-                                                               OPERATOR(pg_catalog./) r.rows_per_second)::numeric))
+            THEN pg_catalog.make_interval(secs => pg_catalog.round((t.rows_expected OPERATOR(pg_catalog.-) t.rows_done)::numeric
+                                                                   OPERATOR(pg_catalog./) r.rows_per_second))
        END AS time_left,
        j.slot_name,
        -- (A standby has no current WAL position of its own: it shows what it has replayed.)
@@ -194,12 +198,13 @@ SELECT j.id,
         SELECT pg_catalog.array_agg(jt.relid ORDER BY jt.position) AS tables,
                (pg_catalog.array_agg(jt.relid ORDER BY jt.position) FILTER (WHERE jt.state = 'running'))[1] AS current_table,
                pg_catalog.sum(jt.rows_done)::bigint AS rows_done,
-               pg_catalog.sum(jt.rows_estimated)::bigint AS rows_estimated,
-               coalesce(pg_catalog.sum(jt.rows_estimated OPERATOR(pg_catalog.*) CASE jt.state WHEN 'done' THEN 1
-                                                              WHEN 'pending' THEN 0
-                                                              ELSE coalesce(jt.key_fraction_done,
-                                                                            least(1, jt.rows_done::float8 OPERATOR(pg_catalog./) nullif(jt.rows_estimated, 0)), 0)
-                                                 END) OPERATOR(pg_catalog./) nullif(pg_catalog.sum(jt.rows_estimated), 0), 0) AS fraction_done,
+               -- The rows expected in all: a finished range's rows; a pending one's estimate (at
+               -- least 1, as once it runs); a running one's estimate, or one more than its rows
+               -- once it has passed it. Each row delivered then raises rows_done at least as much
+               -- as this, and a range that ends lowers it: the percentage never goes backwards.
+               pg_catalog.sum(CASE jt.state WHEN 'done' THEN jt.rows_done
+                                            ELSE greatest(jt.rows_estimated, jt.rows_done OPERATOR(pg_catalog.+) 1) END)::bigint
+                   AS rows_expected,
                pg_catalog.bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
           FROM backfill.job_table jt
          WHERE jt.job_id = j.id) t
@@ -217,7 +222,7 @@ COMMENT ON VIEW backfill_status IS 'One row per backfill: state, progress, who s
 COMMENT ON COLUMN backfill_status.state IS 'running (waiting_for says if it waits, and for what), paused (by backfill_pause), done, cancelled or failed';
 COMMENT ON COLUMN backfill_status.pause_reason IS 'Why it is paused: by backfill_pause()';
 COMMENT ON COLUMN backfill_status.rows_per_second_last_minute IS 'Delivery rate over the last minute';
-COMMENT ON COLUMN backfill_status.time_left IS 'Estimated from the share of the key range still to scan and the last minute''s rate';
+COMMENT ON COLUMN backfill_status.time_left IS 'The rows still expected (rows_estimated - rows_done) at the last minute''s rate';
 COMMENT ON COLUMN backfill_status.slot_lag_bytes IS 'WAL the slot''s consumer has not confirmed yet';
 COMMENT ON COLUMN backfill_status.watermark_lsn IS 'WAL position after the last page';
 COMMENT ON COLUMN backfill_status.delivered IS 'Done, and (with a slot) its consumer has confirmed past the watermark';
@@ -225,8 +230,8 @@ COMMENT ON COLUMN backfill_status.auto_resume IS 'Whether pg_backfill is in shar
 COMMENT ON COLUMN backfill_status.tables IS 'Tables of the backfill, in scan order';
 COMMENT ON COLUMN backfill_status.current_table IS 'Table being scanned now';
 COMMENT ON COLUMN backfill_status.rows_done IS 'Read messages delivered so far';
-COMMENT ON COLUMN backfill_status.rows_estimated IS 'Planner estimate of the rows when the backfill started';
-COMMENT ON COLUMN backfill_status.percent_done IS 'Share of the key ranges scanned (from pg_stats histograms; rows against the estimate without them); 100 once done';
+COMMENT ON COLUMN backfill_status.rows_estimated IS 'Rows expected in all: the rows of each finished table or range, and the planner''s estimate of each other one, raised to one more than its rows delivered once they pass it';
+COMMENT ON COLUMN backfill_status.percent_done IS 'rows_done against rows_estimated, truncated to a tenth; never goes backwards, below 100 until done, 100 once done';
 COMMENT ON COLUMN backfill_status.waiting_for IS 'What a running backfill''s workers wait for now, if anything: a row lock held by another process (its pid), the slot''s consumer (none connected, or lagging past max_lag_bytes), a standby replaying past max_replica_lag_bytes, a slot retaining more than max_retained_wal_bytes, or the server''s load past max_active_sessions (then it slows down rather than waits)';
 COMMENT ON COLUMN backfill_status.rows_per_message IS 'Most rows per message: 1, a read message per row; more, reads messages of up to this many rows';
 COMMENT ON COLUMN backfill_status.waiting_kind IS 'The kind of what a running backfill''s workers wait for now, stable for monitoring: row_lock, consumer_away, consumer_lag, replica_lag, retained_wal or load (then it slows down rather than waits); NULL when nothing holds it back';
