@@ -317,10 +317,15 @@ pub struct DistributedEstimate {
     pub pages: i64,
 }
 
+/// Whether `relid` is a Citus distributed table (false without Citus).
+pub fn is_distributed(relid: pg_sys::Oid) -> bool {
+    citus_metadata::distribution(relid) == Some(Distribution::Distributed)
+}
+
 /// What backfill_estimate() says of a distributed table: its nodes' estimates of their shards,
 /// added up, or why a node cannot backfill them. None when `relid` is not a distributed table.
 pub fn estimate(relid: pg_sys::Oid, batch_size: i32) -> Option<Result<DistributedEstimate, String>> {
-    if citus_metadata::distribution(relid) != Some(Distribution::Distributed) {
+    if !is_distributed(relid) {
         return None;
     }
     let by_node = group_by_node(&nodes::placements(relid));

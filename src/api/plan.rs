@@ -7,6 +7,7 @@ use crate::pg::encoding::{KeyText, Text};
 use crate::pg::errors::raise;
 use crate::pg::privilege;
 use crate::stream::message::ReadMessage;
+use crate::stream::scan::ScanQueries;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
@@ -22,17 +23,45 @@ const SAMPLE_ROWS: f64 = 2000.0;
 
 /// Estimates rows from the planner (catalog statistics, or the relation size for a table never
 /// analyzed) and the average message size from a block sample: never a full scan.
-pub fn estimate(table: &Table, prefix_len: usize) -> Estimate {
+/// With a row filter, the rows are the planner's for the filtered scan (checking the filter:
+/// [`check_filter`]); the message size stays the average of every row's.
+pub fn estimate(table: &Table, prefix_len: usize, filter: Option<&str>) -> Estimate {
+    let filtered_rows = filter.map(|filter| check_filter(table, filter));
     // The sample renders rows with row_to_json, which runs the casts to json of user-defined
     // types: as the table's owner, whoever asks.
-    privilege::run_as(table.owner, || sample(table, prefix_len))
+    privilege::run_as(table.owner, || sample(table, prefix_len, filtered_rows))
 }
 
-fn sample(table: &Table, prefix_len: usize) -> Estimate {
+/// Checks a row filter on `table` (pg/filter.rs) as the calling role, who will have started
+/// the backfill whose worker runs it, with the worker's search_path and restrictions; returns
+/// the planner's rows for the filtered scan.
+#[track_caller]
+pub fn check_filter(table: &Table, filter: &str) -> f64 {
+    if table.partitioned {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("table {} cannot be backfilled with a filter", table.qualified_name()),
+            "It is partitioned: a filtered page finds its rows again by their row ids, which are unique \
+             only within one partition.",
+            Some("Backfill its partitions, each with the filter.".into()),
+        );
+    }
+    let query = ScanQueries::new(table).filter_check(filter);
+    // SAFETY: the current user's id.
+    let caller = unsafe { pg_sys::GetUserId() };
+    let name = table.qualified_name();
+    privilege::run_as(caller, || crate::pg::filter::check(&query, &name))
+}
+
+fn sample(table: &Table, prefix_len: usize, filtered_rows: Option<f64>) -> Estimate {
     let relation = table.qualified_name();
-    let rows = crate::pg::spi::planned_rows(&format!("SELECT * FROM {relation}"))
-        .unwrap_or_else(|| raise(ERRCODE_INTERNAL_ERROR, "could not estimate the table's rows", relation.clone(), None))
-        .max(0.0);
+    let rows = match filtered_rows {
+        Some(rows) => rows,
+        None => crate::pg::spi::planned_rows(&format!("SELECT * FROM {relation}")).unwrap_or_else(|| {
+            raise(ERRCODE_INTERNAL_ERROR, "could not estimate the table's rows", relation.clone(), None)
+        }),
+    }
+    .max(0.0);
 
     let percent = (100.0 * SAMPLE_ROWS / rows.max(1.0)).clamp(0.0001, 100.0);
     // Each value's JSON is measured on its own: a row's whole JSON (row_to_json) can pass 1 GB
@@ -96,7 +125,7 @@ pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<job_table::New
     // The bounds are cast to the key's type (a domain's check is user code): as the owner.
     let bounds = privilege::run_as(table.owner, || {
         crate::pg::spi::select_one::<Vec<KeyText>>(
-            &crate::stream::scan::ScanQueries::new(table).histogram(),
+            &ScanQueries::new(table).histogram(),
             &[
                 Text(table.schema.clone()).into(),
                 Text(table.name.clone()).into(),
