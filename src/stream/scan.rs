@@ -138,6 +138,15 @@ impl ScanQueries {
         )
     }
 
+    /// The keys of a block sample of about `percent` of the table, as text values, in key order:
+    /// where to split a composite key into ranges of about equal rows.
+    pub fn key_sample(&self, percent: f64) -> String {
+        format!(
+            "SELECT {} FROM {} TABLESAMPLE SYSTEM ({percent}) ORDER BY {}",
+            self.key_text, self.from, self.order_asc
+        )
+    }
+
     /// The page's key range and how many parameters it binds.
     fn range(&self, after_cursor: bool) -> (String, usize) {
         let k = self.key_types.len();
