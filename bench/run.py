@@ -49,6 +49,12 @@ SHAPES = {
         " jsonb_build_object('g', g, 'tags', jsonb_build_array('a', 'b', g % 10)), now()"
         " FROM generate_series({lo}, {hi}) g",
     ),
+    # narrow's columns under a composite key (16 regions): parallel => 2 splits it at sampled
+    # key tuples (0.8.0), a one-column key at its histogram.
+    "composite": (
+        "CREATE TABLE {t} (region int, id bigint, a int, b bigint, c numeric(12,2), PRIMARY KEY (region, id))",
+        "INSERT INTO {t} SELECT g % 16, g, g % 1000, g * 7, g * 0.5 FROM generate_series({lo}, {hi}) g",
+    ),
 }
 
 

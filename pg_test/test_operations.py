@@ -363,3 +363,93 @@ def test_installing_a_new_library_leaves_a_running_preloaded_server_up(cluster, 
         install(saved)
         other.stop()
     assert "terminated by signal" not in (Path(other.dir) / "server.log").read_text()
+
+
+# Progress (docs/reference.md#progress): percent_done is rows_done against rows_estimated, and
+# time_left the rows still expected at the last minute's rate, at every moment of a run.
+PROGRESS = "state, rows_done, rows_estimated, percent_done, time_left, rows_per_second_last_minute"
+
+
+def sample_progress(conn, backfill_id, while_running=lambda: None):
+    """backfill_status's progress columns, sampled until the backfill ends (then once more)."""
+    samples = []
+    while True:
+        samples.append(status(conn, backfill_id, *PROGRESS.split(", ")))
+        if samples[-1][0] not in ("running", "paused"):
+            return samples
+        while_running()
+        time.sleep(0.02)
+
+
+def assert_progress_agrees(samples):
+    from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
+
+    running = [s for s in samples if s[0] == "running"]
+    assert len(running) >= 3, f"the run must be seen running: {samples}"
+    for state, done, expected, percent, time_left, rate in running:
+        assert done < expected, f"rows {done}/{expected} while running"
+        exact = (Decimal(100) * done / expected).quantize(Decimal("0.1"), rounding=ROUND_DOWN)
+        assert percent == min(exact, Decimal("99.9")), f"{percent}% next to rows {done}/{expected}"
+        if time_left is not None:
+            left = (Decimal(expected - done) / rate).quantize(Decimal(1), rounding=ROUND_HALF_UP)
+            assert time_left.total_seconds() == left, f"{time_left} left for {expected - done} rows at {rate}/s"
+    for before, after in zip(samples, samples[1:]):
+        assert after[1] >= before[1] and after[3] >= before[3], f"progress went backwards: {before} then {after}"
+    state, done, expected, percent, _, _ = samples[-1]
+    assert (state, percent, done) == ("done", 100, expected)
+
+
+def test_progress_agrees_with_itself_on_the_demo_table(db):
+    """The README's demo: 50,000 orders, paced, an application writing. (Before, the
+    percentage followed key-range histograms and the rows the estimate: 1.0% next to
+    rows 7500/50000.)"""
+    db.execute(
+        """CREATE TABLE orders (id bigint PRIMARY KEY, customer_id integer NOT NULL, status text NOT NULL,
+                                amount numeric(10,2) NOT NULL, items jsonb NOT NULL, created_at timestamptz NOT NULL);
+           INSERT INTO orders
+           SELECT g, 1 + g % 5000, (ARRAY['new', 'paid', 'shipped'])[1 + g % 3], round((g % 997) * 1.37, 2),
+                  jsonb_build_array(jsonb_build_object('sku', 'SKU-' || g % 100, 'qty', 1 + g % 4)),
+                  timestamptz '2024-01-01' + g * interval '1 minute'
+             FROM generate_series(1, 50000) g;
+           ANALYZE orders;"""
+    )
+    writes = iter(range(1, 10**6))
+
+    def application_writes():
+        i = next(writes)
+        db.execute("UPDATE orders SET status = 'refunded' WHERE id = %s", [(i * 7919) % 50000 + 1])
+        db.execute("INSERT INTO orders VALUES (100000 + %s, 42, 'new', 9.99, '[]', now())", [i])
+
+    backfill_id = db.execute(
+        "SELECT backfill_start('orders', confirm => true, rows_per_second => 25000, batch_size => 500)"
+    ).fetchone()[0]
+    assert_progress_agrees(sample_progress(db, backfill_id, application_writes))
+
+
+def test_progress_agrees_with_itself_on_skewed_keys_and_a_wrong_estimate(db):
+    """Two workers over a skewed key (their ranges end at different times), a first table whose
+    estimate is 20 times too low (its rows pass it) and a second one whose estimate is 4 times
+    too high (it ends short): the percentage still never goes backwards, nor reaches 100 early."""
+    db.execute(
+        # (No autovacuum: it would correct both estimates.)
+        """CREATE TABLE skewed (id bigint PRIMARY KEY, v text) WITH (autovacuum_enabled = false);
+           INSERT INTO skewed SELECT CASE WHEN g <= 18000 THEN g ELSE g * 1000 END, 'v' FROM generate_series(1, 20000) g;
+           ANALYZE skewed;
+           CREATE TABLE shrunk (id int PRIMARY KEY, v text) WITH (autovacuum_enabled = false);
+           INSERT INTO shrunk SELECT g, 'v' FROM generate_series(1, 8000) g;
+           ANALYZE shrunk;
+           DELETE FROM shrunk WHERE id > 2000;"""
+    )
+    # The planner scales reltuples by the table's pages: a twentieth of the density.
+    db.execute("UPDATE pg_class SET reltuples = reltuples / 20 WHERE oid = 'skewed'::regclass")
+    estimates = dict(db.execute("SELECT table_name::text, rows_estimated FROM backfill_estimate(ARRAY['skewed', 'shrunk']::regclass[])").fetchall())
+    assert estimates["skewed"] <= 1500 and estimates["shrunk"] >= 6000, estimates
+    backfill_id = db.execute(
+        "SELECT backfill_start(ARRAY['skewed', 'shrunk']::regclass[], confirm => true, parallel => 2,"
+        " rows_per_second => 8000, batch_size => 200)"
+    ).fetchone()[0]
+    samples = sample_progress(db, backfill_id)
+    assert_progress_agrees(samples)
+    assert samples[-1][1] == 22000
+    assert any(s[0] == "running" and s[2] > samples[0][2] for s in samples), "the rows never passed the estimate"
+    assert samples[-1][2] < max(s[2] for s in samples), "no range ended short of its estimate"

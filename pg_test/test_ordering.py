@@ -114,28 +114,39 @@ def replay(changes, prefix="backfill"):
     return state, violations
 
 
-def run_scenario(cluster, db, skip_row_locks, parallel=1, lock_mode="auto", rows_per_message=1):
+def run_scenario(cluster, db, skip_row_locks, parallel=1, lock_mode="auto", rows_per_message=1, row_filter=None):
+    """With `row_filter` (pg_test/test_filter.py): rows start with v = id / 2 % 2, and the filter
+    keeps even v, so that every update flips a row into or out of it."""
     dbname = db.info.dbname
     db.execute(f"SET backfill.lock_mode = '{lock_mode}'")
     if skip_row_locks:
         db.execute(f'ALTER DATABASE "{dbname}" SET backfill.test_skip_row_locks = on')
     db.execute(
         """CREATE TABLE items (id bigint PRIMARY KEY, v int NOT NULL DEFAULT 0, payload text NOT NULL);
-           INSERT INTO items SELECT 2 * g, 0, md5(g::text) FROM generate_series(1, %s) g;
-           ANALYZE items;""" % ROWS
+           INSERT INTO items SELECT 2 * g, %s, md5(g::text) FROM generate_series(1, %s) g;
+           ANALYZE items;""" % ("g % 2" if row_filter else "0", ROWS)
     )
     db.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
     backfill_id = db.execute(
         "SELECT backfill_start('items', confirm => true, batch_size => %s, rows_per_second => 10000, parallel => %s,"
-        " rows_per_message => %s)",
-        [BATCH, parallel, rows_per_message],
+        " rows_per_message => %s, filter => %s)",
+        [BATCH, parallel, rows_per_message, row_filter],
     ).fetchone()[0]
     with Writers(cluster, dbname, backfill_id) as writers:
         assert wait_until_ended(db, backfill_id) == "done"
         time.sleep(0.2)
-    state, violations = replay(wal2json_changes(db, "consumer"))
+    changes = wal2json_changes(db, "consumer")
+    state, violations = replay(changes)
     source = {row[0]: (row[1], row[2]) for row in db.execute("SELECT id, v, payload FROM items")}
-    mismatched = {k for k in source.keys() | state.keys() if source.get(k) != state.get(k)}
+    # With a filter, a row that fails it and never changed is never sent: the consumer must hold
+    # every row that passes it now (read, or changed since) and every row it was sent, as they are.
+    kept = {k for k, (v, _) in source.items() if not row_filter or v % 2 == 0}
+    mismatched = {k for k in kept | state.keys() if source.get(k) != state.get(k)}
+    if row_filter:
+        reads = [m for m in as_reads(backfill_messages(changes)) if m["op"] == "read"]
+        outside = [m["data"] for m in reads if m["data"]["v"] % 2 != 0]
+        assert outside == [], f"reads of rows the filter leaves out: {outside[:5]}"
+        assert len(reads) > 1000, "the filter left too few rows to prove anything"
     paths = db.execute(
         "SELECT sum(pages_table_locked), sum(pages_row_locked) FROM backfill_tables WHERE backfill_id = %s", [backfill_id]
     ).fetchone()

@@ -138,6 +138,34 @@ def test_parallel_workers_split_skewed_keys_evenly_and_read_every_row_exactly_on
     assert [m["rows"] for m in messages if m["op"] == "table_end"] == [200000]
 
 
+@pytest.mark.parametrize("parallel", [2, 4])
+def test_parallel_workers_split_a_skewed_composite_key_evenly_and_read_every_row_exactly_once(db, parallel):
+    """A composite key (tenant, id) where one tenant holds 90% of the rows: the ranges split at
+    quantiles of a sample of whole key tuples, inside that tenant too, so each worker's share is
+    within 2x of an equal one; every row is read exactly once, the markers are sent once."""
+    db.execute(
+        """CREATE TABLE events (tenant text, id int, body text NOT NULL, PRIMARY KEY (tenant, id));
+           INSERT INTO events SELECT 'big', g, repeat('x', 50) FROM generate_series(1, 36000) g;
+           INSERT INTO events SELECT 'tenant-' || (g % 400), g, repeat('y', 50) FROM generate_series(1, 4000) g;
+           ANALYZE events;"""
+    )
+    db.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
+    keys = {(tenant, i) for tenant, i in db.execute("SELECT tenant, id FROM events")}
+    backfill_id = db.execute(
+        "SELECT backfill_start('events', confirm => true, batch_size => 1000, parallel => %s)", [parallel]
+    ).fetchone()[0]
+    assert wait_until_ended(db, backfill_id) == "done"
+    parts = dict(db.execute("SELECT part, rows_done FROM backfill_tables WHERE backfill_id = %s", [backfill_id]).fetchall())
+    assert set(parts) == set(range(parallel))
+    equal = 40000 / parallel
+    assert all(equal / 2 <= rows <= equal * 2 for rows in parts.values()), f"uneven split: {parts}"
+    messages = delivered(db)
+    reads = [(m["key"]["tenant"], m["key"]["id"]) for m in messages if m["op"] == "read"]
+    assert len(reads) == len(set(reads)) and set(reads) == keys
+    assert [m["rows"] for m in messages if m["op"] == "table_end"] == [40000]
+    assert len([m for m in messages if m["op"] == "table_start"]) == 1
+
+
 def test_every_failure_is_kept_in_backfill_errors(db, roles):
     """last_error shows the latest failure, and a resume clears it; backfill_errors keeps each,
     oldest first, with the table, the key it stopped after, its SQLSTATE, message and detail,

@@ -192,10 +192,49 @@ def test_an_operator_granted_before_0_5_0_starts_keyed_backfills_compares_and_re
     assert db.execute("SELECT rows_done FROM backfill_status WHERE id IN (%s, %s) ORDER BY id", [backfill_id, keyed]).fetchall() == [(1,), (1,)]
     assert db.execute(
         "SELECT has_function_privilege('public', 'backfill_start(text, boolean, integer, integer, name, name, bigint, integer, "
-        "bigint, bigint, integer, jsonb, integer)', 'EXECUTE')"
+        "bigint, bigint, integer, jsonb, integer, text)', 'EXECUTE')"
     ).fetchone()[0]
     bystander = roles.create("bystander")
     assert error_of(roles.connect(bystander), "SELECT * FROM backfill_compare('t', 't_copy')").sqlstate == "42501"
+
+
+# The operator grants of 0.7.0's docs/security.md, on the functions as 0.7.0 declared them.
+OPERATOR_GRANTS_0_7_0 = """
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill TO {role};
+GRANT EXECUTE ON FUNCTION
+    backfill_estimate(regclass[], integer), backfill_estimate(regclass, integer), backfill_estimate(text, integer),
+    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer),
+    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer),
+    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer),
+    backfill_pause(bigint), backfill_resume(bigint), backfill_cancel(bigint),
+    backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
+    backfill_checksum(regclass, integer, text, jsonb), backfill_compare(regclass, regclass, text, integer, name),
+    backfill_repair(regclass, regclass, boolean, text, integer, name, integer)
+  TO {role};
+"""
+
+
+def test_an_operator_granted_before_0_8_0_starts_and_estimates_filtered_backfills(db, roles):
+    """0.8.0 gives backfill_start() and backfill_estimate() a filter argument, so new functions
+    and new entry points: the update carries the old ones' grants over; PUBLIC's too."""
+    db.execute("DROP EXTENSION pg_backfill")
+    db.execute("CREATE EXTENSION pg_backfill VERSION '0.7.0'")
+    operator = roles.create("operator")
+    db.execute(OPERATOR_GRANTS_0_7_0.format(role=operator))
+    db.execute("GRANT EXECUTE ON FUNCTION backfill_estimate(text, integer) TO PUBLIC")
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    db.execute("INSERT INTO t SELECT generate_series(1, 100)")
+    db.execute("ANALYZE t")
+    db.execute(f"GRANT SELECT, UPDATE ON t TO {operator}")
+    db.execute("ALTER EXTENSION pg_backfill UPDATE")
+    conn = roles.connect(operator)
+    assert conn.execute("SELECT rows_estimated FROM backfill_estimate('t', filter => 'id <= 10')").fetchone()[0] <= 20
+    backfill_id = conn.execute("SELECT backfill_start('t', confirm => true, filter => 'id <= 10')").fetchone()[0]
+    assert wait_until_ended(db, backfill_id) == "done"
+    assert status(db, backfill_id, "rows_done") == 10
+    assert db.execute("SELECT has_function_privilege('public', 'backfill_estimate(text, integer, text)', 'EXECUTE')").fetchone()[0]
+    bystander = roles.create("bystander")
+    assert error_of(roles.connect(bystander), "SELECT backfill_start('t', confirm => true)").sqlstate == "42501"
 
 
 def test_every_table_view_column_and_function_has_a_comment(db):

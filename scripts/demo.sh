@@ -66,7 +66,8 @@ step "Starting the backfill (paced at 10,000 rows/s so that progress can be watc
 show "SELECT backfill_start('orders', confirm => true, rows_per_second => 10000) AS backfill_id;"
 while :; do
     "${PSQL[@]}" -At -F ' | ' -c "SELECT 'state ' || state, 'rows ' || rows_done || '/' || rows_estimated,
-                                         percent_done || '%', 'worker pid ' || coalesce(worker_pid::text, '-')
+                                         percent_done || '%', 'left ' || coalesce(time_left::text, '-'),
+                                         'worker pid ' || coalesce(worker_pid::text, '-')
                                     FROM backfill_status WHERE id = 1;" | sed 's/^/  progress: /'
     [ "$("${PSQL[@]}" -At -c "SELECT state FROM backfill_status WHERE id = 1")" = running ] || break
     sleep 1

@@ -2,45 +2,46 @@
 -- read well in psql and in migration scripts (each calls its entry point in schema backfill),
 -- and the monitoring views.
 
-CREATE FUNCTION backfill_estimate(tables regclass[], batch_size integer DEFAULT 1000)
+CREATE FUNCTION backfill_estimate(tables regclass[], batch_size integer DEFAULT 1000, filter text DEFAULT NULL)
 RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
                rows_estimated bigint, bytes_estimated bigint, pages bigint)
 LANGUAGE sql VOLATILE
 AS $$ SELECT e.table_name::regclass, e.eligible, e.reason, e.key_columns::name[],
              e.rows_estimated, e.bytes_estimated, e.pages
-        FROM backfill.estimate(tables::oid[], batch_size) e $$;
-COMMENT ON FUNCTION backfill_estimate(regclass[], integer) IS
+        FROM backfill.estimate(tables::oid[], batch_size, filter) e $$;
+COMMENT ON FUNCTION backfill_estimate(regclass[], integer, text) IS
 'For each table: whether it can be backfilled (and why not), its key, and the rows, message bytes and pages a backfill would deliver. Uses statistics and a small sample, never a full scan.';
 
-CREATE FUNCTION backfill_estimate(table_name regclass, batch_size integer DEFAULT 1000)
+CREATE FUNCTION backfill_estimate(table_name regclass, batch_size integer DEFAULT 1000, filter text DEFAULT NULL)
 RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
                rows_estimated bigint, bytes_estimated bigint, pages bigint)
 LANGUAGE sql VOLATILE
-AS $$ SELECT * FROM backfill_estimate(ARRAY[table_name], batch_size) $$;
-COMMENT ON FUNCTION backfill_estimate(regclass, integer) IS 'backfill_estimate() of one table';
+AS $$ SELECT * FROM backfill_estimate(ARRAY[table_name], batch_size, filter) $$;
+COMMENT ON FUNCTION backfill_estimate(regclass, integer, text) IS 'backfill_estimate() of one table';
 
 -- A quoted table name is of unknown type, which regclass and regclass[] would both accept:
 -- this form takes it, so that backfill_estimate('public.orders') just works.
-CREATE FUNCTION backfill_estimate(table_name text, batch_size integer DEFAULT 1000)
+CREATE FUNCTION backfill_estimate(table_name text, batch_size integer DEFAULT 1000, filter text DEFAULT NULL)
 RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
                rows_estimated bigint, bytes_estimated bigint, pages bigint)
 LANGUAGE sql VOLATILE
-AS $$ SELECT * FROM backfill_estimate(ARRAY[table_name::regclass], batch_size) $$;
-COMMENT ON FUNCTION backfill_estimate(text, integer) IS 'backfill_estimate() of one table, by name';
+AS $$ SELECT * FROM backfill_estimate(ARRAY[table_name::regclass], batch_size, filter) $$;
+COMMENT ON FUNCTION backfill_estimate(text, integer, text) IS 'backfill_estimate() of one table, by name';
 
 CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
                                publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
                                parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
                                max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
-                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL)
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL,
+                               filter text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
          backfill.refuse_node_options(tables::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
-         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel), rows_per_message),
+         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel, filter), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
-COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer) IS
+COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text) IS
 'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate. keys => a JSON array of key objects: only those keys of the one table, each read or, without a row, delivered absent. rows_per_message => N: each page''s rows in reads messages of up to N rows (NULL: backfill.rows_per_message).';
 
 CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
@@ -48,14 +49,15 @@ CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT fals
                                publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
                                parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
                                max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
-                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL)
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL,
+                               filter text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
          backfill.refuse_node_options(ARRAY[table_name]::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
-         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel), rows_per_message),
+         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel, filter), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
-COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer) IS 'backfill_start() of one table';
+COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text) IS 'backfill_start() of one table';
 
 -- See backfill_estimate(text): makes backfill_start('public.orders', confirm => true) resolve.
 CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
@@ -63,14 +65,15 @@ CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, b
                                publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
                                parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
                                max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
-                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL)
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL,
+                               filter text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
          backfill.refuse_node_options(ARRAY[table_name::regclass]::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
-         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel), rows_per_message),
+         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel, filter), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
-COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer) IS 'backfill_start() of one table, by name';
+COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text) IS 'backfill_start() of one table, by name';
 
 CREATE FUNCTION backfill_checksum(tbl regclass, ranges integer DEFAULT 1024, level text DEFAULT 'hash',
                                   bounds jsonb DEFAULT NULL)
@@ -153,13 +156,17 @@ SELECT j.id,
        t.tables,
        t.current_table,
        CASE WHEN v.readable THEN t.rows_done END AS rows_done,
-       CASE WHEN v.readable THEN t.rows_estimated END AS rows_estimated,
+       CASE WHEN v.readable THEN t.rows_expected END AS rows_estimated,
+       -- Progress is rows_done against rows_estimated, the one definition of both (docs/reference.md
+       -- #progress): truncated, never rounded up, and below 100 until the backfill is done.
        CASE WHEN NOT v.readable THEN NULL
-            WHEN j.state = 'done' THEN 100.0 ELSE pg_catalog.round((100 OPERATOR(pg_catalog.*) t.fraction_done)::numeric, 1) END AS percent_done,
+            WHEN j.state = 'done' THEN 100.0
+            ELSE least(99.9, pg_catalog.trunc((100 OPERATOR(pg_catalog.*) t.rows_done)::numeric
+                                              OPERATOR(pg_catalog./) nullif(t.rows_expected, 0), 1)) END AS percent_done,
        CASE WHEN v.readable THEN r.rows_per_second END AS rows_per_second_last_minute,
        CASE WHEN v.readable AND j.state = 'running' AND r.rows_per_second OPERATOR(pg_catalog.>) 0
-            THEN pg_catalog.make_interval(secs => pg_catalog.round(((1 OPERATOR(pg_catalog.-) t.fraction_done) OPERATOR(pg_catalog.*) t.rows_estimated
-                                                               OPERATOR(pg_catalog./) r.rows_per_second)::numeric))
+            THEN pg_catalog.make_interval(secs => pg_catalog.round((t.rows_expected OPERATOR(pg_catalog.-) t.rows_done)::numeric
+                                                                   OPERATOR(pg_catalog./) r.rows_per_second))
        END AS time_left,
        j.slot_name,
        -- (A standby has no current WAL position of its own: it shows what it has replayed.)
@@ -188,18 +195,20 @@ SELECT j.id,
        backfill.source_limit('max_retained_wal', j.max_retained_wal_bytes) AS max_retained_wal_bytes,
        backfill.source_limit('max_active_sessions', j.max_active_sessions)::integer AS max_active_sessions,
        CASE WHEN j.state = 'running' THEN backfill.waiting_kind(j.id) END AS waiting_kind,
-       j.rows_per_message
+       j.rows_per_message,
+       CASE WHEN v.readable THEN j.row_filter END AS row_filter
   FROM backfill.job j
  CROSS JOIN LATERAL (
         SELECT pg_catalog.array_agg(jt.relid ORDER BY jt.position) AS tables,
                (pg_catalog.array_agg(jt.relid ORDER BY jt.position) FILTER (WHERE jt.state = 'running'))[1] AS current_table,
                pg_catalog.sum(jt.rows_done)::bigint AS rows_done,
-               pg_catalog.sum(jt.rows_estimated)::bigint AS rows_estimated,
-               coalesce(pg_catalog.sum(jt.rows_estimated OPERATOR(pg_catalog.*) CASE jt.state WHEN 'done' THEN 1
-                                                              WHEN 'pending' THEN 0
-                                                              ELSE coalesce(jt.key_fraction_done,
-                                                                            least(1, jt.rows_done::float8 OPERATOR(pg_catalog./) nullif(jt.rows_estimated, 0)), 0)
-                                                 END) OPERATOR(pg_catalog./) nullif(pg_catalog.sum(jt.rows_estimated), 0), 0) AS fraction_done,
+               -- The rows expected in all: a finished range's rows; a pending one's estimate (at
+               -- least 1, as once it runs); a running one's estimate, or one more than its rows
+               -- once it has passed it. Each row delivered then raises rows_done at least as much
+               -- as this, and a range that ends lowers it: the percentage never goes backwards.
+               pg_catalog.sum(CASE jt.state WHEN 'done' THEN jt.rows_done
+                                            ELSE greatest(jt.rows_estimated, jt.rows_done OPERATOR(pg_catalog.+) 1) END)::bigint
+                   AS rows_expected,
                pg_catalog.bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
           FROM backfill.job_table jt
          WHERE jt.job_id = j.id) t
@@ -217,7 +226,7 @@ COMMENT ON VIEW backfill_status IS 'One row per backfill: state, progress, who s
 COMMENT ON COLUMN backfill_status.state IS 'running (waiting_for says if it waits, and for what), paused (by backfill_pause), done, cancelled or failed';
 COMMENT ON COLUMN backfill_status.pause_reason IS 'Why it is paused: by backfill_pause()';
 COMMENT ON COLUMN backfill_status.rows_per_second_last_minute IS 'Delivery rate over the last minute';
-COMMENT ON COLUMN backfill_status.time_left IS 'Estimated from the share of the key range still to scan and the last minute''s rate';
+COMMENT ON COLUMN backfill_status.time_left IS 'The rows still expected (rows_estimated - rows_done) at the last minute''s rate';
 COMMENT ON COLUMN backfill_status.slot_lag_bytes IS 'WAL the slot''s consumer has not confirmed yet';
 COMMENT ON COLUMN backfill_status.watermark_lsn IS 'WAL position after the last page';
 COMMENT ON COLUMN backfill_status.delivered IS 'Done, and (with a slot) its consumer has confirmed past the watermark';
@@ -225,10 +234,11 @@ COMMENT ON COLUMN backfill_status.auto_resume IS 'Whether pg_backfill is in shar
 COMMENT ON COLUMN backfill_status.tables IS 'Tables of the backfill, in scan order';
 COMMENT ON COLUMN backfill_status.current_table IS 'Table being scanned now';
 COMMENT ON COLUMN backfill_status.rows_done IS 'Read messages delivered so far';
-COMMENT ON COLUMN backfill_status.rows_estimated IS 'Planner estimate of the rows when the backfill started';
-COMMENT ON COLUMN backfill_status.percent_done IS 'Share of the key ranges scanned (from pg_stats histograms; rows against the estimate without them); 100 once done';
+COMMENT ON COLUMN backfill_status.rows_estimated IS 'Rows expected in all: the rows of each finished table or range, and the planner''s estimate of each other one, raised to one more than its rows delivered once they pass it';
+COMMENT ON COLUMN backfill_status.percent_done IS 'rows_done against rows_estimated, truncated to a tenth; never goes backwards, below 100 until done, 100 once done';
 COMMENT ON COLUMN backfill_status.waiting_for IS 'What a running backfill''s workers wait for now, if anything: a row lock held by another process (its pid), the slot''s consumer (none connected, or lagging past max_lag_bytes), a standby replaying past max_replica_lag_bytes, a slot retaining more than max_retained_wal_bytes, or the server''s load past max_active_sessions (then it slows down rather than waits)';
 COMMENT ON COLUMN backfill_status.rows_per_message IS 'Most rows per message: 1, a read message per row; more, reads messages of up to this many rows';
+COMMENT ON COLUMN backfill_status.row_filter IS 'The filter it started with (filter => ...): only rows it is true for are delivered; NULL: every row';
 COMMENT ON COLUMN backfill_status.waiting_kind IS 'The kind of what a running backfill''s workers wait for now, stable for monitoring: row_lock, consumer_away, consumer_lag, replica_lag, retained_wal or load (then it slows down rather than waits); NULL when nothing holds it back';
 COMMENT ON COLUMN backfill_status.worker_pid IS 'Process id of the running background worker, if any';
 COMMENT ON COLUMN backfill_status.last_error_sqlstate IS 'SQLSTATE of the error that failed the backfill';
@@ -368,7 +378,7 @@ SELECT 'the message key is readable by PUBLIC',
        'REVOKE ALL ON backfill.message_key FROM PUBLIC; SELECT backfill_rotate_key(retire_old_keys => true);'
 UNION ALL
 SELECT 'backfills can be started by PUBLIC',
-       NOT pg_catalog.has_function_privilege('public', 'backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer)', 'EXECUTE'),
+       NOT pg_catalog.has_function_privilege('public', 'backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text)', 'EXECUTE'),
        'Every role could start backfills of the tables it may update, and take background workers.',
        'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
 $$;
@@ -400,10 +410,10 @@ COMMENT ON FUNCTION backfill.refuse_drop_while_running() IS 'Event trigger: refu
 CREATE EVENT TRIGGER backfill_refuse_drop_while_running ON ddl_command_start WHEN TAG IN ('DROP EXTENSION')
     EXECUTE FUNCTION backfill.refuse_drop_while_running();
 REVOKE EXECUTE ON FUNCTION
-    backfill_estimate(regclass[], integer), backfill_estimate(regclass, integer), backfill_estimate(text, integer),
-    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer),
-    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer),
-    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer),
+    backfill_estimate(regclass[], integer, text), backfill_estimate(regclass, integer, text), backfill_estimate(text, integer, text),
+    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text),
+    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text),
+    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text),
     backfill_cancel(bigint), backfill_pause(bigint), backfill_resume(bigint),
     backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
     backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_security_check(),
@@ -412,8 +422,10 @@ REVOKE EXECUTE ON FUNCTION
   FROM PUBLIC;
 
 -- The entry points the wrappers above call, and the views' helpers.
-COMMENT ON FUNCTION backfill.estimate(oid[], integer) IS 'Entry point of backfill_estimate()';
-COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer) IS 'Entry point of backfill_start()';
+COMMENT ON FUNCTION backfill.estimate(oid[], integer, text) IS 'Entry point of backfill_estimate()';
+COMMENT ON FUNCTION backfill.estimate(oid[], integer) IS 'Entry point of backfill_estimate() before 0.8.0 (no filter): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text) IS 'Entry point of backfill_start()';
+COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer) IS 'Entry point of backfill_start() before 0.8.0 (no filter): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) IS 'Part of backfill_start(): refuses the options a backfill of a Citus distributed table does not pass on to its nodes; returns the tables';
 COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';
 COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';

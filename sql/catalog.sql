@@ -33,7 +33,8 @@ CREATE TABLE backfill.job (
     max_retained_wal_bytes bigint CHECK (max_retained_wal_bytes >= 0),
     max_active_sessions    integer CHECK (max_active_sessions >= 0),
     slot_identity       text,
-    rows_per_message    integer NOT NULL DEFAULT 1 CHECK (rows_per_message BETWEEN 1 AND 100000)
+    rows_per_message    integer NOT NULL DEFAULT 1 CHECK (rows_per_message BETWEEN 1 AND 100000),
+    row_filter          text
 );
 COMMENT ON TABLE backfill.job IS 'One row per backfill started with backfill_start()';
 COMMENT ON COLUMN backfill.job.id IS 'Backfill id, returned by backfill_start() and carried in every message';
@@ -46,6 +47,7 @@ COMMENT ON COLUMN backfill.job.message_prefix IS 'Prefix of the logical decoding
 COMMENT ON COLUMN backfill.job.slot_name IS 'Logical replication slot of the consumer the backfill is for, if given';
 COMMENT ON COLUMN backfill.job.slot_identity IS 'Which slot of that name it was when the backfill started (its directory''s inode and birth time): a slot dropped and created again fails the backfill';
 COMMENT ON COLUMN backfill.job.rows_per_message IS 'Most rows per message: 1 sends a read message per row, more sends reads messages of up to this many rows (backfill.rows_per_message when it started, unless given)';
+COMMENT ON COLUMN backfill.job.row_filter IS 'The filter given to backfill_start() (filter => ...): a boolean SQL expression over the table''s columns, run as the role that started it; only rows it is true for are delivered. NULL: every row';
 COMMENT ON COLUMN backfill.job.publication_name IS 'Publication of that consumer, if given: every table is in it';
 COMMENT ON COLUMN backfill.job.max_lag_bytes IS 'Back-pressure: the backfill waits while the slot lags more than this (NULL: backfill.max_slot_lag)';
 COMMENT ON COLUMN backfill.job.max_replica_lag_bytes IS 'Back-pressure: pages wait while a physical standby replays more than this behind (NULL: backfill.max_replica_lag; 0: off)';

@@ -7,7 +7,7 @@
 //! - `pg/`: PostgreSQL plumbing: errors with SQLSTATE, detail and hint (`errors.rs`), the
 //!   database's encoding and UTF-8 (`encoding.rs`), reads through SPI (`spi.rs`), the
 //!   `backfill.*` settings (`settings.rs`), who runs what (`privilege.rs`), checks of SQL
-//!   arguments (`args.rs`), where PostgreSQL's C API differs between the majors built for,
+//!   arguments (`args.rs`), a row filter's check (`filter.rs`), where PostgreSQL's C API differs between the majors built for,
 //!   one shim per difference (`compat.rs`), and what Citus's metadata says of a table: a
 //!   shard's distributed table, a table's distribution (`citus.rs`).
 //! - `model/`: a table as a backfill sees it, its key and columns (`table.rs`); the states

@@ -357,6 +357,11 @@ pub fn local_tables(relids: Vec<pg_sys::Oid>) -> Vec<pg_sys::Oid> {
         .collect()
 }
 
+/// Whether `relid` is a Citus distributed table (false without Citus).
+pub fn is_distributed(relid: pg_sys::Oid) -> bool {
+    citus_metadata::distribution(relid) == Some(Distribution::Distributed)
+}
+
 /// The options of backfill_start() that a backfill of a distributed table does not pass on to
 /// its nodes: refused before anything starts (backfill_start() calls this on its tables before
 /// backfill.start()). Returns the tables.

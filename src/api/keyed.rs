@@ -70,6 +70,17 @@ pub fn record_keys(id: i64, table: Option<pg_sys::Oid>, keys: serde_json::Value)
         );
     }
     let table = crate::model::table::require(job_table.relid);
+    if as_extension_owner(|| crate::catalog::job::job(id)).is_some_and(|job| job.row_filter.is_some()) {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("a backfill of table {} cannot take both keys and a filter", table.qualified_name()),
+            "A keyed backfill delivers a key without a row as absent, for the consumer to delete: a row the \
+             filter leaves out would be neither read nor absent, and a consumer could not tell which.",
+            Some(
+                "Give only the keys whose rows pass the filter: keys => (SELECT jsonb_agg(...) WHERE <filter>).".into(),
+            ),
+        );
+    }
     if table.partitioned {
         raise(
             ERRCODE_FEATURE_NOT_SUPPORTED,

@@ -7,6 +7,7 @@ use crate::pg::encoding::{KeyText, Text};
 use crate::pg::errors::raise;
 use crate::pg::privilege;
 use crate::stream::message::ReadMessage;
+use crate::stream::scan::ScanQueries;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
@@ -22,17 +23,45 @@ const SAMPLE_ROWS: f64 = 2000.0;
 
 /// Estimates rows from the planner (catalog statistics, or the relation size for a table never
 /// analyzed) and the average message size from a block sample: never a full scan.
-pub fn estimate(table: &Table, prefix_len: usize) -> Estimate {
+/// With a row filter, the rows are the planner's for the filtered scan (checking the filter:
+/// [`check_filter`]); the message size stays the average of every row's.
+pub fn estimate(table: &Table, prefix_len: usize, filter: Option<&str>) -> Estimate {
+    let filtered_rows = filter.map(|filter| check_filter(table, filter));
     // The sample renders rows with row_to_json, which runs the casts to json of user-defined
     // types: as the table's owner, whoever asks.
-    privilege::run_as(table.owner, || sample(table, prefix_len))
+    privilege::run_as(table.owner, || sample(table, prefix_len, filtered_rows))
 }
 
-fn sample(table: &Table, prefix_len: usize) -> Estimate {
+/// Checks a row filter on `table` (pg/filter.rs) as the calling role, who will have started
+/// the backfill whose worker runs it, with the worker's search_path and restrictions; returns
+/// the planner's rows for the filtered scan.
+#[track_caller]
+pub fn check_filter(table: &Table, filter: &str) -> f64 {
+    if table.partitioned {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("table {} cannot be backfilled with a filter", table.qualified_name()),
+            "It is partitioned: a filtered page finds its rows again by their row ids, which are unique \
+             only within one partition.",
+            Some("Backfill its partitions, each with the filter.".into()),
+        );
+    }
+    let query = ScanQueries::new(table).filter_check(filter);
+    // SAFETY: the current user's id.
+    let caller = unsafe { pg_sys::GetUserId() };
+    let name = table.qualified_name();
+    privilege::run_as(caller, || crate::pg::filter::check(&query, &name))
+}
+
+fn sample(table: &Table, prefix_len: usize, filtered_rows: Option<f64>) -> Estimate {
     let relation = table.qualified_name();
-    let rows = crate::pg::spi::planned_rows(&format!("SELECT * FROM {relation}"))
-        .unwrap_or_else(|| raise(ERRCODE_INTERNAL_ERROR, "could not estimate the table's rows", relation.clone(), None))
-        .max(0.0);
+    let rows = match filtered_rows {
+        Some(rows) => rows,
+        None => crate::pg::spi::planned_rows(&format!("SELECT * FROM {relation}")).unwrap_or_else(|| {
+            raise(ERRCODE_INTERNAL_ERROR, "could not estimate the table's rows", relation.clone(), None)
+        }),
+    }
+    .max(0.0);
 
     let percent = (100.0 * SAMPLE_ROWS / rows.max(1.0)).clamp(0.0001, 100.0);
     // Each value's JSON is measured on its own: a row's whole JSON (row_to_json) can pass 1 GB
@@ -85,42 +114,79 @@ fn sample(table: &Table, prefix_len: usize) -> Estimate {
     Estimate { rows, bytes: (rows as f64 * (avg_row_json + envelope as f64)).round() as i64 }
 }
 
-/// A table's key ranges, one per worker, split at quantiles of the key's histogram so that
-/// skewed keys still split into ranges of about equal rows. A table without statistics, or
-/// with a composite key, is scanned whole by one worker.
+/// A table's key ranges, one per worker, split at quantiles of the key so that skewed keys
+/// still split into ranges of about equal rows: of the key's histogram (pg_stats) for a
+/// one-column key, of a block sample of whole key tuples for a composite key. A table with
+/// neither (a one-column key without statistics, too few sampled keys) is scanned whole.
 pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<job_table::NewRange> {
     let whole = || vec![job_table::NewRange { part: 0, lower_bound: None, upper_bound: None, rows_estimated: rows }];
-    if parallel == 1 || table.key.len() > 1 {
+    if parallel == 1 {
         return whole();
     }
-    // The bounds are cast to the key's type (a domain's check is user code): as the owner.
-    let bounds = privilege::run_as(table.owner, || {
-        crate::pg::spi::select_one::<Vec<KeyText>>(
-            &crate::stream::scan::ScanQueries::new(table).histogram(),
-            &[
-                Text(table.schema.clone()).into(),
-                Text(table.name.clone()).into(),
-                Text(table.key[0].name.clone()).into(),
-            ],
-        )
-    })
-    .ok()
-    .flatten()
-    .unwrap_or_default();
-    if bounds.len() < parallel as usize * 2 {
-        notice!("table {} has no usable key statistics (ANALYZE it): one worker scans it", table.qualified_name());
+    // The keys are cast to and from the key's types (a domain's check, a type's output
+    // function are user code): as the owner.
+    let quantiles = privilege::run_as(table.owner, || {
+        if table.key.len() == 1 {
+            histogram_bounds(table)
+        } else {
+            sampled_keys(table, rows)
+        }
+    });
+    if quantiles.len() < parallel as usize * 2 {
+        let why = if table.key.len() == 1 {
+            "has no usable key statistics (ANALYZE it)"
+        } else {
+            "has too few rows to split"
+        };
+        notice!("table {} {why}: one worker scans it", table.qualified_name());
         return whole();
     }
-    let splits: Vec<KeyText> =
-        (1..parallel as usize).map(|i| bounds[i * (bounds.len() - 1) / parallel as usize].clone()).collect();
+    let splits: Vec<Vec<KeyText>> =
+        (1..parallel as usize).map(|i| quantiles[i * (quantiles.len() - 1) / parallel as usize].clone()).collect();
     (0..parallel as usize)
         .map(|part| job_table::NewRange {
             part: part as i32,
-            lower_bound: part.checked_sub(1).map(|p| vec![splits[p].clone()]),
-            upper_bound: splits.get(part).map(|s| vec![s.clone()]),
+            lower_bound: part.checked_sub(1).map(|p| splits[p].clone()),
+            upper_bound: splits.get(part).cloned(),
             rows_estimated: rows / i64::from(parallel),
         })
         .collect()
+}
+
+/// The one-column key's histogram bounds, in key order, each a key.
+fn histogram_bounds(table: &Table) -> Vec<Vec<KeyText>> {
+    crate::pg::spi::select_one::<Vec<KeyText>>(
+        &ScanQueries::new(table).histogram(),
+        &[Text(table.schema.clone()).into(), Text(table.name.clone()).into(), Text(table.key[0].name.clone()).into()],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or_default()
+    .into_iter()
+    .map(|bound| vec![bound])
+    .collect()
+}
+
+/// Keys sampled for a composite key's quantiles: enough for ranges within a few percent of
+/// equal, read from a block sample, never the whole table.
+const SAMPLE_KEYS: f64 = 10_000.0;
+
+/// Whole key tuples of a block sample of about SAMPLE_KEYS rows, in key order. (pg_stats has
+/// no histogram of a composite key: its columns' histograms are independent, and their
+/// quantiles are not the key's.)
+fn sampled_keys(table: &Table, rows: i64) -> Vec<Vec<KeyText>> {
+    let percent = (100.0 * SAMPLE_KEYS / (rows.max(1) as f64)).clamp(0.0001, 100.0);
+    let queries = ScanQueries::new(table);
+    let key_len = queries.key_len();
+    Spi::connect(|client| {
+        client
+            .select(&queries.key_sample(percent), None, &[])?
+            .map(|row| (1..=key_len).map(|i| row.get::<KeyText>(i)).collect::<Result<Option<Vec<_>>, _>>())
+            .collect::<Result<Option<Vec<_>>, _>>()
+    })
+    .ok()
+    .flatten()
+    .unwrap_or_default()
 }
 
 /// Pages (transactions) a backfill of `rows` rows takes.

@@ -20,6 +20,9 @@ use pgrx::PgSqlErrorCode::*;
 
 const MAX_PARALLEL: i32 = 16;
 
+/// Why a distributed table takes no filter.
+const FILTER_NOT_DISTRIBUTED: &str = "It is a Citus distributed table: its nodes' backfills do not take a filter yet.";
+
 // Texts, not Strings: names and reasons go back to the database in its own encoding.
 type EstimateRow = (pg_sys::Oid, bool, Option<Text>, Option<Vec<Text>>, Option<i64>, Option<i64>, Option<i64>);
 
@@ -42,23 +45,58 @@ fn estimate(
         name!(pages, Option<i64>),
     ),
 > {
+    estimate_filtered(tables, batch_size, None)
+}
+
+/// backfill_estimate() with a row filter (0.8.0): a function of its own, so that the SQL of an
+/// earlier version, which calls backfill.estimate() with two arguments, keeps working with this
+/// library until ALTER EXTENSION UPDATE.
+#[allow(clippy::type_complexity)]
+#[pg_extern(schema = "backfill", name = "estimate")]
+fn estimate_filtered(
+    tables: Option<Vec<Option<pg_sys::Oid>>>,
+    batch_size: Option<i32>,
+    filter: Option<Text>,
+) -> TableIterator<
+    'static,
+    (
+        name!(table_name, pg_sys::Oid),
+        name!(eligible, bool),
+        name!(reason, Option<Text>),
+        name!(key_columns, Option<Vec<Text>>),
+        name!(rows_estimated, Option<i64>),
+        name!(bytes_estimated, Option<i64>),
+        name!(pages, Option<i64>),
+    ),
+> {
     let batch_size = required(batch_size, "backfill_estimate", "batch_size");
     check_batch_size(batch_size);
     let prefix_len = settings::message_prefix().len();
     let listed = table_list(tables);
+    let filter = filter.map(|f| f.0);
     let rows: Vec<EstimateRow> = crate::pg::citus::with_shards_visible(|| {
         listed
             .iter()
             .zip(distributed::local_tables(listed.clone()))
-            .map(|(listed, relid)| estimate_table(*listed, relid, batch_size, prefix_len))
+            .map(|(listed, relid)| estimate_table(*listed, relid, batch_size, prefix_len, filter.as_deref()))
             .collect()
     });
     TableIterator::new(rows)
 }
 
 /// The estimate of table `listed`, read from `relid` (itself, or a Citus reference table's
-/// placement on this node) or, for a distributed table, from its nodes.
-fn estimate_table(listed: pg_sys::Oid, relid: pg_sys::Oid, batch_size: i32, prefix_len: usize) -> EstimateRow {
+/// placement on this node) or, for a distributed table, from its nodes; with a row filter, of
+/// the rows it passes (an invalid filter is an error).
+fn estimate_table(
+    listed: pg_sys::Oid,
+    relid: pg_sys::Oid,
+    batch_size: i32,
+    prefix_len: usize,
+    filter: Option<&str>,
+) -> EstimateRow {
+    if filter.is_some() && distributed::is_distributed(listed) {
+        return (listed, false, Some(Text(FILTER_NOT_DISTRIBUTED.into())), None, None, None, None);
+    }
     if let Some(distributed) = crate::citus::estimate::estimate(listed, batch_size) {
         return match distributed {
             Ok(e) => (
@@ -75,7 +113,7 @@ fn estimate_table(listed: pg_sys::Oid, relid: pg_sys::Oid, batch_size: i32, pref
     }
     match table::inspect(relid) {
         Ok(table) => {
-            let estimate = plan::estimate(&table, prefix_len);
+            let estimate = plan::estimate(&table, prefix_len, filter);
             let pages = plan::pages(estimate.rows, batch_size);
             let key = crate::pg::encoding::texts(&table.key_names());
             (listed, true, None, Some(key), Some(estimate.rows), Some(estimate.bytes), Some(pages))
@@ -98,9 +136,28 @@ pub(crate) fn start(
     max_lag: Option<i64>,
     parallel: Option<i32>,
 ) -> i64 {
+    start_filtered(tables, confirm, batch_size, rows_per_second, slot, publication, max_lag, parallel, None)
+}
+
+/// backfill_start() with a row filter (0.8.0): a function of its own, so that the SQL of an
+/// earlier version, which calls backfill.start() with eight arguments, keeps working with this
+/// library until ALTER EXTENSION UPDATE.
+#[pg_extern(schema = "backfill", name = "start")]
+#[allow(clippy::too_many_arguments)]
+fn start_filtered(
+    tables: Option<Vec<Option<pg_sys::Oid>>>,
+    confirm: Option<bool>,
+    batch_size: Option<i32>,
+    rows_per_second: Option<i32>,
+    slot: Option<Text>,
+    publication: Option<Text>,
+    max_lag: Option<i64>,
+    parallel: Option<i32>,
+    filter: Option<Text>,
+) -> i64 {
     // On a Citus worker node, the coordinator starts backfills of shards, which Citus hides.
     crate::pg::citus::with_shards_visible(|| {
-        start_visible(tables, confirm, batch_size, rows_per_second, slot, publication, max_lag, parallel)
+        start_visible(tables, confirm, batch_size, rows_per_second, slot, publication, max_lag, parallel, filter)
     })
 }
 
@@ -114,9 +171,10 @@ fn start_visible(
     publication: Option<Text>,
     max_lag: Option<i64>,
     parallel: Option<i32>,
+    filter: Option<Text>,
 ) -> i64 {
     // Text, not String: names in the database's encoding, converted (see encoding.rs).
-    let (slot, publication) = (slot.map(|t| t.0), publication.map(|t| t.0));
+    let (slot, publication, filter) = (slot.map(|t| t.0), publication.map(|t| t.0), filter.map(|t| t.0));
     require_primary("start a backfill");
     let confirm = required(confirm, "backfill_start", "confirm");
     let batch_size = required(batch_size, "backfill_start", "batch_size");
@@ -144,6 +202,14 @@ fn start_visible(
         parallel,
         keys: None,
     };
+    if let Some(distributed) = relids.iter().find(|relid| filter.is_some() && distributed::is_distributed(**relid)) {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("table {} cannot be backfilled with a filter", table::relation_name(*distributed)),
+            FILTER_NOT_DISTRIBUTED,
+            Some("Start it without filter => ....".into()),
+        );
+    }
     if let Some(backfill_id) = distributed::start_if_distributed(&relids, confirm, &node_options) {
         return backfill_id;
     }
@@ -206,7 +272,9 @@ fn start_visible(
         }
     }
 
-    let estimates: Vec<Estimate> = tables.iter().map(|t| plan::estimate(t, prefix.len())).collect();
+    // (With a filter, this checks it on every table: an invalid one is an error here, never a
+    // failed worker.)
+    let estimates: Vec<Estimate> = tables.iter().map(|t| plan::estimate(t, prefix.len(), filter.as_deref())).collect();
     if !confirm {
         let rows: i64 = estimates.iter().map(|e| e.rows).sum();
         let bytes: i64 = estimates.iter().map(|e| e.bytes).sum();
@@ -248,6 +316,9 @@ fn start_visible(
         }
         if let Some(slot) = &slot {
             job::set_slot_identity(backfill_id, pipeline::slot_identity(slot));
+        }
+        if let Some(filter) = &filter {
+            job::set_row_filter(backfill_id, filter);
         }
         let mut position = 0;
         for (table, estimate) in tables.iter().zip(&estimates) {

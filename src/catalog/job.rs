@@ -38,6 +38,8 @@ pub struct Job {
     pub source: SourceOptions,
     /// Most rows per message: 1 (and before 0.7.0) a `read` per row, more `reads` batches.
     pub rows_per_message: i32,
+    /// The row filter (`filter => ...`), user SQL run as the starter: only rows it is true for.
+    pub row_filter: Option<String>,
 }
 
 pub fn job(id: i64) -> Option<Job> {
@@ -53,7 +55,8 @@ pub fn job(id: i64) -> Option<Job> {
                       (v.job_row OPERATOR(pg_catalog.->>) 'max_retained_wal_bytes')::pg_catalog.int8,
                       (v.job_row OPERATOR(pg_catalog.->>) 'max_active_sessions')::pg_catalog.int8,
                       v.job_row OPERATOR(pg_catalog.->>) 'slot_identity', publication_name::text,
-                      (v.job_row OPERATOR(pg_catalog.->>) 'rows_per_message')::pg_catalog.int4
+                      (v.job_row OPERATOR(pg_catalog.->>) 'rows_per_message')::pg_catalog.int4,
+                      v.job_row OPERATOR(pg_catalog.->>) 'row_filter'
                  FROM backfill.job j CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(j) AS job_row) v WHERE id = $1";
     run_prepared(sql, false, &[id.into()], |rows| {
         if rows.is_empty() {
@@ -78,6 +81,7 @@ pub fn job(id: i64) -> Option<Job> {
             slot_identity: row.get(13)?,
             publication_name: row.get::<Text>(14)?.map(|t| t.0),
             rows_per_message: row.get(15)?.unwrap_or(1),
+            row_filter: row.get::<Text>(16)?.map(|t| t.0),
         }))
     })
     .or_internal("read the backfill")
@@ -215,6 +219,15 @@ pub fn set_rows_per_message(backfill_id: i64, rows_per_message: i32) {
         &[backfill_id.into(), rows_per_message.into()],
     )
     .or_internal("record the rows per message")
+}
+
+/// A backfill's row filter (only given at its start, with the 0.8.0 schema).
+pub fn set_row_filter(backfill_id: i64, filter: &str) {
+    Spi::run_with_args(
+        "UPDATE backfill.job SET row_filter = $2 WHERE id = $1",
+        &[backfill_id.into(), Text::from(filter).into()],
+    )
+    .or_internal("record the row filter")
 }
 
 /// A backfill's lock mode, when not the column's default (auto). (Its own statement: a 0.2.0

@@ -6,6 +6,7 @@ pub(crate) mod citus;
 pub(crate) mod compat;
 pub(crate) mod encoding;
 pub(crate) mod errors;
+pub(crate) mod filter;
 pub(crate) mod privilege;
 pub(crate) mod settings;
 pub(crate) mod spi;

@@ -209,7 +209,7 @@ pub fn caller_may_act_as(role: &str) -> bool {
 }
 
 /// The id of the role of that name, if there is one.
-fn role_named(name: &str) -> Option<pg_sys::Oid> {
+pub fn role_named(name: &str) -> Option<pg_sys::Oid> {
     let name = std::ffi::CString::new(name).ok()?;
     // SAFETY: a catalog lookup by a NUL-terminated name; missing_ok, so it raises nothing.
     let oid = unsafe { pg_sys::get_role_oid(name.as_ptr(), true) };

@@ -102,6 +102,10 @@ struct TableStart<'a> {
     /// The greatest key when the scan began (null for an empty table): reads up to it follow.
     upper_bound: Value,
     rows_estimated: i64,
+    /// The backfill's row filter (`filter => ...`), when it has one: only rows it was true
+    /// for are read, so the consumer knows the backfill was partial.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    filter: Option<&'a str>,
 }
 
 /// `table_end`: every row of the table up to its upper bound has been read.
@@ -291,6 +295,7 @@ pub fn table_start(
     table: &Table,
     upper_bound: Option<&[String]>,
     rows_estimated: i64,
+    filter: Option<&str>,
 ) -> String {
     let upper_bound: Value = upper_bound
         .map(|values| {
@@ -304,6 +309,7 @@ pub fn table_start(
         key_columns: table.key_names(),
         upper_bound,
         rows_estimated,
+        filter,
     })
 }
 
@@ -458,7 +464,7 @@ mod tests {
     fn markers_carry_the_bounds_and_the_count() {
         let table = table("CREATE TABLE msg_t (id int PRIMARY KEY)");
         let start: serde_json::Value =
-            serde_json::from_str(&table_start(2, Some("s1"), &table, Some(&["42".to_string()]), 40)).unwrap();
+            serde_json::from_str(&table_start(2, Some("s1"), &table, Some(&["42".to_string()]), 40, None)).unwrap();
         assert_eq!(start["op"], "table_start");
         assert_eq!(start["slot"], "s1");
         assert_eq!(start["upper_bound"], json!({"id": 42}));

@@ -138,6 +138,15 @@ impl ScanQueries {
         )
     }
 
+    /// The keys of a block sample of about `percent` of the table, as text values, in key order:
+    /// where to split a composite key into ranges of about equal rows.
+    pub fn key_sample(&self, percent: f64) -> String {
+        format!(
+            "SELECT {} FROM {} TABLESAMPLE SYSTEM ({percent}) ORDER BY {}",
+            self.key_text, self.from, self.order_asc
+        )
+    }
+
     /// The page's key range and how many parameters it binds.
     fn range(&self, after_cursor: bool) -> (String, usize) {
         let k = self.key_types.len();
@@ -178,17 +187,60 @@ impl ScanQueries {
     /// Every row of the page: its columns, ready for json::RowJson (and its partition).
     /// Parameters: [cursor,] page end.
     pub fn page_rows(&self, after_cursor: bool, locking: Locking) -> String {
-        let (range, _) = self.range(after_cursor);
         let partition = if self.partitioned { ", t.tableoid::regclass::text" } else { "" };
+        self.page_select(&format!("{}{partition}", self.row_columns), after_cursor, locking)
+    }
+
+    /// The row ids (ctid, as text) of every row of the page, locked as page_rows() locks them:
+    /// a filtered page's rows, for the filter (pg/filter.rs). Parameters: [cursor,] page end.
+    pub fn page_row_ids(&self, after_cursor: bool, locking: Locking) -> String {
+        format!(
+            "SELECT pg_catalog.array_agg(r.id) FROM ({}) r(id)",
+            self.page_select("t.ctid::text", after_cursor, locking)
+        )
+    }
+
+    fn page_select(&self, columns: &str, after_cursor: bool, locking: Locking) -> String {
+        let (range, _) = self.range(after_cursor);
         let lock = locking.clause();
         format!(
-            "SELECT {columns}{partition} FROM {from} WHERE {range} ORDER BY {asc}{lock}",
-            columns = self.row_columns,
+            "SELECT {columns} FROM {from} WHERE {range} ORDER BY {asc}{lock}",
             from = self.from,
             asc = self.order_asc,
         )
     }
+
+    /// The rows of these row ids (locked by their page), as page_rows() reads them.
+    /// Parameter: the row ids (text[]).
+    pub fn rows_at(&self) -> String {
+        format!(
+            "SELECT {columns} FROM {from} WHERE {ids} ORDER BY {asc}",
+            columns = self.row_columns,
+            from = self.from,
+            ids = ROW_IDS,
+            asc = self.order_asc,
+        )
+    }
+
+    /// Which of these row ids (locked by their page) pass the filter: the query the filter
+    /// runs in, as the role that started the backfill. Parameter: the row ids (text[]).
+    pub fn row_ids_passing(&self, filter: &str) -> String {
+        self.filtered("pg_catalog.array_agg(t.ctid::text)", ROW_IDS, filter)
+    }
+
+    /// The filter in a query that reads every row, for its check and its estimate: the same
+    /// text around it as in row_ids_passing() (pg/filter.rs checks that it stays one expression).
+    pub fn filter_check(&self, filter: &str) -> String {
+        self.filtered("", "true", filter)
+    }
+
+    fn filtered(&self, columns: &str, condition: &str, filter: &str) -> String {
+        format!("SELECT {columns} FROM {} WHERE {condition} AND (\n{filter}\n)", self.from)
+    }
 }
+
+/// A row is found again by its id, in a page that holds it locked: its id cannot change.
+const ROW_IDS: &str = "t.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[]::pg_catalog.tid[])";
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]

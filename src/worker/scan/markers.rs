@@ -26,7 +26,9 @@ impl TableScan<'_> {
         if first_range {
             let json = greatest.as_ref().map(|(_, json)| json.as_slice());
             let rows_estimated = ranges.len() as i64 * progress.rows_estimated;
-            let marker = message::table_start(backfill_id, self.context.slot.as_deref(), table, json, rows_estimated);
+            let filter = self.context.row_filter.as_deref();
+            let marker =
+                message::table_start(backfill_id, self.context.slot.as_deref(), table, json, rows_estimated, filter);
             message::emit_marker(self.context.prefix, signer, marker);
         }
         let upper_bound = progress.upper_bound.clone().or(greatest.map(|(key, _)| key));

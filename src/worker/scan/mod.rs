@@ -77,6 +77,8 @@ struct ScanContext<'a> {
     keyed: bool,
     /// Most rows per message (backfill.job.rows_per_message).
     rows_per_message: i32,
+    /// The row filter (backfill.job.row_filter): user SQL, run as the starter.
+    row_filter: Option<String>,
     /// Whether the state tables count each page's lock path (tests).
     counts_lock_paths: bool,
 }
@@ -131,6 +133,7 @@ impl<'a> TableScan<'a> {
                 started_by: job.started_by.clone(),
                 keyed,
                 rows_per_message: job.rows_per_message,
+                row_filter: job.row_filter.clone(),
                 counts_lock_paths,
             },
             throttle: Throttle::new(job, partitioned),

@@ -4,12 +4,13 @@
 use super::{Page, TableScan};
 use crate::catalog::job_table::{self, JobTable};
 use crate::pg::encoding::KeyText;
-use crate::pg::errors::OrInternal;
+use crate::pg::errors::{raise, OrInternal};
 use crate::pg::privilege;
 use crate::pg::settings;
 use crate::stream::delivery;
 use crate::stream::sign::Signer;
 use crate::throttle::lock::Locking;
+use pgrx::PgSqlErrorCode::*;
 use std::time::Instant;
 
 impl TableScan<'_> {
@@ -78,8 +79,37 @@ impl TableScan<'_> {
     ) -> (i64, i64) {
         let args: Vec<pgrx::datum::DatumWithOid> =
             Self::key_args(cursor, page_end).into_iter().map(Into::into).collect();
-        let sql = self.shape.queries.page_rows(cursor.is_some(), locking);
-        self.deliver_rows(&sql, &args, signer)
+        let Some(filter) = self.context.row_filter.clone() else {
+            let sql = self.shape.queries.page_rows(cursor.is_some(), locking);
+            return self.deliver_rows(&sql, &args, signer);
+        };
+        // A filtered page locks and lists its rows as the owner, as any page does. The filter is
+        // the starter's code: it picks the rows to deliver as the starter, never as the owner or
+        // the worker's superuser. They are then read as the owner. (Locked, no row can change
+        // between the three queries; a row that enters or leaves the filter later does so by a
+        // change, which the stream carries after this page.)
+        let queries = &self.shape.queries;
+        let ids = privilege::run_as(self.shape.owner, || {
+            crate::pg::spi::select_one::<Vec<String>>(&queries.page_row_ids(cursor.is_some(), locking), &args)
+        })
+        .or_internal("lock the page's rows");
+        let Some(ids) = ids else { return (0, 0) };
+        let Some(starter) = privilege::role_named(&self.context.started_by) else {
+            // (The page's recheck found the role: it was dropped since.)
+            raise(
+                ERRCODE_UNDEFINED_OBJECT,
+                format!("role \"{}\" that started the backfill no longer exists", self.context.started_by),
+                "A backfill's filter runs as the role that started it.",
+                Some("Start a new backfill as a role that exists.".into()),
+            )
+        };
+        let passing = privilege::run_as(starter, || {
+            crate::pg::spi::select_one::<Vec<String>>(&queries.row_ids_passing(&filter), &[ids.into()])
+        })
+        .or_internal("filter the page's rows");
+        let Some(passing) = passing else { return (0, 0) };
+        let sql = queries.rows_at();
+        self.deliver_rows(&sql, &[passing.into()], signer)
     }
 
     /// Runs a page's rows query (`sql`, with `args`), emitting one message per row it returns.

@@ -1,0 +1,153 @@
+//! A backfill's row filter (`filter => '...'`): user SQL, checked before anything starts.
+//!
+//! The filter is spliced into queries as text, `... WHERE <condition> AND (\n<filter>\n)`, so
+//! it is checked in exactly that text: PostgreSQL's own parser must find one plain SELECT whose
+//! WHERE is the AND of our condition and one expression, the filter, and nothing else (a
+//! filter such as `true) OR (true` or `true) GROUP BY (1` would change the query around it).
+//! Then parse analysis must find it boolean, over existing columns, without a subquery and
+//! without a volatile function, and the planner (EXPLAIN, which checks every privilege the
+//! query needs) must accept it, as the role that runs it: its estimate is the filtered rows.
+
+use crate::pg::errors::raise;
+use pgrx::pg_sys::panic::CaughtError;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::{self, *};
+
+/// How a filter's error reads: what it is, and how a valid one looks.
+const FILTER_DETAIL: &str = "A filter is one boolean SQL expression over the table's columns, evaluated as the role \
+    that started the backfill, with search_path pg_catalog, pg_temp, in a security-restricted operation; \
+    without subqueries and without volatile functions.";
+const FILTER_HINT: &str =
+    "Qualify functions with their schema and quote names as in SQL, e.g. filter => 'created_at > now() - interval ''30 days''';";
+
+/// Checks `query`, `SELECT ... FROM <table> t WHERE <condition> AND (\n<filter>\n)`, as the
+/// current role (see the module's comment), and returns the planner's estimate of its rows.
+/// Raises, with the table's name and PostgreSQL's SQLSTATE, if the filter is not valid.
+#[track_caller]
+pub fn check(query: &str, table: &str) -> f64 {
+    let Ok(text) = std::ffi::CString::new(query) else {
+        refuse(ERRCODE_SYNTAX_ERROR, table, "it contains a NUL character")
+    };
+    // Parse errors (42601), unknown columns (42703), a type that is not boolean (42804),
+    // missing privileges (42501) are PostgreSQL's own, raised again with their SQLSTATE.
+    let checked = PgTryBuilder::new(|| match refusal_of(&text) {
+        None => Ok(crate::pg::spi::planned_rows(query)),
+        Some(refusal) => Err(refusal),
+    })
+    .catch_others(|caught| {
+        let report = match caught {
+            CaughtError::PostgresError(r) | CaughtError::ErrorReport(r) => r,
+            CaughtError::RustPanic { ereport, .. } => ereport,
+        };
+        Err(Refusal::Error(report.sql_error_code(), report.message().to_string()))
+    })
+    .execute();
+    match checked {
+        Ok(rows) => rows.unwrap_or(0.0),
+        Err(Refusal::Error(code, message)) => refuse(code, table, &message),
+        Err(Refusal::NotOneExpression) => refuse(
+            ERRCODE_SYNTAX_ERROR,
+            table,
+            "it is not one expression (it reaches outside the parentheses around it)",
+        ),
+        Err(Refusal::HasSubquery) => refuse(ERRCODE_FEATURE_NOT_SUPPORTED, table, "it contains a subquery"),
+        Err(Refusal::Volatile) => refuse(ERRCODE_FEATURE_NOT_SUPPORTED, table, "it calls a volatile function"),
+    }
+}
+
+#[track_caller]
+fn refuse(code: PgSqlErrorCode, table: &str, why: &str) -> ! {
+    raise(
+        code,
+        format!("the filter of a backfill of table {table} is not valid: {why}"),
+        FILTER_DETAIL,
+        Some(FILTER_HINT.into()),
+    )
+}
+
+/// Why a filter is refused.
+enum Refusal {
+    /// PostgreSQL's error: its SQLSTATE and message.
+    Error(PgSqlErrorCode, String),
+    NotOneExpression,
+    HasSubquery,
+    Volatile,
+}
+
+/// Why the parser and parse analysis refuse `query`'s filter, if they do (PostgreSQL's own
+/// errors are raised).
+fn refusal_of(query: &std::ffi::CStr) -> Option<Refusal> {
+    // SAFETY: the parser's and the analyzer's nodes live in the current memory context, which
+    // outlives this function; every pointer read is checked for NULL and its node tag first.
+    unsafe {
+        let statements = pg_sys::raw_parser(query.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
+        let [raw] = list_of::<pg_sys::RawStmt>(statements)[..] else { return Some(Refusal::NotOneExpression) };
+        let select = (*raw).stmt as *mut pg_sys::SelectStmt;
+        if !is_a(select as *mut pg_sys::Node, pg_sys::NodeTag::T_SelectStmt) || !is_one_filtered_select(&*select) {
+            return Some(Refusal::NotOneExpression);
+        }
+        let analyzed =
+            pg_sys::parse_analyze_fixedparams(raw, query.as_ptr(), std::ptr::null(), 0, std::ptr::null_mut());
+        if (*analyzed).hasSubLinks {
+            return Some(Refusal::HasSubquery);
+        }
+        if pg_sys::contain_volatile_functions((*(*analyzed).jointree).quals) {
+            return Some(Refusal::Volatile);
+        }
+        None
+    }
+}
+
+/// Whether the statement is `SELECT <one target> FROM <one table> WHERE <ours> AND (<filter>)`
+/// and nothing more: its WHERE an AND of exactly two operands (a filter that closes our
+/// parenthesis and opens another, `x) AND (y`, makes three; `x) OR (y`, an OR).
+///
+/// # Safety
+/// `select` is a raw parse tree.
+unsafe fn is_one_filtered_select(select: &pg_sys::SelectStmt) -> bool {
+    let only_where = select.op == pg_sys::SetOperation::SETOP_NONE
+        && list_len(select.targetList) <= 1
+        && list_len(select.fromClause) == 1
+        && [select.distinctClause, select.groupClause, select.windowClause, select.valuesLists, select.sortClause]
+            .iter()
+            .all(|list| list.is_null())
+        && select.lockingClause.is_null()
+        && select.intoClause.is_null()
+        && select.havingClause.is_null()
+        && select.limitOffset.is_null()
+        && select.limitCount.is_null()
+        && select.withClause.is_null();
+    let condition = select.whereClause as *mut pg_sys::BoolExpr;
+    only_where
+        && is_a(condition as *mut pg_sys::Node, pg_sys::NodeTag::T_BoolExpr)
+        && (*condition).boolop == pg_sys::BoolExprType::AND_EXPR
+        && list_len((*condition).args) == 2
+}
+
+/// # Safety
+/// `node` is NULL or a node.
+unsafe fn is_a(node: *mut pg_sys::Node, tag: pg_sys::NodeTag) -> bool {
+    !node.is_null() && (*node).type_ == tag
+}
+
+/// # Safety
+/// `list` is NIL or a pointer list.
+unsafe fn list_len(list: *mut pg_sys::List) -> i32 {
+    if list.is_null() {
+        0
+    } else {
+        (*list).length
+    }
+}
+
+/// The elements of a pointer list of `T` nodes.
+///
+/// # Safety
+/// `list` is NIL or a pointer list of `T`.
+unsafe fn list_of<T>(list: *mut pg_sys::List) -> Vec<*mut T> {
+    if list.is_null() {
+        return Vec::new();
+    }
+    let cells = std::slice::from_raw_parts((*list).elements, (*list).length as usize);
+    cells.iter().map(|cell| cell.ptr_value as *mut T).collect()
+}
