@@ -461,8 +461,10 @@ def test_max_workers_counts_a_worker_that_is_still_starting(db, cluster):
         starting = start(db, "b", batch_size=5, rows_per_second=10)
         assert starting == running + 1
         wait_for(lambda: workers() == 2, what="the second worker, held before its admission")
-        name = value(db, "SELECT application_name FROM pg_stat_activity WHERE application_name ~ '^pg_backfill starting'")
-        assert name == f"pg_backfill starting {starting}"
+        # (A worker shows in pg_stat_activity a moment before it names itself.)
+        starting_name = "SELECT application_name FROM pg_stat_activity WHERE application_name ~ '^pg_backfill starting'"
+        wait_for(lambda: db.execute(starting_name).fetchone() is not None, what="the second worker to name itself")
+        assert value(db, starting_name) == f"pg_backfill starting {starting}"
         e = error_of(db, "SELECT backfill_start('c', confirm => true)")
         assert e.sqlstate == "53400", e
         assert "2 backfill worker(s)" in e.diag.message_detail
