@@ -288,6 +288,9 @@ def test_distributed_backfill_is_an_exact_ordered_copy_in_each_nodes_stream_unde
         backfill_id = orders.execute(
             "SELECT backfill_start('orders', confirm => true, slot => 'cdc', batch_size => 100, rows_per_second => 4000)"
         ).fetchone()[0]
+        # The coordinator shows the rate of the whole while it runs.
+        wait_for(lambda: orders.execute("SELECT rows_per_second_last_minute > 0 FROM backfill_status WHERE id = %s",
+                                        [backfill_id]).fetchone()[0], what="the rate of the whole")
         assert wait_until_ended(orders, backfill_id) == "done"
     finally:
         writers.stop()

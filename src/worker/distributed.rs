@@ -149,6 +149,8 @@ fn look(backfill_id: i64) -> bool {
             _ => all_done = false,
         }
     }
+    // A sample of the whole's rows, for the rate of the last minute on the coordinator.
+    job::record_progress(backfill_id);
     if all_done {
         if job::move_job(backfill_id, &[JobState::Running], JobState::Done, None, None) {
             log!("{}: done on every node", who(backfill_id));
