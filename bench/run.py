@@ -686,6 +686,9 @@ def main():
     parser.add_argument("--sizes", default="250000,1000000,4000000")
     parser.add_argument("--shapes", default="narrow,wide")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help="the speed benchmark's methods (the limit always runs: the ratios are to it); the client "
+                             "script pages on a column named id, so leave it out for the composite shape")
     parser.add_argument("--pgbench-seconds", type=int, default=20, help="0 skips the load test")
     parser.add_argument("--pgbench-rate", type=int, default=50000, help="rows/s of the paced backfill")
     parser.add_argument("--checksum", action="store_true",
@@ -759,9 +762,10 @@ def main():
                 payload = payload_bytes(conn, table)
                 # The methods take turns, so that a slow spell of the shared machine falls on
                 # all of them alike rather than on whichever ran then.
-                runs = {method: [] for method in METHODS}
+                methods = {m: METHODS[m] for m in METHODS if m == "limit" or m in args.methods.split(",")}
+                runs = {method: [] for method in methods}
                 for _ in range(args.repeat):
-                    for method, run in METHODS.items():
+                    for method, run in methods.items():
                         # No WAL-triggered checkpoint may overlap a measurement: it competes for
                         # the disk and the CPU (seen overlapping whole runs before this).
                         conn.execute("CHECKPOINT")
@@ -781,7 +785,7 @@ def main():
                     results.append({"shape": shape, "rows": size, "method": method,
                                     "payload_bytes_per_row": payload / size, **f})
                 conn.execute(f"DROP TABLE {table}")
-                print_rows(results[-len(METHODS):], header=len(results) == len(METHODS))
+                print_rows(results[-len(methods):], header=len(results) == len(methods))
         if not only:
             load = pgbench_impact(conn, args.pgbench_seconds, args.pgbench_rate) if args.pgbench_seconds else []
     finally:
