@@ -357,11 +357,6 @@ pub fn local_tables(relids: Vec<pg_sys::Oid>) -> Vec<pg_sys::Oid> {
         .collect()
 }
 
-/// Whether `relid` is a Citus distributed table (false without Citus).
-pub fn is_distributed(relid: pg_sys::Oid) -> bool {
-    citus_metadata::distribution(relid) == Some(Distribution::Distributed)
-}
-
 /// The options of backfill_start() that a backfill of a distributed table does not pass on to
 /// its nodes: refused before anything starts (backfill_start() calls this on its tables before
 /// backfill.start()). Returns the tables.
@@ -388,11 +383,7 @@ fn refuse_node_options(
     if given.is_empty() {
         return tables;
     }
-    let distributed = tables
-        .iter()
-        .flatten()
-        .flatten()
-        .find(|relid| citus_metadata::distribution(**relid) == Some(Distribution::Distributed));
+    let distributed = tables.iter().flatten().flatten().find(|relid| citus_metadata::is_distributed(**relid));
     if let Some(relid) = distributed {
         let name = table::relation_name(*relid);
         raise(

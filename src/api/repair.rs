@@ -51,7 +51,7 @@ fn repair(
     }
     let keys: Vec<serde_json::Value> = found.keys.into_iter().map(|(key, _)| key).collect();
     let source = source.unwrap_or_default();
-    if crate::pg::citus::distribution(source) == Some(crate::pg::citus::Distribution::Distributed) {
+    if crate::pg::citus::is_distributed(source) {
         // On the worker nodes, each in its stream: one keyed backfill of the shards that hold keys.
         let by_shard = crate::api::distributed::keys_by_shard(source, keys);
         let options = crate::api::distributed::NodeOptions {

@@ -94,7 +94,7 @@ fn estimate_table(
     prefix_len: usize,
     filter: Option<&str>,
 ) -> EstimateRow {
-    if filter.is_some() && distributed::is_distributed(listed) {
+    if filter.is_some() && crate::pg::citus::is_distributed(listed) {
         return (listed, false, Some(Text(FILTER_NOT_DISTRIBUTED.into())), None, None, None, None);
     }
     if let Some(distributed) = crate::citus::estimate::estimate(listed, batch_size) {
@@ -202,7 +202,8 @@ fn start_visible(
         parallel,
         keys: None,
     };
-    if let Some(distributed) = relids.iter().find(|relid| filter.is_some() && distributed::is_distributed(**relid)) {
+    if let Some(distributed) = relids.iter().find(|relid| filter.is_some() && crate::pg::citus::is_distributed(**relid))
+    {
         raise(
             ERRCODE_FEATURE_NOT_SUPPORTED,
             format!("table {} cannot be backfilled with a filter", table::relation_name(*distributed)),

@@ -2,7 +2,7 @@
 //! a Citus distributed table, on the coordinator, is summed shard by shard on its worker nodes,
 //! over the same ranges, and the sums added up range by range (verify/distributed.rs).
 
-use crate::pg::citus::{self as citus_metadata, Distribution};
+use crate::pg::citus as citus_metadata;
 use crate::pg::encoding::Text;
 use crate::verify::checksum::{self, Level};
 use pgrx::prelude::*;
@@ -28,7 +28,7 @@ fn checksum(
 > {
     let relid = crate::pg::args::required(table, "backfill_checksum", "tbl");
     let level = Level::parse(&crate::pg::args::required(level, "backfill_checksum", "level").0);
-    if citus_metadata::distribution(relid) == Some(Distribution::Distributed) {
+    if citus_metadata::is_distributed(relid) {
         return TableIterator::new(crate::verify::distributed::checksum(relid, ranges, level, bounds));
     }
     TableIterator::new(checksum::checksum(relid, ranges, level, bounds))

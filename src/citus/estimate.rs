@@ -2,7 +2,7 @@
 //! added up.
 
 use crate::citus::nodes::{self, literal, Node};
-use crate::pg::citus::{self as citus_metadata, Distribution};
+use crate::pg::citus as citus_metadata;
 use pgrx::prelude::*;
 
 /// A distributed table's estimate: its key columns, rows, message bytes and pages.
@@ -16,7 +16,7 @@ pub struct DistributedEstimate {
 /// What backfill_estimate() says of a distributed table: its nodes' estimates of their shards,
 /// added up, or why a node cannot backfill them. None when `relid` is not a distributed table.
 pub fn estimate(relid: pg_sys::Oid, batch_size: i32) -> Option<Result<DistributedEstimate, String>> {
-    if citus_metadata::distribution(relid) != Some(Distribution::Distributed) {
+    if !citus_metadata::is_distributed(relid) {
         return None;
     }
     let by_node = nodes::group_by_node(&nodes::placements(relid));

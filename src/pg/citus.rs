@@ -122,6 +122,11 @@ pub fn distribution(relid: pg_sys::Oid) -> Option<Distribution> {
     }
 }
 
+/// Whether `relid` is a Citus distributed table (false without Citus).
+pub fn is_distributed(relid: pg_sys::Oid) -> bool {
+    distribution(relid) == Some(Distribution::Distributed)
+}
+
 /// The distribution column of a distributed table (None for other tables, or without Citus).
 pub fn distribution_column(relid: pg_sys::Oid) -> Option<String> {
     if !installed() {

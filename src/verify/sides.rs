@@ -52,7 +52,7 @@ impl Side {
     /// A table of this server: a distributed table if Citus distributes it.
     pub fn here(relid: pg_sys::Oid) -> Side {
         let name = crate::pg::spi::qualified_name(relid);
-        if crate::pg::citus::distribution(relid) == Some(crate::pg::citus::Distribution::Distributed) {
+        if crate::pg::citus::is_distributed(relid) {
             Side::Distributed { name, relid }
         } else {
             Side::Local { name, relid }
