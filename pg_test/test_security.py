@@ -104,6 +104,23 @@ def test_the_functions_public_may_execute_grant_nothing(db, roles):
     assert e.sqlstate == "55000" and f"backfill {backfill_id}" in e.diag.message_primary, e
     assert db.execute("SELECT count(*) FROM backfill.job_key").fetchone()[0] == 0
     db.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    # NULL keys change nothing; a NULL id or table is 22004.
+    assert conn.execute("SELECT backfill.set_keys_of(NULL, NULL, NULL)").fetchone()[0] is None
+    for sql in ("SELECT backfill.set_keys_of(NULL, 't'::regclass, '[]')", "SELECT backfill.set_keys_of(1, NULL, '[]')"):
+        assert error_of(conn, sql).sqlstate == "22004", sql
+    # Keys for the node's tables must be one list per table: anything else starts nothing.
+    before = db.execute("SELECT count(*) FROM backfill.job").fetchone()[0]
+    for shard_keys in ('{}', '[]', '[[{"id": 1}], [{"id": 2}]]', '"x"', '[null]', '[[{"id": "no"}]]'):
+        reply = db.execute(
+            "SELECT backfill.start_on_node(ARRAY['t']::regclass[], true, 100, NULL, NULL, NULL, NULL, 1, %s::jsonb)",
+            [shard_keys]).fetchone()[0]
+        assert reply.get("sqlstate") in ("22023", "22P02"), (shard_keys, reply)
+    assert db.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == before
+    reply = db.execute(
+        "SELECT backfill.start_on_node(ARRAY['t']::regclass[], true, 100, NULL, NULL, NULL, NULL, 1, '[[{\"id\": 3}]]')"
+    ).fetchone()[0]
+    assert wait_until_ended(db, reply["id"]) == "done"
+    assert status(db, reply["id"], "rows_done") == 1
 
 
 def test_a_role_without_grants_may_not_call_the_functions(db, roles):

@@ -521,6 +521,15 @@ DECLARE
 BEGIN
     started := @extschema@.backfill_start(tables, confirm, batch_size, rows_per_second, slot, publication,
                                           max_lag, parallel);
+    IF shard_keys IS NOT NULL
+       -- (In parentheses: IF would take the CASE's THEN for its own.)
+       AND (CASE WHEN jsonb_typeof(shard_keys) = 'array' THEN jsonb_array_length(shard_keys) END
+            IS DISTINCT FROM cardinality(tables)) THEN
+        RAISE EXCEPTION 'shard_keys must be a JSON array of one key list per table'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = format('%s tables were given; their keys are given in the same order.', cardinality(tables)),
+                  HINT = 'backfill_repair() on the coordinator passes them: run that there.';
+    END IF;
     FOR i IN 1 .. CASE WHEN shard_keys IS NULL THEN 0 ELSE cardinality(tables) END LOOP
         PERFORM backfill.set_keys_of(started, tables[i], shard_keys -> (i - 1));
     END LOOP;
