@@ -2,31 +2,34 @@
 -- read well in psql and in migration scripts (each calls its entry point in schema backfill),
 -- and the monitoring views.
 
-CREATE FUNCTION backfill_estimate(tables regclass[], batch_size integer DEFAULT 1000, filter text DEFAULT NULL)
+CREATE FUNCTION backfill_estimate(tables regclass[], batch_size integer DEFAULT 1000, filter text DEFAULT NULL,
+                                  columns text[] DEFAULT NULL)
 RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
                rows_estimated bigint, bytes_estimated bigint, pages bigint)
 LANGUAGE sql VOLATILE
 AS $$ SELECT e.table_name::regclass, e.eligible, e.reason, e.key_columns::name[],
              e.rows_estimated, e.bytes_estimated, e.pages
-        FROM backfill.estimate(tables::oid[], batch_size, filter) e $$;
-COMMENT ON FUNCTION backfill_estimate(regclass[], integer, text) IS
+        FROM backfill.estimate(tables::oid[], batch_size, filter, columns) e $$;
+COMMENT ON FUNCTION backfill_estimate(regclass[], integer, text, text[]) IS
 'For each table: whether it can be backfilled (and why not), its key, and the rows, message bytes and pages a backfill would deliver. Uses statistics and a small sample, never a full scan.';
 
-CREATE FUNCTION backfill_estimate(table_name regclass, batch_size integer DEFAULT 1000, filter text DEFAULT NULL)
+CREATE FUNCTION backfill_estimate(table_name regclass, batch_size integer DEFAULT 1000, filter text DEFAULT NULL,
+                                  columns text[] DEFAULT NULL)
 RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
                rows_estimated bigint, bytes_estimated bigint, pages bigint)
 LANGUAGE sql VOLATILE
-AS $$ SELECT * FROM backfill_estimate(ARRAY[table_name], batch_size, filter) $$;
-COMMENT ON FUNCTION backfill_estimate(regclass, integer, text) IS 'backfill_estimate() of one table';
+AS $$ SELECT * FROM backfill_estimate(ARRAY[table_name], batch_size, filter, columns) $$;
+COMMENT ON FUNCTION backfill_estimate(regclass, integer, text, text[]) IS 'backfill_estimate() of one table';
 
 -- A quoted table name is of unknown type, which regclass and regclass[] would both accept:
 -- this form takes it, so that backfill_estimate('public.orders') just works.
-CREATE FUNCTION backfill_estimate(table_name text, batch_size integer DEFAULT 1000, filter text DEFAULT NULL)
+CREATE FUNCTION backfill_estimate(table_name text, batch_size integer DEFAULT 1000, filter text DEFAULT NULL,
+                                  columns text[] DEFAULT NULL)
 RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
                rows_estimated bigint, bytes_estimated bigint, pages bigint)
 LANGUAGE sql VOLATILE
-AS $$ SELECT * FROM backfill_estimate(ARRAY[table_name::regclass], batch_size, filter) $$;
-COMMENT ON FUNCTION backfill_estimate(text, integer, text) IS 'backfill_estimate() of one table, by name';
+AS $$ SELECT * FROM backfill_estimate(ARRAY[table_name::regclass], batch_size, filter, columns) $$;
+COMMENT ON FUNCTION backfill_estimate(text, integer, text, text[]) IS 'backfill_estimate() of one table, by name';
 
 CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
@@ -34,15 +37,15 @@ CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false,
                                parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
                                max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
                                keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL,
-                               filter text DEFAULT NULL)
+                               filter text DEFAULT NULL, columns text[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
          backfill.refuse_node_options(tables::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
-         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel, filter), rows_per_message),
+         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel, filter, columns), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
-COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text) IS
-'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate. keys => a JSON array of key objects: only those keys of the one table, each read or, without a row, delivered absent. rows_per_message => N: each page''s rows in reads messages of up to N rows (NULL: backfill.rows_per_message).';
+COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS
+'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate. keys => a JSON array of key objects: only those keys of the one table, each read or, without a row, delivered absent. rows_per_message => N: each page''s rows in reads messages of up to N rows (NULL: backfill.rows_per_message). filter => a boolean SQL expression: only the rows it is true for. columns => the columns each read carries (the key among them; NULL: every column, or the publication''s column list).';
 
 CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
@@ -50,14 +53,14 @@ CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT fals
                                parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
                                max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
                                keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL,
-                               filter text DEFAULT NULL)
+                               filter text DEFAULT NULL, columns text[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
          backfill.refuse_node_options(ARRAY[table_name]::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
-         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel, filter), rows_per_message),
+         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel, filter, columns), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
-COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text) IS 'backfill_start() of one table';
+COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS 'backfill_start() of one table';
 
 -- See backfill_estimate(text): makes backfill_start('public.orders', confirm => true) resolve.
 CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
@@ -66,14 +69,14 @@ CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, b
                                parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
                                max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
                                keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL,
-                               filter text DEFAULT NULL)
+                               filter text DEFAULT NULL, columns text[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
          backfill.refuse_node_options(ARRAY[table_name::regclass]::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
-         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel, filter), rows_per_message),
+         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel, filter, columns), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
-COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text) IS 'backfill_start() of one table, by name';
+COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS 'backfill_start() of one table, by name';
 
 CREATE FUNCTION backfill_checksum(tbl regclass, ranges integer DEFAULT 1024, level text DEFAULT 'hash',
                                   bounds jsonb DEFAULT NULL)
@@ -410,10 +413,10 @@ COMMENT ON FUNCTION backfill.refuse_drop_while_running() IS 'Event trigger: refu
 CREATE EVENT TRIGGER backfill_refuse_drop_while_running ON ddl_command_start WHEN TAG IN ('DROP EXTENSION')
     EXECUTE FUNCTION backfill.refuse_drop_while_running();
 REVOKE EXECUTE ON FUNCTION
-    backfill_estimate(regclass[], integer, text), backfill_estimate(regclass, integer, text), backfill_estimate(text, integer, text),
-    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text),
-    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text),
-    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text),
+    backfill_estimate(regclass[], integer, text, text[]), backfill_estimate(regclass, integer, text, text[]), backfill_estimate(text, integer, text, text[]),
+    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
+    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
+    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
     backfill_cancel(bigint), backfill_pause(bigint), backfill_resume(bigint),
     backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
     backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_security_check(),
@@ -422,9 +425,11 @@ REVOKE EXECUTE ON FUNCTION
   FROM PUBLIC;
 
 -- The entry points the wrappers above call, and the views' helpers.
-COMMENT ON FUNCTION backfill.estimate(oid[], integer, text) IS 'Entry point of backfill_estimate()';
+COMMENT ON FUNCTION backfill.estimate(oid[], integer, text, text[]) IS 'Entry point of backfill_estimate()';
+COMMENT ON FUNCTION backfill.estimate(oid[], integer, text) IS 'Entry point of backfill_estimate() in 0.8.0 (no column list): the SQL of that version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.estimate(oid[], integer) IS 'Entry point of backfill_estimate() before 0.8.0 (no filter): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text) IS 'Entry point of backfill_start()';
+COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text, text[]) IS 'Entry point of backfill_start()';
+COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text) IS 'Entry point of backfill_start() in 0.8.0 (no column list): the SQL of that version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer) IS 'Entry point of backfill_start() before 0.8.0 (no filter): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) IS 'Part of backfill_start(): refuses the options a backfill of a Citus distributed table does not pass on to its nodes; returns the tables';
 COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';

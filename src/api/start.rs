@@ -1,6 +1,7 @@
 //! The SQL functions. Their public signatures (regclass arguments, named defaults) are
 //! declared in `sql/api.sql`, which calls these entry points in schema `backfill`.
 
+use crate::api::columns;
 use crate::api::distributed;
 use crate::api::plan::{self, Estimate};
 use crate::catalog::job;
@@ -20,8 +21,9 @@ use pgrx::PgSqlErrorCode::*;
 
 const MAX_PARALLEL: i32 = 16;
 
-/// Why a distributed table takes no filter.
-const FILTER_NOT_DISTRIBUTED: &str = "It is a Citus distributed table: its nodes' backfills do not take a filter yet.";
+/// Why a distributed table takes no filter and no column list.
+const NOT_DISTRIBUTED: &str =
+    "It is a Citus distributed table: its nodes' backfills take neither a filter nor a column list yet.";
 
 // Texts, not Strings: names and reasons go back to the database in its own encoding.
 type EstimateRow = (pg_sys::Oid, bool, Option<Text>, Option<Vec<Text>>, Option<i64>, Option<i64>, Option<i64>);
@@ -69,33 +71,74 @@ fn estimate_filtered(
         name!(pages, Option<i64>),
     ),
 > {
+    estimate_of_columns(tables, batch_size, filter, None)
+}
+
+/// backfill_estimate() with a row filter and a column list (0.9.0; see [`estimate_filtered`]).
+#[allow(clippy::type_complexity)]
+#[pg_extern(schema = "backfill", name = "estimate")]
+fn estimate_of_columns(
+    tables: Option<Vec<Option<pg_sys::Oid>>>,
+    batch_size: Option<i32>,
+    filter: Option<Text>,
+    columns: Option<Vec<Option<Text>>>,
+) -> TableIterator<
+    'static,
+    (
+        name!(table_name, pg_sys::Oid),
+        name!(eligible, bool),
+        name!(reason, Option<Text>),
+        name!(key_columns, Option<Vec<Text>>),
+        name!(rows_estimated, Option<i64>),
+        name!(bytes_estimated, Option<i64>),
+        name!(pages, Option<i64>),
+    ),
+> {
     let batch_size = required(batch_size, "backfill_estimate", "batch_size");
     check_batch_size(batch_size);
     let prefix_len = settings::message_prefix().len();
     let listed = table_list(tables);
     let filter = filter.map(|f| f.0);
+    let columns = columns::given(columns);
     let rows: Vec<EstimateRow> = crate::pg::citus::with_shards_visible(|| {
         listed
             .iter()
             .zip(distributed::local_tables(listed.clone()))
-            .map(|(listed, relid)| estimate_table(*listed, relid, batch_size, prefix_len, filter.as_deref()))
+            .map(|(listed, relid)| {
+                let only = Only { filter: filter.as_deref(), columns: columns.as_deref() };
+                estimate_table(*listed, relid, batch_size, prefix_len, only)
+            })
             .collect()
     });
     TableIterator::new(rows)
 }
 
+/// What of a table a backfill delivers: the rows its filter passes, the columns of its list.
+#[derive(Clone, Copy)]
+struct Only<'a> {
+    filter: Option<&'a str>,
+    columns: Option<&'a [String]>,
+}
+
+impl Only<'_> {
+    fn is_some(&self) -> bool {
+        self.filter.is_some() || self.columns.is_some()
+    }
+}
+
 /// The estimate of table `listed`, read from `relid` (itself, or a Citus reference table's
 /// placement on this node) or, for a distributed table, from its nodes; with a row filter, of
-/// the rows it passes (an invalid filter is an error).
+/// the rows it passes (an invalid filter is an error); with a column list, of those columns
+/// (a column that is not the table's, or a list without the key, is an error).
 fn estimate_table(
     listed: pg_sys::Oid,
     relid: pg_sys::Oid,
     batch_size: i32,
     prefix_len: usize,
-    filter: Option<&str>,
+    only: Only,
 ) -> EstimateRow {
-    if filter.is_some() && crate::pg::citus::is_distributed(listed) {
-        return (listed, false, Some(Text(FILTER_NOT_DISTRIBUTED.into())), None, None, None, None);
+    if only.is_some() && crate::pg::citus::is_distributed(listed) {
+        return (listed, false, Some(Text(NOT_DISTRIBUTED.into())), None, None, None, None);
     }
     if let Some(distributed) = crate::citus::estimate::estimate(listed, batch_size) {
         return match distributed {
@@ -113,7 +156,9 @@ fn estimate_table(
     }
     match table::inspect(relid) {
         Ok(table) => {
-            let estimate = plan::estimate(&table, prefix_len, filter);
+            let list = columns::column_list(&table, only.columns, None);
+            let table = columns::project(table, list);
+            let estimate = plan::estimate(&table, prefix_len, only.filter);
             let pages = plan::pages(estimate.rows, batch_size);
             let key = crate::pg::encoding::texts(&table.key_names());
             (listed, true, None, Some(key), Some(estimate.rows), Some(estimate.bytes), Some(pages))
@@ -155,9 +200,29 @@ fn start_filtered(
     parallel: Option<i32>,
     filter: Option<Text>,
 ) -> i64 {
+    start_of_columns(tables, confirm, batch_size, rows_per_second, slot, publication, max_lag, parallel, filter, None)
+}
+
+/// backfill_start() with a row filter and a column list (0.9.0; see [`start_filtered`]).
+#[pg_extern(schema = "backfill", name = "start")]
+#[allow(clippy::too_many_arguments)]
+fn start_of_columns(
+    tables: Option<Vec<Option<pg_sys::Oid>>>,
+    confirm: Option<bool>,
+    batch_size: Option<i32>,
+    rows_per_second: Option<i32>,
+    slot: Option<Text>,
+    publication: Option<Text>,
+    max_lag: Option<i64>,
+    parallel: Option<i32>,
+    filter: Option<Text>,
+    columns: Option<Vec<Option<Text>>>,
+) -> i64 {
+    let columns = columns::given(columns);
+    let only = Only { filter: filter.as_ref().map(|f| f.0.as_str()), columns: columns.as_deref() };
     // On a Citus worker node, the coordinator starts backfills of shards, which Citus hides.
     crate::pg::citus::with_shards_visible(|| {
-        start_visible(tables, confirm, batch_size, rows_per_second, slot, publication, max_lag, parallel, filter)
+        start_visible(tables, confirm, batch_size, rows_per_second, slot, publication, max_lag, parallel, only)
     })
 }
 
@@ -171,10 +236,10 @@ fn start_visible(
     publication: Option<Text>,
     max_lag: Option<i64>,
     parallel: Option<i32>,
-    filter: Option<Text>,
+    only: Only,
 ) -> i64 {
     // Text, not String: names in the database's encoding, converted (see encoding.rs).
-    let (slot, publication, filter) = (slot.map(|t| t.0), publication.map(|t| t.0), filter.map(|t| t.0));
+    let (slot, publication) = (slot.map(|t| t.0), publication.map(|t| t.0));
     require_primary("start a backfill");
     let confirm = required(confirm, "backfill_start", "confirm");
     let batch_size = required(batch_size, "backfill_start", "batch_size");
@@ -202,13 +267,12 @@ fn start_visible(
         parallel,
         keys: None,
     };
-    if let Some(distributed) = relids.iter().find(|relid| filter.is_some() && crate::pg::citus::is_distributed(**relid))
-    {
+    if let Some(distributed) = relids.iter().find(|relid| only.is_some() && crate::pg::citus::is_distributed(**relid)) {
         raise(
             ERRCODE_FEATURE_NOT_SUPPORTED,
-            format!("table {} cannot be backfilled with a filter", table::relation_name(*distributed)),
-            FILTER_NOT_DISTRIBUTED,
-            Some("Start it without filter => ....".into()),
+            format!("table {} cannot be backfilled with a filter or a column list", table::relation_name(*distributed)),
+            NOT_DISTRIBUTED,
+            Some("Start it without filter => ... and columns => ....".into()),
         );
     }
     if let Some(backfill_id) = distributed::start_if_distributed(&relids, confirm, &node_options) {
@@ -250,6 +314,15 @@ fn start_visible(
             pipeline::require_published(publication, table);
         }
     }
+    // Each table as its reads deliver it: the columns of its list (an error if the list is not
+    // valid for it).
+    let tables: Vec<Table> = tables
+        .into_iter()
+        .map(|table| {
+            let list = columns::column_list(&table, only.columns, publication.as_deref());
+            columns::project(table, list)
+        })
+        .collect();
 
     // Two starts of the same table must not both pass the check below: serialize them.
     Spi::run("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pg_backfill.start'))")
@@ -275,7 +348,7 @@ fn start_visible(
 
     // (With a filter, this checks it on every table: an invalid one is an error here, never a
     // failed worker.)
-    let estimates: Vec<Estimate> = tables.iter().map(|t| plan::estimate(t, prefix.len(), filter.as_deref())).collect();
+    let estimates: Vec<Estimate> = tables.iter().map(|t| plan::estimate(t, prefix.len(), only.filter)).collect();
     if !confirm {
         let rows: i64 = estimates.iter().map(|e| e.rows).sum();
         let bytes: i64 = estimates.iter().map(|e| e.bytes).sum();
@@ -318,7 +391,7 @@ fn start_visible(
         if let Some(slot) = &slot {
             job::set_slot_identity(backfill_id, pipeline::slot_identity(slot));
         }
-        if let Some(filter) = &filter {
+        if let Some(filter) = only.filter {
             job::set_row_filter(backfill_id, filter);
         }
         let mut position = 0;
@@ -326,6 +399,9 @@ fn start_visible(
             for range in plan::key_ranges(table, estimate.rows, parallel) {
                 position += 1;
                 job_table::insert_job_table(backfill_id, position, table.relid, table.key_names(), range);
+            }
+            if let Some(list) = &table.column_list {
+                job_table::set_column_list(backfill_id, table.relid, list);
             }
         }
         backfill_id

@@ -159,6 +159,31 @@ pub fn insert_job_table(
     .or_internal("record the backfill's tables")
 }
 
+/// Records the column list of table `relid` in backfill `backfill_id`, on each of its ranges
+/// (0.9.0 schema on: only given at a start).
+pub fn set_column_list(backfill_id: i64, relid: pg_sys::Oid, columns: &[String]) {
+    Spi::run_with_args(
+        "UPDATE backfill.job_table SET column_list = $3 WHERE job_id = $1 AND relid = $2::oid::regclass",
+        &[backfill_id.into(), relid.into(), texts(columns).into()],
+    )
+    .or_internal("record the backfill's column list")
+}
+
+/// The column list of a backfill's range, if it has one. (Read through the row as jsonb: a
+/// schema before 0.9.0, until ALTER EXTENSION UPDATE, has no such column, and no lists.)
+pub fn column_list(backfill_id: i64, position: i32) -> Option<Vec<String>> {
+    crate::pg::spi::select_one::<Vec<Text>>(
+        "SELECT ARRAY(SELECT pg_catalog.jsonb_array_elements_text(l.list))
+           FROM backfill.job_table r
+          CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(r) OPERATOR(pg_catalog.->) 'column_list' AS list) l
+          WHERE r.job_id = $1 AND r.position = $2
+            AND pg_catalog.jsonb_typeof(l.list) OPERATOR(pg_catalog.=) 'array'",
+        &[backfill_id.into(), position.into()],
+    )
+    .or_internal("read the backfill's column list")
+    .map(|list| list.into_iter().map(|t| t.0).collect())
+}
+
 /// Every range of the same table in this backfill, locked in position order, so that the
 /// ranges' workers decide in turn which of them sends the table's start and end markers. A
 /// table scanned whole has one range: itself.

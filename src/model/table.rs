@@ -39,7 +39,10 @@ pub struct Table {
     pub schema: String,
     pub name: String,
     pub partitioned: bool,
+    /// The columns its rows are delivered with: every column, or those of its column list.
     pub columns: Vec<Column>,
+    /// The backfill's column list (`columns => ...`, or its publication's), when it has one.
+    pub column_list: Option<Vec<String>>,
     pub key: Vec<KeyColumn>,
     /// The Citus distributed table this table is a shard of: its messages name that table.
     pub shard_of: Option<crate::pg::citus::ShardOf>,
@@ -61,6 +64,23 @@ impl Table {
 
     pub fn key_names(&self) -> Vec<String> {
         self.key.iter().map(|k| k.name.clone()).collect()
+    }
+
+    /// The table as a backfill with column list `list` delivers it: those columns only, in the
+    /// table's order (as a publication's column list, whatever order they were named in).
+    /// `Err` names the first listed column the table does not have (any more). The list is
+    /// checked by api/columns.rs: it holds the key.
+    pub fn project(mut self, list: Option<Vec<String>>) -> Result<Table, String> {
+        let Some(list) = list else { return Ok(self) };
+        if let Some(missing) = list.iter().find(|name| !self.columns.iter().any(|c| &c.name == *name)) {
+            return Err(missing.clone());
+        }
+        self.columns.retain(|c| list.contains(&c.name));
+        for key in &mut self.key {
+            key.position = self.columns.iter().position(|c| c.name == key.name).unwrap_or_default();
+        }
+        self.column_list = Some(list);
+        Ok(self)
     }
 }
 
@@ -305,7 +325,18 @@ fn inspect_visible(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
         })
         .collect();
     let shard_of = crate::pg::citus::shard_of(relid);
-    Ok(Table { relid, owner, key_index, schema, name, partitioned: relkind == "p", columns, key, shard_of })
+    Ok(Table {
+        relid,
+        owner,
+        key_index,
+        schema,
+        name,
+        partitioned: relkind == "p",
+        columns,
+        column_list: None,
+        key,
+        shard_of,
+    })
 }
 
 /// The table as a page finds it.

@@ -114,6 +114,9 @@ pub fn label(name: &str) -> Vec<u8> {
 pub struct RowJson {
     /// The columns rendered, as the table had them when this was made.
     columns: Vec<Column>,
+    /// Whether they are all the table's columns (no column list): then a column added to the
+    /// table is one to render too.
+    whole_row: bool,
     /// `"name":` of each column, quoted once; the first with the object's opening brace.
     labels: Vec<Vec<u8>>,
     renders: Vec<Render>,
@@ -127,8 +130,9 @@ pub struct RowJson {
 }
 
 impl RowJson {
-    /// Looks the columns' output functions up: in a transaction.
-    pub fn new(columns: &[Column]) -> Self {
+    /// Looks the columns' output functions up: in a transaction. `whole_row`: `columns` are all
+    /// of the table's, not its column list.
+    pub fn new(columns: &[Column], whole_row: bool) -> Self {
         let labels = columns
             .iter()
             .enumerate()
@@ -156,6 +160,7 @@ impl RowJson {
         };
         RowJson {
             columns: columns.to_vec(),
+            whole_row,
             labels,
             renders: columns.iter().map(|c| render_of(c.type_oid).unwrap_or(Render::Json)).collect(),
             outputs,
@@ -166,7 +171,7 @@ impl RowJson {
     }
 
     /// Whether a relation's columns are still the ones rendered (no ALTER TABLE added, dropped
-    /// or retyped one).
+    /// or retyped one; with a column list, one of its columns: the others do not matter).
     ///
     /// # Safety
     /// `descriptor` is an open relation's.
@@ -178,6 +183,13 @@ impl RowJson {
             crate::pg::encoding::to_utf8(CStr::from_ptr(a.attname.data.as_ptr()).to_bytes()).as_deref()
                 == Some(name.as_bytes())
         };
+        if !self.whole_row {
+            // The listed columns, in the same order, each of the same type.
+            return self
+                .columns
+                .iter()
+                .all(|c| now.by_ref().find(|a| named(a, &c.name)).is_some_and(|a| a.atttypid == c.type_oid));
+        }
         self.columns.iter().all(|c| now.next().is_some_and(|a| a.atttypid == c.type_oid && named(a, &c.name)))
             && now.next().is_none()
     }

@@ -106,6 +106,10 @@ struct TableStart<'a> {
     /// for are read, so the consumer knows the backfill was partial.
     #[serde(skip_serializing_if = "Option::is_none")]
     filter: Option<&'a str>,
+    /// The backfill's column list for the table (`columns => ...`, or its publication's),
+    /// when it has one: the columns each read's `data` holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    columns: Option<&'a [String]>,
 }
 
 /// `table_end`: every row of the table up to its upper bound has been read.
@@ -310,6 +314,7 @@ pub fn table_start(
         upper_bound,
         rows_estimated,
         filter,
+        columns: table.column_list.as_deref(),
     })
 }
 

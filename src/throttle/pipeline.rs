@@ -88,6 +88,24 @@ pub fn require_published(publication: &str, table: &Table) {
     }
 }
 
+/// The column list of `table` in `publication` (PostgreSQL 15's publication column lists), in
+/// the table's order; None when the publication sends every column (or does not hold it).
+pub fn published_columns(publication: &str, table: &Table) -> Option<Vec<String>> {
+    crate::pg::spi::select_one::<Vec<Text>>(
+        "SELECT ARRAY(SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
+                       WHERE a.attrelid OPERATOR(pg_catalog.=) r.prrelid
+                         AND a.attnum OPERATOR(pg_catalog.=) ANY (r.prattrs::pg_catalog.int2[])
+                       ORDER BY a.attnum)
+           FROM pg_catalog.pg_publication_rel r
+           JOIN pg_catalog.pg_publication p ON p.oid OPERATOR(pg_catalog.=) r.prpubid
+          WHERE p.pubname OPERATOR(pg_catalog.=) $1 AND r.prrelid OPERATOR(pg_catalog.=) $2
+            AND r.prattrs IS NOT NULL",
+        &[Text::from(publication).into(), table.relid.into()],
+    )
+    .or_internal("read the publication's column list")
+    .map(|list| list.into_iter().map(|t| t.0).collect())
+}
+
 /// A slot's identity, which its name is not: a slot dropped and created again under the same
 /// name is another slot, and its consumer never receives what was written before it was made.
 /// PostgreSQL gives slots no id; each has a directory, `pg_replslot/<name>` (a temporary slot

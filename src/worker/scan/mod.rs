@@ -102,7 +102,7 @@ impl ReadShape {
             owner: table.owner,
             queries: ScanQueries::new(&table),
             key_columns: table.key.iter().map(|k| k.position).collect(),
-            row: RowJson::new(&table.columns),
+            row: RowJson::new(&table.columns, table.column_list.is_none()),
             messages: ReadMessage::new(backfill_id, slot, &table, rows_per_message.max(1) as usize),
             table,
         }
@@ -111,8 +111,12 @@ impl ReadShape {
 
 impl<'a> TableScan<'a> {
     pub fn open(backfill_id: i64, job: &Job, job_table: &JobTable, prefix: &'a CString) -> Result<Self, PageError> {
-        let relid = job_table.relid;
-        let inspected = in_transaction_retried(|| table::inspect(relid))?;
+        let (relid, position) = (job_table.relid, job_table.position);
+        // As its reads deliver it: the columns of its column list, if it has one.
+        let inspected = in_transaction_retried(|| {
+            table::inspect(relid)
+                .map(|t| crate::api::columns::project(t, job_table::column_list(backfill_id, position)))
+        })?;
         let table = inspected.map_err(|why| {
             PageError::new(why.code, format!("table {relid:?} can no longer be backfilled: {}", why.reason), None)
         })?;
@@ -228,6 +232,7 @@ impl<'a> TableScan<'a> {
         // it, though pgoutput would still pass its messages on.
         if let Some(publication) = &job.publication_name {
             pipeline::require_published(publication, table);
+            crate::api::columns::require_still_published(publication, table);
         }
         found.same_columns
     }
@@ -253,7 +258,8 @@ impl<'a> TableScan<'a> {
             pg_sys::PopActiveSnapshot();
             pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
         }
-        let table = table::require(self.shape.table.relid);
+        let table =
+            crate::api::columns::project(table::require(self.shape.table.relid), self.shape.table.column_list.clone());
         // The same columns, types (a varchar may grow) and collations, in the same order.
         let key = |t: &Table| {
             t.key

@@ -1,0 +1,190 @@
+"""Column lists (`columns => ARRAY[...]`): each read carries exactly those columns, the key
+always among them, as row_to_json renders that projection; a publication's column list is the
+default and a wider list is refused; verification can be limited to the same columns."""
+
+import json
+
+import pytest
+
+from conftest import as_reads, backfill_messages, error_of, wait_until_ended, wal2json_changes
+
+
+@pytest.fixture
+def people(db):
+    db.execute(
+        """CREATE TABLE people (id bigint PRIMARY KEY, name text NOT NULL, ssn text, "Born On" date,
+                                gone int, notes jsonb, photo bytea);
+           ALTER TABLE people DROP COLUMN gone;
+           INSERT INTO people SELECT g, 'p' || g, 'ssn-' || g, date '2000-01-01' + g, jsonb_build_object('n', g),
+                                     decode(repeat('ff', 100), 'hex')
+             FROM generate_series(1, 3000) g;
+           ANALYZE people;"""
+    )
+    return db
+
+
+def read_contents(db, slot):
+    """The raw text of each read message, through test_decoding: what a consumer gets, byte for byte."""
+    return [
+        data.split(" content:", 1)[1]
+        for data, in db.execute("SELECT data FROM pg_logical_slot_get_changes(%s, NULL, NULL)", [slot]).fetchall()
+        if data.startswith("message:")
+    ]
+
+
+def data_of(content):
+    return content[content.index(',"data":') + len(',"data":') : content.rindex(',"commit_lsn":')]
+
+
+def test_the_reads_carry_the_listed_columns_as_row_to_json_renders_them(people):
+    people.execute("SELECT pg_create_logical_replication_slot('s', 'test_decoding')")
+    backfill_id = people.execute(
+        """SELECT backfill_start('people', confirm => true, batch_size => 700,
+                                 columns => ARRAY['Born On', 'id', 'name'])"""
+    ).fetchone()[0]
+    assert wait_until_ended(people, backfill_id) == "done"
+    contents = read_contents(people, "s")
+    reads = [data_of(c) for c in contents if '"op":"read"' in c]
+    # In the table's order, whatever the order named: as a publication's column list.
+    expected = [r for r, in people.execute('SELECT row_to_json(p)::text FROM (SELECT id, name, "Born On" FROM people ORDER BY id) p')]
+    assert len(reads) == 3000 and reads == expected
+    start = json.loads(next(c for c in contents if '"op":"table_start"' in c))
+    assert start["columns"] == ["id", "name", "Born On"]
+    assert people.execute(
+        "SELECT column_list FROM backfill.job_table WHERE job_id = %s", [backfill_id]
+    ).fetchone()[0] == ["id", "name", "Born On"]
+
+
+def test_without_a_list_every_column_goes_and_the_start_marker_names_none(people):
+    people.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    backfill_id = people.execute("SELECT backfill_start('people', confirm => true, columns => NULL)").fetchone()[0]
+    assert wait_until_ended(people, backfill_id) == "done"
+    messages = backfill_messages(wal2json_changes(people, "s"))
+    reads = [m for m in as_reads(messages) if m["op"] == "read"]
+    assert len(reads) == 3000 and list(reads[0]["data"]) == ["id", "name", "ssn", "Born On", "notes", "photo"]
+    assert "columns" not in next(m for m in messages if m["op"] == "table_start")
+
+
+def test_the_estimate_counts_the_listed_columns_only(people):
+    whole, narrow = (
+        people.execute("SELECT bytes_estimated FROM backfill_estimate('people', columns => %s)", [columns]).fetchone()[0]
+        for columns in (None, ["id"])
+    )
+    # Each row's photo alone is 204 bytes of JSON; the envelope of a message stays.
+    assert whole - narrow > 3000 * 250, (narrow, whole)
+
+
+def test_keyed_backfills_and_filters_take_a_column_list_too(people):
+    people.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    keyed = people.execute(
+        """SELECT backfill_start('people', confirm => true, columns => ARRAY['id', 'ssn'],
+                                 keys => '[{"id": 5}, {"id": 6}, {"id": 99999}]')"""
+    ).fetchone()[0]
+    assert wait_until_ended(people, keyed) == "done"
+    filtered = people.execute(
+        "SELECT backfill_start('people', confirm => true, columns => ARRAY['id'], filter => 'id <= 3')"
+    ).fetchone()[0]
+    assert wait_until_ended(people, filtered) == "done"
+    messages = as_reads(backfill_messages(wal2json_changes(people, "s")))
+    assert [(m["op"], m.get("data")) for m in messages if m["backfill_id"] == keyed and m["op"] in ("read", "absent")] == [
+        ("read", {"id": 5, "ssn": "ssn-5"}),
+        ("read", {"id": 6, "ssn": "ssn-6"}),
+        ("absent", None),
+    ]
+    assert [m["data"] for m in messages if m["backfill_id"] == filtered and m["op"] == "read"] == [
+        {"id": 1}, {"id": 2}, {"id": 3}
+    ]
+
+
+# Each column list that is not valid for the table, and its SQLSTATE and message.
+INVALID = [
+    ("{}", "22023", "the column list is empty"),
+    ("{id,NULL}", "22004", "the column list contains NULL"),
+    ("{id,name,id}", "42701", "column id is listed twice"),
+    ("{name}", "22023", 'leaves out key column id of table public.people'),
+    ("{id,nope}", "42703", "column nope of table public.people does not exist"),
+    ("{id,gone}", "42703", "column gone of table public.people does not exist"),  # a dropped column
+    ("{id,ctid}", "42703", "column ctid of table public.people does not exist"),  # a system column
+    ("{id,Name}", "42703", 'column "Name" of table public.people does not exist'),  # names are exact
+    ('{id,"name\\"); DROP TABLE people; --"}', "42703", "does not exist"),
+    ("{id," + "x" * 10000 + "}", "42703", "does not exist"),
+]
+
+
+@pytest.mark.parametrize("function", ["backfill_start('people', confirm => true, columns => %s::text[])",
+                                      "backfill_estimate('people', columns => %s::text[])"])
+@pytest.mark.parametrize("bad, sqlstate, message", INVALID)
+def test_an_invalid_column_list_is_refused_before_anything_starts(people, function, bad, sqlstate, message):
+    e = error_of(people, f"SELECT * FROM {function}", [bad])
+    assert e.sqlstate == sqlstate and message in e.diag.message_primary, (e.sqlstate, e.diag.message_primary)
+    assert e.diag.message_detail and (e.diag.message_hint or sqlstate == "22004")
+    assert people.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+    assert people.execute("SELECT count(*) FROM people").fetchone()[0] == 3000
+
+
+def test_a_huge_list_of_real_columns_works(db):
+    """1,000 columns, listed in reverse: the reads carry them in the table's order."""
+    db.execute(f"CREATE TABLE wide (id int PRIMARY KEY, {', '.join(f'c{i} int' for i in range(1000))})")
+    db.execute("INSERT INTO wide (id, c0, c999) SELECT g, g, -g FROM generate_series(1, 50) g")
+    db.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    listed = [f"c{i}" for i in reversed(range(1000))] + ["id"]
+    backfill_id = db.execute("SELECT backfill_start('wide', confirm => true, columns => %s)", [listed]).fetchone()[0]
+    assert wait_until_ended(db, backfill_id) == "done"
+    reads = [m for m in as_reads(backfill_messages(wal2json_changes(db, "s"))) if m["op"] == "read"]
+    assert len(reads) == 50 and list(reads[0]["data"]) == ["id"] + [f"c{i}" for i in range(1000)]
+    assert reads[0]["data"]["c999"] == -1
+
+
+def test_a_publications_column_list_is_the_default_and_a_wider_list_is_refused(people):
+    people.execute("CREATE PUBLICATION pub FOR TABLE people (id, name)")
+    people.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    e = error_of(people, "SELECT backfill_start('people', confirm => true, publication => 'pub', columns => ARRAY['id', 'ssn'])")
+    assert e.sqlstate == "42501" and 'publication "pub" withholds column ssn of table public.people' in e.diag.message_primary
+    assert "(id, name)" in e.diag.message_detail and e.diag.message_hint
+    backfill_id = people.execute("SELECT backfill_start('people', confirm => true, publication => 'pub')").fetchone()[0]
+    assert wait_until_ended(people, backfill_id) == "done"
+    narrower = people.execute(
+        "SELECT backfill_start('people', confirm => true, publication => 'pub', columns => ARRAY['id'])"
+    ).fetchone()[0]
+    assert wait_until_ended(people, narrower) == "done"
+    messages = as_reads(backfill_messages(wal2json_changes(people, "s")))
+    defaulted = [m["data"] for m in messages if m["backfill_id"] == backfill_id and m["op"] == "read"]
+    assert len(defaulted) == 3000 and defaulted[0] == {"id": 1, "name": "p1"}
+    assert {tuple(m["data"]) for m in messages if m["backfill_id"] == narrower and m["op"] == "read"} == {("id",)}
+
+
+def test_a_publication_that_withholds_the_key_cannot_be_backfilled(people):
+    people.execute("CREATE PUBLICATION pub FOR TABLE people (name) WITH (publish = 'insert')")
+    e = error_of(people, "SELECT backfill_start('people', confirm => true, publication => 'pub')")
+    assert e.sqlstate == "22023" and 'publication "pub" leaves out key column id' in e.diag.message_primary
+    assert people.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+
+
+def test_a_publication_that_stops_publishing_a_column_mid_run_stops_the_backfill(people):
+    """ALTER PUBLICATION narrows the list while the backfill runs: its next page refuses to
+    send the withheld column (the reads so far carried what was published then)."""
+    people.execute("CREATE PUBLICATION pub FOR TABLE people (id, name, ssn)")
+    backfill_id = people.execute(
+        "SELECT backfill_start('people', confirm => true, publication => 'pub', batch_size => 100, rows_per_second => 500)"
+    ).fetchone()[0]
+    people.execute("ALTER PUBLICATION pub SET TABLE people (id, name)")
+    assert wait_until_ended(people, backfill_id) == "failed"
+    error = people.execute("SELECT last_error FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
+    assert 'publication "pub" no longer publishes column ssn of table public.people' in error
+
+
+def test_a_listed_column_dropped_mid_run_fails_the_backfill_and_others_do_not_matter(people):
+    people.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    backfill_id = people.execute(
+        """SELECT backfill_start('people', confirm => true, batch_size => 100, rows_per_second => 1000,
+                                 columns => ARRAY['id', 'name', 'notes'])"""
+    ).fetchone()[0]
+    # Columns outside the list come and go: the reads do not change.
+    people.execute("ALTER TABLE people DROP COLUMN photo, ADD COLUMN extra int DEFAULT 7")
+    people.execute("SELECT pg_sleep(0.3)")
+    people.execute("ALTER TABLE people DROP COLUMN notes")
+    assert wait_until_ended(people, backfill_id) == "failed"
+    error = people.execute("SELECT last_error FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
+    assert "column notes of table public.people no longer exists" in error
+    reads = [m for m in as_reads(backfill_messages(wal2json_changes(people, "s"))) if m["op"] == "read"]
+    assert reads and {tuple(m["data"]) for m in reads} == {("id", "name", "notes")}
