@@ -188,3 +188,130 @@ def test_a_listed_column_dropped_mid_run_fails_the_backfill_and_others_do_not_ma
     assert "column notes of table public.people no longer exists" in error
     reads = [m for m in as_reads(backfill_messages(wal2json_changes(people, "s"))) if m["op"] == "read"]
     assert reads and {tuple(m["data"]) for m in reads} == {("id", "name", "notes")}
+
+
+# Verification of a copy made with a column list.
+
+WEIRD = '"we""ird, col)"'
+
+
+@pytest.fixture
+def pair(db):
+    """people, and a copy of three of its columns (one with a hostile name)."""
+    db.execute(
+        f"""CREATE TABLE people (id bigint PRIMARY KEY, name text NOT NULL, ssn text, {WEIRD} text, born date);
+            INSERT INTO people SELECT g, 'p' || g, 'ssn-' || g, 'w' || g, date '2000-01-01' + g
+              FROM generate_series(1, 4000) g;
+            ANALYZE people;
+            CREATE TABLE copy (id bigint PRIMARY KEY, name text NOT NULL, {WEIRD} text);
+            INSERT INTO copy SELECT id, name, {WEIRD} FROM people;"""
+    )
+    return db
+
+
+LISTED = ["id", "name", 'we"ird, col)']
+
+
+def checksums(db, table, level, columns, bounds=None):
+    return db.execute(
+        "SELECT lower, rows, checksum FROM backfill_checksum(%s, ranges => 8, level => %s, bounds => %s, columns => %s) ORDER BY range",
+        [table, level, bounds, columns],
+    ).fetchall()
+
+
+def compared(db, columns, target="copy", **options):
+    args = "".join(f", {k} => %({k})s" for k in options)
+    rows = db.execute(f"SELECT key->>'id', status FROM backfill_compare('people', '{target}', columns => %(columns)s{args})",
+                      {"columns": columns, **options})
+    return {int(k): status for k, status in rows}
+
+
+@pytest.mark.parametrize("level", ["hash", "aggregate"])
+def test_checksums_over_a_column_list_prove_the_copy_and_ignore_other_columns(pair, level):
+    bounds = json.dumps([b for b, in pair.execute("SELECT upper FROM backfill_checksum('people', ranges => 8) WHERE upper IS NOT NULL")])
+    source = checksums(pair, "people", level, LISTED, bounds)
+    assert source == checksums(pair, "copy", level, LISTED, bounds) and len(source) == 8
+    # In any order: the columns are taken in the table's order.
+    assert source == checksums(pair, "people", level, list(reversed(LISTED)), bounds)
+    assert source != checksums(pair, "people", level, None, bounds), "every column is not the list"
+    pair.execute("UPDATE people SET ssn = 'changed', born = NULL WHERE id = 10")
+    assert checksums(pair, "people", level, LISTED, bounds) == source, "a column outside the list changed"
+    # (The aggregate level sums no text: it counts NULLs.)
+    pair.execute(f"UPDATE copy SET {WEIRD} = NULL WHERE id = 3000")
+    assert checksums(pair, "copy", level, LISTED, bounds) != source
+
+
+def test_a_comparison_over_a_column_list_finds_exactly_the_listed_columns_differences(pair):
+    assert compared(pair, LISTED) == {}
+    pair.execute("UPDATE people SET ssn = 'changed' WHERE id BETWEEN 1 AND 100")
+    pair.execute(f"UPDATE copy SET {WEIRD} = 'stale' WHERE id = 7")
+    pair.execute("DELETE FROM copy WHERE id = 9")
+    pair.execute("UPDATE copy SET name = 'stale' WHERE id = 3999")
+    assert compared(pair, LISTED) == {7: "different", 9: "missing", 3999: "different"}
+    assert compared(pair, LISTED, level="count") == {9: "missing"}
+    # Without the list, the copy does not have the source's columns.
+    e = error_of(pair, "SELECT * FROM backfill_compare('people', 'copy')")
+    assert e.sqlstate == "42804" and "columns =>" in e.diag.message_hint
+    # A listed column that the copy does not have.
+    e = error_of(pair, "SELECT * FROM backfill_compare('people', 'copy', columns => ARRAY['id', 'ssn'])")
+    assert e.sqlstate == "42804" and "copy does not have the columns of people" in e.diag.message_primary
+
+
+def test_a_repair_over_a_column_list_redelivers_those_columns_only(pair):
+    pair.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    pair.execute("DELETE FROM copy WHERE id IN (5, 6)")
+    backfill_id = pair.execute(
+        "SELECT backfill_repair('people', 'copy', confirm => true, columns => %s)", [LISTED]
+    ).fetchone()[0]
+    assert wait_until_ended(pair, backfill_id) == "done"
+    reads = [m for m in as_reads(backfill_messages(wal2json_changes(pair, "s"))) if m["op"] == "read"]
+    assert [m["data"] for m in reads] == [
+        {"id": 5, "name": "p5", 'we"ird, col)': "w5"},
+        {"id": 6, "name": "p6", 'we"ird, col)': "w6"},
+    ]
+
+
+def test_a_foreign_copy_is_compared_over_a_column_list_on_its_own_server(cluster, pair, scratch_database):
+    remote = scratch_database("columns_remote")
+    with cluster.connect(remote) as conn:
+        conn.execute("CREATE EXTENSION pg_backfill")
+        conn.execute(f"CREATE TABLE copy (id bigint PRIMARY KEY, name text NOT NULL, {WEIRD} text)")
+        conn.execute(f"INSERT INTO copy SELECT g, 'p' || g, 'w' || g FROM generate_series(1, 4000) g")
+        # (The aggregate level sums no text: it counts NULLs.)
+        conn.execute(f"UPDATE copy SET name = 'stale', {WEIRD} = NULL WHERE id = 77")
+    pair.execute("CREATE EXTENSION postgres_fdw")
+    pair.execute("CREATE EXTENSION dblink")
+    pair.execute(f"CREATE SERVER far FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '127.0.0.1', port '{cluster.port}', dbname '{remote}')")
+    pair.execute("CREATE USER MAPPING FOR CURRENT_USER SERVER far")
+    pair.execute("CREATE SCHEMA far")
+    pair.execute("IMPORT FOREIGN SCHEMA public LIMIT TO (copy) FROM SERVER far INTO far")
+    assert compared(pair, LISTED, target="far.copy") == {77: "different"}
+    assert compared(pair, LISTED, target="far.copy", level="aggregate") == {77: "different"}
+
+
+@pytest.mark.parametrize("function", [
+    "SELECT * FROM backfill_checksum('people', columns => %s::text[])",
+    "SELECT * FROM backfill_compare('people', 'copy', columns => %s::text[])",
+    "SELECT backfill_repair('people', 'copy', columns => %s::text[])",
+])
+@pytest.mark.parametrize("bad, sqlstate", [("{}", "22023"), ("{id,NULL}", "22004"), ("{id,id}", "42701"),
+                                           ("{id,nope}", "42703"), ('{id,"x\\"); DROP TABLE copy; --"}', "42703")])
+def test_verification_refuses_an_invalid_column_list(pair, function, bad, sqlstate):
+    e = error_of(pair, function, [bad])
+    assert e.sqlstate == sqlstate, (e.sqlstate, e.diag.message_primary)
+    assert e.diag.message_detail
+    assert pair.execute("SELECT count(*) FROM copy").fetchone()[0] == 4000
+
+
+def test_verification_over_a_column_list_needs_the_right_to_read_the_table(pair, roles):
+    """An operator (docs/security.md's grants) with SELECT on the listed columns only is refused
+    as one without any; with SELECT on the table it checksums and compares."""
+    operator = roles.create("operator", "operator")
+    pair.execute(f"GRANT SELECT (id, name) ON people TO {operator}")
+    conn = roles.connect(operator)
+    for sql in ("SELECT * FROM backfill_checksum('people', columns => ARRAY['id', 'name'])",
+                "SELECT * FROM backfill_compare('people', 'copy', columns => ARRAY['id', 'name'])"):
+        e = error_of(conn, sql)
+        assert e.sqlstate == "42501" and "people" in e.diag.message_primary, e.diag.message_primary
+    pair.execute(f"GRANT SELECT ON people, copy TO {operator}")
+    assert conn.execute("SELECT count(*) FROM backfill_compare('people', 'copy', columns => ARRAY['id', 'name'])").fetchone()[0] == 0

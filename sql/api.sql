@@ -79,29 +79,29 @@ AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_
 COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS 'backfill_start() of one table, by name';
 
 CREATE FUNCTION backfill_checksum(tbl regclass, ranges integer DEFAULT 1024, level text DEFAULT 'hash',
-                                  bounds jsonb DEFAULT NULL)
+                                  bounds jsonb DEFAULT NULL, columns text[] DEFAULT NULL)
 RETURNS TABLE (range integer, lower jsonb, upper jsonb, rows bigint, checksum text)
 LANGUAGE sql VOLATILE
-AS $$ SELECT * FROM backfill.checksum(tbl::oid, ranges, level, bounds) $$;
-COMMENT ON FUNCTION backfill_checksum(regclass, integer, text, jsonb) IS
-'One row per key range of the table: its bounds, row count and checksum (level count, aggregate or hash), as the caller may read it; bounds => the ranges of another checksum, to compare two tables over identical ranges.';
+AS $$ SELECT * FROM backfill.checksum(tbl::oid, ranges, level, bounds, columns) $$;
+COMMENT ON FUNCTION backfill_checksum(regclass, integer, text, jsonb, text[]) IS
+'One row per key range of the table: its bounds, row count and checksum (level count, aggregate or hash), as the caller may read it; bounds => the ranges of another checksum, to compare two tables over identical ranges; columns => only those columns'' values (a copy made with a column list).';
 
 CREATE FUNCTION backfill_compare(source regclass, target regclass, level text DEFAULT 'hash',
-                                 passes integer DEFAULT 3, slot name DEFAULT NULL)
+                                 passes integer DEFAULT 3, slot name DEFAULT NULL, columns text[] DEFAULT NULL)
 RETURNS TABLE (key jsonb, status text)
 LANGUAGE sql VOLATILE
-AS $$ SELECT * FROM backfill.compare(source::oid, target::oid, level, passes, slot::text) $$;
-COMMENT ON FUNCTION backfill_compare(regclass, regclass, text, integer, name) IS
-'The keys whose rows differ between source and target (a local table, or a postgres_fdw foreign table with pg_backfill on its server, through dblink): missing, extra, different, or unsettled (still changing on the source at the last pass). Re-checks each difference after the stream has caught up (the slot''s confirmed position).';
+AS $$ SELECT * FROM backfill.compare(source::oid, target::oid, level, passes, slot::text, columns) $$;
+COMMENT ON FUNCTION backfill_compare(regclass, regclass, text, integer, name, text[]) IS
+'The keys whose rows differ between source and target (a local table, or a postgres_fdw foreign table with pg_backfill on its server, through dblink): missing, extra, different, or unsettled (still changing on the source at the last pass). Re-checks each difference after the stream has caught up (the slot''s confirmed position). columns => compares only those columns'' values (a copy made with a column list).';
 
 CREATE FUNCTION backfill_repair(source regclass, target regclass, confirm boolean DEFAULT false,
                                 level text DEFAULT 'hash', passes integer DEFAULT 3, slot name DEFAULT NULL,
-                                batch_size integer DEFAULT 1000)
+                                batch_size integer DEFAULT 1000, columns text[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.repair(source::oid, target::oid, confirm, level, passes, slot::text, batch_size) $$;
-COMMENT ON FUNCTION backfill_repair(regclass, regclass, boolean, text, integer, name, integer) IS
-'Compares source and target (backfill_compare()) and starts one backfill of exactly the differing keys of the source, through the slot; returns its id, or NULL when nothing differs. Without confirm => true it starts nothing and reports what differs.';
+AS $$ SELECT backfill.repair(source::oid, target::oid, confirm, level, passes, slot::text, batch_size, columns) $$;
+COMMENT ON FUNCTION backfill_repair(regclass, regclass, boolean, text, integer, name, integer, text[]) IS
+'Compares source and target (backfill_compare()) and starts one backfill of exactly the differing keys of the source, through the slot; returns its id, or NULL when nothing differs. Without confirm => true it starts nothing and reports what differs. columns => compares those columns and re-delivers them only.';
 
 CREATE FUNCTION backfill_cancel(id bigint)
 RETURNS boolean
@@ -381,7 +381,7 @@ SELECT 'the message key is readable by PUBLIC',
        'REVOKE ALL ON backfill.message_key FROM PUBLIC; SELECT backfill_rotate_key(retire_old_keys => true);'
 UNION ALL
 SELECT 'backfills can be started by PUBLIC',
-       NOT pg_catalog.has_function_privilege('public', 'backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text)', 'EXECUTE'),
+       NOT pg_catalog.has_function_privilege('public', 'backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text, text[])', 'EXECUTE'),
        'Every role could start backfills of the tables it may update, and take background workers.',
        'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
 $$;
@@ -420,8 +420,8 @@ REVOKE EXECUTE ON FUNCTION
     backfill_cancel(bigint), backfill_pause(bigint), backfill_resume(bigint),
     backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
     backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_security_check(),
-    backfill_checksum(regclass, integer, text, jsonb), backfill_compare(regclass, regclass, text, integer, name),
-    backfill_repair(regclass, regclass, boolean, text, integer, name, integer)
+    backfill_checksum(regclass, integer, text, jsonb, text[]), backfill_compare(regclass, regclass, text, integer, name, text[]),
+    backfill_repair(regclass, regclass, boolean, text, integer, name, integer, text[])
   FROM PUBLIC;
 
 -- The entry points the wrappers above call, and the views' helpers.
@@ -437,12 +437,15 @@ COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
 COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';
 COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint) IS 'Entry point of backfill_set()';
 COMMENT ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) IS 'Entry point of the back-pressure options of backfill_start() and backfill_set(); returns the backfill''s id';
-COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb) IS 'Entry point of backfill_checksum()';
+COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb, text[]) IS 'Entry point of backfill_checksum()';
+COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb) IS 'Entry point of backfill_checksum() before 0.9.0 (no column list): the SQL of an earlier version, and a comparison from another server''s, call it';
 COMMENT ON FUNCTION backfill.set_keys(bigint, jsonb) IS 'Entry point of backfill_start()''s keys; returns the backfill''s id';
 COMMENT ON FUNCTION backfill.set_keys_of(bigint, oid, jsonb) IS 'The keys of one table of a backfill started in this transaction (a worker node''s backfill of its shards, for backfill_repair() on the Citus coordinator); returns the backfill''s id';
 COMMENT ON FUNCTION backfill.set_rows_per_message(bigint, integer) IS 'Entry point of backfill_start()''s rows_per_message; returns the backfill''s id';
-COMMENT ON FUNCTION backfill.compare(oid, oid, text, integer, text) IS 'Entry point of backfill_compare()';
-COMMENT ON FUNCTION backfill.repair(oid, oid, boolean, text, integer, text, integer) IS 'Entry point of backfill_repair()';
+COMMENT ON FUNCTION backfill.compare(oid, oid, text, integer, text, text[]) IS 'Entry point of backfill_compare()';
+COMMENT ON FUNCTION backfill.compare(oid, oid, text, integer, text) IS 'Entry point of backfill_compare() before 0.9.0 (no column list): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.repair(oid, oid, boolean, text, integer, text, integer, text[]) IS 'Entry point of backfill_repair()';
+COMMENT ON FUNCTION backfill.repair(oid, oid, boolean, text, integer, text, integer) IS 'Entry point of backfill_repair() before 0.9.0 (no column list): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.row_hash(anyelement) IS 'A table row''s 64-bit hash over its columns'' binary send formats (XXH3-64; floats as SQL compares them, arrays and composites element by element, jsonb as the tokens of a walk of it, text in UTF-8), for backfill_checksum()';
 COMMENT ON FUNCTION backfill.source_limit(text, bigint) IS 'The back-pressure limit in force for a backfill''s option (NULL: the setting; 0: off), for backfill_status';
 COMMENT ON FUNCTION backfill.wait(bigint, double precision) IS 'Entry point of backfill_wait() (timeout in milliseconds)';

@@ -19,6 +19,26 @@ fn repair(
     slot: Option<Text>,
     batch_size: Option<i32>,
 ) -> Option<i64> {
+    repair_columns(source, target, confirm, level, passes, slot, batch_size, None)
+}
+
+/// backfill_repair() of a column list's columns (0.9.0): compared over them, and the keys'
+/// backfill delivers them. A function of its own, so that the SQL of an earlier version, which
+/// calls backfill.repair() with seven arguments, keeps working with this library until ALTER
+/// EXTENSION UPDATE.
+#[pg_extern(schema = "backfill", name = "repair")]
+#[allow(clippy::too_many_arguments)]
+fn repair_columns(
+    source: Option<pg_sys::Oid>,
+    target: Option<pg_sys::Oid>,
+    confirm: Option<bool>,
+    level: Option<Text>,
+    passes: Option<i32>,
+    slot: Option<Text>,
+    batch_size: Option<i32>,
+    columns: Option<Vec<Option<Text>>>,
+) -> Option<i64> {
+    let columns = crate::api::columns::given(columns);
     let confirm = crate::pg::args::required(confirm, "backfill_repair", "confirm");
     let batch_size = crate::pg::args::required(batch_size, "backfill_repair", "batch_size");
     crate::pg::args::check_batch_size(batch_size);
@@ -27,7 +47,8 @@ fn repair(
         // comparison rather than after it.
         crate::model::table::require(crate::pg::args::required(source, "backfill_repair", "source"));
     }
-    let found = differences("backfill_repair", source, target, level, passes, slot.map(|s| s.0), confirm);
+    let found =
+        differences("backfill_repair", source, target, level, passes, slot.map(|s| s.0), columns.clone(), confirm);
     let name = crate::model::table::relation_name(source.unwrap_or_default());
     if found.keys.is_empty() {
         notice!("{name} and its copy agree: nothing to repair");
@@ -65,7 +86,7 @@ fn repair(
         };
         return Some(crate::api::distributed::start_distributed(source, true, &options));
     }
-    let id = crate::api::start::start(
+    let id = crate::api::start::start_of_columns(
         Some(vec![Some(source)]),
         Some(true),
         Some(batch_size),
@@ -74,6 +95,8 @@ fn repair(
         None,
         None,
         Some(1),
+        None,
+        columns.map(|c| c.into_iter().map(|c| Some(Text(c))).collect()),
     );
     crate::api::keyed::record_keys(id, None, serde_json::Value::Array(keys));
     Some(id)

@@ -206,7 +206,7 @@ fn start_filtered(
 /// backfill_start() with a row filter and a column list (0.9.0; see [`start_filtered`]).
 #[pg_extern(schema = "backfill", name = "start")]
 #[allow(clippy::too_many_arguments)]
-fn start_of_columns(
+pub(crate) fn start_of_columns(
     tables: Option<Vec<Option<pg_sys::Oid>>>,
     confirm: Option<bool>,
     batch_size: Option<i32>,

@@ -26,10 +26,44 @@ fn checksum(
         name!(checksum, Option<String>),
     ),
 > {
+    checksum_columns(table, ranges, level, bounds, None)
+}
+
+/// backfill_checksum() of a column list's columns (0.9.0): a function of its own, so that the SQL
+/// of an earlier version, which calls backfill.checksum() with four arguments, keeps working with
+/// this library until ALTER EXTENSION UPDATE.
+#[pg_extern(schema = "backfill", name = "checksum")]
+#[allow(clippy::type_complexity)]
+fn checksum_columns(
+    table: Option<pg_sys::Oid>,
+    ranges: Option<i32>,
+    level: Option<Text>,
+    bounds: Option<JsonB>,
+    columns: Option<Vec<Option<Text>>>,
+) -> TableIterator<
+    'static,
+    (
+        name!(range, i32),
+        name!(lower, Option<JsonB>),
+        name!(upper, Option<JsonB>),
+        name!(rows, i64),
+        name!(checksum, Option<String>),
+    ),
+> {
     let relid = crate::pg::args::required(table, "backfill_checksum", "tbl");
     let level = Level::parse(&crate::pg::args::required(level, "backfill_checksum", "level").0);
+    let columns = crate::api::columns::given(columns);
     if citus_metadata::is_distributed(relid) {
+        if columns.is_some() {
+            let name = crate::model::table::relation_name(relid);
+            crate::pg::errors::raise(
+                pgrx::PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                format!("distributed table {name} cannot be checksummed over a column list"),
+                "Its ranges are summed on its worker nodes, whose checksums cover every column.",
+                Some("Checksum it without columns => ....".into()),
+            );
+        }
         return TableIterator::new(crate::verify::distributed::checksum(relid, ranges, level, bounds));
     }
-    TableIterator::new(checksum::checksum(relid, ranges, level, bounds))
+    TableIterator::new(checksum::checksum(relid, ranges, level, bounds, columns))
 }

@@ -10,7 +10,8 @@ use pgrx::prelude::*;
 /// numeric and bool (its trues) an exact sum; float4 and float8 the exact sum of the values as
 /// numeric (rounded to 6 and 15 significant digits), so that the order of summation does not
 /// matter; date, time, timetz, timestamp and timestamptz the least and greatest value.
-pub fn expression(relid: pg_sys::Oid) -> String {
+/// With a column list, of its columns only.
+pub fn expression(relid: pg_sys::Oid, listed: Option<&[String]>) -> String {
     let columns = Spi::connect(|client| {
         let rows = client.select(
             "SELECT a.attname::pg_catalog.text, a.atttypid FROM pg_catalog.pg_attribute a
@@ -26,6 +27,9 @@ pub fn expression(relid: pg_sys::Oid) -> String {
     .or_internal("read the table's columns");
     let mut parts = Vec::new();
     for (column, type_oid) in columns {
+        if listed.is_some_and(|listed| !listed.contains(&column)) {
+            continue;
+        }
         let column = format!("backfill_row.{}", quote_ident(&column));
         parts.push(format!("pg_catalog.count(*) OPERATOR(pg_catalog.-) pg_catalog.count({column})"));
         // SAFETY: a type's OID, from the catalog (a domain gives its base type).

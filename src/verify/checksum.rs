@@ -4,6 +4,7 @@
 
 use crate::pg::encoding::in_utf8;
 use crate::pg::encoding::quote_ident;
+use crate::pg::encoding::Text;
 use crate::pg::errors::{raise, OrInternal};
 use crate::verify::key_json::{checked_keys, key_expression, key_from_json, require_ascending};
 use pgrx::prelude::*;
@@ -73,15 +74,61 @@ pub fn key_columns(relid: pg_sys::Oid, table: &str) -> Vec<(String, String)> {
 /// the bounds `bounds` (a JSON array of key objects, ascending) or, without them, about `ranges`
 /// ranges of equal rows placed from a sample of the keys. The caller must be allowed to read the
 /// table; it is read as its owner (privilege::read_as_owner).
-pub fn checksum(relid: pg_sys::Oid, ranges: Option<i32>, level: Level, bounds: Option<JsonB>) -> Vec<RangeRow> {
+pub fn checksum(
+    relid: pg_sys::Oid,
+    ranges: Option<i32>,
+    level: Level,
+    bounds: Option<JsonB>,
+    columns: Option<Vec<String>>,
+) -> Vec<RangeRow> {
     let name = crate::model::table::relation_name(relid);
     require_readable(relid, &name);
     let key = key_columns(relid, &name);
+    let columns = hashed_columns(relid, &name, columns);
     // (The aggregate level writes dates and times as text: in one format on every server.)
     crate::pg::privilege::read_as_owner(relid, || {
         let bounds = checksum_bounds(relid, &key, ranges, bounds, |ranges| sampled_bounds(relid, &key, ranges));
-        in_utf8(|| summarize(relid, &key, &bounds, level))
+        in_utf8(|| summarize(relid, &key, &bounds, level, columns.as_deref()))
     })
+}
+
+/// The columns a checksum or a comparison of table `relid` hashes and aggregates, given a
+/// column list (`columns => ...`, checked as a backfill's is; NULL: every column): the listed
+/// ones, in the table's order. A name that is not one of the table's columns is an error (42703).
+pub fn hashed_columns(relid: pg_sys::Oid, name: &str, given: Option<Vec<String>>) -> Option<Vec<String>> {
+    let given = given?;
+    let columns = crate::pg::spi::select_one::<Vec<Text>>(
+        "SELECT ARRAY(SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
+                       WHERE a.attrelid OPERATOR(pg_catalog.=) $1
+                         AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+                       ORDER BY a.attnum)",
+        &[relid.into()],
+    )
+    .or_internal("read the table's columns")
+    .unwrap_or_default();
+    if let Some(missing) = given.iter().find(|c| !columns.iter().any(|t| &&t.0 == c)) {
+        raise(
+            ERRCODE_UNDEFINED_COLUMN,
+            format!("column {} of table {name} does not exist", quote_ident(missing)),
+            "columns => names the columns whose values are compared (the key's ranges are compared whatever it \
+             names); NULL: every column.",
+            Some("List the columns the copy was made with: backfill_start()'s columns => ....".into()),
+        );
+    }
+    Some(columns.into_iter().map(|t| t.0).filter(|c| given.contains(c)).collect())
+}
+
+/// A row as backfill.row_hash() takes it: `backfill_row`, or the row of its listed columns.
+pub fn hashed_row(columns: Option<&[String]>) -> String {
+    match columns {
+        None => "backfill_row".into(),
+        Some(columns) => format!("ROW({})", listed_columns(columns)),
+    }
+}
+
+/// `backfill_row.a, backfill_row.b`: the listed columns of the row.
+fn listed_columns(columns: &[String]) -> String {
+    columns.iter().map(|c| format!("backfill_row.{}", quote_ident(c))).collect::<Vec<_>>().join(", ")
 }
 
 /// The bounds of a checksum's ranges: `bounds` as given, checked (ascending key objects of the
@@ -230,6 +277,7 @@ pub fn summarize(
     key: &[(String, String)],
     bounds: &[serde_json::Value],
     level: Level,
+    columns: Option<&[String]>,
 ) -> Vec<RangeRow> {
     let name = &crate::pg::spi::scanned_table(relid);
     // (The table's alias must not be one of its columns' names: a column named like it would
@@ -282,7 +330,11 @@ pub fn summarize(
         }
         _ => None,
     };
+    // (The parallel scan hashes whole rows: a column list's are hashed by the query.)
     let in_parallel = |hash: bool| {
+        if hash && columns.is_some() {
+            return None;
+        }
         let (rows, sums) = crate::verify::parallel_heap_scan::scan(
             relid,
             &crate::pg::spi::qualified_name(relid),
@@ -335,7 +387,7 @@ pub fn summarize(
         Level::Aggregate => crate::pg::privilege::with_settings(&[(c"enable_sort", c"off"), (c"jit", c"off")], || {
             read(&format!(
                 "{with_bounds} SELECT {range}::integer, pg_catalog.count(*), {} FROM {name} backfill_row GROUP BY 1",
-                crate::verify::aggregate::expression(relid)
+                crate::verify::aggregate::expression(relid, columns)
             ))
         }),
         Level::Hash if let Some(found) = in_parallel(true) => found,
@@ -344,7 +396,8 @@ pub fn summarize(
                 Some(_) => format!("{of_row}::pg_catalog.int8"),
                 None => format!("{range}::integer"),
             };
-            let sql = format!("{with_bounds} SELECT {first}, backfill_row.* FROM {name} backfill_row");
+            let row = columns.map(listed_columns).unwrap_or_else(|| "backfill_row.*".into());
+            let sql = format!("{with_bounds} SELECT {first}, {row} FROM {name} backfill_row");
             let sums = crate::verify::row_hash::scan(&sql, parameter(), bounds.len() + 1, integer_bounds);
             (0..=bounds.len()).map(|i| (i as i32, (sums.rows[i], Some(sums.sums[i].to_string())))).collect()
         }

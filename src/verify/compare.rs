@@ -67,7 +67,23 @@ fn compare(
     passes: Option<i32>,
     slot: Option<Text>,
 ) -> TableIterator<'static, (name!(key, JsonB), name!(status, String))> {
-    let found = differences("backfill_compare", source, target, level, passes, slot.map(|s| s.0), false).keys;
+    compare_columns(source, target, level, passes, slot, None)
+}
+
+/// backfill_compare() of a column list's columns (0.9.0): a function of its own, so that the SQL
+/// of an earlier version, which calls backfill.compare() with five arguments, keeps working with
+/// this library until ALTER EXTENSION UPDATE.
+#[pg_extern(schema = "backfill", name = "compare")]
+fn compare_columns(
+    source: Option<pg_sys::Oid>,
+    target: Option<pg_sys::Oid>,
+    level: Option<Text>,
+    passes: Option<i32>,
+    slot: Option<Text>,
+    columns: Option<Vec<Option<Text>>>,
+) -> TableIterator<'static, (name!(key, JsonB), name!(status, String))> {
+    let columns = crate::api::columns::given(columns);
+    let found = differences("backfill_compare", source, target, level, passes, slot.map(|s| s.0), columns, false).keys;
     TableIterator::new(found.into_iter().map(|(key, status)| (JsonB(key), status.as_str().to_string())))
 }
 
@@ -83,6 +99,7 @@ pub fn differences(
     level: Option<Text>,
     passes: Option<i32>,
     slot: Option<String>,
+    columns: Option<Vec<String>>,
     starts_backfill: bool,
 ) -> Found {
     let source = crate::pg::args::required(source, function, "source");
@@ -107,8 +124,18 @@ pub fn differences(
         );
     }
     checksum::require_readable(source, &crate::model::table::relation_name(source));
-    let key = checksum::key_columns(source, &crate::model::table::relation_name(source));
-    let target_side = target_side(source, target, function);
+    let source_name = crate::model::table::relation_name(source);
+    let key = checksum::key_columns(source, &source_name);
+    let columns = checksum::hashed_columns(source, &source_name, columns);
+    if columns.is_some() && crate::pg::citus::is_distributed(source) {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("{function} cannot compare distributed table {source_name} over a column list"),
+            "Its ranges are summed on its worker nodes, whose checksums cover every column.",
+            Some("Compare it without columns => ....".into()),
+        );
+    }
+    let target_side = target_side(source, target, function, columns.as_deref());
     let source_side = Side::here(source);
     let slot = slot.or_else(|| crate::pg::privilege::as_extension_owner(|| last_slot_of(source)));
     if let Some(slot) = &slot {
@@ -128,7 +155,9 @@ pub fn differences(
     // With the worker's settings: keys print alike on both sides, and the SQL the comparison
     // writes resolves nothing on the caller's search_path.
     let keys = crate::pg::privilege::with_portable_settings(|| {
-        crate::pg::encoding::in_utf8(|| compare_sides(&source_side, &target_side, &key, level, passes, slot.as_deref()))
+        crate::pg::encoding::in_utf8(|| {
+            compare_sides(&source_side, &target_side, &key, (level, columns.as_deref()), passes, slot.as_deref())
+        })
     });
     // (After an error the connection stays open until the session ends or the next comparison.)
     disconnect(&target_side);
@@ -275,18 +304,18 @@ fn compare_sides(
     source: &Side,
     target: &Side,
     key: &[(String, String)],
-    level: Level,
+    measure: (Level, Option<&[String]>),
     passes: i32,
     slot: Option<&str>,
 ) -> Vec<(serde_json::Value, Status)> {
     // 1. Ranges.
     let bounds = source.sampled_bounds(key, RANGES);
-    let source_sums = range_sums(source, key, &bounds, level);
+    let source_sums = range_sums(source, key, &bounds, measure);
     // (Without a slot, the passes give the copy time; the ranges only find candidates.)
     if slot.is_some() {
         catch_up(slot, &StreamPosition::now(source));
     }
-    let target_sums = range_sums(target, key, &bounds, level);
+    let target_sums = range_sums(target, key, &bounds, measure);
     // 2. Narrowing.
     let mut candidates = BTreeSet::new();
     for (range, (source_sum, target_sum)) in source_sums.iter().zip(&target_sums).enumerate() {
@@ -301,7 +330,8 @@ fn compare_sides(
             condition.push(against(key, "<", upper));
         }
         let condition = if condition.is_empty() { "true".to_string() } else { condition.join(" AND ") };
-        let (here, there) = (source.rows(key, level, &condition, false), target.rows(key, level, &condition, false));
+        let (here, there) =
+            (source.rows(key, measure, &condition, false), target.rows(key, measure, &condition, false));
         candidates.extend(here.keys().chain(there.keys()).filter(|k| here.get(*k) != there.get(*k)).cloned());
         // The keys are kept in this backend's memory: a copy far from its source (empty, or
         // of another table) is not a list of differences to keep.
@@ -326,11 +356,11 @@ fn compare_sides(
         if candidates.is_empty() {
             break;
         }
-        let before = rows_of_keys(source, key, level, &candidates, true);
+        let before = rows_of_keys(source, key, measure, &candidates, true);
         // Without a slot, the first pass runs at once, and the next ones after a pause.
         let caught_up = if slot.is_some() || pass > 0 { catch_up(slot, &StreamPosition::now(source)) } else { true };
-        let copy = rows_of_keys(target, key, level, &candidates, false);
-        let after = rows_of_keys(source, key, level, &candidates, true);
+        let copy = rows_of_keys(target, key, measure, &candidates, false);
+        let after = rows_of_keys(source, key, measure, &candidates, true);
         let previous = std::mem::take(&mut verdicts);
         for candidate in &candidates {
             let (was, is) = (before.get(candidate), after.get(candidate));

@@ -126,9 +126,19 @@ impl Side {
         .or_internal("read the rows to compare")
     }
 
-    /// (key, hash) of the rows `condition` selects (`backfill_row` names the row).
-    pub fn rows(&self, key: &[(String, String)], level: Level, condition: &str, versioned: bool) -> Rows {
-        let hash = if level != Level::Count { "backfill.row_hash(backfill_row)::pg_catalog.text" } else { "NULL" };
+    /// (key, hash of the row or of its listed `columns`) of the rows `condition` selects
+    /// (`backfill_row` names the row).
+    pub fn rows(
+        &self,
+        key: &[(String, String)],
+        (level, columns): (Level, Option<&[String]>),
+        condition: &str,
+        versioned: bool,
+    ) -> Rows {
+        let hash = match level {
+            Level::Count => "NULL".to_string(),
+            _ => format!("backfill.row_hash({})::pg_catalog.text", checksum::hashed_row(columns)),
+        };
         let version = if versioned { "backfill_row.xmin::pg_catalog.text" } else { "NULL" };
         let sql = format!(
             "SELECT {}::pg_catalog.text, {hash}, {version} FROM {} backfill_row WHERE {condition}",
@@ -158,9 +168,9 @@ pub fn fresh_snapshot<R>(f: impl FnOnce() -> R) -> R {
     result
 }
 
-/// The copy: a table with the source's columns (name and type, in order) here, or a foreign
-/// table whose server runs pg_backfill.
-pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str) -> Side {
+/// The copy: a table with the source's columns (name and type, in order; with a column list,
+/// the listed ones) here, or a foreign table whose server runs pg_backfill.
+pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str, listed: Option<&[String]>) -> Side {
     let (source_name, target_name) =
         (crate::model::table::relation_name(source), crate::model::table::relation_name(target));
     if source == target {
@@ -174,7 +184,7 @@ pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str) -> 
     checksum::require_readable(target, &target_name);
     let columns = |relid: pg_sys::Oid| {
         Spi::connect(|client| {
-            let rows = client.select(&columns_of("$1"), None, &[relid.into()])?;
+            let rows = client.select(&columns_of("$1", listed), None, &[relid.into()])?;
             rows.map(|row| Ok(row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default()))
                 .collect::<Result<Vec<String>, pgrx::spi::Error>>()
         })
@@ -190,7 +200,11 @@ pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str) -> 
                 source_columns.join(", "),
                 target_columns.join(", ")
             ),
-            Some("Give the copy the same columns, with the same types, in the same order.".into()),
+            Some(
+                "Give the copy the same columns, with the same types, in the same order (or compare only its \
+                 columns: columns => ...)."
+                    .into(),
+            ),
         );
     }
     let foreign = crate::pg::spi::select_one::<bool>(
@@ -215,7 +229,7 @@ pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str) -> 
     require_same_row_hash(&side, &target_name);
     // The foreign table's declaration may differ from the table it names.
     let remote_columns: Vec<String> = side
-        .query(&columns_of(&spi::quote_literal(side.name())), 1)
+        .query(&columns_of(&spi::quote_literal(side.name()), listed), 1)
         .into_iter()
         .filter_map(|mut r| r[0].take())
         .collect();
@@ -236,13 +250,23 @@ pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str) -> 
 }
 
 /// The columns of a table (`relation`: an SQL expression of its regclass), one row each, as
-/// `name type`, in order.
-fn columns_of(relation: &str) -> String {
+/// `name type`, in order; with a column list, the listed ones.
+fn columns_of(relation: &str, listed: Option<&[String]>) -> String {
+    // (As a JSON literal: ASCII, whatever the names; the same SQL runs on a remote server.)
+    let only_listed = listed
+        .map(|listed| {
+            let names = spi::quote_literal(ascii_json(&serde_json::json!(listed).to_string()));
+            format!(
+                " AND a.attname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY(
+                      SELECT pg_catalog.jsonb_array_elements_text({names}::pg_catalog.jsonb)))"
+            )
+        })
+        .unwrap_or_default();
     format!(
         "SELECT pg_catalog.format('%I %s', a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod))
            FROM pg_catalog.pg_attribute a
           WHERE a.attrelid OPERATOR(pg_catalog.=) {relation}::pg_catalog.regclass
-            AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+            AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped{only_listed}
           ORDER BY a.attnum"
     )
 }
@@ -378,11 +402,11 @@ pub fn range_sums(
     side: &Side,
     key: &[(String, String)],
     bounds: &[serde_json::Value],
-    level: Level,
+    (level, columns): (Level, Option<&[String]>),
 ) -> Vec<(i64, Option<String>)> {
     match side {
         Side::Local { relid, .. } => side
-            .reading(|| fresh_snapshot(|| checksum::summarize(*relid, key, bounds, level)))
+            .reading(|| fresh_snapshot(|| checksum::summarize(*relid, key, bounds, level, columns)))
             .into_iter()
             .map(|(_, _, _, rows, sum)| (rows, sum))
             .collect(),
@@ -390,8 +414,16 @@ pub fn range_sums(
         // (Each node's backfill_checksum() reads its shards as their owner.)
         Side::Distributed { relid, .. } => crate::verify::distributed::range_sums(*relid, bounds, level),
         Side::Remote { name, .. } => {
+            // (A column list needs the remote's pg_backfill 0.9.0 or later.)
+            // (As JSON: an ASCII literal, whatever the names.)
+            let columns = columns
+                .map(|c| {
+                    let names = spi::quote_literal(ascii_json(&serde_json::json!(c).to_string()));
+                    format!(", ARRAY(SELECT pg_catalog.jsonb_array_elements_text({names}::pg_catalog.jsonb))")
+                })
+                .unwrap_or_default();
             let sql = format!(
-                "SELECT rows::text, checksum FROM backfill.checksum({}::regclass::oid, 1, {}, {}::jsonb) ORDER BY range",
+                "SELECT rows::text, checksum FROM backfill.checksum({}::regclass::oid, 1, {}, {}::jsonb{columns}) ORDER BY range",
                 spi::quote_literal(name),
                 spi::quote_literal(level.name()),
                 spi::quote_literal(ascii_json(&serde_json::Value::Array(bounds.to_vec()).to_string()))
@@ -451,10 +483,10 @@ fn of_keys(key: &[(String, String)], keys: &[&String]) -> String {
 pub fn rows_of_keys(
     side: &Side,
     key: &[(String, String)],
-    level: Level,
+    measure: (Level, Option<&[String]>),
     keys: &BTreeSet<String>,
     versioned: bool,
 ) -> Rows {
     let keys: Vec<&String> = keys.iter().collect();
-    keys.chunks(KEYS_PER_QUERY).flat_map(|chunk| side.rows(key, level, &of_keys(key, chunk), versioned)).collect()
+    keys.chunks(KEYS_PER_QUERY).flat_map(|chunk| side.rows(key, measure, &of_keys(key, chunk), versioned)).collect()
 }
