@@ -179,3 +179,74 @@ def test_the_filtered_ordering_test_fails_without_row_locks(cluster, db):
     writers, violations, mismatched, _ = run_scenario(cluster, db, skip_row_locks=True, row_filter="v % 2 = 0")
     assert writers.errors == []
     assert violations and mismatched
+
+
+def test_the_filter_means_to_its_worker_what_it_meant_to_its_check(orders, db):
+    """The settings that change how SQL text reads are pinned, at the check and in the worker:
+    a string that ends in a backslash with standard_conforming_strings off in the caller's
+    session would otherwise close the filter's parenthesis in the worker (every row delivered
+    once per matching row); a date in the caller's DMY order would select other rows."""
+    orders.execute("SET standard_conforming_strings = off")
+    e = error_of(orders, r"""SELECT backfill_start('orders', confirm => true, filter => $f$'\' IS NOT NULL) OR (true --' IS NOT NULL AND amount = 3$f$)""")
+    assert e.sqlstate == "42601" and "not one expression" in e.diag.message_primary
+    assert orders.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+    # The other way round: the database's default is off, the filter is read with it on.
+    orders.execute("RESET standard_conforming_strings")
+    orders.execute(f"ALTER DATABASE {db.info.dbname} SET standard_conforming_strings = off")
+    orders.execute(r"UPDATE orders SET tenant = 'a\b' WHERE id <= 7")
+    orders.execute("SET DateStyle = 'SQL, DMY'")
+    orders.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    backfill_id = orders.execute(
+        r"""SELECT backfill_start('orders', confirm => true, filter => $f$tenant = 'a\b' AND '01/02/2024'::date = '2024-01-02'$f$)"""
+    ).fetchone()[0]
+    assert wait_until_ended(orders, backfill_id) == "done"
+    reads, _ = reads_and_markers(orders, "s")
+    assert sorted(r["data"]["id"] for r in reads) == list(range(1, 8))
+
+
+def test_a_filter_is_checked_again_on_every_page(orders, roles):
+    """The table's owner changes the filtered column's type mid-run to one whose implicit cast
+    is its own volatile function, which would then run as the starter (a superuser) on every
+    page: the next page checks the filter again and stops the backfill; the cast never runs."""
+    owner = roles.create("tabowner")
+    orders.execute(f"ALTER TABLE orders OWNER TO {owner}")
+    orders.execute(f"GRANT CREATE ON SCHEMA public TO {owner}")
+    conn = roles.connect(owner)
+    conn.execute(
+        f"""CREATE TYPE num AS (x int);
+            CREATE TABLE seen (who text);
+            CREATE FUNCTION to_int(num) RETURNS int LANGUAGE plpgsql VOLATILE AS $$
+            BEGIN
+              INSERT INTO public.seen VALUES (current_user);
+              BEGIN EXECUTE 'ALTER ROLE {owner} SUPERUSER'; EXCEPTION WHEN others THEN NULL; END;
+              RETURN ($1).x;
+            END $$;
+            CREATE CAST (num AS int) WITH FUNCTION to_int(num) AS IMPLICIT;
+            GRANT INSERT ON seen TO PUBLIC;"""
+    )
+    backfill_id = orders.execute(
+        "SELECT backfill_start('orders', confirm => true, batch_size => 100, rows_per_second => 1000, filter => 'amount > 0')"
+    ).fetchone()[0]
+    orders.execute("SELECT pg_sleep(0.5)")
+    conn.execute("ALTER TABLE orders ALTER COLUMN amount TYPE num USING ROW(amount)::num")
+    assert wait_until_ended(orders, backfill_id) == "failed"
+    assert status(orders, backfill_id, "last_error_sqlstate") == "0A000"
+    assert "volatile" in status(orders, backfill_id, "last_error")
+    assert orders.execute("SELECT count(*) FROM seen").fetchone()[0] == 0
+    assert not orders.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", [owner]).fetchone()[0]
+
+
+def test_a_filter_in_a_database_that_is_not_utf8_is_ascii(cluster, scratch_database):
+    """In LATIN1, a filter's other characters are written as Unicode escapes; one that is not
+    ASCII is refused, rather than read as other bytes that match nothing."""
+    name = scratch_database("filter_latin1", "ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+    with cluster.connect(name) as conn:
+        conn.execute("SET client_encoding = 'UTF8'")
+        conn.execute("CREATE EXTENSION pg_backfill")
+        conn.execute("CREATE TABLE l (id int PRIMARY KEY, s text)")
+        conn.execute("INSERT INTO l SELECT g, CASE WHEN g % 2 = 0 THEN 'é' ELSE 'x' END FROM generate_series(1, 100) g")
+        e = error_of(conn, "SELECT backfill_start('l', confirm => true, filter => $$s = 'é'$$)")
+        assert e.sqlstate == "0A000" and "not ASCII" in e.diag.message_primary and "U&" in e.diag.message_hint
+        backfill_id = conn.execute(r"SELECT backfill_start('l', confirm => true, filter => $$s = U&'\00e9'$$)").fetchone()[0]
+        assert wait_until_ended(conn, backfill_id) == "done"
+        assert status(conn, backfill_id, "rows_done") == 50

@@ -66,6 +66,11 @@ pub fn database_is_utf8() -> bool {
     matches!(server(), Server::Utf8)
 }
 
+/// Whether SQL text in UTF-8 reads as written here: in a UTF-8 or SQL_ASCII database.
+pub fn database_takes_utf8() -> bool {
+    matches!(server(), Server::Utf8 | Server::SqlAscii)
+}
+
 /// Text in the database's encoding as UTF-8, or None when it has no UTF-8 form (bytes that are
 /// not UTF-8 in a SQL_ASCII database, or a character with no Unicode mapping).
 pub fn to_utf8(bytes: &[u8]) -> Option<Cow<'_, [u8]>> {

@@ -20,18 +20,76 @@ const FILTER_DETAIL: &str = "A filter is one boolean SQL expression over the tab
 const FILTER_HINT: &str =
     "Qualify functions with their schema and quote names as in SQL, e.g. filter => 'created_at > now() - interval ''30 days''';";
 
+/// The settings a filter is read and evaluated with, at its check as on every page of its
+/// worker, on top of the worker's (privilege::run_as: search_path, TimeZone UTC, IntervalStyle,
+/// extra_float_digits): what its text means (a backslash in a string, a date's field order,
+/// `x = NULL`) must not depend on the session that started the backfill. A filter read one way
+/// when it was checked and another way by its worker could close the parenthesis around it.
+const FILTER_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 8] = [
+    (c"standard_conforming_strings", c"on"),
+    (c"backslash_quote", c"safe_encoding"),
+    (c"DateStyle", c"ISO, MDY"),
+    (c"timezone_abbreviations", c"Default"),
+    (c"transform_null_equals", c"off"),
+    (c"array_nulls", c"on"),
+    (c"bytea_output", c"hex"),
+    (c"xmloption", c"content"),
+];
+
+/// Runs `f`, which reads or runs a filter, with [`FILTER_SETTINGS`].
+pub fn with_filter_settings<R>(f: impl FnOnce() -> R) -> R {
+    crate::pg::privilege::with_settings(&FILTER_SETTINGS, f)
+}
+
+/// How to write a character that is not ASCII in a filter, in a database that is not UTF-8.
+const NOT_ASCII_HINT: &str = r"Write other characters as Unicode escapes: filter => 'name = U&''caf\00e9''';";
+
 /// Checks `query`, `SELECT ... FROM <table> t WHERE <condition> AND (\n<filter>\n)`, as the
-/// current role (see the module's comment), and returns the planner's estimate of its rows.
-/// Raises, with the table's name and PostgreSQL's SQLSTATE, if the filter is not valid.
+/// current role (see the module's comment), with [`FILTER_SETTINGS`], and returns the planner's
+/// estimate of its rows. Raises, with the table's name and PostgreSQL's SQLSTATE, if the filter
+/// is not valid. The worker checks it again on every page before it runs it: a column's type, a
+/// function or an overload may have changed since the backfill started.
 #[track_caller]
 pub fn check(query: &str, table: &str) -> f64 {
+    checked(query, table, true)
+}
+
+/// Checks `query` as [`check`] does, without planning it: the worker's check at every page,
+/// before the page's own query plans it.
+#[track_caller]
+pub fn check_again(query: &str, table: &str) {
+    checked(query, table, false);
+}
+
+#[track_caller]
+fn checked(query: &str, table: &str, estimate: bool) -> f64 {
     let Ok(text) = std::ffi::CString::new(query) else {
         refuse(ERRCODE_SYNTAX_ERROR, table, "it contains a NUL character")
     };
+    // The statements pg_backfill writes are ASCII in a database that is neither UTF-8 nor
+    // SQL_ASCII (encoding.rs); a filter's text is UTF-8 here, which the parser would misread.
+    if !query.is_ascii() && !crate::pg::encoding::database_takes_utf8() {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("the filter of a backfill of table {table} is not valid: it is not ASCII"),
+            format!(
+                "In a database encoded in {}, a filter is written in ASCII.",
+                crate::pg::encoding::database_encoding_name()
+            ),
+            Some(NOT_ASCII_HINT.into()),
+        );
+    }
+    with_filter_settings(|| analyzed(&text, query, table, estimate))
+}
+
+#[track_caller]
+fn analyzed(text: &std::ffi::CStr, query: &str, table: &str, estimate: bool) -> f64 {
     // Parse errors (42601), unknown columns (42703), a type that is not boolean (42804),
-    // missing privileges (42501) are PostgreSQL's own, raised again with their SQLSTATE.
-    let checked = PgTryBuilder::new(|| match refusal_of(&text) {
-        None => Ok(crate::pg::spi::planned_rows(query)),
+    // missing privileges (42501, at planning) are PostgreSQL's own, raised again with their
+    // SQLSTATE.
+    let checked = PgTryBuilder::new(|| match refusal_of(text) {
+        None if estimate => Ok(crate::pg::spi::planned_rows(query)),
+        None => Ok(None),
         Some(refusal) => Err(refusal),
     })
     .catch_others(|caught| {
@@ -151,3 +209,4 @@ unsafe fn list_of<T>(list: *mut pg_sys::List) -> Vec<*mut T> {
     let cells = std::slice::from_raw_parts((*list).elements, (*list).length as usize);
     cells.iter().map(|cell| cell.ptr_value as *mut T).collect()
 }
+

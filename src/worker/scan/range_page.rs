@@ -103,8 +103,15 @@ impl TableScan<'_> {
                 Some("Start a new backfill as a role that exists.".into()),
             )
         };
+        let table_name = self.shape.table.qualified_name();
         let passing = privilege::run_as(starter, || {
-            crate::pg::spi::select_one::<Vec<String>>(&queries.row_ids_passing(&filter), &[ids.into()])
+            // Checked again, as at its start: since then a column's type may have changed (its
+            // cast now a volatile function of the table's owner), or a better overload of one
+            // of its functions appeared; a volatile function or a subquery stops the backfill.
+            crate::pg::filter::check_again(&queries.filter_check(&filter), &table_name);
+            crate::pg::filter::with_filter_settings(|| {
+                crate::pg::spi::select_one::<Vec<String>>(&queries.row_ids_passing(&filter), &[ids.into()])
+            })
         })
         .or_internal("filter the page's rows");
         let Some(passing) = passing else { return (0, 0) };
