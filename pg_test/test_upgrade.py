@@ -192,7 +192,7 @@ def test_an_operator_granted_before_0_5_0_starts_keyed_backfills_compares_and_re
     assert db.execute("SELECT rows_done FROM backfill_status WHERE id IN (%s, %s) ORDER BY id", [backfill_id, keyed]).fetchall() == [(1,), (1,)]
     assert db.execute(
         "SELECT has_function_privilege('public', 'backfill_start(text, boolean, integer, integer, name, name, bigint, integer, "
-        "bigint, bigint, integer, jsonb, integer, text)', 'EXECUTE')"
+        "bigint, bigint, integer, jsonb, integer, text, text[])', 'EXECUTE')"
     ).fetchone()[0]
     bystander = roles.create("bystander")
     assert error_of(roles.connect(bystander), "SELECT * FROM backfill_compare('t', 't_copy')").sqlstate == "42501"
@@ -232,7 +232,7 @@ def test_an_operator_granted_before_0_8_0_starts_and_estimates_filtered_backfill
     backfill_id = conn.execute("SELECT backfill_start('t', confirm => true, filter => 'id <= 10')").fetchone()[0]
     assert wait_until_ended(db, backfill_id) == "done"
     assert status(db, backfill_id, "rows_done") == 10
-    assert db.execute("SELECT has_function_privilege('public', 'backfill_estimate(text, integer, text)', 'EXECUTE')").fetchone()[0]
+    assert db.execute("SELECT has_function_privilege('public', 'backfill_estimate(text, integer, text, text[])', 'EXECUTE')").fetchone()[0]
     bystander = roles.create("bystander")
     assert error_of(roles.connect(bystander), "SELECT backfill_start('t', confirm => true)").sqlstate == "42501"
 
@@ -301,3 +301,52 @@ def test_the_update_and_the_views_resolve_nothing_another_role_planted(db, roles
         db.execute("DROP AGGREGATE IF EXISTS public.array_agg(oid)")
         db.execute("DROP OPERATOR IF EXISTS public.= (oid, regprocedure)")
         db.execute("DROP OPERATOR IF EXISTS public.* (integer, double precision)")
+
+
+# The operator grants of 0.8.0's docs/security.md, on the functions as 0.8.0 declared them.
+OPERATOR_GRANTS_0_8_0 = """
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill TO {role};
+GRANT EXECUTE ON FUNCTION
+    backfill_estimate(regclass[], integer, text), backfill_estimate(regclass, integer, text), backfill_estimate(text, integer, text),
+    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text),
+    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text),
+    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text),
+    backfill_pause(bigint), backfill_resume(bigint), backfill_cancel(bigint),
+    backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
+    backfill_checksum(regclass, integer, text, jsonb), backfill_compare(regclass, regclass, text, integer, name),
+    backfill_repair(regclass, regclass, boolean, text, integer, name, integer)
+  TO {role};
+"""
+
+
+def test_an_operator_granted_before_0_9_0_uses_column_lists(db, roles):
+    """0.9.0 gives backfill_start(), backfill_estimate(), backfill_checksum(), backfill_compare()
+    and backfill_repair() a columns argument, so new functions and entry points: the update
+    carries the old ones' grants over; PUBLIC's too."""
+    db.execute("DROP EXTENSION pg_backfill")
+    db.execute("CREATE EXTENSION pg_backfill VERSION '0.8.0'")
+    operator = roles.create("operator")
+    db.execute(OPERATOR_GRANTS_0_8_0.format(role=operator))
+    db.execute("GRANT EXECUTE ON FUNCTION backfill_checksum(regclass, integer, text, jsonb) TO PUBLIC")
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text, secret text)")
+    db.execute("INSERT INTO t SELECT g, 'v', 's' FROM generate_series(1, 100) g")
+    db.execute("CREATE TABLE t_copy (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO t_copy SELECT id, v FROM t WHERE id <> 7")
+    db.execute(f"GRANT SELECT, UPDATE ON t, t_copy TO {operator}")
+    db.execute("ALTER EXTENSION pg_backfill UPDATE")
+    conn = roles.connect(operator)
+    assert conn.execute("SELECT bytes_estimated > 0 FROM backfill_estimate('t', columns => '{id,v}')").fetchone()[0]
+    backfill_id = conn.execute("SELECT backfill_start('t', confirm => true, columns => '{id,v}')").fetchone()[0]
+    assert wait_until_ended(db, backfill_id) == "done"
+    assert db.execute("SELECT column_list FROM backfill.job_table WHERE job_id = %s", [backfill_id]).fetchone()[0] == ["id", "v"]
+    assert conn.execute("SELECT count(*) FROM backfill_checksum('t', columns => '{id,v}')").fetchone()[0] >= 1
+    assert conn.execute(
+        "SELECT key->>'id', status FROM backfill_compare('t', 't_copy', columns => '{id,v}')"
+    ).fetchall() == [("7", "missing")]
+    repair = conn.execute("SELECT backfill_repair('t', 't_copy', confirm => true, columns => '{id,v}')").fetchone()[0]
+    assert wait_until_ended(db, repair) == "done"
+    assert db.execute(
+        "SELECT has_function_privilege('public', 'backfill_checksum(regclass, integer, text, jsonb, text[])', 'EXECUTE')"
+    ).fetchone()[0]
+    bystander = roles.create("bystander")
+    assert error_of(roles.connect(bystander), "SELECT backfill_start('t', confirm => true)").sqlstate == "42501"
