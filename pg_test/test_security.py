@@ -855,3 +855,29 @@ def test_waiting_kind_answers_only_about_backfills_the_caller_sees(db, roles):
     db.execute("SELECT backfill_cancel(%s)", [backfill_id])
     assert wait_until_ended(db, backfill_id) == "cancelled"
     assert value(db, "SELECT waiting_kind FROM backfill_status WHERE id = %s", [backfill_id]) is None
+
+
+def test_a_composite_keys_own_code_runs_as_its_owner_when_a_superuser_splits_it(db, roles):
+    """parallel => N splits a composite key at a sample of its key tuples (0.8.0); each range's
+    pages cast their bounds back to the key's types, and a domain's CHECK calls the table
+    owner's function. A superuser's parallel backfill, and its checksum, run it as the owner:
+    the owner stays without superuser, though the trap works when a superuser runs it. (With
+    the page's last-key query run as the worker's superuser, this test fails.)"""
+    atk = roles.create("splitowner")
+    db.execute(f"CREATE SCHEMA {atk} AUTHORIZATION {atk}")
+    conn = roles.connect(atk)
+    conn.execute(TRAP.format(schema=atk, name="ok", args="v int", returns="boolean", role=atk, body="true"))
+    conn.execute(
+        f"""CREATE DOMAIN {atk}.qty AS int CHECK ({atk}.ok(VALUE));
+            CREATE TABLE {atk}.pairs (tenant text, n {atk}.qty, body text, PRIMARY KEY (tenant, n));
+            INSERT INTO {atk}.pairs SELECT 't' || (g % 3), g, 'x' FROM generate_series(1, 6000) g;
+            ANALYZE {atk}.pairs;"""
+    )
+    backfill_id = start(db, f"{atk}.pairs", parallel=2)
+    assert wait_until_ended(db, backfill_id) == "done"
+    parts = db.execute("SELECT count(*), sum(rows_done) FROM backfill_tables WHERE backfill_id = %s", [backfill_id]).fetchone()
+    assert parts == (2, 6000), "the composite key was split in two"
+    db.execute(f"SELECT count(*) FROM backfill_checksum('{atk}.pairs', ranges => 4)")
+    assert not is_superuser(db, atk)
+    db.execute(f"SELECT 1::{atk}.qty")  # the trap works when a superuser runs it
+    assert is_superuser(db, atk)
