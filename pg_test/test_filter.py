@@ -250,3 +250,16 @@ def test_a_filter_in_a_database_that_is_not_utf8_is_ascii(cluster, scratch_datab
         backfill_id = conn.execute(r"SELECT backfill_start('l', confirm => true, filter => $$s = U&'\00e9'$$)").fetchone()[0]
         assert wait_until_ended(conn, backfill_id) == "done"
         assert status(conn, backfill_id, "rows_done") == 50
+
+
+def test_a_filter_that_names_a_temporary_object_is_refused_at_start(orders):
+    """The caller's pg_temp is not the worker's: a function, or a domain, made there would pass
+    a check in the caller's session and fail the worker's first page."""
+    orders.execute("CREATE FUNCTION pg_temp.keep(int) RETURNS bool STABLE LANGUAGE sql AS 'SELECT $1 = 3'")
+    orders.execute("CREATE DOMAIN pg_temp.small AS int CHECK (VALUE < 50)")
+    for filter in ("pg_temp.keep(amount)", "amount::pg_temp.small < 10"):
+        e = error_of(orders, "SELECT backfill_start('orders', confirm => true, filter => %s)", [filter])
+        assert e.sqlstate == "0A000" and "temporary object" in e.diag.message_primary, (filter, e.diag.message_primary)
+    assert orders.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+    # A filter of the same shape with pg_catalog's objects passes.
+    assert orders.execute("SELECT rows_estimated > 0 FROM backfill_estimate('orders', filter => 'amount::int8 < 10')").fetchone()[0]

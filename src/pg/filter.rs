@@ -110,6 +110,11 @@ fn analyzed(text: &std::ffi::CStr, query: &str, table: &str, estimate: bool) -> 
         ),
         Err(Refusal::HasSubquery) => refuse(ERRCODE_FEATURE_NOT_SUPPORTED, table, "it contains a subquery"),
         Err(Refusal::Volatile) => refuse(ERRCODE_FEATURE_NOT_SUPPORTED, table, "it calls a volatile function"),
+        Err(Refusal::Temporary) => refuse(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            table,
+            "it names a temporary object (pg_temp), which the backfill's worker cannot see",
+        ),
     }
 }
 
@@ -130,6 +135,8 @@ enum Refusal {
     NotOneExpression,
     HasSubquery,
     Volatile,
+    /// It names an object of the caller's temporary schema, which its worker does not have.
+    Temporary,
 }
 
 /// Why the parser and parse analysis refuse `query`'s filter, if they do (PostgreSQL's own
@@ -149,11 +156,48 @@ fn refusal_of(query: &std::ffi::CStr) -> Option<Refusal> {
         if (*analyzed).hasSubLinks {
             return Some(Refusal::HasSubquery);
         }
-        if pg_sys::contain_volatile_functions((*(*analyzed).jointree).quals) {
+        let quals = (*(*analyzed).jointree).quals;
+        if pg_sys::contain_volatile_functions(quals) {
             return Some(Refusal::Volatile);
+        }
+        if names_temporary_objects(quals) {
+            return Some(Refusal::Temporary);
         }
         None
     }
+}
+
+/// Whether the analyzed filter `quals` names a function, operator or type of this session's
+/// temporary schema: found by the OIDs its node text gives them (`:funcid 16384`...), the
+/// fields that name those objects.
+///
+/// # Safety
+/// `quals` is an analyzed expression.
+unsafe fn names_temporary_objects(quals: *mut pg_sys::Node) -> bool {
+    if quals.is_null() {
+        return false;
+    }
+    let text = std::ffi::CStr::from_ptr(pg_sys::nodeToString(quals.cast())).to_string_lossy().into_owned();
+    const FIELDS: [&str; 6] = [":funcid ", ":opno ", ":opfuncid ", ":resulttype ", ":consttype ", ":vartype "];
+    let oids: Vec<pg_sys::Oid> = FIELDS
+        .iter()
+        .flat_map(|field| text.match_indices(field).map(move |(at, _)| &text[at + field.len()..]))
+        .filter_map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u32>().ok())
+        .map(pg_sys::Oid::from)
+        .collect();
+    crate::pg::spi::select_one::<bool>(
+        "SELECT pg_catalog.pg_my_temp_schema() OPERATOR(pg_catalog.<>) 0
+            AND (EXISTS (SELECT FROM pg_catalog.pg_proc p WHERE p.oid OPERATOR(pg_catalog.=) ANY ($1)
+                            AND p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema())
+                 OR EXISTS (SELECT FROM pg_catalog.pg_operator o WHERE o.oid OPERATOR(pg_catalog.=) ANY ($1)
+                            AND o.oprnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema())
+                 OR EXISTS (SELECT FROM pg_catalog.pg_type t WHERE t.oid OPERATOR(pg_catalog.=) ANY ($1)
+                            AND t.typnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()))",
+        &[oids.into()],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(false)
 }
 
 /// Whether the statement is `SELECT <one target> FROM <one table> WHERE <ours> AND (<filter>)`
