@@ -87,7 +87,8 @@ fn analyzed(text: &std::ffi::CStr, query: &str, table: &str, estimate: bool) -> 
     // Parse errors (42601), unknown columns (42703), a type that is not boolean (42804),
     // missing privileges (42501, at planning) are PostgreSQL's own, raised again with their
     // SQLSTATE.
-    let checked = PgTryBuilder::new(|| match refusal_of(text) {
+    // (The worker has no temporary schema: a name in one fails there anyway.)
+    let checked = PgTryBuilder::new(|| match refusal_of(text, estimate) {
         None if estimate => Ok(crate::pg::spi::planned_rows(query)),
         None => Ok(None),
         Some(refusal) => Err(refusal),
@@ -140,8 +141,8 @@ enum Refusal {
 }
 
 /// Why the parser and parse analysis refuse `query`'s filter, if they do (PostgreSQL's own
-/// errors are raised).
-fn refusal_of(query: &std::ffi::CStr) -> Option<Refusal> {
+/// errors are raised); with `in_caller`, also for naming the caller's temporary objects.
+fn refusal_of(query: &std::ffi::CStr, in_caller: bool) -> Option<Refusal> {
     // SAFETY: the parser's and the analyzer's nodes live in the current memory context, which
     // outlives this function; every pointer read is checked for NULL and its node tag first.
     unsafe {
@@ -160,7 +161,7 @@ fn refusal_of(query: &std::ffi::CStr) -> Option<Refusal> {
         if pg_sys::contain_volatile_functions(quals) {
             return Some(Refusal::Volatile);
         }
-        if names_temporary_objects(quals) {
+        if in_caller && names_temporary_objects(quals) {
             return Some(Refusal::Temporary);
         }
         None
@@ -178,6 +179,7 @@ unsafe fn names_temporary_objects(quals: *mut pg_sys::Node) -> bool {
         return false;
     }
     let text = std::ffi::CStr::from_ptr(pg_sys::nodeToString(quals.cast())).to_string_lossy().into_owned();
+    let text = text.as_str();
     const FIELDS: [&str; 6] = [":funcid ", ":opno ", ":opfuncid ", ":resulttype ", ":consttype ", ":vartype "];
     let oids: Vec<pg_sys::Oid> = FIELDS
         .iter()
