@@ -1,6 +1,5 @@
 //! The SQL functions and the views' helpers.
 
-pub(crate) mod columns;
 pub(crate) mod control;
 pub(crate) mod distributed;
 pub(crate) mod keyed;

@@ -38,7 +38,7 @@ fn repair_columns(
     batch_size: Option<i32>,
     columns: Option<Vec<Option<Text>>>,
 ) -> Option<i64> {
-    let columns = crate::api::columns::given(columns);
+    let columns = crate::stream::columns::given(columns);
     let confirm = crate::pg::args::required(confirm, "backfill_repair", "confirm");
     let batch_size = crate::pg::args::required(batch_size, "backfill_repair", "batch_size");
     crate::pg::args::check_batch_size(batch_size);

@@ -1,7 +1,6 @@
 //! The SQL functions. Their public signatures (regclass arguments, named defaults) are
 //! declared in `sql/api.sql`, which calls these entry points in schema `backfill`.
 
-use crate::api::columns;
 use crate::api::distributed;
 use crate::api::plan::{self, Estimate};
 use crate::catalog::job;
@@ -14,6 +13,7 @@ use crate::pg::errors::raise;
 use crate::pg::errors::OrInternal;
 use crate::pg::privilege::{self, as_extension_owner};
 use crate::pg::settings;
+use crate::stream::columns;
 use crate::throttle::pipeline;
 use crate::worker::launcher;
 use pgrx::prelude::*;

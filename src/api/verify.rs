@@ -52,7 +52,7 @@ fn checksum_columns(
 > {
     let relid = crate::pg::args::required(table, "backfill_checksum", "tbl");
     let level = Level::parse(&crate::pg::args::required(level, "backfill_checksum", "level").0);
-    let columns = crate::api::columns::given(columns);
+    let columns = crate::stream::columns::given(columns);
     if citus_metadata::is_distributed(relid) {
         if columns.is_some() {
             let name = crate::model::table::relation_name(relid);

@@ -255,4 +255,3 @@ unsafe fn list_of<T>(list: *mut pg_sys::List) -> Vec<*mut T> {
     let cells = std::slice::from_raw_parts((*list).elements, (*list).length as usize);
     cells.iter().map(|cell| cell.ptr_value as *mut T).collect()
 }
-

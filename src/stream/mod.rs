@@ -1,5 +1,7 @@
-//! What reaches the logical decoding stream: page queries, rows as JSON, messages and their tags.
+//! What reaches the logical decoding stream: page queries, the columns of a read, rows as JSON,
+//! messages and their tags.
 
+pub(crate) mod columns;
 pub(crate) mod delivery;
 pub(crate) mod json;
 pub(crate) mod message;

@@ -115,7 +115,7 @@ impl<'a> TableScan<'a> {
         // As its reads deliver it: the columns of its column list, if it has one.
         let inspected = in_transaction_retried(|| {
             table::inspect(relid)
-                .map(|t| crate::api::columns::project(t, job_table::column_list(backfill_id, position)))
+                .map(|t| crate::stream::columns::project(t, job_table::column_list(backfill_id, position)))
         })?;
         let table = inspected.map_err(|why| {
             PageError::new(why.code, format!("table {relid:?} can no longer be backfilled: {}", why.reason), None)
@@ -232,7 +232,7 @@ impl<'a> TableScan<'a> {
         // it, though pgoutput would still pass its messages on.
         if let Some(publication) = &job.publication_name {
             pipeline::require_published(publication, table);
-            crate::api::columns::require_still_published(publication, table);
+            crate::stream::columns::require_still_published(publication, table);
         }
         found.same_columns
     }
@@ -258,8 +258,10 @@ impl<'a> TableScan<'a> {
             pg_sys::PopActiveSnapshot();
             pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
         }
-        let table =
-            crate::api::columns::project(table::require(self.shape.table.relid), self.shape.table.column_list.clone());
+        let table = crate::stream::columns::project(
+            table::require(self.shape.table.relid),
+            self.shape.table.column_list.clone(),
+        );
         // The same columns, types (a varchar may grow) and collations, in the same order.
         let key = |t: &Table| {
             t.key
