@@ -3,7 +3,10 @@ always among them, as row_to_json renders that projection; a publication's colum
 default and a wider list is refused; verification can be limited to the same columns."""
 
 import json
+import threading
+import time
 
+import psycopg
 import pytest
 
 from conftest import as_reads, backfill_messages, error_of, wait_until_ended, wal2json_changes
@@ -315,3 +318,158 @@ def test_verification_over_a_column_list_needs_the_right_to_read_the_table(pair,
         assert e.sqlstate == "42501" and "people" in e.diag.message_primary, e.diag.message_primary
     pair.execute(f"GRANT SELECT ON people, copy TO {operator}")
     assert conn.execute("SELECT count(*) FROM backfill_compare('people', 'copy', columns => ARRAY['id', 'name'])").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("change", [
+    # Two listed and unlisted columns swap names: "name" would then be the ssn column.
+    "ALTER TABLE people RENAME COLUMN name TO tmp; ALTER TABLE people RENAME COLUMN ssn TO name; "
+    "ALTER TABLE people RENAME COLUMN tmp TO ssn",
+    # The listed column dropped and another added under its name.
+    "ALTER TABLE people DROP COLUMN name; ALTER TABLE people ADD COLUMN name text DEFAULT 'new'",
+])
+def test_a_listed_column_replaced_mid_run_stops_the_backfill(people, change):
+    """A column is its attribute, not its name: no other column's values ever go out under a
+    listed name."""
+    people.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    backfill_id = people.execute(
+        """SELECT backfill_start('people', confirm => true, batch_size => 100, rows_per_second => 1000,
+                                 columns => ARRAY['id', 'name'])"""
+    ).fetchone()[0]
+    people.execute("SELECT pg_sleep(0.3)")
+    people.execute(change)
+    assert wait_until_ended(people, backfill_id) == "failed"
+    error = people.execute("SELECT last_error_sqlstate, last_error FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()
+    assert error[0] == "42703" and "column name of table public.people is no longer the column" in error[1], error
+    reads = [m for m in as_reads(backfill_messages(wal2json_changes(people, "s"))) if m["op"] == "read"]
+    assert reads and all(m["data"]["name"] == f"p{m['data']['id']}" for m in reads)
+    # Resumed, it stops again: the list's columns are the ones it started with.
+    people.execute("SELECT backfill_resume(%s)", [backfill_id])
+    assert wait_until_ended(people, backfill_id) == "failed"
+    assert not [m for m in as_reads(backfill_messages(wal2json_changes(people, "s"))) if m["op"] == "read"]
+
+
+def test_table_end_names_only_the_listed_columns_sequences(db):
+    db.execute("CREATE TABLE s (id bigserial PRIMARY KEY, n bigserial, v text)")
+    db.execute("INSERT INTO s (v) SELECT 'x' FROM generate_series(1, 10)")
+    db.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    for columns, expected in ((["id", "v"], ["id"]), (None, ["id", "n"])):
+        backfill_id = db.execute("SELECT backfill_start('s', confirm => true, columns => %s)", [columns]).fetchone()[0]
+        assert wait_until_ended(db, backfill_id) == "done"
+        end = next(m for m in backfill_messages(wal2json_changes(db, "s")) if m["op"] == "table_end")
+        assert [s["column"] for s in end["sequences"]] == expected
+
+
+def test_verification_of_a_table_with_a_column_named_backfill_row(db):
+    db.execute("CREATE TABLE a (id int PRIMARY KEY, backfill_row text)")
+    db.execute("INSERT INTO a SELECT g, 'r' || g FROM generate_series(1, 100) g")
+    db.execute("CREATE TABLE b (LIKE a INCLUDING ALL)")
+    db.execute("INSERT INTO b SELECT * FROM a WHERE id <> 5")
+    db.execute("UPDATE b SET backfill_row = 'stale' WHERE id = 6")
+    rows = db.execute("SELECT key->>'id', status FROM backfill_compare('a', 'b') ORDER BY 1").fetchall()
+    assert rows == [("5", "missing"), ("6", "different")]
+
+
+def test_a_publication_with_no_tables_exists(people):
+    people.execute("CREATE PUBLICATION empty")
+    e = error_of(people, "SELECT backfill_start('people', confirm => true, publication => 'empty')")
+    assert e.sqlstate == "55000" and 'is not in publication "empty"' in e.diag.message_primary
+
+
+@pytest.fixture
+def parted(db):
+    db.execute(
+        """CREATE TABLE pr (id int PRIMARY KEY, a text, b text) PARTITION BY RANGE (id);
+           CREATE TABLE pr1 PARTITION OF pr FOR VALUES FROM (0) TO (100);
+           CREATE TABLE pr2 PARTITION OF pr FOR VALUES FROM (100) TO (200);
+           INSERT INTO pr SELECT g, 'a' || g, 'secret' || g FROM generate_series(1, 199) g;"""
+    )
+    db.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    return db
+
+
+@pytest.mark.parametrize("publication, sqlstate, message", [
+    ("FOR TABLE pr1 (id, a)", "55000", 'partition public.pr2 of table public.pr is not in publication "pub"'),
+    ("FOR TABLE pr1 (id, a), pr2", "0A000", "the partitions of table public.pr are published with different columns"),
+    ("FOR TABLE pr1 (id, a), pr2 (id, b)", "0A000", "the partitions of table public.pr are published with different columns"),
+])
+def test_a_partitioned_tables_partitions_as_its_publication_holds_them(parted, publication, sqlstate, message):
+    """Rows are published partition by partition: a backfill of the partitioned table sends no
+    partition the publication does not hold, and no column it withholds from one of them."""
+    parted.execute(f"CREATE PUBLICATION pub {publication}")
+    e = error_of(parted, "SELECT backfill_start('pr', confirm => true, publication => 'pub')")
+    assert e.sqlstate == sqlstate and message in e.diag.message_primary, (e.sqlstate, e.diag.message_primary)
+    assert e.diag.message_detail and e.diag.message_hint
+    assert parted.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("publication", [
+    "FOR TABLE pr1 (id, a), pr2 (a, id)",
+    "FOR TABLE pr (id, a) WITH (publish_via_partition_root = true)",
+])
+def test_partitions_published_with_one_column_list_send_it(parted, publication):
+    parted.execute(f"CREATE PUBLICATION pub {publication}")
+    backfill_id = parted.execute("SELECT backfill_start('pr', confirm => true, publication => 'pub')").fetchone()[0]
+    assert wait_until_ended(parted, backfill_id) == "done"
+    reads = [m for m in as_reads(backfill_messages(wal2json_changes(parted, "s"))) if m["op"] == "read"]
+    assert len(reads) == 199 and {tuple(m["data"]) for m in reads} == {("id", "a")}
+
+
+def test_a_repair_through_a_pipelines_slot_sends_no_column_its_publication_withholds(pair):
+    """The repair's slot is the table's last backfill's, whose publication has a column list:
+    the repair's backfill is bound by it, as that backfill was. A list with a column it withholds
+    is refused; the copy's own columns are repaired."""
+    pair.execute("CREATE PUBLICATION pub FOR TABLE people (id, name)")
+    pair.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    first = pair.execute("SELECT backfill_start('people', confirm => true, slot => 's', publication => 'pub')").fetchone()[0]
+    wal2json_changes(pair, "s")
+    pair.execute("SELECT backfill_cancel(%s)", [first])
+    pair.execute("DELETE FROM copy WHERE id = 5")
+    # A consumer that keeps confirming what it reads, for the comparisons to wait on.
+    stop = threading.Event()
+
+    def consume():
+        with psycopg.connect(host="127.0.0.1", port=pair.info.port, user=pair.info.user,
+                             dbname=pair.info.dbname, autocommit=True) as conn:
+            while not stop.is_set():
+                conn.execute("SELECT count(*) FROM pg_logical_slot_get_changes('s', NULL, NULL)")
+                time.sleep(0.02)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    try:
+        e = error_of(pair, "SELECT backfill_repair('people', 'copy', confirm => true, passes => 1, columns => %s)", [LISTED])
+        assert e.sqlstate == "42501" and "withholds column" in e.diag.message_primary, e.diag.message_primary
+        repair = pair.execute(
+            "SELECT backfill_repair('people', 'copy', confirm => true, passes => 1, columns => '{id,name}')"
+        ).fetchone()[0]
+    finally:
+        stop.set()
+        consumer.join()
+    # (It waits for the slot's consumer, which this test does not run: what it will send is
+    # what it recorded.)
+    assert pair.execute(
+        "SELECT j.publication_name, t.column_list FROM backfill.job j JOIN backfill.job_table t ON t.job_id = j.id WHERE j.id = %s",
+        [repair],
+    ).fetchone() == ("pub", ["id", "name"])
+    pair.execute("SELECT backfill_cancel(%s)", [repair])
+
+
+def test_comparisons_in_latin1_with_a_key_whose_name_is_not_ascii(cluster, scratch_database):
+    """The key's name goes into the comparison's SQL in ASCII: in LATIN1 its UTF-8 bytes were
+    read as other characters, and the differing rows were not found (false agreement)."""
+    name = scratch_database("compare_latin1", "ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+    with cluster.connect(name) as conn:
+        conn.execute("SET client_encoding = 'UTF8'")
+        conn.execute("CREATE EXTENSION pg_backfill")
+        conn.execute('CREATE TABLE b1 ("ïd" int PRIMARY KEY, v text)')
+        conn.execute("INSERT INTO b1 SELECT g, 'v' || g FROM generate_series(1, 50) g")
+        conn.execute("CREATE TABLE b2 (LIKE b1 INCLUDING ALL)")
+        conn.execute("INSERT INTO b2 SELECT * FROM b1")
+        conn.execute("""UPDATE b2 SET v = 'DIFF' WHERE "ïd" = 9""")
+        conn.execute("""DELETE FROM b2 WHERE "ïd" = 10""")
+        for columns in (None, ["ïd", "v"]):
+            rows = conn.execute(
+                "SELECT key->>'ïd', status FROM backfill_compare('b1', 'b2', passes => 1, columns => %s) ORDER BY 1",
+                [columns],
+            ).fetchall()
+            assert rows == [("10", "missing"), ("9", "different")], (columns, rows)

@@ -84,6 +84,7 @@ CREATE TABLE backfill.job_table (
     pages_table_locked bigint NOT NULL DEFAULT 0,
     pages_row_locked   bigint NOT NULL DEFAULT 0,
     column_list     text[],
+    column_attnums  smallint[],
     PRIMARY KEY (job_id, position)
 );
 CREATE INDEX ON backfill.job_table (relid);
@@ -94,6 +95,7 @@ COMMENT ON COLUMN backfill.job_table.worker IS 'Worker that scans this range';
 COMMENT ON COLUMN backfill.job_table.lower_bound IS 'Key after which the range starts (text form); NULL from the start of the table';
 COMMENT ON COLUMN backfill.job_table.relid IS 'The table';
 COMMENT ON COLUMN backfill.job_table.column_list IS 'The columns its reads carry, in the table''s order (columns => ..., or the publication''s column list); NULL: every column';
+COMMENT ON COLUMN backfill.job_table.column_attnums IS 'The attribute numbers of column_list''s columns when it started: a listed column renamed, or dropped and added again, is another column and stops it';
 COMMENT ON COLUMN backfill.job_table.key_columns IS 'Columns of the primary key or replica identity index the scan is ordered by';
 COMMENT ON COLUMN backfill.job_table.state IS 'pending (not started), running (scan under way) or done (end marker sent)';
 COMMENT ON COLUMN backfill.job_table.upper_bound IS 'Greatest key when the scan started (text form); rows inserted above it arrive through the stream';

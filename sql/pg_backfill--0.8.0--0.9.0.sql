@@ -6,8 +6,9 @@
 -- (As every update script: the state tables first, in the order a worker's page takes them.)
 LOCK TABLE backfill.job, backfill.job_table IN ACCESS EXCLUSIVE MODE;
 
-ALTER TABLE backfill.job_table ADD COLUMN column_list text[];
+ALTER TABLE backfill.job_table ADD COLUMN column_list text[], ADD COLUMN column_attnums smallint[];
 COMMENT ON COLUMN backfill.job_table.column_list IS 'The columns its reads carry, in the table''s order (columns => ..., or the publication''s column list); NULL: every column';
+COMMENT ON COLUMN backfill.job_table.column_attnums IS 'The attribute numbers of column_list''s columns when it started: a listed column renamed, or dropped and added again, is another column and stops it';
 
 -- The new trailing argument makes new functions: the old wrappers are kept aside under other
 -- names until their grants are copied, then dropped (as 0.8.0 did for filter). The old entry

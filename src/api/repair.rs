@@ -86,13 +86,18 @@ fn repair_columns(
         };
         return Some(crate::api::distributed::start_distributed(source, true, &options));
     }
+    // Through the slot of a pipeline whose publication has a column list, the repair sends no
+    // column it withholds, as the backfill before it did (its default list, and a ceiling).
+    let publication = found.slot.as_deref().and_then(|slot| {
+        crate::pg::privilege::as_extension_owner(|| crate::verify::compare::last_publication_of(source, slot))
+    });
     let id = crate::api::start::start_of_columns(
         Some(vec![Some(source)]),
         Some(true),
         Some(batch_size),
         None,
         found.slot.map(Text),
-        None,
+        publication.map(Text),
         None,
         Some(1),
         None,

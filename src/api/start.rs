@@ -157,7 +157,7 @@ fn estimate_table(
     match table::inspect(relid) {
         Ok(table) => {
             let list = columns::column_list(&table, only.columns, None);
-            let table = columns::project(table, list);
+            let table = columns::project(table, list, None);
             let estimate = plan::estimate(&table, prefix_len, only.filter);
             let pages = plan::pages(estimate.rows, batch_size);
             let key = crate::pg::encoding::texts(&table.key_names());
@@ -320,7 +320,7 @@ fn start_visible(
         .into_iter()
         .map(|table| {
             let list = columns::column_list(&table, only.columns, publication.as_deref());
-            columns::project(table, list)
+            columns::project(table, list, None)
         })
         .collect();
 
@@ -401,7 +401,7 @@ fn start_visible(
                 job_table::insert_job_table(backfill_id, position, table.relid, table.key_names(), range);
             }
             if let Some(list) = &table.column_list {
-                job_table::set_column_list(backfill_id, table.relid, list);
+                job_table::set_column_list(backfill_id, table.relid, list, &table.column_attnums);
             }
         }
         backfill_id

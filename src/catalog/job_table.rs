@@ -161,27 +161,28 @@ pub fn insert_job_table(
 
 /// Records the column list of table `relid` in backfill `backfill_id`, on each of its ranges
 /// (0.9.0 schema on: only given at a start).
-pub fn set_column_list(backfill_id: i64, relid: pg_sys::Oid, columns: &[String]) {
+pub fn set_column_list(backfill_id: i64, relid: pg_sys::Oid, columns: &[String], attnums: &[i16]) {
     Spi::run_with_args(
-        "UPDATE backfill.job_table SET column_list = $3 WHERE job_id = $1 AND relid = $2::oid::regclass",
-        &[backfill_id.into(), relid.into(), texts(columns).into()],
+        "UPDATE backfill.job_table SET column_list = $3, column_attnums = $4
+          WHERE job_id = $1 AND relid = $2::oid::regclass",
+        &[backfill_id.into(), relid.into(), texts(columns).into(), attnums.to_vec().into()],
     )
     .or_internal("record the backfill's column list")
 }
 
-/// The column list of a backfill's range, if it has one. (Read through the row as jsonb: a
-/// schema before 0.9.0, until ALTER EXTENSION UPDATE, has no such column, and no lists.)
-pub fn column_list(backfill_id: i64, position: i32) -> Option<Vec<String>> {
-    crate::pg::spi::select_one::<Vec<Text>>(
-        "SELECT ARRAY(SELECT pg_catalog.jsonb_array_elements_text(l.list))
-           FROM backfill.job_table r
-          CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(r) OPERATOR(pg_catalog.->) 'column_list' AS list) l
-          WHERE r.job_id = $1 AND r.position = $2
-            AND pg_catalog.jsonb_typeof(l.list) OPERATOR(pg_catalog.=) 'array'",
+/// The column list of a backfill's range, with its columns' attribute numbers, if it has one.
+/// (Read through the row as jsonb: a schema before 0.9.0, until ALTER EXTENSION UPDATE, has no
+/// such columns, and no lists.)
+pub fn column_list(backfill_id: i64, position: i32) -> Option<(Vec<String>, Vec<i16>)> {
+    crate::pg::spi::select_one::<pgrx::JsonB>(
+        "SELECT pg_catalog.jsonb_build_array(v.r OPERATOR(pg_catalog.->) 'column_list', v.r OPERATOR(pg_catalog.->) 'column_attnums')
+           FROM backfill.job_table j CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(j) AS r) v
+          WHERE j.job_id = $1 AND j.position = $2",
         &[backfill_id.into(), position.into()],
     )
     .or_internal("read the backfill's column list")
-    .map(|list| list.into_iter().map(|t| t.0).collect())
+    .and_then(|json| serde_json::from_value::<(Option<Vec<String>>, Option<Vec<i16>>)>(json.0).ok())
+    .and_then(|(list, attnums)| Some((list?, attnums.unwrap_or_default())))
 }
 
 /// Every range of the same table in this backfill, locked in position order, so that the

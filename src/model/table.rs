@@ -43,6 +43,9 @@ pub struct Table {
     pub columns: Vec<Column>,
     /// The backfill's column list (`columns => ...`, or its publication's), when it has one.
     pub column_list: Option<Vec<String>>,
+    /// The attribute numbers of the list's columns, in the same order: what they are, whatever
+    /// they are called later (a column renamed, or dropped and added again, is another column).
+    pub column_attnums: Vec<i16>,
     pub key: Vec<KeyColumn>,
     /// The Citus distributed table this table is a shard of: its messages name that table.
     pub shard_of: Option<crate::pg::citus::ShardOf>,
@@ -334,6 +337,7 @@ fn inspect_visible(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
         partitioned: relkind == "p",
         columns,
         column_list: None,
+        column_attnums: Vec::new(),
         key,
         shard_of,
     })

@@ -148,6 +148,19 @@ pub fn quote_ident(name: &str) -> String {
     quote_ident_escaped(name)
 }
 
+/// A text quoted as an SQL literal that pg_backfill writes, as quote_literal quotes it; in a
+/// database that is neither UTF-8 nor SQL_ASCII, a text with a character that is not ASCII is
+/// written as its UTF-8 bytes converted (`pg_catalog.convert_from(E'\\x...', 'UTF8')`): SQL
+/// in ASCII, read alike whatever `standard_conforming_strings` says (a `U&'...'` literal is
+/// refused when it is off).
+pub fn quote_literal(text: &str) -> String {
+    if text.is_ascii() || !matches!(server(), Server::Other { .. }) {
+        return pgrx::spi::quote_literal(text);
+    }
+    let hex: String = text.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("pg_catalog.convert_from(E'\\\\x{hex}'::pg_catalog.bytea, 'UTF8')")
+}
+
 /// `U&"..."`, every character that is not ASCII escaped.
 fn quote_ident_escaped(name: &str) -> String {
     let mut quoted = String::from("U&\"");

@@ -9,7 +9,7 @@
 
 use crate::model::table::Table;
 use crate::pg::encoding::{quote_ident, Text};
-use crate::pg::errors::raise;
+use crate::pg::errors::{raise, OrInternal};
 use crate::throttle::pipeline;
 use pgrx::PgSqlErrorCode::*;
 use std::collections::HashSet;
@@ -95,18 +95,42 @@ pub fn column_list(table: &Table, given: Option<&[String]>, publication: Option<
     Some(table.columns.iter().filter(|c| list.contains(&c.name)).map(|c| c.name.clone()).collect())
 }
 
-/// `table` as a backfill with column list `list` reads it (see [`Table::project`]); an error
-/// naming the column if one of the list is gone (a worker's scan re-reads its table as it is).
-pub fn project(table: Table, list: Option<Vec<String>>) -> Table {
+/// `table` as a backfill with column list `list` reads it (see [`Table::project`]), with the
+/// list's attribute numbers. `recorded`: the numbers the backfill started with. An error naming
+/// the column if one of the list is gone, or is another column now (renamed, with another
+/// given its name; dropped and added again): a worker's scan re-reads its table as it is, and
+/// must never send another column's values under a listed name.
+pub fn project(table: Table, list: Option<Vec<String>>, recorded: Option<&[i16]>) -> Table {
     let name = table.qualified_name();
-    table.project(list).unwrap_or_else(|missing| {
+    let gone = |column: &str| -> ! {
         raise(
             ERRCODE_UNDEFINED_COLUMN,
-            format!("column {} of table {name} no longer exists", quote_ident(&missing)),
-            "It is in the backfill's column list: it was dropped or renamed since the backfill started.",
+            format!("column {} of table {name} is no longer the column the backfill started with", quote_ident(column)),
+            "It is in the backfill's column list: it was dropped or renamed since the backfill started (a column \
+             of that name now is another one).",
             Some("Cancel the backfill, and start a new one with the columns the table has now.".into()),
         )
-    })
+    };
+    let relid = table.relid;
+    let mut table = table.project(list).unwrap_or_else(|missing| gone(&missing));
+    let Some(list) = &table.column_list else { return table };
+    let attnums = crate::pg::spi::select_one::<Vec<i16>>(
+        "SELECT ARRAY(SELECT a.attnum FROM pg_catalog.unnest($2::pg_catalog.text[]) WITH ORDINALITY l(name, i)
+                        JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) $1
+                         AND a.attname::pg_catalog.text OPERATOR(pg_catalog.=) l.name
+                         AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+                       ORDER BY l.i)",
+        &[relid.into(), crate::pg::encoding::texts(list).into()],
+    )
+    .or_internal("read the listed columns' numbers")
+    .unwrap_or_default();
+    if let Some(recorded) = recorded {
+        if let Some(i) = (0..list.len()).find(|i| attnums.get(*i) != recorded.get(*i)) {
+            gone(&list[i]);
+        }
+    }
+    table.column_attnums = attnums;
+    table
 }
 
 /// A backfill's reads still send nothing the publication withholds, whose column list may have

@@ -114,9 +114,9 @@ pub fn label(name: &str) -> Vec<u8> {
 pub struct RowJson {
     /// The columns rendered, as the table had them when this was made.
     columns: Vec<Column>,
-    /// Whether they are all the table's columns (no column list): then a column added to the
-    /// table is one to render too.
-    whole_row: bool,
+    /// With a column list, its columns' attribute numbers (the others do not matter); None:
+    /// they are all the table's columns, and a column added to the table is one to render too.
+    listed_attnums: Option<Vec<i16>>,
     /// `"name":` of each column, quoted once; the first with the object's opening brace.
     labels: Vec<Vec<u8>>,
     renders: Vec<Render>,
@@ -130,9 +130,9 @@ pub struct RowJson {
 }
 
 impl RowJson {
-    /// Looks the columns' output functions up: in a transaction. `whole_row`: `columns` are all
-    /// of the table's, not its column list.
-    pub fn new(columns: &[Column], whole_row: bool) -> Self {
+    /// Looks the columns' output functions up: in a transaction. `listed_attnums`: with a column
+    /// list, the attribute numbers of `columns`.
+    pub fn new(columns: &[Column], listed_attnums: Option<Vec<i16>>) -> Self {
         let labels = columns
             .iter()
             .enumerate()
@@ -160,7 +160,7 @@ impl RowJson {
         };
         RowJson {
             columns: columns.to_vec(),
-            whole_row,
+            listed_attnums,
             labels,
             renders: columns.iter().map(|c| render_of(c.type_oid).unwrap_or(Render::Json)).collect(),
             outputs,
@@ -183,12 +183,12 @@ impl RowJson {
             crate::pg::encoding::to_utf8(CStr::from_ptr(a.attname.data.as_ptr()).to_bytes()).as_deref()
                 == Some(name.as_bytes())
         };
-        if !self.whole_row {
-            // The listed columns, in the same order, each of the same type.
-            return self
-                .columns
-                .iter()
-                .all(|c| now.by_ref().find(|a| named(a, &c.name)).is_some_and(|a| a.atttypid == c.type_oid));
+        if let Some(attnums) = &self.listed_attnums {
+            // Each listed column still itself: at its attribute number, with its name and type.
+            return self.columns.iter().zip(attnums).all(|(c, attnum)| {
+                let attribute = usize::try_from(*attnum - 1).ok().and_then(|i| attributes.get(i));
+                attribute.is_some_and(|a| !a.attisdropped && a.atttypid == c.type_oid && named(a, &c.name))
+            });
         }
         self.columns.iter().all(|c| now.next().is_some_and(|a| a.atttypid == c.type_oid && named(a, &c.name)))
             && now.next().is_none()

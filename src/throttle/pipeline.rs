@@ -60,10 +60,12 @@ pub fn require_slot(slot: &str) {
 /// a snapshot of a table the pipeline does not capture would never be followed by its changes.
 pub fn require_published(publication: &str, table: &Table) {
     let published = crate::pg::spi::select_one::<bool>(
-        "SELECT bool_or(pt.schemaname = $2 AND pt.tablename = $3)
+        // (NULL when the publication does not exist; false when it holds no table.)
+        "SELECT CASE WHEN count(p.oid) > 0 THEN coalesce(
+                 bool_or(pt.schemaname = $2 AND pt.tablename = $3)
               OR bool_or(p.puballtables)
               OR bool_or(pt.schemaname = $2 AND pt.tablename IN (SELECT c.relname FROM pg_catalog.pg_partition_tree($4::regclass) pt2
-                                                                   JOIN pg_catalog.pg_class c ON c.oid = pt2.relid))
+                                                                   JOIN pg_catalog.pg_class c ON c.oid = pt2.relid)), false) END
            FROM pg_catalog.pg_publication p
            LEFT JOIN pg_catalog.pg_publication_tables pt ON pt.pubname = p.pubname
           WHERE p.pubname = $1",
@@ -90,20 +92,92 @@ pub fn require_published(publication: &str, table: &Table) {
 
 /// The column list of `table` in `publication` (PostgreSQL 15's publication column lists), in
 /// the table's order; None when the publication sends every column (or does not hold it).
+///
+/// A partitioned table's rows are published partition by partition, each as the publication
+/// holds it (itself, or through an ancestor): every partition must be held, with one and the
+/// same column list, or the backfill would send what the publication withholds from some of
+/// them (their columns, or their rows). Raises otherwise, naming the partition.
 pub fn published_columns(publication: &str, table: &Table) -> Option<Vec<String>> {
-    crate::pg::spi::select_one::<Vec<Text>>(
-        "SELECT ARRAY(SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
-                       WHERE a.attrelid OPERATOR(pg_catalog.=) r.prrelid
-                         AND a.attnum OPERATOR(pg_catalog.=) ANY (r.prattrs::pg_catalog.int2[])
-                       ORDER BY a.attnum)
-           FROM pg_catalog.pg_publication_rel r
-           JOIN pg_catalog.pg_publication p ON p.oid OPERATOR(pg_catalog.=) r.prpubid
-          WHERE p.pubname OPERATOR(pg_catalog.=) $1 AND r.prrelid OPERATOR(pg_catalog.=) $2
-            AND r.prattrs IS NOT NULL",
-        &[Text::from(publication).into(), table.relid.into()],
-    )
-    .or_internal("read the publication's column list")
-    .map(|list| list.into_iter().map(|t| t.0).collect())
+    // Per leaf (a plain table is its own): whether the publication holds it, and its columns
+    // as published when they are not all of its columns.
+    let leaves: Vec<(String, bool, Option<Vec<String>>)> = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT l.relid::pg_catalog.regclass::pg_catalog.text, e.attnames IS NOT NULL,
+                        CASE WHEN e.attnames IS DISTINCT FROM ARRAY(
+                                  SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
+                                   WHERE a.attrelid OPERATOR(pg_catalog.=) l.relid
+                                     AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+                                   ORDER BY a.attnum)
+                             THEN e.attnames END
+                   FROM pg_catalog.pg_partition_tree($2::pg_catalog.regclass) l
+                   LEFT JOIN LATERAL (
+                        SELECT pt.attnames::pg_catalog.text[] AS attnames
+                          FROM pg_catalog.pg_publication_tables pt
+                          JOIN pg_catalog.pg_namespace n ON n.nspname OPERATOR(pg_catalog.=) pt.schemaname
+                          JOIN pg_catalog.pg_class c ON c.relnamespace OPERATOR(pg_catalog.=) n.oid
+                                                    AND c.relname OPERATOR(pg_catalog.=) pt.tablename
+                         WHERE pt.pubname OPERATOR(pg_catalog.=) $1
+                           AND c.oid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.pg_partition_ancestors(l.relid)))
+                         LIMIT 1) e ON true
+                  WHERE l.isleaf",
+                None,
+                &[Text::from(publication).into(), table.relid.into()],
+            )?
+            .map(|row| {
+                let list = row.get::<Vec<Text>>(3)?.map(crate::pg::encoding::strings);
+                Ok((row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(), row.get::<bool>(2)?.unwrap_or(false), list))
+            })
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+    })
+    .or_internal("read the publication's column lists");
+    let name = table.qualified_name();
+    if table.partitioned {
+        if let Some((partition, ..)) = leaves.iter().find(|(_, held, _)| !held) {
+            raise(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("partition {partition} of table {name} is not in publication \"{publication}\""),
+                "A backfill of a partitioned table delivers every partition's rows; the pipeline's consumer \
+                 receives no change of this one.",
+                Some(format!(
+                    "Add it to the publication, or backfill the published partitions one by one: \
+                     SELECT backfill_start(ARRAY[...]::regclass[], publication => {});",
+                    pgrx::spi::quote_literal(publication)
+                )),
+            );
+        }
+        let as_set = |list: &Option<Vec<String>>| {
+            list.as_ref().map(|l| l.iter().cloned().collect::<std::collections::BTreeSet<String>>())
+        };
+        if let Some((partition, ..)) = leaves.iter().find(|(_, _, list)| as_set(list) != as_set(&leaves[0].2)) {
+            raise(
+                ERRCODE_FEATURE_NOT_SUPPORTED,
+                format!("the partitions of table {name} are published with different columns"),
+                format!(
+                    "Publication \"{publication}\" publishes partition {partition} with other columns than {}; \
+                     a backfill of the partitioned table sends one set of columns for every partition.",
+                    leaves[0].0
+                ),
+                Some("Backfill the partitions one by one, each with its publication's columns.".into()),
+            );
+        }
+    }
+    let list = leaves.into_iter().next().and_then(|(_, _, list)| list)?;
+    // In the table's order (a partition's columns have its partitioned table's names).
+    let in_order: Vec<String> = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
+                  WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0
+                    AND NOT a.attisdropped ORDER BY a.attnum",
+                None,
+                &[table.relid.into()],
+            )?
+            .map(|row| Ok(row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default()))
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+    })
+    .or_internal("read the table's columns");
+    Some(in_order.into_iter().filter(|c| list.contains(c)).collect())
 }
 
 /// A slot's identity, which its name is not: a slot dropped and created again under the same

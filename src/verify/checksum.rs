@@ -121,7 +121,8 @@ pub fn hashed_columns(relid: pg_sys::Oid, name: &str, given: Option<Vec<String>>
 /// A row as backfill.row_hash() takes it: `backfill_row`, or the row of its listed columns.
 pub fn hashed_row(columns: Option<&[String]>) -> String {
     match columns {
-        None => "backfill_row".into(),
+        // (`backfill_row.*`, not `backfill_row`: a column of that name would be taken instead.)
+        None => "backfill_row.*".into(),
         Some(columns) => format!("ROW({})", listed_columns(columns)),
     }
 }
@@ -243,8 +244,11 @@ pub fn bounds_of_sample(key: &[(String, String)], ranges: i32, with: &str, from:
         key.iter().enumerate().map(|(i, (n, _))| format!("s.{} AS k{}", quote_ident(n), i + 1)).collect();
     let in_key_order: Vec<String> = key.iter().map(|(n, _)| format!("s.{}", quote_ident(n))).collect();
     let columns: Vec<String> = (1..=key.len()).map(|i| format!("k{i}")).collect();
-    let object: Vec<String> =
-        key.iter().zip(&columns).map(|((n, _), column)| format!("{}, s.{column}", spi::quote_literal(n))).collect();
+    let object: Vec<String> = key
+        .iter()
+        .zip(&columns)
+        .map(|((n, _), column)| format!("{}, s.{column}", crate::pg::encoding::quote_literal(n)))
+        .collect();
     let sql = format!(
         "{with} SELECT pg_catalog.jsonb_agg(b.bound ORDER BY {columns}) FROM (
              SELECT DISTINCT ON ({columns}) pg_catalog.jsonb_build_object({object}) AS bound, {columns}

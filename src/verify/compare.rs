@@ -178,6 +178,19 @@ fn last_slot_of(relid: pg_sys::Oid) -> Option<String> {
     .map(|t| t.0)
 }
 
+/// The publication of the latest backfill of the table through `slot`, if it had one: the
+/// pipeline a repair through that slot re-delivers to, whose column list bounds what it sends.
+pub fn last_publication_of(relid: pg_sys::Oid, slot: &str) -> Option<String> {
+    crate::pg::spi::select_one::<Text>(
+        "SELECT j.publication_name::text FROM backfill.job j
+           JOIN backfill.job_table t ON t.job_id = j.id
+          WHERE t.relid = $1::oid::regclass AND j.slot_name = $2 ORDER BY j.id DESC LIMIT 1",
+        &[relid.into(), Text::from(slot).into()],
+    )
+    .or_internal("read the table's backfills")
+    .map(|t| t.0)
+}
+
 /// Where the source's stream stands now: every change the source committed so far is before it.
 /// A distributed table's changes are in its worker nodes' streams: a position on each.
 enum StreamPosition {

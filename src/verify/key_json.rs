@@ -31,7 +31,7 @@ pub fn key_from_json(json: &str, column: &str, type_name: &str) -> String {
         &[Text(type_name.to_string()).into()],
     )
     .or_internal("read the key's type");
-    let field = spi::quote_literal(column);
+    let field = crate::pg::encoding::quote_literal(column);
     if structured == Some(true) {
         format!(
             "(SELECT r.v FROM pg_catalog.jsonb_to_record(pg_catalog.jsonb_build_object('v', {json} OPERATOR(pg_catalog.->) {field})) AS r(v {type_name}))"
@@ -42,8 +42,10 @@ pub fn key_from_json(json: &str, column: &str, type_name: &str) -> String {
 }
 
 pub fn json_object_of(key: &[(String, String)], prefix: &str) -> String {
-    let fields: Vec<String> =
-        key.iter().map(|(name, _)| format!("{}, {prefix}{}", spi::quote_literal(name), quote_ident(name))).collect();
+    let fields: Vec<String> = key
+        .iter()
+        .map(|(name, _)| format!("{}, {prefix}{}", crate::pg::encoding::quote_literal(name), quote_ident(name)))
+        .collect();
     format!("pg_catalog.jsonb_build_object({})", fields.join(", "))
 }
 

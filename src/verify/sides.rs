@@ -229,7 +229,7 @@ pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str, lis
     require_same_row_hash(&side, &target_name);
     // The foreign table's declaration may differ from the table it names.
     let remote_columns: Vec<String> = side
-        .query(&columns_of(&spi::quote_literal(side.name()), listed), 1)
+        .query(&columns_of(&crate::pg::encoding::quote_literal(side.name()), listed), 1)
         .into_iter()
         .filter_map(|mut r| r[0].take())
         .collect();
@@ -338,7 +338,7 @@ fn connect(target: pg_sys::Oid, target_name: &str) -> Side {
         &format!(
             "SELECT (c.relkind OPERATOR(pg_catalog.=) 'p')::pg_catalog.text FROM pg_catalog.pg_class c
               WHERE c.oid OPERATOR(pg_catalog.=) {}::pg_catalog.regclass",
-            spi::quote_literal(remote.name())
+            crate::pg::encoding::quote_literal(remote.name())
         ),
         1,
     );
@@ -424,7 +424,7 @@ pub fn range_sums(
                 .unwrap_or_default();
             let sql = format!(
                 "SELECT rows::text, checksum FROM backfill.checksum({}::regclass::oid, 1, {}, {}::jsonb{columns}) ORDER BY range",
-                spi::quote_literal(name),
+                crate::pg::encoding::quote_literal(name),
                 spi::quote_literal(level.name()),
                 spi::quote_literal(ascii_json(&serde_json::Value::Array(bounds.to_vec()).to_string()))
             );

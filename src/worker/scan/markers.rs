@@ -56,7 +56,9 @@ impl TableScan<'_> {
         let others = ranges.iter().filter(|r| r.position != position);
         if others.clone().all(|r| r.state == RangeState::Done) {
             let total = rows + others.map(|r| r.rows_done).sum::<i64>();
-            let sequences = message::OwnedSequence::of(table.relid, &self.context.started_by);
+            // Of the columns its reads carry only: a column list withholds the others' too.
+            let mut sequences = message::OwnedSequence::of(table.relid, &self.context.started_by);
+            sequences.retain(|s| table.columns.iter().any(|c| c.name == s.column));
             let marker = message::table_end(backfill_id, self.context.slot.as_deref(), table, total, &sequences);
             message::emit_marker(self.context.prefix, signer, marker);
             log!("{}: {} done, {total} rows", who(backfill_id), table.qualified_name());

@@ -102,7 +102,7 @@ impl ReadShape {
             owner: table.owner,
             queries: ScanQueries::new(&table),
             key_columns: table.key.iter().map(|k| k.position).collect(),
-            row: RowJson::new(&table.columns, table.column_list.is_none()),
+            row: RowJson::new(&table.columns, table.column_list.as_ref().map(|_| table.column_attnums.clone())),
             messages: ReadMessage::new(backfill_id, slot, &table, rows_per_message.max(1) as usize),
             table,
         }
@@ -114,8 +114,10 @@ impl<'a> TableScan<'a> {
         let (relid, position) = (job_table.relid, job_table.position);
         // As its reads deliver it: the columns of its column list, if it has one.
         let inspected = in_transaction_retried(|| {
-            table::inspect(relid)
-                .map(|t| crate::stream::columns::project(t, job_table::column_list(backfill_id, position)))
+            table::inspect(relid).map(|t| {
+                let (list, attnums) = job_table::column_list(backfill_id, position).unzip();
+                crate::stream::columns::project(t, list, attnums.as_deref())
+            })
         })?;
         let table = inspected.map_err(|why| {
             PageError::new(why.code, format!("table {relid:?} can no longer be backfilled: {}", why.reason), None)
@@ -261,6 +263,7 @@ impl<'a> TableScan<'a> {
         let table = crate::stream::columns::project(
             table::require(self.shape.table.relid),
             self.shape.table.column_list.clone(),
+            Some(&self.shape.table.column_attnums),
         );
         // The same columns, types (a varchar may grow) and collations, in the same order.
         let key = |t: &Table| {
