@@ -110,7 +110,11 @@ pub fn published_columns(publication: &str, table: &Table) -> Option<Vec<String>
                                      AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
                                    ORDER BY a.attnum)
                              THEN e.attnames END
-                   FROM pg_catalog.pg_partition_tree($2::pg_catalog.regclass) l
+                   FROM (SELECT t.relid FROM pg_catalog.pg_partition_tree($2::pg_catalog.regclass) t WHERE t.isleaf
+                         -- (A table that is neither partitioned nor a partition has no tree.)
+                         UNION ALL
+                         SELECT $2::pg_catalog.regclass
+                          WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_partition_tree($2::pg_catalog.regclass))) l
                    LEFT JOIN LATERAL (
                         SELECT pt.attnames::pg_catalog.text[] AS attnames
                           FROM pg_catalog.pg_publication_tables pt
@@ -118,9 +122,10 @@ pub fn published_columns(publication: &str, table: &Table) -> Option<Vec<String>
                           JOIN pg_catalog.pg_class c ON c.relnamespace OPERATOR(pg_catalog.=) n.oid
                                                     AND c.relname OPERATOR(pg_catalog.=) pt.tablename
                          WHERE pt.pubname OPERATOR(pg_catalog.=) $1
-                           AND c.oid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.pg_partition_ancestors(l.relid)))
+                           AND (c.oid OPERATOR(pg_catalog.=) l.relid
+                                OR c.oid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.pg_partition_ancestors(l.relid))))
                          LIMIT 1) e ON true
-                  WHERE l.isleaf",
+",
                 None,
                 &[Text::from(publication).into(), table.relid.into()],
             )?

@@ -67,6 +67,24 @@ pub fn key_columns(relid: pg_sys::Oid, table: &str) -> Vec<(String, String)> {
             Some(format!("ALTER TABLE {table} ADD PRIMARY KEY (...);")),
         );
     }
+    // Bounds and keys travel as JSON objects keyed by the key's names, and JSON is read here as
+    // UTF-8: in another encoding a name that is not ASCII would not be found again (a comparison
+    // then found no difference).
+    let not_ascii = columns.iter().find(|(name, _)| !name.is_ascii());
+    if let Some((name, _)) = not_ascii.filter(|_| !crate::pg::encoding::database_takes_utf8()) {
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!(
+                "table {table} cannot be checked: its key column {} has a name that is not ASCII",
+                crate::pg::encoding::quote_ident(name)
+            ),
+            format!(
+                "In a database encoded in {}, checksums and comparisons need a key whose columns' names are ASCII.",
+                crate::pg::encoding::database_encoding_name()
+            ),
+            Some(format!("Rename it: ALTER TABLE {table} RENAME COLUMN ... TO ...;")),
+        );
+    }
     columns
 }
 
