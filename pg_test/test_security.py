@@ -104,6 +104,9 @@ def test_the_functions_public_may_execute_grant_nothing(db, roles):
     assert e.sqlstate == "55000" and f"backfill {backfill_id}" in e.diag.message_primary, e
     assert db.execute("SELECT count(*) FROM backfill.job_key").fetchone()[0] == 0
     db.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    # (Its worker exits at its next page: the start below needs a worker slot.)
+    wait_for(lambda: db.execute("SELECT backfill.workers_running(%s)", [backfill_id]).fetchone()[0] == 0,
+             what="the cancelled backfill's worker to exit")
     # NULL keys change nothing; a NULL id or table is 22004.
     assert conn.execute("SELECT backfill.set_keys_of(NULL, NULL, NULL)").fetchone()[0] is None
     for sql in ("SELECT backfill.set_keys_of(NULL, 't'::regclass, '[]')", "SELECT backfill.set_keys_of(1, NULL, '[]')"):
