@@ -483,3 +483,14 @@ def test_comparisons_in_latin1_with_a_key_whose_name_is_not_ascii(cluster, scrat
                 [columns],
             ).fetchall()
             assert rows == [("9", "different")], (columns, rows)
+
+
+def test_a_column_list_needs_the_same_rights_as_a_whole_row(people, roles):
+    """An operator with SELECT and UPDATE on the listed columns only may not start a backfill of
+    them: a backfill locks and reads whole rows, as the table's rights allow (42501); nothing starts."""
+    operator = roles.create("operator", "operator")
+    people.execute(f"GRANT SELECT (id, name), UPDATE (name) ON people TO {operator}")
+    conn = roles.connect(operator)
+    e = error_of(conn, "SELECT backfill_start('people', confirm => true, columns => '{id,name}')")
+    assert e.sqlstate == "42501" and "people" in e.diag.message_primary, e.diag.message_primary
+    assert people.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
