@@ -122,6 +122,20 @@ pub fn planned_rows(query: &str) -> Option<f64> {
     plan[0]["Plan"]["Plan Rows"].as_f64()
 }
 
+/// The names of a table's columns, in attribute order (dropped ones left out), in UTF-8.
+pub fn column_names(relid: pg_sys::Oid) -> Vec<String> {
+    select_one::<Vec<crate::pg::encoding::Text>>(
+        "SELECT ARRAY(SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
+                       WHERE a.attrelid OPERATOR(pg_catalog.=) $1
+                         AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+                       ORDER BY a.attnum)",
+        &[relid.into()],
+    )
+    .or_internal("read the table's columns")
+    .map(crate::pg::encoding::strings)
+    .unwrap_or_default()
+}
+
 /// The table as checksums and comparisons read it, as a backfill reads it: a partitioned table
 /// with its partitions, any other `ONLY`, without its inheritance children (a child has keys of
 /// its own, and is backfilled and checked as a table of its own).

@@ -169,19 +169,7 @@ pub fn published_columns(publication: &str, table: &Table) -> Option<Vec<String>
     }
     let list = leaves.into_iter().next().and_then(|(_, _, list)| list)?;
     // In the table's order (a partition's columns have its partitioned table's names).
-    let in_order: Vec<String> = Spi::connect(|client| {
-        client
-            .select(
-                "SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
-                  WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0
-                    AND NOT a.attisdropped ORDER BY a.attnum",
-                None,
-                &[table.relid.into()],
-            )?
-            .map(|row| Ok(row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default()))
-            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
-    })
-    .or_internal("read the table's columns");
+    let in_order = crate::pg::spi::column_names(table.relid);
     Some(in_order.into_iter().filter(|c| list.contains(c)).collect())
 }
 

@@ -4,7 +4,6 @@
 
 use crate::pg::encoding::in_utf8;
 use crate::pg::encoding::quote_ident;
-use crate::pg::encoding::Text;
 use crate::pg::errors::{raise, OrInternal};
 use crate::verify::key_json::{checked_keys, key_expression, key_from_json, require_ascending};
 use pgrx::prelude::*;
@@ -115,16 +114,8 @@ pub fn checksum(
 /// ones, in the table's order. A name that is not one of the table's columns is an error (42703).
 pub fn hashed_columns(relid: pg_sys::Oid, name: &str, given: Option<Vec<String>>) -> Option<Vec<String>> {
     let given = given?;
-    let columns = crate::pg::spi::select_one::<Vec<Text>>(
-        "SELECT ARRAY(SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
-                       WHERE a.attrelid OPERATOR(pg_catalog.=) $1
-                         AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
-                       ORDER BY a.attnum)",
-        &[relid.into()],
-    )
-    .or_internal("read the table's columns")
-    .unwrap_or_default();
-    if let Some(missing) = given.iter().find(|c| !columns.iter().any(|t| &&t.0 == c)) {
+    let columns = crate::pg::spi::column_names(relid);
+    if let Some(missing) = given.iter().find(|c| !columns.contains(c)) {
         raise(
             ERRCODE_UNDEFINED_COLUMN,
             format!("column {} of table {name} does not exist", quote_ident(missing)),
@@ -133,7 +124,7 @@ pub fn hashed_columns(relid: pg_sys::Oid, name: &str, given: Option<Vec<String>>
             Some("List the columns the copy was made with: backfill_start()'s columns => ....".into()),
         );
     }
-    Some(columns.into_iter().map(|t| t.0).filter(|c| given.contains(c)).collect())
+    Some(columns.into_iter().filter(|c| given.contains(c)).collect())
 }
 
 /// A row as backfill.row_hash() takes it: `backfill_row`, or the row of its listed columns.
