@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
-DIR, PORT = "/tmp/pg_backfill_bench_citus", 56460  # coordinator; workers on the next ports
+DIR, PORT = "/tmp/pg_backfill_bench_citus", 18460  # coordinator; workers on the next ports
 CONF = ("shared_preload_libraries = 'citus, pg_backfill'\n"
         "citus.enable_change_data_capture = on\n"
         "max_connections = 100")

@@ -34,7 +34,7 @@ def pg_major_value(expression: str) -> str:
 
 
 PG_MAJOR, PG_BIN = int(pg_major_value("$PG_MAJOR")), pg_major_value("$PG_BIN")
-DIR, PORT = ("/tmp/pg_backfill_bench", 55450) if PG_MAJOR == 15 else (f"/tmp/pg_backfill_bench{PG_MAJOR}", 56450)
+DIR, PORT = ("/tmp/pg_backfill_bench", 15450) if PG_MAJOR == 15 else (f"/tmp/pg_backfill_bench{PG_MAJOR}", PG_MAJOR * 1000 + 450)
 # Another place and port for a run next to someone else's (BACKFILL_BENCH_DIR, BACKFILL_BENCH_PORT).
 DIR, PORT = os.environ.get("BACKFILL_BENCH_DIR", DIR), int(os.environ.get("BACKFILL_BENCH_PORT", PORT))
 

@@ -32,7 +32,9 @@ def pg_major_value(expression: str) -> str:
 
 PG_MAJOR = int(pg_major_value("$PG_MAJOR"))
 PG_BIN = pg_major_value("$PG_BIN")
-DEFAULT_SUFFIX, DEFAULT_PORT = ("", 55433) if PG_MAJOR == 15 else (str(PG_MAJOR), 56433)
+# Ports below Linux's ephemeral range (32768-60999), where no client's outgoing connection can
+# hold them: 15433 for 15, 18433 for 18 (the major times 1,000, plus 433).
+DEFAULT_SUFFIX, DEFAULT_PORT = ("", 15433) if PG_MAJOR == 15 else (str(PG_MAJOR), PG_MAJOR * 1000 + 433)
 CLUSTER_DIR = os.environ.get("BACKFILL_TEST_DIR", f"/tmp/pg_backfill_test{DEFAULT_SUFFIX}")
 PORT = int(os.environ.get("BACKFILL_TEST_PORT", str(DEFAULT_PORT)))
 _db_names = itertools.count()
@@ -69,7 +71,7 @@ class Cluster:
 
 
 # The test clusters besides the session's, each with a port of its own: the session's port
-# plus 100 plus its place here (clear of the demo's, 55440, and of another run's 1,000 above).
+# plus 100 plus its place here (clear of the demo's, 15440, and of another major's run, 1,000 or more above).
 EXTRA_CLUSTERS = ["replica", "standby1", "preload", "nopreload", "install", "huge", "pmdeath", "standby", "resumer",
                   "upgrade_old", "upgrade_new", "csub_primary", "csub_standby",
                   "citus_coordinator", "citus_worker1", "citus_worker2"]

@@ -152,7 +152,7 @@ class ActiveSessions:
 @pytest.mark.cluster
 def test_a_standby_that_stops_replaying_pauses_the_backfill(cluster, db):
     limit = MB  # far above what a page writes: once replaying again, the standby keeps up
-    # (Not + 7: 55440 is the demo cluster's port, which the demo leaves running.)
+    # (Not + 7: 15440 is the demo cluster's port, which the demo leaves running.)
     standby = extra_cluster(cluster, "standby1")
     consumer = None
     try:

@@ -10,9 +10,9 @@ source scripts/cluster.sh
 source scripts/install.sh
 
 if [ "$PG_MAJOR" = 15 ]; then
-    DEMO_DIR=${DEMO_DIR:-/tmp/pg_backfill_demo} DEMO_PORT=${DEMO_PORT:-55440}
+    DEMO_DIR=${DEMO_DIR:-/tmp/pg_backfill_demo} DEMO_PORT=${DEMO_PORT:-15440}
 else
-    DEMO_DIR=${DEMO_DIR:-/tmp/pg_backfill_demo$PG_MAJOR} DEMO_PORT=${DEMO_PORT:-56440}
+    DEMO_DIR=${DEMO_DIR:-/tmp/pg_backfill_demo$PG_MAJOR} DEMO_PORT=${DEMO_PORT:-$((PG_MAJOR * 1000 + 440))}
 fi
 PSQL=("$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h "$DEMO_DIR" -p "$DEMO_PORT" -U postgres -d postgres)
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
