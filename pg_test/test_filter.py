@@ -263,3 +263,126 @@ def test_a_filter_that_names_a_temporary_object_is_refused_at_start(orders):
     assert orders.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
     # A filter of the same shape with pg_catalog's objects passes.
     assert orders.execute("SELECT rows_estimated > 0 FROM backfill_estimate('orders', filter => 'amount::int8 < 10')").fetchone()[0]
+
+
+def test_a_filter_longer_than_its_bound_is_refused_before_anything_starts(orders, roles):
+    """A filter's text travels in the table_start marker: one of 190 MB of control characters
+    made a 1.2 GB WAL record that 15 could not read back (every slot failed, and recovery).
+    Refused at start and at estimate, for an operator as for a superuser, before any job row."""
+    huge = "id > 0 /* " + "\x01" * (1024 * 1024) + " */"
+    operator = roles.create("op_long", "operator")
+    orders.execute(f"GRANT SELECT, UPDATE ON orders TO {operator}")
+    for conn in (orders, roles.connect(operator)):
+        for call in ("SELECT backfill_start('orders', confirm => true, filter => %s)",
+                     "SELECT * FROM backfill_estimate('orders', filter => %s)"):
+            e = error_of(conn, call, [huge])
+            assert e.sqlstate == "54000" and "public.orders" in e.diag.message_primary and "too long" in e.diag.message_primary, e
+            assert e.diag.message_detail and e.diag.message_hint
+    assert orders.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+    # Just within the bound, the filter is taken, and its marker stays within max_message_size.
+    within = "id > 0 /* " + "x" * (1024 * 1024 - 20) + " */"
+    backfill_id = orders.execute("SELECT backfill_start('orders', confirm => true, filter => %s)", [within]).fetchone()[0]
+    assert wait_until_ended(orders, backfill_id) == "done"
+
+
+def test_a_marker_that_would_pass_max_message_size_fails_the_backfill_and_writes_nothing(orders, cluster):
+    """Every message, markers too, stays within backfill.max_message_size: a filter whose
+    table_start marker would pass it fails the backfill (54000) rather than write it."""
+    orders.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    orders.execute("ALTER SYSTEM SET backfill.max_message_size = 4096")
+    orders.execute("SELECT pg_reload_conf()")
+    try:
+        long_filter = "id > 0 /* " + "y" * 8000 + " */"
+        backfill_id = orders.execute("SELECT backfill_start('orders', confirm => true, filter => %s)", [long_filter]).fetchone()[0]
+        assert wait_until_ended(orders, backfill_id) == "failed"
+        assert status(orders, backfill_id, "last_error_sqlstate") == "54000"
+        assert "table_start" in status(orders, backfill_id, "last_error")
+        assert reads_and_markers(orders, "s") == ([], [])
+    finally:
+        orders.execute("ALTER SYSTEM RESET backfill.max_message_size")
+        orders.execute("SELECT pg_reload_conf()")
+
+
+OWNERS_CAST = """CREATE TYPE num AS (x int);
+    CREATE TABLE seen (who text);
+    GRANT INSERT ON seen TO PUBLIC;
+    CREATE FUNCTION shout() RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+    BEGIN
+      INSERT INTO public.seen VALUES (current_user);
+      BEGIN EXECUTE 'ALTER ROLE {owner} SUPERUSER'; EXCEPTION WHEN others THEN NULL; END;
+    END $$;
+    -- Labelled IMMUTABLE: its volatility label says nothing of what it does.
+    CREATE FUNCTION to_int(num) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$
+    BEGIN PERFORM public.shout(); RETURN ($1).x; END $$;
+    CREATE CAST (num AS int) WITH FUNCTION to_int(num) AS IMPLICIT;"""
+
+
+def test_a_filter_runs_no_code_of_a_role_its_starter_does_not_trust_whatever_its_label(orders, roles):
+    """The table's owner casts its own type to int through an IMMUTABLE-labelled function that
+    runs a volatile one: a superuser's filter `amount > 0` would run it as the superuser, at
+    start (the column already of that type) and on every page (changed mid-run)."""
+    owner = roles.create("tabowner2", "operator")
+    orders.execute(f"ALTER TABLE orders OWNER TO {owner}")
+    orders.execute(f"GRANT CREATE ON SCHEMA public TO {owner}")
+    conn = roles.connect(owner)
+    conn.execute(OWNERS_CAST.format(owner=owner))
+    # Mid-run: the column becomes the owner's type after the backfill started.
+    backfill_id = orders.execute(
+        "SELECT backfill_start('orders', confirm => true, batch_size => 100, rows_per_second => 1000, filter => 'amount > 0')"
+    ).fetchone()[0]
+    orders.execute("SELECT pg_sleep(0.5)")
+    conn.execute("ALTER TABLE orders ALTER COLUMN amount TYPE num USING ROW(amount)::num")
+    assert wait_until_ended(orders, backfill_id) == "failed"
+    assert status(orders, backfill_id, "last_error_sqlstate") == "42501"
+    assert "public.to_int(public.num)" in status(orders, backfill_id, "last_error")
+    # At start: the column is of that type already, and the filter names no function at all.
+    for call in ("SELECT backfill_start('orders', confirm => true, filter => 'amount > 0')",
+                 "SELECT * FROM backfill_estimate('orders', filter => 'amount > 0')"):
+        e = error_of(orders, call)
+        assert e.sqlstate == "42501" and f'owned by role "{owner}"' in e.diag.message_primary, e.diag.message_primary
+        assert "public.orders" in e.diag.message_primary and e.diag.message_detail and e.diag.message_hint
+    assert orders.execute("SELECT count(*) FROM seen").fetchone()[0] == 0
+    assert not orders.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", [owner]).fetchone()[0]
+    # The owner's own filter may run the owner's code: a role trusts itself.
+    assert conn.execute("SELECT rows_estimated > 0 FROM backfill_estimate('orders', filter => 'amount > 0')").fetchone()[0]
+
+
+def test_a_filter_runs_no_domain_check_of_an_untrusted_role(orders, roles):
+    """A domain's CHECK is its owner's code: a cast to another role's domain is refused, and so
+    is a superuser's domain whose check calls another role's function."""
+    owner = roles.create("domowner")
+    orders.execute(f"GRANT CREATE ON SCHEMA public TO {owner}")
+    conn = roles.connect(owner)
+    conn.execute("CREATE FUNCTION small(int) RETURNS bool LANGUAGE sql IMMUTABLE AS 'SELECT $1 < 1000'")
+    conn.execute("CREATE DOMAIN theirs AS int CHECK (VALUE OPERATOR(pg_catalog.<) 1000)")
+    orders.execute("CREATE DOMAIN mine AS int CHECK (public.small(VALUE))")
+    for filter, code in (("amount::public.theirs < 10", "domain public.theirs"),
+                         ("amount::public.mine < 10", "function public.small(integer)")):
+        e = error_of(orders, "SELECT * FROM backfill_estimate('orders', filter => %s)", [filter])
+        assert e.sqlstate == "42501" and code in e.diag.message_primary, (filter, e.diag.message_primary)
+    # A superuser's own domain over pg_catalog's code passes.
+    orders.execute("CREATE DOMAIN checked AS int CHECK (VALUE OPERATOR(pg_catalog.<) 1000)")
+    assert orders.execute("SELECT rows_estimated > 0 FROM backfill_estimate('orders', filter => 'amount::public.checked < 10')").fetchone()[0]
+
+
+def test_a_filter_names_no_temporary_collation_and_reads_text_search_with_a_fixed_configuration(orders):
+    """A temporary collation passed the start check and failed the worker (3F000); the caller's
+    default_text_search_config made the estimate select other rows than the worker delivered."""
+    orders.execute("CREATE COLLATION pg_temp.mine (provider = libc, locale = 'C')")
+    e = error_of(orders, """SELECT backfill_start('orders', confirm => true, filter => 'tenant COLLATE pg_temp.mine < ''b''')""")
+    assert e.sqlstate == "0A000" and "temporary object" in e.diag.message_primary, e.diag.message_primary
+    orders.execute("ALTER TABLE orders ADD COLUMN body text")
+    orders.execute("UPDATE orders SET body = CASE WHEN id % 5 = 0 THEN 'running' ELSE 'walked' END")
+    orders.execute("ANALYZE orders")
+    orders.execute("SET default_text_search_config = 'pg_catalog.english'")
+    backfill_id = orders.execute(
+        "SELECT backfill_start('orders', confirm => true, filter => $$to_tsvector(body) @@ to_tsquery('run')$$)"
+    ).fetchone()[0]
+    assert wait_until_ended(orders, backfill_id) == "done"
+    # pg_catalog.simple does not stem: 'running' is not 'run', whatever the caller's setting.
+    assert status(orders, backfill_id, "rows_done") == 0
+    backfill_id = orders.execute(
+        "SELECT backfill_start('orders', confirm => true, filter => $$to_tsvector('english', body) @@ to_tsquery('english', 'run')$$)"
+    ).fetchone()[0]
+    assert wait_until_ended(orders, backfill_id) == "done"
+    assert status(orders, backfill_id, "rows_done") == 1000

@@ -12,7 +12,8 @@ from contextlib import suppress
 
 import psycopg
 import pytest
-from conftest import PG_MAJOR, ROOT, error_of, messages_with_xids, readme_grants, status, wait_for, wait_until_ended, worker_pid
+from conftest import (PG_MAJOR, ROOT, Consumer, as_reads, backfill_messages, error_of, messages_with_xids, readme_grants, status, wait_for,
+                      wait_until_ended, wal2json_changes, worker_pid)
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -382,6 +383,34 @@ def test_a_role_sees_only_its_own_backfills_unless_it_is_in_pg_monitor(db, roles
         "SELECT cursor, upper_bound FROM backfill_tables WHERE backfill_id = %s", [backfill_id]
     ).fetchone()
     assert cursor and upper_bound == ["2000"]
+
+
+def test_pg_monitor_sees_counts_but_no_key_values_filters_or_errors_of_tables_it_may_not_read(db, roles, a_backfill):
+    """A pg_monitor member without SELECT on the table saw its key values (cursor, upper bound),
+    the filter and every error's text, which can hold personal data: it now sees the counts,
+    rates and SQLSTATEs (as PostgreSQL's progress views show), and the values only once it may
+    SELECT the table."""
+    _, a, backfill_id = a_backfill
+    monitor = roles.create("mon2")
+    db.execute(f"GRANT pg_monitor TO {monitor}")
+    m = roles.connect(monitor)
+    db.execute(
+        "INSERT INTO backfill.job_error (job_id, relid, table_name, stopped_after_key, sqlstate, message, detail) "
+        "VALUES (%s, 't'::regclass, 'public.t', '[\"42\"]', '54000', 'the row with key (id)=(42) is too large', 'secret')",
+        [backfill_id],
+    )
+    tables = "SELECT cursor, upper_bound, rows_done IS NOT NULL, rows_estimated IS NOT NULL FROM backfill_tables WHERE backfill_id = %s"
+    errors = "SELECT stopped_after_key, message, detail, sqlstate FROM backfill_errors WHERE backfill_id = %s"
+    db.execute("UPDATE backfill.job SET last_error = 'key (id)=(42)', last_error_sqlstate = '54000' WHERE id = %s", [backfill_id])
+    status_sql = "SELECT rows_done IS NOT NULL, percent_done IS NOT NULL, last_error_sqlstate, last_error FROM backfill_status WHERE id = %s"
+    assert m.execute(tables, [backfill_id]).fetchone() == (None, None, True, True)
+    assert m.execute(errors, [backfill_id]).fetchone() == (None, None, None, "54000")
+    assert m.execute(status_sql, [backfill_id]).fetchone() == (True, True, "54000", None)
+    db.execute(f"GRANT SELECT ON t TO {monitor}")
+    cursor, upper_bound, _, _ = m.execute(tables, [backfill_id]).fetchone()
+    assert cursor and upper_bound == ["2000"]
+    assert m.execute(errors, [backfill_id]).fetchone()[1:3] == ("the row with key (id)=(42) is too large", "secret")
+    assert m.execute(status_sql, [backfill_id]).fetchone()[3] == "key (id)=(42)"
 
 
 @pytest.mark.skipif(PG_MAJOR < 16, reason="grants WITH INHERIT FALSE, SET FALSE are new in PostgreSQL 16")
@@ -884,3 +913,102 @@ def test_a_composite_keys_own_code_runs_as_its_owner_when_a_superuser_splits_it(
     assert not is_superuser(db, atk)
     db.execute(f"SELECT 1::{atk}.qty")  # the trap works when a superuser runs it
     assert is_superuser(db, atk)
+
+
+def test_a_page_reads_the_table_it_checked_not_another_that_took_its_name(db):
+    """The online-migration swap mid-run: `t` renamed away and another table renamed to `t` in
+    one transaction. Pages locked and checked `t` by OID but read it by name: 3,200 of 5,000
+    reads carried the other table's rows, and the backfill ended done. Now no read carries
+    them: the backfill fails (55000), naming both relations."""
+    db.execute("SELECT pg_create_logical_replication_slot('swap', 'wal2json')")
+    db.execute(
+        """CREATE TABLE t (id int PRIMARY KEY, v text);
+           INSERT INTO t SELECT g, 'orig' FROM generate_series(1, 5000) g;
+           CREATE TABLE t_new (id int PRIMARY KEY, v text);
+           INSERT INTO t_new SELECT g, 'other' FROM generate_series(1, 5000) g;"""
+    )
+    backfill_id = db.execute(
+        "SELECT backfill_start('t', confirm => true, batch_size => 100, rows_per_second => 1000)"
+    ).fetchone()[0]
+    wait_for(lambda: status(db, backfill_id, "rows_done") >= 200, what="pages before the swap")
+    db.execute("BEGIN")
+    db.execute("ALTER TABLE t RENAME TO t_old")
+    db.execute("ALTER TABLE t_new RENAME TO t")
+    db.execute("COMMIT")
+    assert wait_until_ended(db, backfill_id) == "failed"
+    assert status(db, backfill_id, "last_error_sqlstate") == "55000"
+    error = status(db, backfill_id, "last_error")
+    assert "relation public.t is not table public.t_old" in error, error
+    reads = [r for r in as_reads(backfill_messages(wal2json_changes(db, "swap"))) if r["op"] == "read"]
+    assert reads and {r["data"]["v"] for r in reads} == {"orig"}
+
+
+def test_a_schema_owner_who_replaces_a_schema_mid_run_runs_no_code_as_the_starter(db, roles):
+    """A schema's owner renames it mid-run and makes a new schema of that name, holding a table
+    of the same name whose column is an enum of theirs with a cast to json of theirs: a
+    superuser's backfill of the superuser's table ran that cast as the superuser (the page read
+    the new table by name, as the checked table's owner). Now the page refuses the other
+    relation before any of its rows is read: the cast never runs."""
+    owner = roles.create("schemaowner")
+    db.execute(f"CREATE SCHEMA shop AUTHORIZATION {owner}")
+    db.execute("CREATE TABLE shop.t (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO shop.t SELECT g, 'x' FROM generate_series(1, 5000) g")
+    db.execute(f"GRANT CREATE ON DATABASE {db.info.dbname} TO {owner}")
+    conn = roles.connect(owner)
+    backfill_id = db.execute(
+        "SELECT backfill_start('shop.t', confirm => true, batch_size => 100, rows_per_second => 1000)"
+    ).fetchone()[0]
+    wait_for(lambda: status(db, backfill_id, "rows_done") >= 200, what="pages before the swap")
+    conn.execute("BEGIN")
+    conn.execute("ALTER SCHEMA shop RENAME TO shop_old")
+    conn.execute(
+        f"""CREATE SCHEMA shop;
+            CREATE TABLE shop.seen (who text);
+            GRANT INSERT ON shop.seen TO PUBLIC;
+            CREATE TYPE shop.mood AS ENUM ('x');
+            CREATE FUNCTION shop.mood_json(shop.mood) RETURNS json LANGUAGE plpgsql AS $$
+            BEGIN
+              INSERT INTO shop.seen VALUES (current_user);
+              BEGIN EXECUTE 'ALTER ROLE {owner} SUPERUSER'; EXCEPTION WHEN others THEN NULL; END;
+              RETURN '"x"'::json;
+            END $$;
+            CREATE CAST (shop.mood AS json) WITH FUNCTION shop.mood_json(shop.mood);
+            CREATE TABLE shop.t (id int PRIMARY KEY, v shop.mood);
+            INSERT INTO shop.t SELECT g, 'x' FROM generate_series(1, 5000) g;"""
+    )
+    conn.execute("COMMIT")
+    assert wait_until_ended(db, backfill_id) == "failed"
+    assert status(db, backfill_id, "last_error_sqlstate") == "55000"
+    assert db.execute("SELECT count(*) FROM shop.seen").fetchone()[0] == 0
+    assert not db.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", [owner]).fetchone()[0]
+
+
+def test_rights_lost_mid_run_stop_a_backfill_without_a_filter(cluster, db, roles):
+    """Row-level security enabled for the starter mid-run: the backfill went on delivering rows
+    the starter could no longer see. REPLICATION revoked from the starter of a slot-bound
+    backfill: it went on to done, while a new start was refused. Each now stops the backfill
+    at its next page with 42501, as the start would refuse it."""
+    operator = roles.create("op_rights", "operator")
+    db.execute(f"ALTER ROLE {operator} REPLICATION")
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO t SELECT g, 'x' FROM generate_series(1, 5000) g")
+    db.execute(f"GRANT SELECT, UPDATE ON t TO {operator}")
+    db.execute("SELECT pg_create_logical_replication_slot('rights', 'test_decoding')")
+    conn = roles.connect(operator)
+    consumer = Consumer(cluster, db.info.dbname, "rights")
+    for take_away, expect in (
+        ("ALTER TABLE t ENABLE ROW LEVEL SECURITY", "row-level security now filters the rows of table public.t"),
+        (f"ALTER ROLE {operator} NOREPLICATION", 'may no longer bind a backfill to replication slot "rights"'),
+    ):
+        backfill_id = conn.execute(
+            "SELECT backfill_start('t', confirm => true, batch_size => 100, rows_per_second => 1000, slot => 'rights')"
+        ).fetchone()[0]
+        wait_for(lambda: status(db, backfill_id, "rows_done") >= 100, what="a page before the rights go")
+        db.execute(take_away)
+        assert wait_until_ended(db, backfill_id) == "failed", take_away
+        assert status(db, backfill_id, "last_error_sqlstate") == "42501", take_away
+        assert expect in status(db, backfill_id, "last_error"), status(db, backfill_id, "last_error")
+        assert status(db, backfill_id, "rows_done") < 5000
+        db.execute("ALTER TABLE t DISABLE ROW LEVEL SECURITY")
+        db.execute(f"ALTER ROLE {operator} REPLICATION")
+    consumer.stop()

@@ -149,25 +149,27 @@ COMMENT ON FUNCTION backfill.visible(name) IS
 'Whether the current role sees a backfill started by this role: one that may act as it or as pg_monitor (backfill.may_act_as), or a superuser';
 
 -- The views show each role the backfills started by it or a role it is a member of;
--- superusers and members of pg_monitor see every backfill. Key values, counts and errors
--- show only to a role that may SELECT the tables (or pg_monitor). security_barrier: the filter
--- runs before any function in a query on the view sees a row.
+-- superusers and members of pg_monitor see every backfill. Counts, rates and SQLSTATEs show to
+-- a role that may SELECT the tables, or to pg_monitor (as PostgreSQL's progress views show
+-- theirs); what can hold a table's values (key values, a filter, an error's text) only to a
+-- role that may SELECT the tables. security_barrier: the filter runs before any function in a
+-- query on the view sees a row.
 CREATE VIEW backfill_status WITH (security_barrier) AS
 SELECT j.id,
        j.state,
        j.pause_reason,
        t.tables,
        t.current_table,
-       CASE WHEN v.readable THEN t.rows_done END AS rows_done,
-       CASE WHEN v.readable THEN t.rows_expected END AS rows_estimated,
+       CASE WHEN v.countable THEN t.rows_done END AS rows_done,
+       CASE WHEN v.countable THEN t.rows_expected END AS rows_estimated,
        -- Progress is rows_done against rows_estimated, the one definition of both (docs/reference.md
        -- #progress): truncated, never rounded up, and below 100 until the backfill is done.
-       CASE WHEN NOT v.readable THEN NULL
+       CASE WHEN NOT v.countable THEN NULL
             WHEN j.state = 'done' THEN 100.0
             ELSE least(99.9, pg_catalog.trunc((100 OPERATOR(pg_catalog.*) t.rows_done)::numeric
                                               OPERATOR(pg_catalog./) nullif(t.rows_expected, 0), 1)) END AS percent_done,
-       CASE WHEN v.readable THEN r.rows_per_second END AS rows_per_second_last_minute,
-       CASE WHEN v.readable AND j.state = 'running' AND r.rows_per_second OPERATOR(pg_catalog.>) 0
+       CASE WHEN v.countable THEN r.rows_per_second END AS rows_per_second_last_minute,
+       CASE WHEN v.countable AND j.state = 'running' AND r.rows_per_second OPERATOR(pg_catalog.>) 0
             THEN pg_catalog.make_interval(secs => pg_catalog.round((t.rows_expected OPERATOR(pg_catalog.-) t.rows_done)::numeric
                                                                    OPERATOR(pg_catalog./) r.rows_per_second))
        END AS time_left,
@@ -191,7 +193,7 @@ SELECT j.id,
        j.started_by,
        j.started_at,
        j.finished_at,
-       CASE WHEN v.readable THEN j.last_error_sqlstate END AS last_error_sqlstate,
+       CASE WHEN v.countable THEN j.last_error_sqlstate END AS last_error_sqlstate,
        CASE WHEN v.readable THEN j.last_error END AS last_error,
        j.lock_mode,
        backfill.source_limit('max_replica_lag', j.max_replica_lag_bytes) AS max_replica_lag_bytes,
@@ -215,7 +217,8 @@ SELECT j.id,
                pg_catalog.bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
           FROM backfill.job_table jt
          WHERE jt.job_id = j.id) t
- CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR t.all_selectable AS readable) v
+ CROSS JOIN LATERAL (SELECT t.all_selectable AS readable,
+                            backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR t.all_selectable AS countable) v
   LEFT JOIN LATERAL (
         SELECT ((pg_catalog.max(p.rows_done) OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done))
                 OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) OPERATOR(pg_catalog.-) pg_catalog.min(p.at)), 0))::bigint
@@ -273,9 +276,9 @@ SELECT jt.job_id AS backfill_id,
        jt.key_columns,
        CASE WHEN v.readable THEN jt.cursor END AS cursor,
        CASE WHEN v.readable THEN jt.upper_bound END AS upper_bound,
-       CASE WHEN v.readable THEN jt.rows_done END AS rows_done,
-       CASE WHEN v.readable THEN jt.rows_estimated END AS rows_estimated,
-       CASE WHEN v.readable THEN jt.bytes_done END AS bytes_done,
+       CASE WHEN v.countable THEN jt.rows_done END AS rows_done,
+       CASE WHEN v.countable THEN jt.rows_estimated END AS rows_estimated,
+       CASE WHEN v.countable THEN jt.bytes_done END AS bytes_done,
        jt.last_page_lsn,
        jt.started_at,
        jt.finished_at,
@@ -283,8 +286,8 @@ SELECT jt.job_id AS backfill_id,
        jt.pages_row_locked
   FROM backfill.job_table jt
   JOIN backfill.job j ON j.id = jt.job_id
- CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor')
-                            OR coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) v
+ CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) r) v
  WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_tables IS 'One row per table of each backfill: scan state, cursor and counters';
 COMMENT ON COLUMN backfill_tables.state IS 'pending, running, done; or the backfill''s cancelled/failed for a table it did not finish';
@@ -311,13 +314,13 @@ SELECT e.job_id AS backfill_id,
        e.occurred_at,
        e.table_name,
        CASE WHEN v.readable THEN e.stopped_after_key END AS stopped_after_key,
-       CASE WHEN v.readable THEN e.sqlstate END AS sqlstate,
+       CASE WHEN v.countable THEN e.sqlstate END AS sqlstate,
        CASE WHEN v.readable THEN e.message END AS message,
        CASE WHEN v.readable THEN e.detail END AS detail
   FROM backfill.job_error e
   JOIN backfill.job j ON j.id = e.job_id
- CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor')
-                            OR coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false) AS readable) v
+ CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false) AS readable) r) v
  WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_errors IS 'Every error that failed a backfill, oldest first: backfill_status.last_error shows the latest only, and a resume clears it';
 COMMENT ON COLUMN backfill_errors.backfill_id IS 'The backfill (backfill_status.id)';
@@ -485,14 +488,14 @@ SELECT s.job_id AS backfill_id,
        CASE WHEN j.state IN ('cancelled', 'failed') AND jt.state <> 'done' THEN j.state
             ELSE jt.state END AS state,
        s.node_state,
-       CASE WHEN v.readable THEN jt.rows_done END AS rows_done,
-       CASE WHEN v.readable THEN jt.rows_estimated END AS rows_estimated,
+       CASE WHEN v.countable THEN jt.rows_done END AS rows_done,
+       CASE WHEN v.countable THEN jt.rows_estimated END AS rows_estimated,
        CASE WHEN v.readable THEN s.node_error END AS node_error
   FROM backfill.job_shard s
   JOIN backfill.job_table jt ON jt.job_id = s.job_id AND jt.position = s.position
   JOIN backfill.job j ON j.id = s.job_id
- CROSS JOIN LATERAL (SELECT backfill.may_act_as(CURRENT_USER, 'pg_monitor')
-                            OR coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) v
+ CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) r) v
  WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_shards IS 'For a backfill of a Citus distributed table, on the coordinator: each shard placement, its node, and the backfill there that delivers it';
 COMMENT ON COLUMN backfill_shards.backfill_id IS 'The backfill (backfill_status.id)';

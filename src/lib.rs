@@ -7,7 +7,8 @@
 //! - `pg/`: PostgreSQL plumbing: errors with SQLSTATE, detail and hint (`errors.rs`), the
 //!   database's encoding and UTF-8 (`encoding.rs`), reads through SPI (`spi.rs`), the
 //!   `backfill.*` settings (`settings.rs`), who runs what (`privilege.rs`), checks of SQL
-//!   arguments (`args.rs`), a row filter's check (`filter.rs`), where PostgreSQL's C API differs between the majors built for,
+//!   arguments (`args.rs`), a row filter's check (`filter.rs`), node trees and
+//!   lists (`nodes.rs`), a read that reaches only the table it checked (`read_guard.rs`), where PostgreSQL's C API differs between the majors built for,
 //!   one shim per difference (`compat.rs`), and what Citus's metadata says of a table: a
 //!   shard's distributed table, a table's distribution (`citus.rs`).
 //! - `model/`: a table as a backfill sees it, its key and columns (`table.rs`); the states
@@ -69,6 +70,7 @@ mod backfill {}
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     pg::settings::define();
+    pg::read_guard::install();
     // Preloaded, the library also resumes running backfills after every server start.
     // SAFETY: a flag PostgreSQL sets while it loads shared_preload_libraries.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {

@@ -112,7 +112,7 @@ pub fn record_keys(id: i64, table: Option<pg_sys::Oid>, keys: serde_json::Value)
         );
     }
     // Cast as the table's owner: a key type's input function and ordering are its code.
-    let sorted = privilege::run_as(table.owner, || sorted_keys(&table, keys));
+    let sorted = privilege::read_as(table.owner, table.relid, || sorted_keys(&table, keys));
     as_extension_owner(|| {
         store(id, job_table.position, &sorted, key.len());
         job::set_lock_mode(id, LockMode::Table);

@@ -29,7 +29,7 @@ pub fn estimate(table: &Table, prefix_len: usize, filter: Option<&str>) -> Estim
     let filtered_rows = filter.map(|filter| check_filter(table, filter));
     // The sample renders rows with row_to_json, which runs the casts to json of user-defined
     // types: as the table's owner, whoever asks.
-    privilege::run_as(table.owner, || sample(table, prefix_len, filtered_rows))
+    privilege::read_as(table.owner, table.relid, || sample(table, prefix_len, filtered_rows))
 }
 
 /// Checks a row filter on `table` (pg/filter.rs) as the calling role, who will have started
@@ -46,11 +46,12 @@ pub fn check_filter(table: &Table, filter: &str) -> f64 {
             Some("Backfill its partitions, each with the filter.".into()),
         );
     }
+    crate::pg::filter::require_bounded(filter, &table.qualified_name());
     let query = ScanQueries::new(table).filter_check(filter);
     // SAFETY: the current user's id.
     let caller = unsafe { pg_sys::GetUserId() };
     let name = table.qualified_name();
-    privilege::run_as(caller, || crate::pg::filter::check(&query, &name))
+    privilege::read_as(caller, table.relid, || crate::pg::filter::check(&query, &name))
 }
 
 fn sample(table: &Table, prefix_len: usize, filtered_rows: Option<f64>) -> Estimate {
@@ -125,7 +126,7 @@ pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<job_table::New
     }
     // The keys are cast to and from the key's types (a domain's check, a type's output
     // function are user code): as the owner.
-    let quantiles = privilege::run_as(table.owner, || {
+    let quantiles = privilege::read_as(table.owner, table.relid, || {
         if table.key.len() == 1 {
             histogram_bounds(table)
         } else {

@@ -4,11 +4,13 @@
 //! it is checked in exactly that text: PostgreSQL's own parser must find one plain SELECT whose
 //! WHERE is the AND of our condition and one expression, the filter, and nothing else (a
 //! filter such as `true) OR (true` or `true) GROUP BY (1` would change the query around it).
-//! Then parse analysis must find it boolean, over existing columns, without a subquery and
-//! without a volatile function, and the planner (EXPLAIN, which checks every privilege the
+//! Then parse analysis must find it boolean, over existing columns, without a subquery,
+//! without a volatile function and calling only code the role that runs it trusts (see
+//! [`untrusted_code_of`]), and the planner (EXPLAIN, which checks every privilege the
 //! query needs) must accept it, as the role that runs it: its estimate is the filtered rows.
 
 use crate::pg::errors::raise;
+use crate::pg::nodes::{is_a, list_len, list_of};
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::{self, *};
@@ -25,7 +27,7 @@ const FILTER_HINT: &str =
 /// extra_float_digits): what its text means (a backslash in a string, a date's field order,
 /// `x = NULL`) must not depend on the session that started the backfill. A filter read one way
 /// when it was checked and another way by its worker could close the parenthesis around it.
-const FILTER_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 8] = [
+const FILTER_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 9] = [
     (c"standard_conforming_strings", c"on"),
     (c"backslash_quote", c"safe_encoding"),
     (c"DateStyle", c"ISO, MDY"),
@@ -34,7 +36,34 @@ const FILTER_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 8] = [
     (c"array_nulls", c"on"),
     (c"bytea_output", c"hex"),
     (c"xmloption", c"content"),
+    // to_tsvector(body) and to_tsquery('run') take their configuration from it.
+    (c"default_text_search_config", c"pg_catalog.simple"),
 ];
+
+/// The longest filter, in bytes. Its text travels in the `table_start` marker, JSON-escaped
+/// (up to six bytes a byte), so it must stay far below backfill.max_message_size's default;
+/// a filter near this size is already thousands of values long.
+pub const MAX_FILTER_BYTES: usize = 1024 * 1024;
+
+/// Refuses a filter longer than [`MAX_FILTER_BYTES`], before anything starts.
+#[track_caller]
+pub fn require_bounded(filter: &str, table: &str) {
+    if filter.len() > MAX_FILTER_BYTES {
+        raise(
+            ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            format!("the filter of a backfill of table {table} is too long"),
+            format!(
+                "It takes {} bytes; a filter takes at most {MAX_FILTER_BYTES}: its text travels in the \
+                 table_start message of the stream.",
+                filter.len()
+            ),
+            Some(
+                "Filter on a column's range, or backfill a table of the keys to deliver with backfill_repair(...)."
+                    .into(),
+            ),
+        );
+    }
+}
 
 /// Runs `f`, which reads or runs a filter, with [`FILTER_SETTINGS`].
 pub fn with_filter_settings<R>(f: impl FnOnce() -> R) -> R {
@@ -111,6 +140,22 @@ fn analyzed(text: &std::ffi::CStr, query: &str, table: &str, estimate: bool) -> 
         ),
         Err(Refusal::HasSubquery) => refuse(ERRCODE_FEATURE_NOT_SUPPORTED, table, "it contains a subquery"),
         Err(Refusal::Volatile) => refuse(ERRCODE_FEATURE_NOT_SUPPORTED, table, "it calls a volatile function"),
+        Err(Refusal::Untrusted { code, owner }) => raise(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!(
+                "the filter of a backfill of table {table} is not valid: it runs {code}, owned by role \"{owner}\", as \
+                 the role that started the backfill"
+            ),
+            "A filter runs as the role that started the backfill, so it may run only code that role or a superuser \
+             owns, or code in a language only superusers write (C, internal): the functions it calls, those of its \
+             operators and casts (implicit ones too: a column's type may be cast to compare it), the input and \
+             output functions of the types it converts, and the checks of the domains it casts to. Whatever their \
+             volatility says.",
+            Some(format!(
+                "Compare the column through a type and functions of pg_catalog, or ask role \"{owner}\" or a superuser \
+                 to start the backfill."
+            )),
+        ),
         Err(Refusal::Temporary) => refuse(
             ERRCODE_FEATURE_NOT_SUPPORTED,
             table,
@@ -136,6 +181,12 @@ enum Refusal {
     NotOneExpression,
     HasSubquery,
     Volatile,
+    /// It runs code (`code`: "function f(integer)", "domain d") owned by `owner`, whom the role
+    /// that runs it does not trust.
+    Untrusted {
+        code: String,
+        owner: String,
+    },
     /// It names an object of the caller's temporary schema, which its worker does not have.
     Temporary,
 }
@@ -164,13 +215,136 @@ fn refusal_of(query: &std::ffi::CStr, in_caller: bool) -> Option<Refusal> {
         if in_caller && names_temporary_objects(quals) {
             return Some(Refusal::Temporary);
         }
-        None
+        untrusted_code_of(quals).map(|(code, owner)| Refusal::Untrusted { code, owner })
     }
 }
 
-/// Whether the analyzed filter `quals` names a function, operator or type of this session's
-/// temporary schema: found by the OIDs its node text gives them (`:funcid 16384`...), the
-/// fields that name those objects.
+/// What an analyzed expression runs when evaluated: the functions it calls (its operators' and
+/// casts' included, and the input and output functions of the types it converts through
+/// text), and the domains whose checks it runs.
+#[derive(Default)]
+struct Code {
+    functions: Vec<pg_sys::Oid>,
+    domains: Vec<pg_sys::Oid>,
+}
+
+/// The first code the analyzed filter `quals` runs that the current role does not trust, as
+/// ("function f(integer)", its owner's name): code is trusted when the current role or a
+/// superuser owns it, or it is written in a language only superusers may use (C, internal).
+/// A function's volatility label proves nothing of what it does, so ownership decides. A
+/// domain's checks run the functions they call: those are checked too, through every domain
+/// that a domain is over.
+///
+/// # Safety
+/// `quals` is an analyzed expression.
+unsafe fn untrusted_code_of(quals: *mut pg_sys::Node) -> Option<(String, String)> {
+    let mut code = Code::default();
+    collect_code(quals, &mut code);
+    let mut walked_domains: Vec<pg_sys::Oid> = Vec::new();
+    loop {
+        let new_domains: Vec<pg_sys::Oid> =
+            code.domains.iter().copied().filter(|d| !walked_domains.contains(d)).collect();
+        if new_domains.is_empty() {
+            break;
+        }
+        walked_domains.extend(&new_domains);
+        // The checks of these domains and of the domains they are over.
+        let checks = crate::pg::spi::select_one::<Vec<String>>(
+            "WITH RECURSIVE chain(oid) AS (
+                 SELECT t.oid FROM pg_catalog.pg_type t WHERE t.oid OPERATOR(pg_catalog.=) ANY ($1)
+                 UNION SELECT t.typbasetype FROM pg_catalog.pg_type t JOIN chain ON chain.oid OPERATOR(pg_catalog.=) t.oid
+                  WHERE t.typtype OPERATOR(pg_catalog.=) 'd')
+             SELECT pg_catalog.array_agg(c.conbin::pg_catalog.text)
+               FROM pg_catalog.pg_constraint c JOIN chain ON c.contypid OPERATOR(pg_catalog.=) chain.oid
+              WHERE c.contype OPERATOR(pg_catalog.=) 'c'",
+            &[new_domains.clone().into()],
+        )
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+        code.domains.extend(
+            crate::pg::spi::select_one::<Vec<pg_sys::Oid>>(
+                "WITH RECURSIVE chain(oid) AS (
+                     SELECT t.oid FROM pg_catalog.pg_type t WHERE t.oid OPERATOR(pg_catalog.=) ANY ($1)
+                     UNION SELECT t.typbasetype FROM pg_catalog.pg_type t JOIN chain ON chain.oid OPERATOR(pg_catalog.=) t.oid
+                      WHERE t.typtype OPERATOR(pg_catalog.=) 'd')
+                 SELECT pg_catalog.array_agg(t.oid) FROM chain JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) chain.oid
+                  WHERE t.typtype OPERATOR(pg_catalog.=) 'd'",
+                &[new_domains.into()],
+            )
+            .ok()
+            .flatten()
+            .unwrap_or_default(),
+        );
+        for check in checks {
+            let Ok(text) = std::ffi::CString::new(check) else { continue };
+            collect_code(pg_sys::stringToNode(text.as_ptr()).cast(), &mut code);
+        }
+    }
+    let (functions, domains) = (code.functions, code.domains);
+    // SAFETY: the current user's id.
+    let role = unsafe { pg_sys::GetUserId() };
+    let untrusted = Spi::connect(|client| {
+        let row = client
+            .select(
+                "SELECT pg_catalog.format('function %s', p.oid::pg_catalog.regprocedure), r.rolname::pg_catalog.text
+                   FROM pg_catalog.pg_proc p
+                   JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) p.proowner
+                   JOIN pg_catalog.pg_language l ON l.oid OPERATOR(pg_catalog.=) p.prolang
+                  WHERE p.oid OPERATOR(pg_catalog.=) ANY ($1)
+                    AND p.proowner OPERATOR(pg_catalog.<>) $3 AND NOT r.rolsuper AND l.lanpltrusted
+                 UNION ALL
+                 SELECT pg_catalog.format('domain %s', t.oid::pg_catalog.regtype), r.rolname::pg_catalog.text
+                   FROM pg_catalog.pg_type t
+                   JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) t.typowner
+                  WHERE t.oid OPERATOR(pg_catalog.=) ANY ($2)
+                    AND t.typowner OPERATOR(pg_catalog.<>) $3 AND NOT r.rolsuper
+                 LIMIT 1",
+                Some(1),
+                &[functions.into(), domains.into(), role.into()],
+            )?
+            .first();
+        Ok::<_, pgrx::spi::Error>(if row.is_empty() {
+            None
+        } else {
+            Some((row.get::<String>(1)?.unwrap_or_default(), row.get::<String>(2)?.unwrap_or_default()))
+        })
+    });
+    untrusted.ok().flatten()
+}
+
+/// Adds what `node`, an analyzed expression (or NULL), runs to `code`.
+///
+/// # Safety
+/// `node` is NULL or an analyzed expression.
+unsafe fn collect_code(node: *mut pg_sys::Node, code: &mut Code) {
+    code_walker(node, (code as *mut Code).cast());
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn code_walker(node: *mut pg_sys::Node, context: *mut std::ffi::c_void) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    // (Functions of operators, casts, type conversions through text, comparisons of rows.)
+    pg_sys::check_functions_in_node(node, Some(note_function), context);
+    if is_a(node, pg_sys::NodeTag::T_CoerceToDomain) {
+        let domain = (*(node as *mut pg_sys::CoerceToDomain)).resulttype;
+        (*(context as *mut Code)).domains.push(domain);
+    }
+    pg_sys::expression_tree_walker(node, Some(code_walker), context)
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn note_function(function: pg_sys::Oid, context: *mut std::ffi::c_void) -> bool {
+    (*(context as *mut Code)).functions.push(function);
+    false
+}
+
+/// Whether the analyzed filter `quals` names a function, operator, type or collation of this
+/// session's temporary schema: found by the OIDs its node text gives them (`:funcid 16384`...,
+/// and every field naming a collation: `:inputcollid`, `:collOid`...), the fields that name
+/// those objects.
 ///
 /// # Safety
 /// `quals` is an analyzed expression.
@@ -180,11 +354,17 @@ unsafe fn names_temporary_objects(quals: *mut pg_sys::Node) -> bool {
     }
     let text = std::ffi::CStr::from_ptr(pg_sys::nodeToString(quals.cast())).to_string_lossy().into_owned();
     let text = text.as_str();
-    const FIELDS: [&str; 6] = [":funcid ", ":opno ", ":opfuncid ", ":resulttype ", ":consttype ", ":vartype "];
-    let oids: Vec<pg_sys::Oid> = FIELDS
-        .iter()
-        .flat_map(|field| text.match_indices(field).map(move |(at, _)| &text[at + field.len()..]))
-        .filter_map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u32>().ok())
+    const FIELDS: [&str; 6] = ["funcid", "opno", "opfuncid", "resulttype", "consttype", "vartype"];
+    let names_an_object = |field: &str| FIELDS.contains(&field) || field.to_ascii_lowercase().contains("coll");
+    let oids: Vec<pg_sys::Oid> = text
+        .split(':')
+        .skip(1)
+        .filter_map(|pair| {
+            let (field, rest) = pair.split_once(' ')?;
+            names_an_object(field).then(|| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u32>().ok())?
+        })
+        .collect::<std::collections::BTreeSet<u32>>()
+        .into_iter()
         .map(pg_sys::Oid::from)
         .collect();
     crate::pg::spi::select_one::<bool>(
@@ -194,7 +374,9 @@ unsafe fn names_temporary_objects(quals: *mut pg_sys::Node) -> bool {
                  OR EXISTS (SELECT FROM pg_catalog.pg_operator o WHERE o.oid OPERATOR(pg_catalog.=) ANY ($1)
                             AND o.oprnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema())
                  OR EXISTS (SELECT FROM pg_catalog.pg_type t WHERE t.oid OPERATOR(pg_catalog.=) ANY ($1)
-                            AND t.typnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()))",
+                            AND t.typnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema())
+                 OR EXISTS (SELECT FROM pg_catalog.pg_collation c WHERE c.oid OPERATOR(pg_catalog.=) ANY ($1)
+                            AND c.collnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()))",
         &[oids.into()],
     )
     .ok()
@@ -226,32 +408,4 @@ unsafe fn is_one_filtered_select(select: &pg_sys::SelectStmt) -> bool {
         && is_a(condition as *mut pg_sys::Node, pg_sys::NodeTag::T_BoolExpr)
         && (*condition).boolop == pg_sys::BoolExprType::AND_EXPR
         && list_len((*condition).args) == 2
-}
-
-/// # Safety
-/// `node` is NULL or a node.
-unsafe fn is_a(node: *mut pg_sys::Node, tag: pg_sys::NodeTag) -> bool {
-    !node.is_null() && (*node).type_ == tag
-}
-
-/// # Safety
-/// `list` is NIL or a pointer list.
-unsafe fn list_len(list: *mut pg_sys::List) -> i32 {
-    if list.is_null() {
-        0
-    } else {
-        (*list).length
-    }
-}
-
-/// The elements of a pointer list of `T` nodes.
-///
-/// # Safety
-/// `list` is NIL or a pointer list of `T`.
-unsafe fn list_of<T>(list: *mut pg_sys::List) -> Vec<*mut T> {
-    if list.is_null() {
-        return Vec::new();
-    }
-    let cells = std::slice::from_raw_parts((*list).elements, (*list).length as usize);
-    cells.iter().map(|cell| cell.ptr_value as *mut T).collect()
 }

@@ -7,6 +7,8 @@ pub(crate) mod compat;
 pub(crate) mod encoding;
 pub(crate) mod errors;
 pub(crate) mod filter;
+pub(crate) mod nodes;
 pub(crate) mod privilege;
+pub(crate) mod read_guard;
 pub(crate) mod settings;
 pub(crate) mod spi;

@@ -83,6 +83,13 @@ pub fn run_as<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
     result
 }
 
+/// Runs `f`, whose queries read table `relid`, as `role` (see [`run_as`]), refusing a query
+/// that reads another relation than `relid`: a name `f` reads the table by may have come to
+/// name another relation since the table was checked (see read_guard.rs).
+pub fn read_as<R>(role: pg_sys::Oid, relid: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
+    run_as(role, || crate::pg::read_guard::reading(relid, f))
+}
+
 /// Runs `f`, a query of table `relid` for a checksum or a comparison, as the table's owner (see
 /// [`run_as`]): its code, such as a cast to json of its key's type, never runs as a superuser who
 /// checks the table. Unless row-level security filters the table's rows for the caller: the
@@ -106,8 +113,8 @@ pub fn read_as_owner<R>(relid: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
     .ok()
     .flatten();
     match found {
-        Some((Some(owner), Some(false))) => run_as(owner, f),
-        _ => with_portable_settings(f),
+        Some((Some(owner), Some(false))) => read_as(owner, relid, f),
+        _ => with_portable_settings(|| crate::pg::read_guard::reading(relid, f)),
     }
 }
 
@@ -153,30 +160,37 @@ pub fn is_superuser() -> bool {
 }
 
 /// The worker, at every page: the role that started the backfill must still exist and still
-/// hold the rights a page exercises (`SELECT`, and `UPDATE` for the row locks) on the table. A
-/// revoked grant or a dropped role stops the backfill instead of leaving it locking rows for a
-/// role that could not lock them itself.
-pub fn require_starter_rights(started_by: &str, relid: pg_sys::Oid, table: &str) {
+/// hold every right a start checks (see model/table.rs's inspect and [`require_replication`]):
+/// `SELECT`, and `UPDATE` for the row locks, on the table; no row-level security filtering the
+/// table for it (a page delivers every row); and, for a backfill bound to `slot`, `REPLICATION`.
+/// A right lost mid-run stops the backfill instead of leaving it doing what its starter no
+/// longer could.
+pub fn require_starter_rights(started_by: &str, relid: pg_sys::Oid, table: &str, slot: Option<&str>) {
     // The role's name in the database's encoding, as the catalog has it.
     let Ok(name) = std::ffi::CString::new(crate::pg::encoding::to_server(started_by).into_owned()) else { return };
-    // SAFETY: catalog-cache lookups of a role by name and of a relation's privileges; the
-    // relation is locked by the page.
-    let allowed = unsafe {
+    // SAFETY: catalog-cache lookups of a role by name, of its attributes and of a relation's
+    // privileges and row security; the relation is locked by the page.
+    let (may_read_and_lock, filtered, may_replicate) = unsafe {
         let role = pg_sys::get_role_oid(name.as_ptr(), true);
         let has = |mode: u32| {
             pg_sys::pg_class_aclcheck(relid, role, pg_sys::AclMode::from(mode)) == pg_sys::AclResult::ACLCHECK_OK
         };
-        role != pg_sys::InvalidOid
-            && has(pg_sys::ACL_SELECT)
-            && (has(pg_sys::ACL_UPDATE)
-                || pg_sys::pg_attribute_aclcheck_all(
-                    relid,
-                    role,
-                    pg_sys::AclMode::from(pg_sys::ACL_UPDATE),
-                    pg_sys::AclMaskHow::ACLMASK_ANY,
-                ) == pg_sys::AclResult::ACLCHECK_OK)
+        let exists = role != pg_sys::InvalidOid;
+        (
+            exists
+                && has(pg_sys::ACL_SELECT)
+                && (has(pg_sys::ACL_UPDATE)
+                    || pg_sys::pg_attribute_aclcheck_all(
+                        relid,
+                        role,
+                        pg_sys::AclMode::from(pg_sys::ACL_UPDATE),
+                        pg_sys::AclMaskHow::ACLMASK_ANY,
+                    ) == pg_sys::AclResult::ACLCHECK_OK),
+            exists && pg_sys::check_enable_rls(relid, role, true) == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32,
+            exists && (pg_sys::has_rolreplication(role) || pg_sys::superuser_arg(role)),
+        )
     };
-    if !allowed {
+    if !may_read_and_lock {
         raise(
             ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!("role \"{started_by}\" may no longer backfill table {table}"),
@@ -185,6 +199,28 @@ pub fn require_starter_rights(started_by: &str, relid: pg_sys::Oid, table: &str)
                  role \"{started_by}\" was dropped or lost SELECT or UPDATE on table {table}."
             ),
             Some("Grant the privileges back and SELECT backfill_resume(...), or start a new backfill as a role that has them.".into()),
+        );
+    }
+    if filtered {
+        raise(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("row-level security now filters the rows of table {table} for role \"{started_by}\""),
+            format!(
+                "A backfill delivers every row of its table, so its starter must see every row; row-level security \
+                 was enabled for table {table}, or role \"{started_by}\" lost BYPASSRLS, during the backfill."
+            ),
+            Some("Start a new backfill as the table's owner or as a role with BYPASSRLS.".into()),
+        );
+    }
+    if let Some(slot) = slot.filter(|_| !may_replicate) {
+        raise(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("role \"{started_by}\" may no longer bind a backfill to replication slot \"{slot}\""),
+            format!(
+                "Binding a backfill to a slot needs the rights that consuming from the slot needs; role \
+                 \"{started_by}\" lost the REPLICATION attribute during the backfill."
+            ),
+            Some("ALTER ROLE ... REPLICATION and SELECT backfill_resume(...), or start a new backfill as the pipeline's replication role.".into()),
         );
     }
 }

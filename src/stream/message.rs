@@ -339,10 +339,29 @@ pub fn absent(backfill_id: i64, slot: Option<&str>, table: &Table, key_values: &
     })
 }
 
-/// Writes a marker, sealed.
+/// Writes a marker, sealed, within backfill.max_message_size as every message is: what a
+/// marker carries from the caller (a filter's text, a key given to a repair) must not make a
+/// WAL record that PostgreSQL cannot read back.
 pub fn emit_marker(prefix: &CString, signer: &Signer, marker: String) {
     let mut content = marker.into_bytes();
     signer.seal(&mut content);
+    let max_message_size = crate::pg::settings::max_message_bytes();
+    if content.len() > max_message_size {
+        // Every message begins with its op (Envelope's first field): `{"op":"table_start",...`.
+        let op: String = content
+            .strip_prefix(b"{\"op\":\"")
+            .unwrap_or_default()
+            .iter()
+            .take_while(|&&b| b != b'"')
+            .map(|&b| char::from(b))
+            .collect();
+        crate::pg::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            format!("the {op} message of a backfill would pass backfill.max_message_size"),
+            format!("It would take {} bytes; backfill.max_message_size is {max_message_size} bytes.", content.len()),
+            Some("Raise backfill.max_message_size, or start the backfill with a shorter filter or fewer keys.".into()),
+        );
+    }
     emit(prefix, &content);
 }
 

@@ -37,7 +37,7 @@ impl TableScan<'_> {
             .collect();
         let (rows_sql, absent_sql) = (key_rows(table, locking), absent_keys(table));
         let (read, mut bytes) = self.deliver_rows(&rows_sql, &args, signer);
-        let absent: Vec<i64> = privilege::run_as(self.shape.owner, || {
+        let absent: Vec<i64> = privilege::read_as(self.shape.owner, self.shape.table.relid, || {
             crate::pg::spi::run_prepared(&absent_sql, false, &args, |rows| {
                 rows.map(|row| Ok(row.get::<i64>(1)?.unwrap_or_default())).collect()
             })

@@ -80,7 +80,7 @@ impl TableScan<'_> {
             return job_table::last_key(self.context.backfill_id, self.context.position);
         }
         let queries = &self.shape.queries;
-        privilege::run_as(self.shape.owner, || {
+        privilege::read_as(self.shape.owner, self.shape.table.relid, || {
             Spi::connect(|client| {
                 let rows = client.select(&queries.upper_bound(), None, &[])?;
                 if rows.is_empty() {

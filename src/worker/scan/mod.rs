@@ -229,7 +229,12 @@ impl<'a> TableScan<'a> {
         let found = self.shape.table.recheck(|descriptor| unsafe { row.describes(descriptor) });
         self.shape.owner = found.owner;
         let table = &self.shape.table;
-        privilege::require_starter_rights(&job.started_by, table.relid, &table.qualified_name());
+        privilege::require_starter_rights(
+            &job.started_by,
+            table.relid,
+            &table.qualified_name(),
+            job.slot_name.as_deref(),
+        );
         // A table dropped from the pipeline's publication mid-run: its consumer no longer wants
         // it, though pgoutput would still pass its messages on.
         if let Some(publication) = &job.publication_name {

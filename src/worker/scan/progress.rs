@@ -43,7 +43,7 @@ impl TableScan<'_> {
         self.progress.last_sample = Some(Instant::now());
         job::record_progress(self.context.backfill_id);
         // The histogram's bounds are cast to the key's type: as the table's owner.
-        let fraction = privilege::run_as(self.shape.owner, || {
+        let fraction = privilege::read_as(self.shape.owner, self.shape.table.relid, || {
             crate::pg::spi::select_one::<f64>(
                 &self.shape.queries.key_fraction(),
                 &[

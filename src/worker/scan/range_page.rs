@@ -55,7 +55,7 @@ impl TableScan<'_> {
         args.push(i64::from(rows).into());
         let sql = self.shape.queries.page_end(cursor.is_some());
         let key_len = self.shape.queries.key_len();
-        privilege::run_as(self.shape.owner, || {
+        privilege::read_as(self.shape.owner, self.shape.table.relid, || {
             crate::pg::spi::run_prepared(&sql, false, &args, |result| {
                 if result.is_empty() {
                     return Ok(None);
@@ -89,7 +89,7 @@ impl TableScan<'_> {
         // between the three queries; a row that enters or leaves the filter later does so by a
         // change, which the stream carries after this page.)
         let queries = &self.shape.queries;
-        let ids = privilege::run_as(self.shape.owner, || {
+        let ids = privilege::read_as(self.shape.owner, self.shape.table.relid, || {
             crate::pg::spi::select_one::<Vec<String>>(&queries.page_row_ids(cursor.is_some(), locking), &args)
         })
         .or_internal("lock the page's rows");
@@ -104,7 +104,7 @@ impl TableScan<'_> {
             )
         };
         let table_name = self.shape.table.qualified_name();
-        let passing = privilege::run_as(starter, || {
+        let passing = privilege::read_as(starter, self.shape.table.relid, || {
             // Checked again, as at its start: since then a column's type may have changed (its
             // cast now a volatile function of the table's owner), or a better overload of one
             // of its functions appeared; a volatile function or a subquery stops the backfill.
@@ -143,7 +143,7 @@ impl TableScan<'_> {
             bytes: 0,
         };
         // The rows' casts to json and the key's input functions are user code: as the owner.
-        privilege::run_as(shape.owner, || delivery::run(plan, args, &mut sink));
+        privilege::read_as(shape.owner, shape.table.relid, || delivery::run(plan, args, &mut sink));
         (sink.rows, sink.bytes)
     }
 }
