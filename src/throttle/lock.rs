@@ -48,6 +48,8 @@
 //!   so that each takes about that long at most (halved when one takes longer). In `auto`, a
 //!   page that finds a writer takes row locks, and so do the pages of the next second: a
 //!   table being written keeps row locks, and its writers never queue behind a page.
+//!   And in `auto`, a scan whose table-locked pages of a row or two still take half the bound
+//!   (their fixed cost, such as a long filter's check, is near it) locks rows from then on.
 
 use crate::model::state::LockMode;
 use crate::pg::settings;
@@ -101,13 +103,16 @@ pub struct LockPolicy {
     rows_until: Option<Instant>,
     /// The most rows a table-locked page may have, to stay within backfill.table_lock_max_ms.
     table_page_rows: i32,
+    /// Set in `auto` once a table-locked page of a row or two took more than half of
+    /// backfill.table_lock_max_ms: row locks for the rest of the scan (see `table_page_took`).
+    fixed_cost_near_bound: bool,
 }
 
 impl LockPolicy {
     pub fn new(mode: LockMode, partitioned: bool, batch_size: i32) -> Self {
         let mode = if partitioned && mode == LockMode::Auto { LockMode::Rows } else { mode };
         // The first table-locked page is small; the next ones grow toward the time bound.
-        LockPolicy { mode, rows_until: None, table_page_rows: batch_size.clamp(1, 100) }
+        LockPolicy { mode, rows_until: None, table_page_rows: batch_size.clamp(1, 100), fixed_cost_near_bound: false }
     }
 
     /// Locks what the next page needs, before its queries take their snapshots, and returns how
@@ -134,7 +139,11 @@ impl LockPolicy {
                 }
                 (Locking::Table, rows.min(self.table_page_rows))
             }
-            LockMode::Auto if read_committed && self.rows_until.is_none_or(|until| Instant::now() >= until) => {
+            LockMode::Auto
+                if read_committed
+                    && !self.fixed_cost_near_bound
+                    && self.rows_until.is_none_or(|until| Instant::now() >= until) =>
+            {
                 if try_share_lock(relid) {
                     self.rows_until = None;
                     (Locking::Table, rows.min(self.table_page_rows))
@@ -150,8 +159,18 @@ impl LockPolicy {
     /// A table-locked page of `rows` rows held the table this long (from its lock to its
     /// cursor's update, just before the commit): the next ones are sized to hold it at most
     /// backfill.table_lock_max_ms, in proportion, growing at most twofold a page.
+    ///
+    /// A page's time is not all in proportion to its rows: each page also pays a fixed cost (its
+    /// queries' planning, a long filter's check on every page). When that cost alone comes near
+    /// the bound, smaller pages cannot meet it: they shrink to a row or two and the scan crawls
+    /// (a 10,000-value filter: a row a page, under load). So in `auto`, once a table-locked page
+    /// of a row or two takes more than half the bound, the scan's pages lock rows instead, and
+    /// take their whole batch size: row locks hold up no writer of another row.
     pub fn table_page_took(&mut self, rows: i32, held: Duration, batch_size: i32) {
         let max = settings::table_lock_max().as_secs_f64();
+        if self.mode == LockMode::Auto && rows <= 2 && held.as_secs_f64() > max / 2.0 {
+            self.fixed_cost_near_bound = true;
+        }
         let fitting = f64::from(rows.max(1)) * max / held.as_secs_f64().max(1e-6);
         let next = fitting.min(f64::from(self.table_page_rows) * 2.0);
         self.table_page_rows = (next as i32).clamp(1, batch_size.max(1));
