@@ -10,7 +10,7 @@ import re
 
 import psycopg
 import pytest
-from conftest import error_of
+from conftest import PG_MAJOR, error_of
 from test_checksum import COLUMNS, FILL
 
 ROWS = 40_000
@@ -159,6 +159,43 @@ def test_a_temporary_table_and_parallel_workers_0_keep_the_serial_scan(parallel)
     db.execute("ALTER TABLE t RESET (parallel_workers)")
     [(rows,)], debug = scanned_in_parallel(db, "t")
     assert rows == 20_000 and len(debug) == 1
+
+
+@pytest.mark.skipif(PG_MAJOR < 18, reason="virtual generated columns are new in PostgreSQL 18")
+def test_a_virtual_generated_column_is_hashed_as_queries_read_it_on_every_path(parallel):
+    """A virtual generated column is computed when a query reads it, and NULL in the stored
+    tuples a parallel participant reads: its table is hashed by the serial query at the hash
+    level, so that the same bounds give the same checksums whatever the path (0.9.0's parallel
+    scan hashed NULL), and a copy whose column is computed otherwise differs."""
+    db = parallel
+    table = """CREATE TABLE {name} (id integer PRIMARY KEY, a int NOT NULL, v int GENERATED ALWAYS AS ({v}) VIRTUAL,
+                                    s int GENERATED ALWAYS AS (a + 1) STORED, note text)"""
+    db.execute(table.format(name="t", v="a * 2"))
+    db.execute(table.format(name="copy", v="CASE WHEN a % 1000 = 0 THEN a * 3 ELSE a * 2 END"))
+    for name in ("t", "copy"):
+        db.execute(f"INSERT INTO {name} (id, a, note) SELECT g, g, 'n' || g FROM generate_series(1, 3000) g")
+        db.execute(f"ANALYZE {name}")
+    bounds = bounds_for(db, "t", ranges=8)
+    by_default, debug = with_debug(db, checksum_sql("t"), [bounds])
+    assert debug == [], "hashed by the serial query"
+    # Counting reads no virtual column: still in parallel.
+    assert len(with_debug(db, checksum_sql("t", "count"), [bounds])[1]) == 1
+    # The sum of every range's checksum is that of the rows' hashes as a query reads the rows.
+    total = db.execute("SELECT sum(backfill.row_hash(t)) FROM t").fetchone()[0]
+    assert sum(int(row[4]) for row in by_default) == total
+    # (A column list is hashed by the query in any case.)
+    columns = db.execute(
+        "SELECT * FROM backfill_checksum('t', level => 'hash', bounds => %s::jsonb, columns => ARRAY['v', 'a', 's', 'note'])",
+        [bounds],
+    ).fetchall()
+    db.execute("SET max_parallel_workers_per_gather = 0")
+    serial = db.execute(checksum_sql("t"), [bounds]).fetchall()
+    assert by_default == serial == columns
+    db.execute("RESET max_parallel_workers_per_gather")
+    by_copy = db.execute(checksum_sql("copy"), [bounds]).fetchall()
+    assert [row[4] != copy[4] for row, copy in zip(by_default, by_copy)].count(True) >= 1
+    compared = db.execute("SELECT key->>'id', status FROM backfill_compare('t', 'copy')").fetchall()
+    assert sorted(compared) == [("1000", "different"), ("2000", "different"), ("3000", "different")]
 
 
 def test_a_cancelled_parallel_scan_leaves_the_session_usable(parallel):

@@ -47,8 +47,7 @@ fn repair_columns(
         // comparison rather than after it.
         crate::model::table::require(crate::pg::args::required(source, "backfill_repair", "source"));
     }
-    let found =
-        differences("backfill_repair", source, target, level, passes, slot.map(|s| s.0), columns.clone(), confirm);
+    let found = differences("backfill_repair", source, target, level, passes, slot.map(|s| s.0), columns, confirm);
     let name = crate::model::table::relation_name(source.unwrap_or_default());
     if found.keys.is_empty() {
         notice!("{name} and its copy agree: nothing to repair");
@@ -101,7 +100,8 @@ fn repair_columns(
         None,
         Some(1),
         None,
-        columns.map(|c| c.into_iter().map(|c| Some(Text(c))).collect()),
+        // The columns compared: the list's and the key's, which every read carries.
+        found.columns.map(|c| c.into_iter().map(|c| Some(Text(c))).collect()),
     );
     crate::api::keyed::record_keys(id, None, serde_json::Value::Array(keys));
     Some(id)

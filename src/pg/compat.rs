@@ -38,6 +38,26 @@ pub unsafe fn primary_key_index(relation: pg_sys::Relation) -> pg_sys::Oid {
     return pg_sys::RelationGetPrimaryKeyIndex(relation, false);
 }
 
+/// Whether rows of `tupdesc` have a virtual generated column: one whose value is computed when
+/// a query reads it, never stored (a stored tuple holds NULL in its place).
+///
+/// 18 added them (`has_generated_virtual`); 15 has none.
+///
+/// # Safety
+/// `tupdesc` is a valid tuple descriptor.
+pub unsafe fn has_virtual_generated_columns(tupdesc: pg_sys::TupleDesc) -> bool {
+    #[cfg(feature = "pg15")]
+    return {
+        let _ = tupdesc;
+        false
+    };
+    #[cfg(feature = "pg18")]
+    return {
+        let constraints = (*tupdesc).constr;
+        !constraints.is_null() && (*constraints).has_generated_virtual
+    };
+}
+
 /// Installs a backend's handler for a signal (`pqsignal`, which 18's headers map to
 /// `pqsignal_be` inside the server).
 ///

@@ -57,7 +57,9 @@ impl Level {
 /// (name, type as SQL writes it).
 pub fn key_columns(relid: pg_sys::Oid, table: &str) -> Vec<(String, String)> {
     // The key a backfill reads the table by (model/table.rs): one rule for both.
-    let columns = crate::model::table::key_of(relid);
+    let columns = crate::model::table::key_of(relid).unwrap_or_else(|why| {
+        raise(why.code, format!("table {table} cannot be checked"), format!("Table {table}: {}.", why.reason), why.hint)
+    });
     if columns.is_empty() {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -101,7 +103,7 @@ pub fn checksum(
     let name = crate::model::table::relation_name(relid);
     require_readable(relid, &name);
     let key = key_columns(relid, &name);
-    let columns = hashed_columns(relid, &name, columns);
+    let columns = hashed_columns(relid, &name, &key, columns);
     // (The aggregate level writes dates and times as text: in one format on every server.)
     crate::pg::privilege::read_as_owner(relid, || {
         let bounds = checksum_bounds(relid, &key, ranges, bounds, |ranges| sampled_bounds(relid, &key, ranges));
@@ -111,20 +113,31 @@ pub fn checksum(
 
 /// The columns a checksum or a comparison of table `relid` hashes and aggregates, given a
 /// column list (`columns => ...`, checked as a backfill's is; NULL: every column): the listed
-/// ones, in the table's order. A name that is not one of the table's columns is an error (42703).
-pub fn hashed_columns(relid: pg_sys::Oid, name: &str, given: Option<Vec<String>>) -> Option<Vec<String>> {
+/// ones and the key's (`key`), in the table's order. A name that is not one of the table's
+/// columns is an error (42703).
+///
+/// The key is always among them, listed or not, as it is among the columns a backfill with
+/// that list delivers: without it, two rows of one range whose listed values were swapped
+/// between their keys would hash to the same sum, and a copy that mixed rows up would agree.
+pub fn hashed_columns(
+    relid: pg_sys::Oid,
+    name: &str,
+    key: &[(String, String)],
+    given: Option<Vec<String>>,
+) -> Option<Vec<String>> {
     let given = given?;
     let columns = crate::pg::spi::column_names(relid);
     if let Some(missing) = given.iter().find(|c| !columns.contains(c)) {
         raise(
             ERRCODE_UNDEFINED_COLUMN,
             format!("column {} of table {name} does not exist", quote_ident(missing)),
-            "columns => names the columns whose values are compared (the key's ranges are compared whatever it \
-             names); NULL: every column.",
+            "columns => names the columns whose values are compared, with the key's, which are compared whatever it \
+             names; NULL: every column.",
             Some("List the columns the copy was made with: backfill_start()'s columns => ....".into()),
         );
     }
-    Some(columns.into_iter().filter(|c| given.contains(c)).collect())
+    let hashed = |c: &String| given.contains(c) || key.iter().any(|(k, _)| k == c);
+    Some(columns.into_iter().filter(hashed).collect())
 }
 
 /// A row as backfill.row_hash() takes it: `backfill_row`, or the row of its listed columns.

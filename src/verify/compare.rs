@@ -90,6 +90,9 @@ fn compare_columns(
 pub struct Found {
     pub keys: Vec<(serde_json::Value, Status)>,
     pub slot: Option<String>,
+    /// The columns compared, with a column list: the listed ones and the key's, in the table's
+    /// order (what a repair delivers).
+    pub columns: Option<Vec<String>>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -127,7 +130,7 @@ pub fn differences(
     checksum::require_readable(source, &crate::model::table::relation_name(source));
     let source_name = crate::model::table::relation_name(source);
     let key = checksum::key_columns(source, &source_name);
-    let columns = checksum::hashed_columns(source, &source_name, columns);
+    let columns = checksum::hashed_columns(source, &source_name, &key, columns);
     if columns.is_some() && crate::pg::citus::is_distributed(source) {
         raise(
             ERRCODE_FEATURE_NOT_SUPPORTED,
@@ -162,7 +165,7 @@ pub fn differences(
     });
     // (After an error the connection stays open until the session ends or the next comparison.)
     disconnect(&target_side);
-    Found { keys, slot }
+    Found { keys, slot, columns }
 }
 
 /// The slot of the latest backfill of the table that had one, if it still exists.

@@ -72,7 +72,10 @@ pub fn scan(
         let key_index = pg_sys::get_attnum(relid, key_column.as_ptr()) as c_int - 1;
         // (The parallel scan reads the caller's snapshot: the one its serial query would read.)
         let snapshot = if pg_sys::ActiveSnapshotSet() { pg_sys::GetActiveSnapshot() } else { std::ptr::null_mut() };
-        let workers = if key_index < 0 || snapshot.is_null() { 0 } else { planned_workers(rel) };
+        // A virtual generated column is NULL in the stored tuples a participant reads: a row
+        // hashed here would not be the row a query reads, which computes it (the serial query).
+        let stored_rows_differ = hash && compat::has_virtual_generated_columns((*rel).rd_att);
+        let workers = if key_index < 0 || snapshot.is_null() || stored_rows_differ { 0 } else { planned_workers(rel) };
         if workers == 0 {
             pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
             return None;
