@@ -152,7 +152,7 @@ COMMENT ON FUNCTION backfill.visible(name) IS
 -- superusers and members of pg_monitor see every backfill. Counts, rates and SQLSTATEs show to
 -- a role that may SELECT the tables, or to pg_monitor (as PostgreSQL's progress views show
 -- theirs); what can hold a table's values (key values, a filter, an error's text) only to a
--- role that may SELECT the tables. security_barrier: the filter runs before any function in a
+-- role that may SELECT the tables, and to superusers (also once a table is dropped). security_barrier: the filter runs before any function in a
 -- query on the view sees a row.
 CREATE VIEW backfill_status WITH (security_barrier) AS
 SELECT j.id,
@@ -217,8 +217,8 @@ SELECT j.id,
                pg_catalog.bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
           FROM backfill.job_table jt
          WHERE jt.job_id = j.id) t
- CROSS JOIN LATERAL (SELECT t.all_selectable AS readable,
-                            backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR t.all_selectable AS countable) v
+ CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
+                       FROM (SELECT t.all_selectable OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
   LEFT JOIN LATERAL (
         SELECT ((pg_catalog.max(p.rows_done) OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done))
                 OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) OPERATOR(pg_catalog.-) pg_catalog.min(p.at)), 0))::bigint
@@ -287,7 +287,8 @@ SELECT jt.job_id AS backfill_id,
   FROM backfill.job_table jt
   JOIN backfill.job j ON j.id = jt.job_id
  CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
-                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) r) v
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)
+                                    OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
  WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_tables IS 'One row per table of each backfill: scan state, cursor and counters';
 COMMENT ON COLUMN backfill_tables.state IS 'pending, running, done; or the backfill''s cancelled/failed for a table it did not finish';
@@ -320,7 +321,8 @@ SELECT e.job_id AS backfill_id,
   FROM backfill.job_error e
   JOIN backfill.job j ON j.id = e.job_id
  CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
-                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false) AS readable) r) v
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false)
+                                    OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
  WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_errors IS 'Every error that failed a backfill, oldest first: backfill_status.last_error shows the latest only, and a resume clears it';
 COMMENT ON COLUMN backfill_errors.backfill_id IS 'The backfill (backfill_status.id)';
@@ -495,7 +497,8 @@ SELECT s.job_id AS backfill_id,
   JOIN backfill.job_table jt ON jt.job_id = s.job_id AND jt.position = s.position
   JOIN backfill.job j ON j.id = s.job_id
  CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
-                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) r) v
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)
+                                    OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
  WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_shards IS 'For a backfill of a Citus distributed table, on the coordinator: each shard placement, its node, and the backfill there that delivers it';
 COMMENT ON COLUMN backfill_shards.backfill_id IS 'The backfill (backfill_status.id)';

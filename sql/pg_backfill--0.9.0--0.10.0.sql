@@ -2,7 +2,7 @@
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.10.0'" to load this file. \quit
 
 -- Finding 16: pg_monitor sees counts, rates and SQLSTATEs of every backfill, but key values, filters
--- and errors' texts only where it may SELECT the table (as any role).
+-- and errors' texts only where it may SELECT the table (as any role; superusers see all).
 CREATE OR REPLACE VIEW backfill_status WITH (security_barrier) AS
 SELECT j.id,
        j.state,
@@ -66,8 +66,8 @@ SELECT j.id,
                pg_catalog.bool_and(coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)) AS all_selectable
           FROM backfill.job_table jt
          WHERE jt.job_id = j.id) t
- CROSS JOIN LATERAL (SELECT t.all_selectable AS readable,
-                            backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR t.all_selectable AS countable) v
+ CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
+                       FROM (SELECT t.all_selectable OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
   LEFT JOIN LATERAL (
         SELECT ((pg_catalog.max(p.rows_done) OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done))
                 OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) OPERATOR(pg_catalog.-) pg_catalog.min(p.at)), 0))::bigint
@@ -98,7 +98,8 @@ SELECT jt.job_id AS backfill_id,
   FROM backfill.job_table jt
   JOIN backfill.job j ON j.id = jt.job_id
  CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
-                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) r) v
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)
+                                    OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
  WHERE backfill.visible(j.started_by);
 CREATE OR REPLACE VIEW backfill_errors WITH (security_barrier) AS
 SELECT e.job_id AS backfill_id,
@@ -111,7 +112,8 @@ SELECT e.job_id AS backfill_id,
   FROM backfill.job_error e
   JOIN backfill.job j ON j.id = e.job_id
  CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
-                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false) AS readable) r) v
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false)
+                                    OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
  WHERE backfill.visible(j.started_by);
 CREATE OR REPLACE VIEW backfill_shards WITH (security_barrier) AS
 SELECT s.job_id AS backfill_id,
@@ -132,5 +134,6 @@ SELECT s.job_id AS backfill_id,
   JOIN backfill.job_table jt ON jt.job_id = s.job_id AND jt.position = s.position
   JOIN backfill.job j ON j.id = s.job_id
  CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
-                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false) AS readable) r) v
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)
+                                    OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
  WHERE backfill.visible(j.started_by);
