@@ -11,7 +11,8 @@
 //! [`reading`] closes that for every query run inside it: the executor's permission check
 //! (which sees every relation a plan reads, after parse analysis and planning and before any
 //! row is read or any user code runs on one) refuses a plan that reads another relation than
-//! the guarded one, other than the system catalogs and pg_backfill's own tables. Only the
+//! the guarded one, other than the system catalogs, pg_backfill's own tables and this node's
+//! shards of the guarded table (Citus). Only the
 //! queries that `reading`'s closure runs itself are checked, not those that code of the table
 //! runs while they execute (a SQL function's own queries, which may read what they like):
 //! those start inside the guarded query's `ExecutorRun`, one level deeper.
@@ -157,7 +158,7 @@ fn require_guarded(relations: impl Iterator<Item = pg_sys::Oid>) {
         return;
     }
     for relid in relations {
-        if relid == guard.relid || is_catalog_or_own(relid) {
+        if relid == guard.relid || is_catalog_or_own(relid) || is_shard_here_of(relid, guard.relid) {
             continue;
         }
         let (read, checked) = (name_of(relid), name_of(guard.relid));
@@ -188,6 +189,13 @@ fn name_of(relid: pg_sys::Oid) -> String {
         let text = |s: *mut std::ffi::c_char| std::ffi::CStr::from_ptr(s).to_string_lossy().into_owned();
         crate::pg::encoding::quote_qualified(&text(schema), &text(name))
     }
+}
+
+/// Whether `relid` is this node's placement of a shard of Citus table `table`: Citus plans a
+/// query of a Citus local table as a query of its shard.
+fn is_shard_here_of(relid: pg_sys::Oid, table: pg_sys::Oid) -> bool {
+    crate::pg::citus::shard_of(relid)
+        .is_some_and(|shard| crate::pg::encoding::quote_qualified(&shard.schema, &shard.name) == name_of(table))
 }
 
 /// A relation of `pg_catalog`, or of pg_backfill's own schema.
