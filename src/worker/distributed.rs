@@ -183,7 +183,7 @@ fn question(schema: &str, node_id: i64, shards: &[&JobShard]) -> String {
                                          LEFT JOIN {schema}.backfill_tables t
                                            ON t.backfill_id OPERATOR(pg_catalog.=) s.id
                                           AND t.table_name OPERATOR(pg_catalog.=) v.shard
-                                        GROUP BY v.position) g))::text
+                                        GROUP BY v.position) g))::pg_catalog.text
            FROM {schema}.backfill_status s WHERE s.id OPERATOR(pg_catalog.=) {node_id}",
         values.join(", ")
     )
@@ -201,7 +201,7 @@ fn end(backfill_id: i64, state: JobState, error: Option<(&str, &str)>) {
 fn cancel_on_nodes<'a>(backfill_id: i64, node_backfills: impl Iterator<Item = &'a (Node, i64)>) {
     let commands: Vec<(Node, String)> = node_backfills
         .map(|(node, node_id)| {
-            (node.clone(), nodes::control_statement("backfill_cancel", *node_id, &["running", "paused"]))
+            (node.clone(), nodes::control_statement("backfill_cancel", "", *node_id, &["running", "paused"]))
         })
         .collect();
     for ((node, _), answer) in commands.iter().zip(nodes::run(&commands)) {
