@@ -979,3 +979,118 @@ def test_citus_local_and_plain_tables_on_the_coordinator_are_backfilled_as_on_on
         orders.execute("DROP PUBLICATION IF EXISTS local_pub; DROP TABLE IF EXISTS loc_t, plain_t")
         with citus[0].connect() as conn:
             conn.execute("SELECT pg_drop_replication_slot('trail')")
+
+
+def node_state(worker, backfill_id):
+    with worker.connect() as conn:
+        return conn.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0]
+
+
+def test_a_nodes_backfill_failed_or_cancelled_there_stops_the_others_and_the_whole_stays_controllable(citus, orders):
+    """A node's backfill that fails (its slot dropped) fails the coordinator's and pauses the other
+    nodes': backfill_cancel on the coordinator then cancels them (0.9.0: they went on, and it
+    failed with 55000). A node's backfill cancelled there cancels the coordinator's and the
+    others' (0.9.0: they went on)."""
+    create_slots(citus)
+    failing, other = citus[1], citus[2]
+    backfill_id = orders.execute(
+        "SELECT backfill_start('orders', confirm => true, slot => 'cdc', batch_size => 100, rows_per_second => 400)"
+    ).fetchone()[0]
+    ids = {worker.port: node_backfill(orders, backfill_id, worker.port) for worker in citus[1:]}
+    with failing.connect() as conn:
+        conn.execute("SELECT pg_drop_replication_slot('cdc')")
+    assert wait_until_ended(orders, backfill_id) == "failed"
+    sqlstate, error = orders.execute("SELECT last_error_sqlstate, last_error FROM backfill_status WHERE id = %s",
+                                     [backfill_id]).fetchone()
+    assert sqlstate == "42704" and f"on worker node 127.0.0.1:{failing.port} failed" in error, (sqlstate, error)
+    wait_for(lambda: node_state(other, ids[other.port]) == "paused", what="the other node's backfill to pause")
+    assert orders.execute("SELECT backfill_cancel(%s)", [backfill_id]).fetchone()[0] is True
+    assert orders.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "cancelled"
+    assert (node_state(failing, ids[failing.port]), node_state(other, ids[other.port])) == ("failed", "cancelled")
+
+    again = orders.execute(
+        "SELECT backfill_start('orders', confirm => true, batch_size => 100, rows_per_second => 400)").fetchone()[0]
+    ids = {worker.port: node_backfill(orders, again, worker.port) for worker in citus[1:]}
+    with other.connect() as conn:
+        conn.execute("SELECT backfill_cancel(%s)", [ids[other.port]])
+    assert wait_until_ended(orders, again) == "cancelled"
+    wait_for(lambda: node_state(failing, ids[failing.port]) == "cancelled",
+             what="the coordinator to cancel the other node's backfill")
+
+
+# A node database owner's = and <> for text, in public, each counting its calls.
+NODE_PLANT = """
+CREATE SEQUENCE public.planted_calls;
+GRANT USAGE ON SEQUENCE public.planted_calls TO PUBLIC;
+""" + "".join(f"""
+CREATE FUNCTION public.planted_{function}(a pg_catalog.text, b pg_catalog.text) RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog AS $$
+BEGIN
+    PERFORM pg_catalog.nextval('public.planted_calls');
+    RAISE LOG 'planted operator ran as % for %', current_user, current_setting('application_name');
+    RETURN pg_catalog.{function}(a, b);
+END $$;
+CREATE OPERATOR public.{op} (LEFTARG = pg_catalog.text, RIGHTARG = pg_catalog.text, FUNCTION = public.planted_{function});
+""" for function, op in (("texteq", "="), ("textne", "<>")))
+
+
+def test_statements_sent_to_the_nodes_resolve_nothing_on_a_node_databases_search_path(citus, orders):
+    """A role that may create in public on the worker nodes plants there an = and a <> of its own
+    for text, each counting its calls, and the node database's search_path puts public first
+    (as its owner may). A superuser's estimate, checksum, start, pause, set, resume and cancel on
+    the coordinator, and the coordinator's worker asking the nodes and cancelling on them, run
+    neither (0.9.0: backfill_pause sent `state IN ('running')`, whose = was the planted one)."""
+    orders.execute("DROP ROLE IF EXISTS citus_planter; CREATE ROLE citus_planter LOGIN")
+    on_every_node(orders, "GRANT CREATE ON SCHEMA public TO citus_planter")
+    planted = []
+    try:
+        for worker in citus[1:]:
+            with connect_as(worker, "citus_planter") as conn:
+                conn.execute("SET citus.enable_ddl_propagation = off")  # (objects of this node only)
+                conn.execute(NODE_PLANT)
+            with worker.connect() as conn:
+                conn.execute("SET citus.enable_ddl_propagation = off; "
+                             "ALTER DATABASE postgres SET search_path = public, pg_catalog")
+            planted.append(worker)
+
+        def planted_calls():
+            calls = []
+            for worker in citus[1:]:
+                with psycopg.connect(host="127.0.0.1", port=worker.port, user="postgres", dbname="postgres",
+                                     options="-c search_path=pg_catalog") as conn:
+                    calls.append(conn.execute("SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
+                                              "FROM public.planted_calls").fetchone()[0])
+            return calls
+
+        orders.execute("SELECT * FROM backfill_estimate('orders')").fetchall()
+        orders.execute("SELECT * FROM backfill_checksum('orders', 4)").fetchall()
+        backfill_id = orders.execute(
+            "SELECT backfill_start('orders', confirm => true, batch_size => 100, rows_per_second => 200)").fetchone()[0]
+        for call in ("backfill_pause(%s)", "backfill_set(%s, rows_per_second => 300)", "backfill_resume(%s)",
+                     "backfill_cancel(%s)"):
+            orders.execute(f"SELECT {call}", [backfill_id])
+            assert planted_calls() == [0, 0], call
+        # The coordinator's worker: its questions, and its cancel on the other node once one
+        # node's backfill is cancelled there.
+        again = orders.execute(
+            "SELECT backfill_start('orders', confirm => true, batch_size => 100, rows_per_second => 200)").fetchone()[0]
+        cancelled_there, other = citus[1], citus[2]
+        with cancelled_there.connect() as conn:
+            conn.execute("SELECT backfill_cancel(%s)", [node_backfill(orders, again, cancelled_there.port)])
+        assert wait_until_ended(orders, again) == "cancelled"
+        wait_for(lambda: node_state(other, node_backfill(orders, again, other.port)) == "cancelled",
+                 what="the coordinator to cancel the other node's backfill")
+        assert planted_calls() == [0, 0]
+        # The trap is armed on every node: a superuser's unqualified = runs it.
+        for worker in citus[1:]:
+            with worker.connect() as conn:
+                conn.execute("SELECT 'a'::text = 'b'::text")
+        assert planted_calls() == [1, 1]
+    finally:
+        for worker in planted:
+            with worker.connect() as conn:
+                conn.execute("SET citus.enable_ddl_propagation = off; ALTER DATABASE postgres RESET search_path")
+        for worker in citus[1:]:
+            with worker.connect() as conn:
+                conn.execute("SET citus.enable_ddl_propagation = off; DROP OWNED BY citus_planter")
+        orders.execute("DROP OWNED BY citus_planter; DROP ROLE citus_planter")

@@ -7,9 +7,9 @@ CREATE FUNCTION backfill_estimate(tables regclass[], batch_size integer DEFAULT 
 RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
                rows_estimated bigint, bytes_estimated bigint, pages bigint)
 LANGUAGE sql VOLATILE
-AS $$ SELECT e.table_name::regclass, e.eligible, e.reason, e.key_columns::name[],
+AS $$ SELECT e.table_name::pg_catalog.regclass, e.eligible, e.reason, e.key_columns::pg_catalog.name[],
              e.rows_estimated, e.bytes_estimated, e.pages
-        FROM backfill.estimate(tables::oid[], batch_size, filter, columns) e $$;
+        FROM backfill.estimate(tables::pg_catalog.oid[], batch_size, filter, columns) e $$;
 COMMENT ON FUNCTION backfill_estimate(regclass[], integer, text, text[]) IS
 'For each table: whether it can be backfilled (and why not), its key, and the rows, message bytes and pages a backfill would deliver. Uses statistics and a small sample, never a full scan.';
 
@@ -18,7 +18,7 @@ CREATE FUNCTION backfill_estimate(table_name regclass, batch_size integer DEFAUL
 RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
                rows_estimated bigint, bytes_estimated bigint, pages bigint)
 LANGUAGE sql VOLATILE
-AS $$ SELECT * FROM backfill_estimate(ARRAY[table_name], batch_size, filter, columns) $$;
+AS $$ SELECT * FROM @extschema@.backfill_estimate(ARRAY[table_name], batch_size, filter, columns) $$;
 COMMENT ON FUNCTION backfill_estimate(regclass, integer, text, text[]) IS 'backfill_estimate() of one table';
 
 -- A quoted table name is of unknown type, which regclass and regclass[] would both accept:
@@ -28,7 +28,7 @@ CREATE FUNCTION backfill_estimate(table_name text, batch_size integer DEFAULT 10
 RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
                rows_estimated bigint, bytes_estimated bigint, pages bigint)
 LANGUAGE sql VOLATILE
-AS $$ SELECT * FROM backfill_estimate(ARRAY[table_name::regclass], batch_size, filter, columns) $$;
+AS $$ SELECT * FROM @extschema@.backfill_estimate(ARRAY[table_name::pg_catalog.regclass], batch_size, filter, columns) $$;
 COMMENT ON FUNCTION backfill_estimate(text, integer, text, text[]) IS 'backfill_estimate() of one table, by name';
 
 CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
@@ -41,8 +41,8 @@ CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false,
 RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
-         backfill.refuse_node_options(tables::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
-         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel, filter, columns), rows_per_message),
+         backfill.refuse_node_options(tables::pg_catalog.oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
+         confirm, batch_size, rows_per_second, slot::pg_catalog.text, publication::pg_catalog.text, max_lag, parallel, filter, columns), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
 COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS
 'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate. keys => a JSON array of key objects: only those keys of the one table, each read or, without a row, delivered absent. rows_per_message => N: each page''s rows in reads messages of up to N rows (NULL: backfill.rows_per_message). filter => a boolean SQL expression: only the rows it is true for. columns => the columns each read carries (the key among them; NULL: every column, or the publication''s column list).';
@@ -57,8 +57,8 @@ CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT fals
 RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
-         backfill.refuse_node_options(ARRAY[table_name]::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
-         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel, filter, columns), rows_per_message),
+         backfill.refuse_node_options(ARRAY[table_name]::pg_catalog.oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
+         confirm, batch_size, rows_per_second, slot::pg_catalog.text, publication::pg_catalog.text, max_lag, parallel, filter, columns), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
 COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS 'backfill_start() of one table';
 
@@ -73,8 +73,8 @@ CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, b
 RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
-         backfill.refuse_node_options(ARRAY[table_name::regclass]::oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
-         confirm, batch_size, rows_per_second, slot::text, publication::text, max_lag, parallel, filter, columns), rows_per_message),
+         backfill.refuse_node_options(ARRAY[table_name::pg_catalog.regclass]::pg_catalog.oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
+         confirm, batch_size, rows_per_second, slot::pg_catalog.text, publication::pg_catalog.text, max_lag, parallel, filter, columns), rows_per_message),
                                        max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
 COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS 'backfill_start() of one table, by name';
 
@@ -82,7 +82,7 @@ CREATE FUNCTION backfill_checksum(tbl regclass, ranges integer DEFAULT 1024, lev
                                   bounds jsonb DEFAULT NULL, columns text[] DEFAULT NULL)
 RETURNS TABLE (range integer, lower jsonb, upper jsonb, rows bigint, checksum text)
 LANGUAGE sql VOLATILE
-AS $$ SELECT * FROM backfill.checksum(tbl::oid, ranges, level, bounds, columns) $$;
+AS $$ SELECT * FROM backfill.checksum(tbl::pg_catalog.oid, ranges, level, bounds, columns) $$;
 COMMENT ON FUNCTION backfill_checksum(regclass, integer, text, jsonb, text[]) IS
 'One row per key range of the table: its bounds, row count and checksum (level count, aggregate or hash), as the caller may read it; bounds => the ranges of another checksum, to compare two tables over identical ranges; columns => only those columns'' values (a copy made with a column list).';
 
@@ -90,7 +90,7 @@ CREATE FUNCTION backfill_compare(source regclass, target regclass, level text DE
                                  passes integer DEFAULT 3, slot name DEFAULT NULL, columns text[] DEFAULT NULL)
 RETURNS TABLE (key jsonb, status text)
 LANGUAGE sql VOLATILE
-AS $$ SELECT * FROM backfill.compare(source::oid, target::oid, level, passes, slot::text, columns) $$;
+AS $$ SELECT * FROM backfill.compare(source::pg_catalog.oid, target::pg_catalog.oid, level, passes, slot::pg_catalog.text, columns) $$;
 COMMENT ON FUNCTION backfill_compare(regclass, regclass, text, integer, name, text[]) IS
 'The keys whose rows differ between source and target (a local table, or a postgres_fdw foreign table with pg_backfill on its server, through dblink): missing, extra, different, or unsettled (still changing on the source at the last pass). Re-checks each difference after the stream has caught up (the slot''s confirmed position). columns => compares only those columns'' values (a copy made with a column list).';
 
@@ -99,7 +99,7 @@ CREATE FUNCTION backfill_repair(source regclass, target regclass, confirm boolea
                                 batch_size integer DEFAULT 1000, columns text[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.repair(source::oid, target::oid, confirm, level, passes, slot::text, batch_size, columns) $$;
+AS $$ SELECT backfill.repair(source::pg_catalog.oid, target::pg_catalog.oid, confirm, level, passes, slot::pg_catalog.text, batch_size, columns) $$;
 COMMENT ON FUNCTION backfill_repair(regclass, regclass, boolean, text, integer, name, integer, text[]) IS
 'Compares source and target (backfill_compare()) and starts one backfill of exactly the differing keys of the source, through the slot; returns its id, or NULL when nothing differs. Without confirm => true it starts nothing and reports what differs. columns => compares those columns and re-delivers them only.';
 
@@ -137,7 +137,7 @@ COMMENT ON FUNCTION backfill_set(bigint, integer, integer, bigint, bigint, bigin
 CREATE FUNCTION backfill_wait(id bigint, timeout interval DEFAULT NULL)
 RETURNS boolean
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.wait(id, extract(epoch FROM timeout)::float8 * 1000) $$;
+AS $$ SELECT backfill.wait(id, extract(epoch FROM timeout)::pg_catalog.float8 OPERATOR(pg_catalog.*) 1000) $$;
 COMMENT ON FUNCTION backfill_wait(bigint, interval) IS
 'Waits until the backfill is done and, with a slot, delivered (true) or the timeout passes (false); an error if it fails or is cancelled.';
 
@@ -343,7 +343,7 @@ COMMENT ON FUNCTION backfill_key() IS
 
 CREATE FUNCTION backfill_rotate_key(retire_old_keys boolean DEFAULT false)
 RETURNS integer
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     made integer;
@@ -356,7 +356,7 @@ BEGIN
     END IF;
     INSERT INTO backfill.message_key DEFAULT VALUES RETURNING id INTO made;
     IF retire_old_keys THEN
-        DELETE FROM backfill.message_key WHERE id < made;
+        DELETE FROM backfill.message_key WHERE id OPERATOR(pg_catalog.<) made;
     END IF;
     RETURN made;
 END
@@ -386,7 +386,7 @@ SELECT 'the message key is readable by PUBLIC',
        'REVOKE ALL ON backfill.message_key FROM PUBLIC; SELECT backfill_rotate_key(retire_old_keys => true);'
 UNION ALL
 SELECT 'backfills can be started by PUBLIC',
-       NOT pg_catalog.has_function_privilege('public', 'backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text, text[])', 'EXECUTE'),
+       NOT pg_catalog.has_function_privilege('public', 'backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, pg_catalog.text, pg_catalog.text[])', 'EXECUTE'),
        'Every role could start backfills of the tables it may update, and take background workers.',
        'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
 $$;

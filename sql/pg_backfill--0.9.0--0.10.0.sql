@@ -137,3 +137,146 @@ SELECT s.job_id AS backfill_id,
                        FROM (SELECT coalesce(pg_catalog.has_table_privilege(jt.relid, 'SELECT'), false)
                                     OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
  WHERE backfill.visible(j.started_by);
+
+-- Issue 31, finding 5: the SQL wrappers are safe whatever the caller's search_path. Their bodies,
+-- parsed with the caller's search_path at every call (or inlined into the caller's query), name
+-- every type, operator and function with its schema (pg_catalog, backfill, @extschema@);
+-- backfill_rotate_key() runs with search_path = pg_catalog, pg_temp; backfill_security_check()
+-- names the types of backfill.start()'s signature with theirs.
+
+CREATE OR REPLACE FUNCTION backfill_estimate(tables regclass[], batch_size integer DEFAULT 1000, filter text DEFAULT NULL,
+                                  columns text[] DEFAULT NULL)
+RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
+               rows_estimated bigint, bytes_estimated bigint, pages bigint)
+LANGUAGE sql VOLATILE
+AS $$ SELECT e.table_name::pg_catalog.regclass, e.eligible, e.reason, e.key_columns::pg_catalog.name[],
+             e.rows_estimated, e.bytes_estimated, e.pages
+        FROM backfill.estimate(tables::pg_catalog.oid[], batch_size, filter, columns) e $$;
+
+CREATE OR REPLACE FUNCTION backfill_estimate(table_name regclass, batch_size integer DEFAULT 1000, filter text DEFAULT NULL,
+                                  columns text[] DEFAULT NULL)
+RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
+               rows_estimated bigint, bytes_estimated bigint, pages bigint)
+LANGUAGE sql VOLATILE
+AS $$ SELECT * FROM @extschema@.backfill_estimate(ARRAY[table_name], batch_size, filter, columns) $$;
+
+CREATE OR REPLACE FUNCTION backfill_estimate(table_name text, batch_size integer DEFAULT 1000, filter text DEFAULT NULL,
+                                  columns text[] DEFAULT NULL)
+RETURNS TABLE (table_name regclass, eligible boolean, reason text, key_columns name[],
+               rows_estimated bigint, bytes_estimated bigint, pages bigint)
+LANGUAGE sql VOLATILE
+AS $$ SELECT * FROM @extschema@.backfill_estimate(ARRAY[table_name::pg_catalog.regclass], batch_size, filter, columns) $$;
+
+CREATE OR REPLACE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL,
+                               filter text DEFAULT NULL, columns text[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
+         backfill.refuse_node_options(tables::pg_catalog.oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
+         confirm, batch_size, rows_per_second, slot::pg_catalog.text, publication::pg_catalog.text, max_lag, parallel, filter, columns), rows_per_message),
+                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
+
+CREATE OR REPLACE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL,
+                               filter text DEFAULT NULL, columns text[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
+         backfill.refuse_node_options(ARRAY[table_name]::pg_catalog.oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
+         confirm, batch_size, rows_per_second, slot::pg_catalog.text, publication::pg_catalog.text, max_lag, parallel, filter, columns), rows_per_message),
+                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
+
+CREATE OR REPLACE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL,
+                               filter text DEFAULT NULL, columns text[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
+         backfill.refuse_node_options(ARRAY[table_name::pg_catalog.regclass]::pg_catalog.oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
+         confirm, batch_size, rows_per_second, slot::pg_catalog.text, publication::pg_catalog.text, max_lag, parallel, filter, columns), rows_per_message),
+                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
+
+CREATE OR REPLACE FUNCTION backfill_checksum(tbl regclass, ranges integer DEFAULT 1024, level text DEFAULT 'hash',
+                                  bounds jsonb DEFAULT NULL, columns text[] DEFAULT NULL)
+RETURNS TABLE (range integer, lower jsonb, upper jsonb, rows bigint, checksum text)
+LANGUAGE sql VOLATILE
+AS $$ SELECT * FROM backfill.checksum(tbl::pg_catalog.oid, ranges, level, bounds, columns) $$;
+
+CREATE OR REPLACE FUNCTION backfill_compare(source regclass, target regclass, level text DEFAULT 'hash',
+                                 passes integer DEFAULT 3, slot name DEFAULT NULL, columns text[] DEFAULT NULL)
+RETURNS TABLE (key jsonb, status text)
+LANGUAGE sql VOLATILE
+AS $$ SELECT * FROM backfill.compare(source::pg_catalog.oid, target::pg_catalog.oid, level, passes, slot::pg_catalog.text, columns) $$;
+
+CREATE OR REPLACE FUNCTION backfill_repair(source regclass, target regclass, confirm boolean DEFAULT false,
+                                level text DEFAULT 'hash', passes integer DEFAULT 3, slot name DEFAULT NULL,
+                                batch_size integer DEFAULT 1000, columns text[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.repair(source::pg_catalog.oid, target::pg_catalog.oid, confirm, level, passes, slot::pg_catalog.text, batch_size, columns) $$;
+
+CREATE OR REPLACE FUNCTION backfill_wait(id bigint, timeout interval DEFAULT NULL)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.wait(id, extract(epoch FROM timeout)::pg_catalog.float8 OPERATOR(pg_catalog.*) 1000) $$;
+
+CREATE OR REPLACE FUNCTION backfill_rotate_key(retire_old_keys boolean DEFAULT false)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    made integer;
+BEGIN
+    IF retire_old_keys IS NULL THEN
+        RAISE EXCEPTION 'argument retire_old_keys of backfill_rotate_key must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed',
+                  DETAIL = 'backfill_rotate_key was called with retire_old_keys => NULL.',
+                  HINT = 'Pass true to delete the old keys (a key leaked), or leave it out to keep them.';
+    END IF;
+    INSERT INTO backfill.message_key DEFAULT VALUES RETURNING id INTO made;
+    IF retire_old_keys THEN
+        DELETE FROM backfill.message_key WHERE id OPERATOR(pg_catalog.<) made;
+    END IF;
+    RETURN made;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION backfill_security_check()
+RETURNS TABLE (item text, ok boolean, detail text, fix text)
+LANGUAGE sql STABLE
+AS $$
+-- Whatever signatures the server has: (boolean, text, text) and (boolean, text, bytea), to
+-- which PostgreSQL 17 added a fourth argument, flush.
+SELECT 'pg_logical_emit_message is executable by PUBLIC',
+       NOT pg_catalog.bool_or(pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')),
+       'Any role can write a message with pg_backfill''s prefix into every consumer''s stream; only consumers that check each message''s auth tag tell it from a genuine one.',
+       pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC;',
+                         pg_catalog.string_agg(pg_catalog.format('pg_catalog.pg_logical_emit_message(%s)', pg_catalog.oidvectortypes(p.proargtypes)),
+                                               ', ' ORDER BY p.oid))
+  FROM pg_catalog.pg_proc p
+ WHERE p.proname OPERATOR(pg_catalog.=) 'pg_logical_emit_message'
+   AND p.pronamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace
+UNION ALL
+SELECT 'the message key is readable by PUBLIC',
+       NOT pg_catalog.has_table_privilege('public', 'backfill.message_key', 'SELECT'),
+       'A role that can read the key can forge messages that verify.',
+       'REVOKE ALL ON backfill.message_key FROM PUBLIC; SELECT backfill_rotate_key(retire_old_keys => true);'
+UNION ALL
+SELECT 'backfills can be started by PUBLIC',
+       NOT pg_catalog.has_function_privilege('public', 'backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, pg_catalog.text, pg_catalog.text[])', 'EXECUTE'),
+       'Every role could start backfills of the tables it may update, and take background workers.',
+       'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
+$$;

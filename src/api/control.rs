@@ -13,12 +13,16 @@ use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
 /// backfill_cancel(): stops a running or paused backfill at its next page. What it delivered
-/// stays delivered; its state becomes cancelled.
+/// stays delivered; its state becomes cancelled. A distributed backfill that failed (on one of
+/// its nodes, which paused the others: worker/distributed.rs) can be cancelled too: its nodes'
+/// backfills still running or paused are.
 #[pg_extern(schema = "backfill", name = "cancel")]
 fn cancel(id: Option<i64>) -> bool {
     require_primary("cancel a backfill");
     let id = required(id, "backfill_cancel", "id");
-    control(id, "cancel", &[Running, Paused], Some(Cancelled), None);
+    let from: &[JobState] =
+        if distributed::node_backfills(id).is_empty() { &[Running, Paused] } else { &[Running, Paused, Failed] };
+    control(id, "cancel", from, Some(Cancelled), None);
     distributed::forward_control(id, "backfill_cancel", &["running", "paused"]);
     true
 }

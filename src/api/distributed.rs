@@ -142,7 +142,7 @@ pub fn start_distributed(relid: pg_sys::Oid, confirm: bool, options: &NodeOption
             replies.iter().filter_map(|(node, reply)| reply.id.map(|id| (node.clone(), id))).collect();
         let cancels: Vec<(Node, String)> = started
             .into_iter()
-            .map(|(node, id)| (node, nodes::control_statement("backfill_cancel", id, &["running", "paused"])))
+            .map(|(node, id)| (node, nodes::control_statement("backfill_cancel", "", id, &["running", "paused"])))
             .collect();
         forward(&cancels);
         reply.raise_on(node, &format!("backfill_start({name})"));
@@ -236,7 +236,7 @@ fn start_on_nodes(
                 format!("{}::pg_catalog.jsonb", literal(&serde_json::Value::Array(each).to_string()))
             });
             let statement = format!(
-                "SELECT backfill.start_on_node(ARRAY[{}]::pg_catalog.regclass[], {confirm}, {}, {}, {}, {}, {}, {}, {})::text",
+                "SELECT backfill.start_on_node(ARRAY[{}]::pg_catalog.regclass[], {confirm}, {}, {}, {}, {}, {}, {}, {})::pg_catalog.text",
                 tables.join(", "),
                 options.batch_size,
                 optional(rows_per_second.map(|r| r.to_string())),
@@ -290,7 +290,7 @@ pub fn forward(commands: &[(Node, String)]) {
 pub fn forward_control(backfill_id: i64, function: &str, from: &[&str]) {
     let commands: Vec<(Node, String)> = node_backfills(backfill_id)
         .into_iter()
-        .map(|(node, id)| (node, nodes::control_statement(function, id, from)))
+        .map(|(node, id)| (node, nodes::control_statement(function, "", id, from)))
         .collect();
     forward(&commands);
 }
@@ -301,19 +301,15 @@ pub fn forward_set(backfill_id: i64, batch_size: Option<i32>, rows_per_second: O
     let node_backfills = node_backfills(backfill_id);
     let nodes_count = node_backfills.iter().map(|(node, _)| node).collect::<std::collections::BTreeSet<_>>().len();
     let optional = |value: Option<String>| value.unwrap_or_else(|| "NULL".into());
-    let schema = nodes::extension_schema();
+    let arguments = format!(
+        ", {}, {}, {}",
+        optional(batch_size.map(|b| b.to_string())),
+        optional(rows_per_second.map(|r| if r == 0 { 0 } else { share_of_rate(r, nodes_count) }.to_string())),
+        optional(max_lag.map(|l| l.to_string())),
+    );
     let commands: Vec<(Node, String)> = node_backfills
         .into_iter()
-        .map(|(node, id)| {
-            let statement = format!(
-                "SELECT pg_catalog.count({schema}.backfill_set(id, {}, {}, {}))::text FROM {schema}.backfill_status \
-                  WHERE id OPERATOR(pg_catalog.=) {id} AND state IN ('running', 'paused')",
-                optional(batch_size.map(|b| b.to_string())),
-                optional(rows_per_second.map(|r| if r == 0 { 0 } else { share_of_rate(r, nodes_count) }.to_string())),
-                optional(max_lag.map(|l| l.to_string())),
-            );
-            (node, statement)
-        })
+        .map(|(node, id)| (node, nodes::control_statement("backfill_set", &arguments, id, &["running", "paused"])))
         .collect();
     forward(&commands);
 }

@@ -163,9 +163,12 @@ fn store(id: i64, position: i32, keys: &[GivenKey], key_len: usize) {
     let json: Vec<Text> = keys.iter().flat_map(|k| k.json.iter().map(|j| Text(j.clone()))).collect();
     Spi::run_with_args(
         "INSERT INTO backfill.job_key (job_id, position, ordinal, key, key_json)
-         SELECT $1, $2, o, $3[(o - 1) * $5 + 1 : o * $5], $4[(o - 1) * $5 + 1 : o * $5]
-           FROM pg_catalog.generate_series(1, $6) AS o;
-         UPDATE backfill.job_table SET rows_estimated = $6 WHERE job_id = $1 AND position = $2",
+         SELECT $1, $2, o, $3[f.lo : f.hi], $4[f.lo : f.hi]
+           FROM pg_catalog.generate_series(1, $6) AS o
+          CROSS JOIN LATERAL (SELECT (o OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) $5 OPERATOR(pg_catalog.+) 1,
+                                     o OPERATOR(pg_catalog.*) $5) AS f(lo, hi);
+         UPDATE backfill.job_table SET rows_estimated = $6
+          WHERE job_id OPERATOR(pg_catalog.=) $1 AND position OPERATOR(pg_catalog.=) $2",
         &[id.into(), position.into(), text.into(), json.into(), (key_len as i32).into(), (keys.len() as i64).into()],
     )
     .or_internal("record the backfill's keys")

@@ -86,20 +86,22 @@ fn sample(table: &Table, prefix_len: usize, filtered_rows: Option<f64>) -> Estim
         .map(|c| {
             let column = format!("t.{}", crate::pg::encoding::quote_ident(&c.name));
             let large = if [pg_sys::TEXTOID, pg_sys::VARCHAROID, pg_sys::BPCHAROID].contains(&c.type_oid) {
-                format!("octet_length({column})::bigint + 2")
+                format!("pg_catalog.octet_length({column})::bigint OPERATOR(pg_catalog.+) 2")
             } else {
-                format!("4 * pg_column_size({column})::bigint")
+                format!("4 OPERATOR(pg_catalog.*) pg_catalog.pg_column_size({column})::bigint")
             };
             format!(
-                "coalesce(CASE WHEN pg_column_size({column}) > 512 * 1024 THEN {large}
-                               ELSE octet_length(to_json({column})::text) END, 4)"
+                "coalesce(CASE WHEN pg_catalog.pg_column_size({column}) OPERATOR(pg_catalog.>) 524288 THEN {large}
+                               ELSE pg_catalog.octet_length(pg_catalog.to_json({column})::pg_catalog.text) END, 4)"
             )
         })
         .collect();
-    let values = if values.is_empty() { "0".to_string() } else { values.join(" + ") };
+    let values = if values.is_empty() { "0".to_string() } else { values.join(" OPERATOR(pg_catalog.+) ") };
     let sample_sql = |from: String| {
         format!(
-            "SELECT avg({values} + octet_length(concat({key})))::float8, count(*) FROM {from}",
+            "SELECT pg_catalog.avg({values} OPERATOR(pg_catalog.+) pg_catalog.octet_length(pg_catalog.concat({key})))::pg_catalog.float8,
+                    pg_catalog.count(*)
+               FROM {from}",
             key = crate::stream::scan::key_json_values(table)
         )
     };
@@ -114,7 +116,7 @@ fn sample(table: &Table, prefix_len: usize, filtered_rows: Option<f64>) -> Estim
         avg
     };
     // A small or sparse table can yield an empty block sample; its first rows are as good.
-    let avg_row_json = sampled(format!("{relation} t TABLESAMPLE SYSTEM ({percent})"))
+    let avg_row_json = sampled(format!("{relation} t TABLESAMPLE pg_catalog.system ({percent})"))
         .or_else(|| sampled(format!("(SELECT * FROM {relation} LIMIT {SAMPLE_ROWS}) t")))
         .unwrap_or(0.0);
     // The row's braces, labels and commas around its values, and the envelope of a backfill's

@@ -487,9 +487,9 @@ fn table_list(tables: Option<Vec<Option<pg_sys::Oid>>>) -> Vec<pg_sys::Oid> {
 fn refuse_partitions_of_listed_tables(relids: &[pg_sys::Oid]) {
     let nested = Spi::connect(|client| {
         let rows = client.select(
-            "SELECT p.relid::regclass::text, a.relid::regclass::text
-               FROM unnest($1::oid[]) p(relid)
-               JOIN unnest($1::oid[]) a(relid) ON a.relid OPERATOR(pg_catalog.<>) p.relid
+            "SELECT p.relid::pg_catalog.regclass::pg_catalog.text, a.relid::pg_catalog.regclass::pg_catalog.text
+               FROM pg_catalog.unnest($1::pg_catalog.oid[]) p(relid)
+               JOIN pg_catalog.unnest($1::pg_catalog.oid[]) a(relid) ON a.relid OPERATOR(pg_catalog.<>) p.relid
               WHERE a.relid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.pg_partition_ancestors(p.relid)))
               LIMIT 1",
             None,

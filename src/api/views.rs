@@ -39,7 +39,8 @@ fn workers_running(backfill_id: i64) -> i32 {
     privilege::as_extension_owner(|| {
         crate::pg::spi::select_one::<i32>(
             &format!(
-                "SELECT count(*)::int FROM pg_catalog.pg_stat_activity a WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}"
+                "SELECT pg_catalog.count(*)::int FROM pg_catalog.pg_stat_activity a
+                  WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}"
             ),
             &[backfill_id.into(), caller.into()],
         )
@@ -55,7 +56,8 @@ fn workers_running(backfill_id: i64) -> i32 {
 /// say so in pg_stat_activity), or nothing (NULL).
 #[pg_extern(schema = "backfill", stable)]
 fn waiting_for(backfill_id: i64) -> Option<Text> {
-    let row_lock = "'a row lock held by pid ' OPERATOR(pg_catalog.||) pg_catalog.string_agg(DISTINCT b::text, ', ')";
+    let row_lock =
+        "'a row lock held by pid ' OPERATOR(pg_catalog.||) pg_catalog.string_agg(DISTINCT b::pg_catalog.text, ', ')";
     waiting(backfill_id, row_lock, WAITING_FOR_OF_ACTIVITY)
 }
 

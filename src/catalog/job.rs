@@ -48,16 +48,18 @@ pub fn job(id: i64) -> Option<Job> {
     // follow the settings and know their slot by its name only.
     // A 0.2.0 worker still running the old code after the upgrade pauses its backfill
     // "waiting..." while its consumer is away: that backfill is running.
-    let sql = "SELECT CASE WHEN state = 'paused' AND pause_reason LIKE 'waiting%' THEN 'running' ELSE state END,
-                      batch_size, message_prefix, started_by::text, rows_per_second, slot_name::text,
+    let sql = "SELECT CASE WHEN state OPERATOR(pg_catalog.=) 'paused' AND pause_reason OPERATOR(pg_catalog.~~) 'waiting%'
+                           THEN 'running' ELSE state END,
+                      batch_size, message_prefix, started_by::pg_catalog.text, rows_per_second, slot_name::pg_catalog.text,
                       max_lag_bytes, parallel, v.job_row OPERATOR(pg_catalog.->>) 'lock_mode',
                       (v.job_row OPERATOR(pg_catalog.->>) 'max_replica_lag_bytes')::pg_catalog.int8,
                       (v.job_row OPERATOR(pg_catalog.->>) 'max_retained_wal_bytes')::pg_catalog.int8,
                       (v.job_row OPERATOR(pg_catalog.->>) 'max_active_sessions')::pg_catalog.int8,
-                      v.job_row OPERATOR(pg_catalog.->>) 'slot_identity', publication_name::text,
+                      v.job_row OPERATOR(pg_catalog.->>) 'slot_identity', publication_name::pg_catalog.text,
                       (v.job_row OPERATOR(pg_catalog.->>) 'rows_per_message')::pg_catalog.int4,
                       v.job_row OPERATOR(pg_catalog.->>) 'row_filter'
-                 FROM backfill.job j CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(j) AS job_row) v WHERE id = $1";
+                 FROM backfill.job j CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(j) AS job_row) v
+                WHERE id OPERATOR(pg_catalog.=) $1";
     run_prepared(sql, false, &[id.into()], |rows| {
         if rows.is_empty() {
             return Ok(None);
@@ -89,8 +91,11 @@ pub fn job(id: i64) -> Option<Job> {
 
 /// The transaction id that recorded (or last resumed) the backfill, as xmin shows it.
 pub fn recorded_by(id: i64) -> Option<i64> {
-    crate::pg::spi::select_one("SELECT xmin::text::bigint FROM backfill.job WHERE id = $1", &[id.into()])
-        .or_internal("read the backfill")
+    crate::pg::spi::select_one(
+        "SELECT xmin::pg_catalog.text::bigint FROM backfill.job WHERE id OPERATOR(pg_catalog.=) $1",
+        &[id.into()],
+    )
+    .or_internal("read the backfill")
 }
 
 /// Where a backfill stands for backfill_wait(): its state, whether its consumer confirmed the
@@ -103,10 +108,13 @@ pub fn outcome(id: i64) -> (JobState, bool, Option<String>) {
     let outcome: SpiResult<(JobState, bool, Option<String>)> = Spi::connect(|client| {
         let row = client
             .select(
-                "SELECT j.state, j.state = 'done' AND (j.slot_name IS NULL OR s.confirmed_flush_lsn >= j.watermark_lsn),
+                "SELECT j.state,
+                        j.state OPERATOR(pg_catalog.=) 'done'
+                        AND (j.slot_name IS NULL OR s.confirmed_flush_lsn OPERATOR(pg_catalog.>=) j.watermark_lsn),
                         j.last_error
-                   FROM backfill.job j LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
-                  WHERE j.id = $1",
+                   FROM backfill.job j
+                   LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name OPERATOR(pg_catalog.=) j.slot_name
+                  WHERE j.id OPERATOR(pg_catalog.=) $1",
                 None,
                 &[id.into()],
             )?
@@ -128,7 +136,10 @@ fn updated_any(sql: &str, args: &[pgrx::datum::DatumWithOid]) -> SpiResult<bool>
 }
 
 pub fn job_state(id: i64) -> Option<JobState> {
-    let state = crate::pg::spi::select_one::<String>("SELECT state FROM backfill.job WHERE id = $1", &[id.into()]);
+    let state = crate::pg::spi::select_one::<String>(
+        "SELECT state FROM backfill.job WHERE id OPERATOR(pg_catalog.=) $1",
+        &[id.into()],
+    );
     state.or_internal("read the backfill's state").as_deref().map(JobState::parse)
 }
 
@@ -139,7 +150,9 @@ pub fn jobs_to_resume() -> Vec<(i64, i32)> {
         client
             .select(
                 "SELECT id, parallel FROM backfill.job
-                  WHERE state = 'running' OR (state = 'paused' AND pause_reason LIKE 'waiting%') -- (0.2.0's)
+                  WHERE state OPERATOR(pg_catalog.=) 'running'
+                     OR (state OPERATOR(pg_catalog.=) 'paused'
+                         AND pause_reason OPERATOR(pg_catalog.~~) 'waiting%') -- (0.2.0's)
                   ORDER BY id",
                 None,
                 &[],
@@ -151,8 +164,11 @@ pub fn jobs_to_resume() -> Vec<(i64, i32)> {
 }
 
 pub fn set_worker_pid(backfill_id: i64, pid: Option<i32>) {
-    Spi::run_with_args("UPDATE backfill.job SET worker_pid = $2 WHERE id = $1", &[backfill_id.into(), pid.into()])
-        .or_internal("record the worker's pid")
+    Spi::run_with_args(
+        "UPDATE backfill.job SET worker_pid = $2 WHERE id OPERATOR(pg_catalog.=) $1",
+        &[backfill_id.into(), pid.into()],
+    )
+    .or_internal("record the worker's pid")
 }
 
 /// Records a new backfill and its tables; returns its id.
@@ -192,9 +208,10 @@ pub fn insert_job(job: &NewJob) -> i64 {
 /// own statement, skipped on a schema before 0.7.0, still in place until ALTER EXTENSION UPDATE.)
 pub fn set_slot_identity(backfill_id: i64, identity: Option<String>) {
     Spi::run_with_args(
-        "UPDATE backfill.job j SET slot_identity = $2 WHERE id = $1
+        "UPDATE backfill.job j SET slot_identity = $2 WHERE id OPERATOR(pg_catalog.=) $1
             AND EXISTS (SELECT FROM pg_catalog.pg_attribute a
-                         WHERE a.attrelid = 'backfill.job'::pg_catalog.regclass AND a.attname = 'slot_identity')",
+                         WHERE a.attrelid OPERATOR(pg_catalog.=) 'backfill.job'::pg_catalog.regclass
+                           AND a.attname OPERATOR(pg_catalog.=) 'slot_identity')",
         &[backfill_id.into(), identity.into()],
     )
     .or_internal("record the slot's identity")
@@ -206,7 +223,8 @@ pub fn set_rows_per_message(backfill_id: i64, rows_per_message: i32) {
     // (A test of the column first: an UPDATE naming a column the table lacks fails to parse.)
     let has_column = crate::pg::spi::select_one::<bool>(
         "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute a
-                         WHERE a.attrelid = 'backfill.job'::pg_catalog.regclass AND a.attname = 'rows_per_message'
+                         WHERE a.attrelid OPERATOR(pg_catalog.=) 'backfill.job'::pg_catalog.regclass
+                           AND a.attname OPERATOR(pg_catalog.=) 'rows_per_message'
                            AND NOT a.attisdropped)",
         &[],
     )
@@ -215,7 +233,7 @@ pub fn set_rows_per_message(backfill_id: i64, rows_per_message: i32) {
         return;
     }
     Spi::run_with_args(
-        "UPDATE backfill.job SET rows_per_message = $2 WHERE id = $1",
+        "UPDATE backfill.job SET rows_per_message = $2 WHERE id OPERATOR(pg_catalog.=) $1",
         &[backfill_id.into(), rows_per_message.into()],
     )
     .or_internal("record the rows per message")
@@ -224,7 +242,7 @@ pub fn set_rows_per_message(backfill_id: i64, rows_per_message: i32) {
 /// A backfill's row filter (only given at its start, with the 0.8.0 schema).
 pub fn set_row_filter(backfill_id: i64, filter: &str) {
     Spi::run_with_args(
-        "UPDATE backfill.job SET row_filter = $2 WHERE id = $1",
+        "UPDATE backfill.job SET row_filter = $2 WHERE id OPERATOR(pg_catalog.=) $1",
         &[backfill_id.into(), Text::from(filter).into()],
     )
     .or_internal("record the row filter")
@@ -234,7 +252,7 @@ pub fn set_row_filter(backfill_id: i64, filter: &str) {
 /// schema, still in place until ALTER EXTENSION UPDATE, has no such column.)
 pub fn set_lock_mode(backfill_id: i64, mode: LockMode) {
     Spi::run_with_args(
-        "UPDATE backfill.job SET lock_mode = $2 WHERE id = $1",
+        "UPDATE backfill.job SET lock_mode = $2 WHERE id OPERATOR(pg_catalog.=) $1",
         &[backfill_id.into(), mode.as_str().into()],
     )
     .or_internal("record the lock mode")
@@ -243,8 +261,9 @@ pub fn set_lock_mode(backfill_id: i64, mode: LockMode) {
 /// The running backfill that already covers one of these tables, if any.
 pub fn running_backfill_of(relid: pg_sys::Oid) -> Option<i64> {
     crate::pg::spi::select_one::<i64>(
-        "SELECT j.id FROM backfill.job j JOIN backfill.job_table t ON t.job_id = j.id
-          WHERE j.state IN ('running', 'paused') AND t.relid = $1::oid::regclass
+        "SELECT j.id FROM backfill.job j JOIN backfill.job_table t ON t.job_id OPERATOR(pg_catalog.=) j.id
+          WHERE j.state OPERATOR(pg_catalog.=) ANY (ARRAY['running', 'paused'])
+            AND t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid::pg_catalog.regclass
           LIMIT 1",
         &[relid.into()],
     )
@@ -268,17 +287,24 @@ pub fn move_job(
     updated_any(
         "UPDATE backfill.job
             SET state = $3, pause_reason = $4,
-                launched_at = CASE WHEN $3 = 'running' THEN clock_timestamp() ELSE launched_at END,
-                finished_at = CASE WHEN $3 IN ('done', 'cancelled', 'failed') THEN clock_timestamp() END,
-                worker_pid = CASE WHEN $3 IN ('done', 'cancelled', 'failed') THEN NULL ELSE worker_pid END,
-                watermark_lsn = CASE WHEN $3 = 'done' THEN pg_catalog.pg_current_wal_insert_lsn()
-                                     WHEN $3 IN ('cancelled', 'failed') THEN NULL ELSE watermark_lsn END,
-                last_error_sqlstate = CASE WHEN $3 IN ('running', 'done') THEN NULL
-                                           WHEN $3 = 'failed' THEN $5 ELSE last_error_sqlstate END,
-                last_error = CASE WHEN $3 IN ('running', 'done') THEN NULL
-                                  WHEN $3 = 'failed' THEN $6 ELSE last_error END
-          WHERE id = $1
-            AND (state = ANY ($2) OR ('running' = ANY ($2) AND state = 'paused' AND pause_reason LIKE 'waiting%'))
+                launched_at = CASE WHEN $3 OPERATOR(pg_catalog.=) 'running'
+                                   THEN pg_catalog.clock_timestamp() ELSE launched_at END,
+                finished_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (ARRAY['done', 'cancelled', 'failed'])
+                                   THEN pg_catalog.clock_timestamp() END,
+                worker_pid = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (ARRAY['done', 'cancelled', 'failed'])
+                                  THEN NULL ELSE worker_pid END,
+                watermark_lsn = CASE WHEN $3 OPERATOR(pg_catalog.=) 'done' THEN pg_catalog.pg_current_wal_insert_lsn()
+                                     WHEN $3 OPERATOR(pg_catalog.=) ANY (ARRAY['cancelled', 'failed']) THEN NULL
+                                     ELSE watermark_lsn END,
+                last_error_sqlstate = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (ARRAY['running', 'done']) THEN NULL
+                                           WHEN $3 OPERATOR(pg_catalog.=) 'failed' THEN $5
+                                           ELSE last_error_sqlstate END,
+                last_error = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (ARRAY['running', 'done']) THEN NULL
+                                  WHEN $3 OPERATOR(pg_catalog.=) 'failed' THEN $6 ELSE last_error END
+          WHERE id OPERATOR(pg_catalog.=) $1
+            AND (state OPERATOR(pg_catalog.=) ANY ($2)
+                 OR ('running' OPERATOR(pg_catalog.=) ANY ($2) AND state OPERATOR(pg_catalog.=) 'paused'
+                     AND pause_reason OPERATOR(pg_catalog.~~) 'waiting%'))
          RETURNING id",
         &[backfill_id.into(), from.into(), to.as_str().into(), pause_reason.into(), sqlstate.into(), message.into()],
     )
@@ -328,7 +354,9 @@ pub fn record_error(error: &JobError) {
 pub fn worker_lost_to_restart(backfill_id: i64) -> bool {
     // (No such backfill: false, and the caller reports 42704.)
     crate::pg::spi::select_one::<bool>(
-        "SELECT state = 'running' AND launched_at < pg_catalog.pg_postmaster_start_time() FROM backfill.job WHERE id = $1",
+        "SELECT state OPERATOR(pg_catalog.=) 'running'
+                AND launched_at OPERATOR(pg_catalog.<) pg_catalog.pg_postmaster_start_time()
+           FROM backfill.job WHERE id OPERATOR(pg_catalog.=) $1",
         &[backfill_id.into()],
     )
     .or_internal("read the backfill")
@@ -340,9 +368,11 @@ pub fn set_pacing(backfill_id: i64, batch_size: Option<i32>, rows_per_second: Op
     Spi::run_with_args(
         "UPDATE backfill.job
             SET batch_size = coalesce($2, batch_size),
-                rows_per_second = CASE WHEN $3 IS NULL THEN rows_per_second ELSE nullif($3, 0) END,
-                max_lag_bytes = CASE WHEN $4 IS NULL THEN max_lag_bytes ELSE nullif($4, 0) END
-          WHERE id = $1",
+                rows_per_second = CASE WHEN $3 IS NULL THEN rows_per_second
+                                       WHEN $3 OPERATOR(pg_catalog.<>) 0 THEN $3 END,
+                max_lag_bytes = CASE WHEN $4 IS NULL THEN max_lag_bytes
+                                     WHEN $4 OPERATOR(pg_catalog.<>) 0 THEN $4 END
+          WHERE id OPERATOR(pg_catalog.=) $1",
         &[backfill_id.into(), batch_size.into(), rows_per_second.into(), max_lag_bytes.into()],
     )
     .or_internal("change the pacing")
@@ -353,10 +383,13 @@ pub fn set_pacing(backfill_id: i64, batch_size: Option<i32>, rows_per_second: Op
 pub fn set_source_limits(backfill_id: i64, options: &SourceOptions) {
     Spi::run_with_args(
         "UPDATE backfill.job
-            SET max_replica_lag_bytes = CASE $2 WHEN -1 THEN NULL ELSE coalesce($2, max_replica_lag_bytes) END,
-                max_retained_wal_bytes = CASE $3 WHEN -1 THEN NULL ELSE coalesce($3, max_retained_wal_bytes) END,
-                max_active_sessions = CASE $4 WHEN -1 THEN NULL ELSE coalesce($4::integer, max_active_sessions) END
-          WHERE id = $1",
+            SET max_replica_lag_bytes = CASE WHEN $2 OPERATOR(pg_catalog.=) -1 THEN NULL
+                                             ELSE coalesce($2, max_replica_lag_bytes) END,
+                max_retained_wal_bytes = CASE WHEN $3 OPERATOR(pg_catalog.=) -1 THEN NULL
+                                              ELSE coalesce($3, max_retained_wal_bytes) END,
+                max_active_sessions = CASE WHEN $4 OPERATOR(pg_catalog.=) -1 THEN NULL
+                                           ELSE coalesce($4::integer, max_active_sessions) END
+          WHERE id OPERATOR(pg_catalog.=) $1",
         &[
             backfill_id.into(),
             options.max_replica_lag.into(),
@@ -372,10 +405,13 @@ pub fn record_progress(backfill_id: i64) {
     Spi::run_with_args(
         "WITH sample AS (
              INSERT INTO backfill.job_progress (job_id, at, rows_done)
-             SELECT $1, clock_timestamp(), coalesce(sum(rows_done), 0) FROM backfill.job_table WHERE job_id = $1
+             SELECT $1, pg_catalog.clock_timestamp(), coalesce(pg_catalog.sum(rows_done), 0)
+               FROM backfill.job_table WHERE job_id OPERATOR(pg_catalog.=) $1
              -- Parallel workers sample the same total: two in the same microsecond are one.
              ON CONFLICT DO NOTHING)
-         DELETE FROM backfill.job_progress WHERE job_id = $1 AND at < clock_timestamp() - interval '2 minutes'",
+         DELETE FROM backfill.job_progress
+          WHERE job_id OPERATOR(pg_catalog.=) $1
+            AND at OPERATOR(pg_catalog.<) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '2 minutes')",
         &[backfill_id.into()],
     )
     .or_internal("record progress")
@@ -384,7 +420,9 @@ pub fn record_progress(backfill_id: i64) {
 /// The running backfill that already serves this slot, if any.
 pub fn running_backfill_of_slot(slot: &str) -> Option<i64> {
     crate::pg::spi::select_one::<i64>(
-        "SELECT id FROM backfill.job WHERE slot_name = $1 AND state IN ('running', 'paused') LIMIT 1",
+        "SELECT id FROM backfill.job
+          WHERE slot_name OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) ANY (ARRAY['running', 'paused'])
+          LIMIT 1",
         &[slot.into()],
     )
     .or_internal("read the running backfills")

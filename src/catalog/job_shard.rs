@@ -48,7 +48,7 @@ pub fn shards_of(backfill_id: i64) -> Vec<JobShard> {
         client
             .select(
                 "SELECT position, shard_id, shard_name, node_name, node_port, node_backfill_id
-                   FROM backfill.job_shard WHERE job_id = $1 ORDER BY position",
+                   FROM backfill.job_shard WHERE job_id OPERATOR(pg_catalog.=) $1 ORDER BY position",
                 None,
                 &[backfill_id.into()],
             )?
@@ -81,12 +81,14 @@ pub fn record_progress(backfill_id: i64, progress: &ShardProgress) {
     Spi::run_with_args(
         "WITH shard AS (
              UPDATE backfill.job_shard SET node_state = $3, node_error = $4
-              WHERE job_id = $1 AND position = $2)
+              WHERE job_id OPERATOR(pg_catalog.=) $1 AND position OPERATOR(pg_catalog.=) $2)
          UPDATE backfill.job_table
             SET rows_done = $6, rows_estimated = $7, state = $5,
-                started_at = coalesce(started_at, CASE WHEN $5 <> 'pending' THEN pg_catalog.clock_timestamp() END),
-                finished_at = CASE WHEN $5 = 'done' THEN coalesce(finished_at, pg_catalog.clock_timestamp()) END
-          WHERE job_id = $1 AND position = $2",
+                started_at = coalesce(started_at, CASE WHEN $5 OPERATOR(pg_catalog.<>) 'pending'
+                                                       THEN pg_catalog.clock_timestamp() END),
+                finished_at = CASE WHEN $5 OPERATOR(pg_catalog.=) 'done'
+                                   THEN coalesce(finished_at, pg_catalog.clock_timestamp()) END
+          WHERE job_id OPERATOR(pg_catalog.=) $1 AND position OPERATOR(pg_catalog.=) $2",
         &[
             backfill_id.into(),
             progress.position.into(),
@@ -103,7 +105,8 @@ pub fn record_progress(backfill_id: i64, progress: &ShardProgress) {
 /// A node's state when the coordinator could not ask it about the shard (unreachable).
 pub fn record_node_state(backfill_id: i64, position: i32, node_state: &str, node_error: Option<&str>) {
     Spi::run_with_args(
-        "UPDATE backfill.job_shard SET node_state = $3, node_error = $4 WHERE job_id = $1 AND position = $2",
+        "UPDATE backfill.job_shard SET node_state = $3, node_error = $4
+          WHERE job_id OPERATOR(pg_catalog.=) $1 AND position OPERATOR(pg_catalog.=) $2",
         &[backfill_id.into(), position.into(), node_state.into(), node_error.into()],
     )
     .or_internal("record a node's state")
@@ -114,7 +117,8 @@ pub fn unfinished_positions(backfill_id: i64) -> Vec<i32> {
     Spi::connect(|client| {
         client
             .select(
-                "SELECT position FROM backfill.job_table WHERE job_id = $1 AND state <> 'done'",
+                "SELECT position FROM backfill.job_table
+                  WHERE job_id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.<>) 'done'",
                 None,
                 &[backfill_id.into()],
             )?
@@ -127,9 +131,9 @@ pub fn unfinished_positions(backfill_id: i64) -> Vec<i32> {
 /// The OID of the backfill's table, if it no longer exists (dropped).
 pub fn dropped_table(backfill_id: i64) -> Option<i64> {
     crate::pg::spi::select_one::<i64>(
-        "SELECT t.relid::oid::bigint FROM backfill.job_table t
-          WHERE t.job_id = $1
-            AND NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t.relid::oid)
+        "SELECT t.relid::pg_catalog.oid::bigint FROM backfill.job_table t
+          WHERE t.job_id OPERATOR(pg_catalog.=) $1
+            AND NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t.relid::pg_catalog.oid)
           LIMIT 1",
         &[backfill_id.into()],
     )

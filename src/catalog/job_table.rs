@@ -41,7 +41,7 @@ pub struct Range {
 }
 
 const JOB_TABLE_COLUMNS: &str =
-    "position, relid::oid, state, cursor, upper_bound, rows_done, rows_estimated, worker, lower_bound";
+    "position, relid::pg_catalog.oid, state, cursor, upper_bound, rows_done, rows_estimated, worker, lower_bound";
 
 fn job_tables_where(condition: &str, args: &[DatumWithOid]) -> SpiResult<Vec<JobTable>> {
     let sql = format!("SELECT {JOB_TABLE_COLUMNS} FROM backfill.job_table WHERE {condition} ORDER BY position");
@@ -65,26 +65,31 @@ fn job_tables_where(condition: &str, args: &[DatumWithOid]) -> SpiResult<Vec<Job
 
 /// The tables of a backfill, in scan order.
 pub fn job_tables(backfill_id: i64) -> Vec<JobTable> {
-    job_tables_where("job_id = $1", &[backfill_id.into()]).or_internal("read the backfill's tables")
+    job_tables_where("job_id OPERATOR(pg_catalog.=) $1", &[backfill_id.into()])
+        .or_internal("read the backfill's tables")
 }
 
 pub fn job_table(backfill_id: i64, position: i32) -> Option<JobTable> {
-    job_tables_where("job_id = $1 AND position = $2", &[backfill_id.into(), position.into()])
-        .or_internal("read the backfill's table")
-        .pop()
+    job_tables_where(
+        "job_id OPERATOR(pg_catalog.=) $1 AND position OPERATOR(pg_catalog.=) $2",
+        &[backfill_id.into(), position.into()],
+    )
+    .or_internal("read the backfill's table")
+    .pop()
 }
 
 /// Whether the state tables count pages by lock path (0.3.0 on; not before ALTER EXTENSION UPDATE).
 pub fn counts_lock_paths() -> bool {
-    let sql =
-        "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute WHERE attrelid = 'backfill.job_table'::pg_catalog.regclass
-                                 AND attname = 'pages_table_locked' AND NOT attisdropped)";
+    let sql = "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute
+                         WHERE attrelid OPERATOR(pg_catalog.=) 'backfill.job_table'::pg_catalog.regclass
+                           AND attname OPERATOR(pg_catalog.=) 'pages_table_locked' AND NOT attisdropped)";
     crate::pg::spi::select_one::<bool>(sql, &[]).or_internal("read the state tables' columns").unwrap_or(false)
 }
 
 /// How many workers of a backfill still have a range to scan: they share its rate.
 pub fn workers_scanning(backfill_id: i64) -> i64 {
-    let sql = "SELECT count(DISTINCT worker) FROM backfill.job_table WHERE job_id = $1 AND state <> 'done'";
+    let sql = "SELECT pg_catalog.count(DISTINCT worker) FROM backfill.job_table
+                WHERE job_id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.<>) 'done'";
     run_prepared(sql, false, &[backfill_id.into()], |rows| Ok(rows.first().get::<i64>(1)?.unwrap_or(1)))
         .or_internal("count the backfill's workers")
 }
@@ -95,10 +100,11 @@ pub fn move_range(backfill_id: i64, position: i32, to: RangeState, upper_bound: 
     Spi::run_with_args(
         "UPDATE backfill.job_table
             SET state = $3,
-                upper_bound = CASE WHEN $3 = 'running' THEN $4 ELSE upper_bound END,
-                started_at = CASE WHEN $3 = 'running' THEN clock_timestamp() ELSE started_at END,
-                finished_at = CASE WHEN $3 = 'done' THEN clock_timestamp() END
-          WHERE job_id = $1 AND position = $2",
+                upper_bound = CASE WHEN $3 OPERATOR(pg_catalog.=) 'running' THEN $4 ELSE upper_bound END,
+                started_at = CASE WHEN $3 OPERATOR(pg_catalog.=) 'running' THEN pg_catalog.clock_timestamp()
+                                  ELSE started_at END,
+                finished_at = CASE WHEN $3 OPERATOR(pg_catalog.=) 'done' THEN pg_catalog.clock_timestamp() END
+          WHERE job_id OPERATOR(pg_catalog.=) $1 AND position OPERATOR(pg_catalog.=) $2",
         &[backfill_id.into(), position.into(), to.as_str().into(), upper_bound.into()],
     )
     .or_internal("record the state of a range")
@@ -116,16 +122,17 @@ pub fn advance_cursor(
     table_locked: Option<bool>,
 ) {
     let counted = match table_locked {
-        Some(true) => ", pages_table_locked = pages_table_locked + 1",
-        Some(false) => ", pages_row_locked = pages_row_locked + 1",
+        Some(true) => ", pages_table_locked = pages_table_locked OPERATOR(pg_catalog.+) 1",
+        Some(false) => ", pages_row_locked = pages_row_locked OPERATOR(pg_catalog.+) 1",
         None => "",
     };
     run_prepared(
         &format!(
             "UPDATE backfill.job_table
-                SET cursor = $3, rows_done = rows_done + $4, bytes_done = bytes_done + $5,
+                SET cursor = $3, rows_done = rows_done OPERATOR(pg_catalog.+) $4,
+                    bytes_done = bytes_done OPERATOR(pg_catalog.+) $5,
                     last_page_lsn = pg_catalog.pg_current_wal_insert_lsn(){counted}
-              WHERE job_id = $1 AND position = $2"
+              WHERE job_id OPERATOR(pg_catalog.=) $1 AND position OPERATOR(pg_catalog.=) $2"
         ),
         true,
         &[backfill_id.into(), position.into(), cursor.into(), rows.into(), bytes.into()],
@@ -144,7 +151,7 @@ pub fn insert_job_table(
     Spi::run_with_args(
         "INSERT INTO backfill.job_table (job_id, position, relid, part, worker, key_columns, lower_bound, cursor,
                                          upper_bound, rows_estimated)
-         VALUES ($1, $2, $3::oid::regclass, $4, $4, $5::name[], $6, $6, $7, $8)",
+         VALUES ($1, $2, $3::pg_catalog.oid::pg_catalog.regclass, $4, $4, $5::pg_catalog.name[], $6, $6, $7, $8)",
         &[
             backfill_id.into(),
             position.into(),
@@ -164,7 +171,7 @@ pub fn insert_job_table(
 pub fn set_column_list(backfill_id: i64, relid: pg_sys::Oid, columns: &[String], attnums: &[i16]) {
     Spi::run_with_args(
         "UPDATE backfill.job_table SET column_list = $3, column_attnums = $4
-          WHERE job_id = $1 AND relid = $2::oid::regclass",
+          WHERE job_id OPERATOR(pg_catalog.=) $1 AND relid OPERATOR(pg_catalog.=) $2::pg_catalog.oid::pg_catalog.regclass",
         &[backfill_id.into(), relid.into(), texts(columns).into(), attnums.to_vec().into()],
     )
     .or_internal("record the backfill's column list")
@@ -177,7 +184,7 @@ pub fn column_list(backfill_id: i64, position: i32) -> Option<(Vec<String>, Vec<
     crate::pg::spi::select_one::<pgrx::JsonB>(
         "SELECT pg_catalog.jsonb_build_array(v.r OPERATOR(pg_catalog.->) 'column_list', v.r OPERATOR(pg_catalog.->) 'column_attnums')
            FROM backfill.job_table j CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(j) AS r) v
-          WHERE j.job_id = $1 AND j.position = $2",
+          WHERE j.job_id OPERATOR(pg_catalog.=) $1 AND j.position OPERATOR(pg_catalog.=) $2",
         &[backfill_id.into(), position.into()],
     )
     .or_internal("read the backfill's column list")
@@ -193,8 +200,10 @@ pub fn lock_table_ranges(backfill_id: i64, position: i32) -> Vec<Range> {
         client
             .update(
                 "SELECT r.position, r.state, r.rows_done FROM backfill.job_table r
-                  WHERE r.job_id = $1
-                    AND r.relid = (SELECT relid FROM backfill.job_table WHERE job_id = $1 AND position = $2)
+                  WHERE r.job_id OPERATOR(pg_catalog.=) $1
+                    AND r.relid OPERATOR(pg_catalog.=) (SELECT relid FROM backfill.job_table
+                                                         WHERE job_id OPERATOR(pg_catalog.=) $1
+                                                           AND position OPERATOR(pg_catalog.=) $2)
                   ORDER BY r.position FOR UPDATE",
                 None,
                 &[backfill_id.into(), position.into()],
@@ -215,9 +224,14 @@ pub fn lock_table_ranges(backfill_id: i64, position: i32) -> Vec<Range> {
 /// the last to finish sees it, and marks the backfill done.
 pub fn all_ranges_done(backfill_id: i64) -> bool {
     let done: SpiResult<bool> = Spi::connect_mut(|client| {
-        client.update("SELECT 1 FROM backfill.job WHERE id = $1 FOR UPDATE", None, &[backfill_id.into()])?;
+        client.update(
+            "SELECT 1 FROM backfill.job WHERE id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+            None,
+            &[backfill_id.into()],
+        )?;
         let pending = client.update(
-            "SELECT 1 FROM backfill.job_table WHERE job_id = $1 AND state <> 'done' LIMIT 1",
+            "SELECT 1 FROM backfill.job_table
+              WHERE job_id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.<>) 'done' LIMIT 1",
             None,
             &[backfill_id.into()],
         )?;
@@ -228,7 +242,8 @@ pub fn all_ranges_done(backfill_id: i64) -> bool {
 
 pub fn set_key_fraction(backfill_id: i64, position: i32, fraction: Option<f64>) {
     Spi::run_with_args(
-        "UPDATE backfill.job_table SET key_fraction_done = $3 WHERE job_id = $1 AND position = $2",
+        "UPDATE backfill.job_table SET key_fraction_done = $3
+          WHERE job_id OPERATOR(pg_catalog.=) $1 AND position OPERATOR(pg_catalog.=) $2",
         &[backfill_id.into(), position.into(), fraction.into()],
     )
     .or_internal("record progress")
@@ -259,7 +274,8 @@ pub fn is_keyed(backfill_id: i64, position: i32) -> bool {
             .unwrap_or(false);
     exists
         && crate::pg::spi::select_one::<bool>(
-            "SELECT EXISTS (SELECT FROM backfill.job_key WHERE job_id = $1 AND position = $2)",
+            "SELECT EXISTS (SELECT FROM backfill.job_key
+                             WHERE job_id OPERATOR(pg_catalog.=) $1 AND position OPERATOR(pg_catalog.=) $2)",
             &[backfill_id.into(), position.into()],
         )
         .or_internal("read the backfill's keys")
@@ -269,7 +285,7 @@ pub fn is_keyed(backfill_id: i64, position: i32) -> bool {
 /// The keys after the first `done`, at most `limit` of them.
 pub fn next_keys(backfill_id: i64, position: i32, done: i64, limit: i32) -> Vec<GivenKey> {
     keys_where(
-        "ordinal > $3 ORDER BY ordinal LIMIT $4",
+        "ordinal OPERATOR(pg_catalog.>) $3 ORDER BY ordinal LIMIT $4",
         &[backfill_id.into(), position.into(), done.into(), i64::from(limit).into()],
     )
 }
@@ -282,7 +298,10 @@ pub fn last_key(backfill_id: i64, position: i32) -> Option<(Vec<KeyText>, Vec<St
 }
 
 fn keys_where(condition: &str, args: &[DatumWithOid]) -> Vec<GivenKey> {
-    let sql = format!("SELECT key, key_json FROM backfill.job_key WHERE job_id = $1 AND position = $2 AND {condition}");
+    let sql = format!(
+        "SELECT key, key_json FROM backfill.job_key
+          WHERE job_id OPERATOR(pg_catalog.=) $1 AND position OPERATOR(pg_catalog.=) $2 AND {condition}"
+    );
     crate::pg::spi::run_prepared(&sql, false, args, |rows| rows.map(|row| GivenKey::of_row(&row)).collect())
         .or_internal("read the backfill's keys")
 }

@@ -27,9 +27,9 @@ pub fn estimate(relid: pg_sys::Oid, batch_size: i32) -> Option<Result<Distribute
             let tables: Vec<String> = shards.iter().map(|p| literal(&p.shard_name)).collect();
             let statement = format!(
                 "SELECT pg_catalog.json_build_object('eligible', pg_catalog.bool_and(eligible),
-                        'reason', pg_catalog.min(reason), 'key', pg_catalog.min(key_columns::text[]),
+                        'reason', pg_catalog.min(reason), 'key', pg_catalog.min(key_columns::pg_catalog.text[]),
                         'rows', pg_catalog.sum(rows_estimated), 'bytes', pg_catalog.sum(bytes_estimated),
-                        'pages', pg_catalog.sum(pages))::text
+                        'pages', pg_catalog.sum(pages))::pg_catalog.text
                    FROM {schema}.backfill_estimate(ARRAY[{}]::pg_catalog.regclass[], {batch_size})",
                 tables.join(", ")
             );

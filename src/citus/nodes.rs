@@ -38,7 +38,7 @@ pub fn placements(relid: pg_sys::Oid) -> Vec<Placement> {
     Spi::connect(|client| {
         client
             .select(
-                "SELECT n.nodename::text, n.nodeport,
+                "SELECT n.nodename::pg_catalog.text, n.nodeport,
                         s.shardid,
                         pg_catalog.shard_name(s.logicalrelid, s.shardid, false)
                    FROM pg_catalog.pg_dist_shard s
@@ -80,7 +80,7 @@ pub fn run(commands: &[(Node, String)]) -> Vec<Result<String, String>> {
         client
             .select(
                 "SELECT success, result
-                   FROM pg_catalog.master_run_on_worker($1::text[], $2::integer[], $3::text[], true)
+                   FROM pg_catalog.master_run_on_worker($1::pg_catalog.text[], $2::integer[], $3::pg_catalog.text[], true)
                    WITH ORDINALITY AS r(node_name, node_port, success, result, ordinal)
                   ORDER BY ordinal",
                 None,
@@ -175,7 +175,7 @@ pub fn literal(value: &str) -> String {
 /// on the nodes as on the coordinator), quoted.
 pub fn extension_schema() -> String {
     crate::pg::spi::select_one::<String>(
-        "SELECT pg_catalog.quote_ident(n.nspname::text) FROM pg_catalog.pg_extension e
+        "SELECT pg_catalog.quote_ident(n.nspname::pg_catalog.text) FROM pg_catalog.pg_extension e
            JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
           WHERE e.extname OPERATOR(pg_catalog.=) 'pg_backfill'",
         &[],
@@ -197,15 +197,17 @@ pub fn placed_on(shard_id: i64, node: &Node) -> bool {
     .unwrap_or(false)
 }
 
-/// The statement that calls `function(id)` (backfill_cancel, backfill_pause, backfill_resume)
-/// of backfill `node_id` on its node, if it is in one of the states `from` there (one already
-/// past them, done on its node say, is left as it is); it answers how many it called.
-pub fn control_statement(function: &str, node_id: i64, from: &[&str]) -> String {
+/// The statement that calls `function(id{arguments})` (backfill_cancel, backfill_pause,
+/// backfill_resume, backfill_set) of backfill `node_id` on its node, if it is in one of the
+/// states `from` there (one already past them, done on its node say, is left as it is); it
+/// answers how many it called. Its operators and types are pg_catalog's, whatever the node
+/// session's search_path (the node database's owner may set it).
+pub fn control_statement(function: &str, arguments: &str, node_id: i64, from: &[&str]) -> String {
     let schema = extension_schema();
     let states: Vec<String> = from.iter().map(|state| literal(state)).collect();
     format!(
-        "SELECT pg_catalog.count({schema}.{function}(id))::text FROM {schema}.backfill_status \
-          WHERE id OPERATOR(pg_catalog.=) {node_id} AND state IN ({})",
+        "SELECT pg_catalog.count({schema}.{function}(id{arguments}))::pg_catalog.text FROM {schema}.backfill_status \
+          WHERE id OPERATOR(pg_catalog.=) {node_id} AND state OPERATOR(pg_catalog.=) ANY (ARRAY[{}]::pg_catalog.text[])",
         states.join(", ")
     )
 }

@@ -94,11 +94,11 @@ impl Table {
 /// [`not_btree`]). One rule for backfills and for verification (two drifted: a checksum took
 /// INCLUDE columns for key columns).
 const KEY_OF_TABLE: &str = "  LEFT JOIN LATERAL (
-        SELECT pg_catalog.array_agg(a.attname::text ORDER BY k.ord) AS names,
+        SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY k.ord) AS names,
                pg_catalog.array_agg(a.atttypid::pg_catalog.text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) a.atttypmod
                          ORDER BY k.ord) AS types,
-               pg_catalog.array_agg(cn.nspname::text ORDER BY k.ord) AS collation_schemas,
-               pg_catalog.array_agg(coll.collname::text ORDER BY k.ord) AS collations,
+               pg_catalog.array_agg(cn.nspname::pg_catalog.text ORDER BY k.ord) AS collation_schemas,
+               pg_catalog.array_agg(coll.collname::pg_catalog.text ORDER BY k.ord) AS collations,
                pg_catalog.bool_and(opc.opcdefault AND opc.opcnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace)
                    AS all_default_opclasses,
                pg_catalog.min(i.indexrelid) AS index, pg_catalog.min(i.access_method) AS access_method
@@ -107,35 +107,36 @@ const KEY_OF_TABLE: &str = "  LEFT JOIN LATERAL (
                           JOIN pg_catalog.pg_am am ON am.oid OPERATOR(pg_catalog.=) ic.relam
                          WHERE ic.oid OPERATOR(pg_catalog.=) i.indexrelid) AS access_method
                   FROM pg_catalog.pg_index i
-                 WHERE i.indrelid = c.oid AND (i.indisprimary OR i.indisreplident) AND i.indisvalid
+                 WHERE i.indrelid OPERATOR(pg_catalog.=) c.oid AND (i.indisprimary OR i.indisreplident) AND i.indisvalid
                  ORDER BY i.indisprimary DESC
                  LIMIT 1) i
-         CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(i.indkey::int2[]), pg_catalog.unnest(i.indcollation::oid[]),
-                                     pg_catalog.unnest(i.indclass::oid[]))
+         CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(i.indkey::pg_catalog.int2[]), pg_catalog.unnest(i.indcollation::pg_catalog.oid[]),
+                                     pg_catalog.unnest(i.indclass::pg_catalog.oid[]))
                WITH ORDINALITY AS k(attnum, collid, opclass, ord)
-          JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-          JOIN pg_catalog.pg_opclass opc ON opc.oid = k.opclass
-          LEFT JOIN pg_catalog.pg_collation coll ON coll.oid = k.collid
-          LEFT JOIN pg_catalog.pg_namespace cn ON cn.oid = coll.collnamespace
-         WHERE k.ord <= i.indnkeyatts) k ON true";
+          JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
+                                        AND a.attnum OPERATOR(pg_catalog.=) k.attnum
+          JOIN pg_catalog.pg_opclass opc ON opc.oid OPERATOR(pg_catalog.=) k.opclass
+          LEFT JOIN pg_catalog.pg_collation coll ON coll.oid OPERATOR(pg_catalog.=) k.collid
+          LEFT JOIN pg_catalog.pg_namespace cn ON cn.oid OPERATOR(pg_catalog.=) coll.collnamespace
+         WHERE k.ord OPERATOR(pg_catalog.<=) i.indnkeyatts) k ON true";
 
 fn inspect_sql() -> String {
     format!(
         "
-SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relpersistence::text,
+SELECT n.nspname::pg_catalog.text, c.relname::pg_catalog.text, c.relkind::pg_catalog.text, c.relpersistence::pg_catalog.text,
        pg_catalog.has_table_privilege(c.oid, 'SELECT'),
-       n.nspname IN ('pg_catalog', 'information_schema', 'pg_toast', 'backfill'),
+       n.nspname OPERATOR(pg_catalog.=) ANY (ARRAY['pg_catalog', 'information_schema', 'pg_toast', 'backfill']::pg_catalog.name[]),
        k.names, k.types, k.collations, k.all_default_opclasses, cols.names, cols.types,
        pg_catalog.has_any_column_privilege(c.oid, 'UPDATE'), pg_catalog.row_security_active(c.oid), c.relowner, k.index,
        k.collation_schemas, k.access_method
   FROM pg_catalog.pg_class c
-  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
 {KEY_OF_TABLE}
   LEFT JOIN LATERAL (
-        SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attnum) AS names, pg_catalog.array_agg(a.atttypid ORDER BY a.attnum) AS types
+        SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY a.attnum) AS names, pg_catalog.array_agg(a.atttypid ORDER BY a.attnum) AS types
           FROM pg_catalog.pg_attribute a
-         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) cols ON true
- WHERE c.oid = $1"
+         WHERE a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped) cols ON true
+ WHERE c.oid OPERATOR(pg_catalog.=) $1"
     )
 }
 
@@ -472,8 +473,9 @@ pub(crate) fn qualified_type(oid_and_typmod: &str) -> String {
     // A name that is not ASCII, in a database whose SQL pg_backfill writes in ASCII: the type's
     // own qualified name (a key type's typmod never changes how its values compare).
     crate::pg::spi::select_one::<Vec<Text>>(
-        "SELECT ARRAY[n.nspname::text, t.typname::text] FROM pg_catalog.pg_type t
-           JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = $1",
+        "SELECT ARRAY[n.nspname::pg_catalog.text, t.typname::pg_catalog.text] FROM pg_catalog.pg_type t
+           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) t.typnamespace
+          WHERE t.oid OPERATOR(pg_catalog.=) $1",
         &[oid.into()],
     )
     .ok()
@@ -497,7 +499,7 @@ pub fn require(relid: pg_sys::Oid) -> Table {
 
 /// The relation's name as regclass prints it (qualified when not on the search path).
 pub fn relation_name(relid: pg_sys::Oid) -> String {
-    crate::pg::spi::select_one::<Text>("SELECT $1::regclass::text", &[relid.into()])
+    crate::pg::spi::select_one::<Text>("SELECT $1::pg_catalog.regclass::pg_catalog.text", &[relid.into()])
         .ok()
         .flatten()
         .map(|t| t.0)

@@ -56,11 +56,11 @@ pub fn shard_of(relid: pg_sys::Oid) -> Option<ShardOf> {
     }
     Spi::connect(|client| {
         let rows = client.select(
-            "SELECT s.shardid, t.relname::text, n.nspname::text
+            "SELECT s.shardid, t.relname::pg_catalog.text, n.nspname::pg_catalog.text
                FROM pg_catalog.pg_class r
                JOIN pg_catalog.pg_dist_shard s
                  ON s.shardid OPERATOR(pg_catalog.=)
-                    pg_catalog.substring(r.relname::text, '_([0-9]{1,18})$')::bigint
+                    pg_catalog.substring(r.relname::pg_catalog.text, '_([0-9]{1,18})$')::bigint
                JOIN pg_catalog.pg_class t ON t.oid OPERATOR(pg_catalog.=) s.logicalrelid
                JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) t.relnamespace
               WHERE r.oid OPERATOR(pg_catalog.=) $1
@@ -71,9 +71,9 @@ pub fn shard_of(relid: pg_sys::Oid) -> Option<ShardOf> {
                               JOIN pg_catalog.pg_dist_local_group g ON g.groupid OPERATOR(pg_catalog.=) p.groupid
                              WHERE p.shardid OPERATOR(pg_catalog.=) s.shardid)
                 AND pg_catalog.shard_name(s.logicalrelid, s.shardid) OPERATOR(pg_catalog.=)
-                    ANY (ARRAY[pg_catalog.quote_ident(r.relname::text),
-                               pg_catalog.quote_ident(n.nspname::text) OPERATOR(pg_catalog.||) '.'
-                                   OPERATOR(pg_catalog.||) pg_catalog.quote_ident(r.relname::text)])",
+                    ANY (ARRAY[pg_catalog.quote_ident(r.relname::pg_catalog.text),
+                               pg_catalog.quote_ident(n.nspname::pg_catalog.text) OPERATOR(pg_catalog.||) '.'
+                                   OPERATOR(pg_catalog.||) pg_catalog.quote_ident(r.relname::pg_catalog.text)])",
             Some(1),
             &[relid.into()],
         )?;
@@ -187,7 +187,7 @@ pub fn require_placement_here(shard: &ShardOf, shard_table: &str) {
 /// placement, in the coordinator's stream. None when the coordinator holds none.
 pub fn coordinator_placement(relid: pg_sys::Oid) -> Option<pg_sys::Oid> {
     crate::pg::spi::select_one::<pg_sys::Oid>(
-        "SELECT pg_catalog.to_regclass(pg_catalog.shard_name(s.logicalrelid, s.shardid, false))::oid
+        "SELECT pg_catalog.to_regclass(pg_catalog.shard_name(s.logicalrelid, s.shardid, false))::pg_catalog.oid
            FROM pg_catalog.pg_dist_shard s
            JOIN pg_catalog.pg_dist_placement p ON p.shardid OPERATOR(pg_catalog.=) s.shardid
           WHERE s.logicalrelid OPERATOR(pg_catalog.=) $1 AND p.groupid OPERATOR(pg_catalog.=) 0",

@@ -255,7 +255,7 @@ pub fn role_named(name: &str) -> Option<pg_sys::Oid> {
 /// The current role's name (in the database's encoding, converted: see encoding.rs), as a
 /// backfill records who started it.
 pub fn current_role_name() -> String {
-    crate::pg::spi::select_one::<crate::pg::encoding::Text>("SELECT current_user::text", &[])
+    crate::pg::spi::select_one::<crate::pg::encoding::Text>("SELECT current_user::pg_catalog.text", &[])
         .ok()
         .flatten()
         .map(|t| t.0)

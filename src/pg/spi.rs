@@ -155,7 +155,7 @@ pub fn scanned_table(relid: pg_sys::Oid) -> String {
 
 /// The table's name, schema-qualified and quoted.
 pub fn qualified_name(relid: pg_sys::Oid) -> String {
-    let sql = "SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c
+    let sql = "SELECT n.nspname::pg_catalog.text, c.relname::pg_catalog.text FROM pg_catalog.pg_class c
                  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
                 WHERE c.oid OPERATOR(pg_catalog.=) $1";
     let names = Spi::connect(|client| {

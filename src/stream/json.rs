@@ -59,7 +59,7 @@ pub fn select_list(columns: &[Column]) -> String {
         .iter()
         .map(|c| match render_of(c.type_oid) {
             Some(_) => format!("t.{}", quote_identifier(&c.name)),
-            None => format!("pg_catalog.to_json(t.{})::text", quote_identifier(&c.name)),
+            None => format!("pg_catalog.to_json(t.{})::pg_catalog.text", quote_identifier(&c.name)),
         })
         .collect::<Vec<_>>()
         .join(", ")

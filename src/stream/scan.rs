@@ -41,9 +41,9 @@ pub fn key_json_values(table: &Table) -> String {
         .iter()
         .map(|k| {
             if INTEGER_TYPES.contains(&k.type_name.as_str()) {
-                format!("t.{}::text", quote_identifier(&k.name))
+                format!("t.{}::pg_catalog.text", quote_identifier(&k.name))
             } else {
-                format!("pg_catalog.to_json(t.{})::text", quote_identifier(&k.name))
+                format!("pg_catalog.to_json(t.{})::pg_catalog.text", quote_identifier(&k.name))
             }
         })
         .collect::<Vec<_>>()
@@ -72,7 +72,7 @@ impl ScanQueries {
             key_text: table
                 .key
                 .iter()
-                .map(|k| format!("t.{}::text", quote_identifier(&k.name)))
+                .map(|k| format!("t.{}::pg_catalog.text", quote_identifier(&k.name)))
                 .collect::<Vec<_>>()
                 .join(", "),
             key_columns: table
@@ -112,13 +112,18 @@ impl ScanQueries {
         let collate = self.first_collation.as_ref().map(|c| format!(" COLLATE {c}")).unwrap_or_default();
         let below = |param: &str| {
             format!(
-                "(SELECT count(*) FROM unnest(s.histogram_bounds::text::{ty}[]) b WHERE b{collate} <= {param}::{ty})"
+                "(SELECT pg_catalog.count(*) FROM pg_catalog.unnest(s.histogram_bounds::pg_catalog.text::{ty}[]) b
+                   WHERE b{collate} OPERATOR(pg_catalog.<=) {param}::{ty})"
             )
         };
         let lower = format!("coalesce({}, 0)", below("$3"));
         format!(
-            "SELECT ({cursor} - {lower})::float8 / nullif({upper} - {lower}, 0) FROM pg_catalog.pg_stats s
-              WHERE s.schemaname = $4 AND s.tablename = $5 AND s.attname = $6 AND s.histogram_bounds IS NOT NULL
+            "SELECT CASE WHEN {upper} OPERATOR(pg_catalog.<>) {lower}
+                         THEN ({cursor} OPERATOR(pg_catalog.-) {lower})::pg_catalog.float8
+                              OPERATOR(pg_catalog./) ({upper} OPERATOR(pg_catalog.-) {lower}) END
+               FROM pg_catalog.pg_stats s
+              WHERE s.schemaname OPERATOR(pg_catalog.=) $4 AND s.tablename OPERATOR(pg_catalog.=) $5
+                AND s.attname OPERATOR(pg_catalog.=) $6 AND s.histogram_bounds IS NOT NULL
               ORDER BY s.inherited DESC LIMIT 1",
             cursor = below("$1"),
             upper = below("$2"),
@@ -130,11 +135,14 @@ impl ScanQueries {
     pub fn histogram(&self) -> String {
         let ty = &self.key_types[0];
         format!(
-            "SELECT array_agg(u.b::text ORDER BY u.i) FROM pg_catalog.pg_stats s,
-                    unnest(s.histogram_bounds::text::{ty}[]) WITH ORDINALITY AS u(b, i)
-              WHERE s.schemaname = $1 AND s.tablename = $2 AND s.attname = $3 AND s.histogram_bounds IS NOT NULL
-                AND s.inherited = (SELECT max(inherited::int)::bool FROM pg_catalog.pg_stats
-                                    WHERE schemaname = $1 AND tablename = $2 AND attname = $3)"
+            "SELECT pg_catalog.array_agg(u.b::pg_catalog.text ORDER BY u.i) FROM pg_catalog.pg_stats s,
+                    pg_catalog.unnest(s.histogram_bounds::pg_catalog.text::{ty}[]) WITH ORDINALITY AS u(b, i)
+              WHERE s.schemaname OPERATOR(pg_catalog.=) $1 AND s.tablename OPERATOR(pg_catalog.=) $2
+                AND s.attname OPERATOR(pg_catalog.=) $3 AND s.histogram_bounds IS NOT NULL
+                AND s.inherited OPERATOR(pg_catalog.=) (
+                        SELECT pg_catalog.bool_or(inherited) FROM pg_catalog.pg_stats
+                         WHERE schemaname OPERATOR(pg_catalog.=) $1 AND tablename OPERATOR(pg_catalog.=) $2
+                           AND attname OPERATOR(pg_catalog.=) $3)"
         )
     }
 
@@ -142,7 +150,7 @@ impl ScanQueries {
     /// where to split a composite key into ranges of about equal rows.
     pub fn key_sample(&self, percent: f64) -> String {
         format!(
-            "SELECT {} FROM {} TABLESAMPLE SYSTEM ({percent}) ORDER BY {}",
+            "SELECT {} FROM {} TABLESAMPLE pg_catalog.system ({percent}) ORDER BY {}",
             self.key_text, self.from, self.order_asc
         )
     }
@@ -153,7 +161,7 @@ impl ScanQueries {
         if after_cursor {
             (
                 format!(
-                    "{row} > {lower} AND {row} <= {upper}",
+                    "{row} OPERATOR(pg_catalog.>) {lower} AND {row} OPERATOR(pg_catalog.<=) {upper}",
                     row = self.key_row,
                     lower = self.params(1),
                     upper = self.params(k + 1)
@@ -161,7 +169,7 @@ impl ScanQueries {
                 2 * k,
             )
         } else {
-            (format!("{} <= {}", self.key_row, self.params(1)), k)
+            (format!("{} OPERATOR(pg_catalog.<=) {}", self.key_row, self.params(1)), k)
         }
     }
 
@@ -172,7 +180,9 @@ impl ScanQueries {
         // The greatest of the page's keys: max() for a lone integer key (no sort), else the
         // first of them in descending order (a top-1 sort, for any key).
         let (last, order) = match self.key_types.as_slice() {
-            [ty] if INTEGER_TYPES.contains(&ty.as_str()) => (format!("max({})::text", self.key_columns), String::new()),
+            [ty] if INTEGER_TYPES.contains(&ty.as_str()) => {
+                (format!("pg_catalog.max({})::pg_catalog.text", self.key_columns), String::new())
+            }
             _ => (self.key_text.clone(), format!(" ORDER BY {} LIMIT 1", self.order_desc)),
         };
         format!(
@@ -187,7 +197,7 @@ impl ScanQueries {
     /// Every row of the page: its columns, ready for json::RowJson (and its partition).
     /// Parameters: [cursor,] page end.
     pub fn page_rows(&self, after_cursor: bool, locking: Locking) -> String {
-        let partition = if self.partitioned { ", t.tableoid::regclass::text" } else { "" };
+        let partition = if self.partitioned { ", t.tableoid::pg_catalog.regclass::pg_catalog.text" } else { "" };
         self.page_select(&format!("{}{partition}", self.row_columns), after_cursor, locking)
     }
 
@@ -196,7 +206,7 @@ impl ScanQueries {
     pub fn page_row_ids(&self, after_cursor: bool, locking: Locking) -> String {
         format!(
             "SELECT pg_catalog.array_agg(r.id) FROM ({}) r(id)",
-            self.page_select("t.ctid::text", after_cursor, locking)
+            self.page_select("t.ctid::pg_catalog.text", after_cursor, locking)
         )
     }
 
@@ -225,7 +235,7 @@ impl ScanQueries {
     /// Which of these row ids (locked by their page) pass the filter: the query the filter
     /// runs in, as the role that started the backfill. Parameter: the row ids (text[]).
     pub fn row_ids_passing(&self, filter: &str) -> String {
-        self.filtered("pg_catalog.array_agg(t.ctid::text)", ROW_IDS, filter)
+        self.filtered("pg_catalog.array_agg(t.ctid::pg_catalog.text)", ROW_IDS, filter)
     }
 
     /// The filter in a query that reads every row, for its check and its estimate: the same
@@ -257,13 +267,13 @@ mod tests {
         assert_eq!(
             queries.page_rows(true, Locking::NoWait),
             format!(
-                r#"SELECT t.region, t.id, t.v FROM ONLY public.q t WHERE {key} > ROW($1::pg_catalog.text, $2::integer) AND {key} <= ROW($3::pg_catalog.text, $4::integer) ORDER BY t.region COLLATE pg_catalog."default", t.id FOR SHARE OF t NOWAIT"#
+                r#"SELECT t.region, t.id, t.v FROM ONLY public.q t WHERE {key} OPERATOR(pg_catalog.>) ROW($1::pg_catalog.text, $2::integer) AND {key} OPERATOR(pg_catalog.<=) ROW($3::pg_catalog.text, $4::integer) ORDER BY t.region COLLATE pg_catalog."default", t.id FOR SHARE OF t NOWAIT"#
             )
         );
         assert_eq!(
             queries.page_end(false),
             format!(
-                r#"SELECT t.region::text, t.id::text FROM (SELECT t.region, t.id FROM ONLY public.q t WHERE {key} <= ROW($1::pg_catalog.text, $2::integer) ORDER BY t.region COLLATE pg_catalog."default", t.id LIMIT $3) t ORDER BY t.region COLLATE pg_catalog."default" DESC, t.id DESC LIMIT 1"#
+                r#"SELECT t.region::pg_catalog.text, t.id::pg_catalog.text FROM (SELECT t.region, t.id FROM ONLY public.q t WHERE {key} OPERATOR(pg_catalog.<=) ROW($1::pg_catalog.text, $2::integer) ORDER BY t.region COLLATE pg_catalog."default", t.id LIMIT $3) t ORDER BY t.region COLLATE pg_catalog."default" DESC, t.id DESC LIMIT 1"#
             )
         );
     }

@@ -120,7 +120,11 @@ pub fn verify(content: &[u8], xid: i64) -> bool {
     let Ok(xid) = u32::try_from(xid) else { return false };
     let Some((body, key_id, digest)) = split(content) else { return false };
     let key = Spi::connect(|client| {
-        let rows = client.select("SELECT key FROM backfill.message_key WHERE id = $1", Some(1), &[key_id.into()])?;
+        let rows = client.select(
+            "SELECT key FROM backfill.message_key WHERE id OPERATOR(pg_catalog.=) $1",
+            Some(1),
+            &[key_id.into()],
+        )?;
         if rows.is_empty() {
             return Ok(None);
         }

@@ -95,9 +95,9 @@ pub fn blocker(options: &SourceOptions, own_slot: Option<&str>) -> Option<WaitRe
         // restart_lsn moves only at running-transactions records, which a backfill alone on a
         // quiet server would wait for. (From the WAL inserted: see pipeline.rs.)
         let greediest = two_columns(
-            "SELECT slot_name::text, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(), restart_lsn)::bigint
+            "SELECT slot_name::pg_catalog.text, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(), restart_lsn)::bigint
                FROM pg_catalog.pg_replication_slots
-              WHERE restart_lsn IS NOT NULL AND slot_name::text IS DISTINCT FROM $1
+              WHERE restart_lsn IS NOT NULL AND (slot_name::pg_catalog.text OPERATOR(pg_catalog.=) $1) IS NOT TRUE
               ORDER BY 2 DESC LIMIT 1",
             own_slot,
         );
@@ -208,9 +208,9 @@ impl LoadGovernor {
 /// and those sleeping in an extension's wait, as backfill_wait() does, which cost nothing.
 fn active_sessions() -> i64 {
     crate::pg::spi::select_one::<i64>(
-        "SELECT count(*) FROM pg_catalog.pg_stat_get_activity(NULL) a
+        "SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_get_activity(NULL) a
           WHERE a.backend_type OPERATOR(pg_catalog.=) 'client backend' AND a.state OPERATOR(pg_catalog.=) 'active'
-            AND a.wait_event_type IS DISTINCT FROM 'Extension'",
+            AND (a.wait_event_type OPERATOR(pg_catalog.=) 'Extension') IS NOT TRUE",
         &[],
     )
     .or_internal("count the active sessions")

@@ -15,8 +15,10 @@ use pgrx::PgSqlErrorCode::*;
 /// backfill_start(..., slot => ...): the slot must exist, be logical and belong to this database.
 pub fn require_slot(slot: &str) {
     let found = crate::pg::spi::select_one::<Text>(
-        "SELECT slot_type || ':' || coalesce(database::text, '') || ':' || coalesce((database = current_database())::text, 'false')
-           FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+        "SELECT slot_type OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) coalesce(database::pg_catalog.text, '')
+                OPERATOR(pg_catalog.||) ':'
+                OPERATOR(pg_catalog.||) coalesce((database OPERATOR(pg_catalog.=) pg_catalog.current_database())::pg_catalog.text, 'false')
+           FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1",
         &[slot.into()],
     )
     .ok()
@@ -61,14 +63,17 @@ pub fn require_slot(slot: &str) {
 pub fn require_published(publication: &str, table: &Table) {
     let published = crate::pg::spi::select_one::<bool>(
         // (NULL when the publication does not exist; false when it holds no table.)
-        "SELECT CASE WHEN count(p.oid) > 0 THEN coalesce(
-                 bool_or(pt.schemaname = $2 AND pt.tablename = $3)
-              OR bool_or(p.puballtables)
-              OR bool_or(pt.schemaname = $2 AND pt.tablename IN (SELECT c.relname FROM pg_catalog.pg_partition_tree($4::regclass) pt2
-                                                                   JOIN pg_catalog.pg_class c ON c.oid = pt2.relid)), false) END
+        "SELECT CASE WHEN pg_catalog.count(p.oid) OPERATOR(pg_catalog.>) 0 THEN coalesce(
+                 pg_catalog.bool_or(pt.schemaname OPERATOR(pg_catalog.=) $2 AND pt.tablename OPERATOR(pg_catalog.=) $3)
+              OR pg_catalog.bool_or(p.puballtables)
+              OR pg_catalog.bool_or(pt.schemaname OPERATOR(pg_catalog.=) $2
+                                    AND pt.tablename OPERATOR(pg_catalog.=) ANY (
+                                            SELECT c.relname FROM pg_catalog.pg_partition_tree($4::pg_catalog.regclass) pt2
+                                              JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pt2.relid)),
+                 false) END
            FROM pg_catalog.pg_publication p
-           LEFT JOIN pg_catalog.pg_publication_tables pt ON pt.pubname = p.pubname
-          WHERE p.pubname = $1",
+           LEFT JOIN pg_catalog.pg_publication_tables pt ON pt.pubname OPERATOR(pg_catalog.=) p.pubname
+          WHERE p.pubname OPERATOR(pg_catalog.=) $1",
         &[Text::from(publication).into(), Text(table.schema.clone()).into(), Text(table.name.clone()).into(), table.relid.into()],
     )
     .ok()
@@ -104,11 +109,12 @@ pub fn published_columns(publication: &str, table: &Table) -> Option<Vec<String>
         client
             .select(
                 "SELECT l.relid::pg_catalog.regclass::pg_catalog.text, e.attnames IS NOT NULL,
-                        CASE WHEN e.attnames IS DISTINCT FROM ARRAY(
+                        -- ((... = ...) IS NOT TRUE: IS DISTINCT FROM would find its = on the search_path.)
+                        CASE WHEN (e.attnames OPERATOR(pg_catalog.=) ARRAY(
                                   SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
                                    WHERE a.attrelid OPERATOR(pg_catalog.=) l.relid
                                      AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
-                                   ORDER BY a.attnum)
+                                   ORDER BY a.attnum)) IS NOT TRUE
                              THEN e.attnames END
                    FROM (SELECT t.relid FROM pg_catalog.pg_partition_tree($2::pg_catalog.regclass) t WHERE t.isleaf
                          -- (A table that is neither partitioned nor a partition has no tree.)
@@ -200,7 +206,7 @@ pub fn blocker(job: &Job) -> Option<WaitReason> {
         let rows = client.select(
             "SELECT active, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(), confirmed_flush_lsn)::bigint,
                     wal_status
-               FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+               FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1",
             None,
             &[slot.into()],
         )?;

@@ -252,7 +252,7 @@ pub fn sampled_bounds(relid: pg_sys::Oid, key: &[(String, String)], ranges: i32)
             draws = (sampled * 1.25).ceil() as i64,
         )
     } else {
-        format!("TABLESAMPLE BERNOULLI ({percent})")
+        format!("TABLESAMPLE pg_catalog.bernoulli ({percent})")
     };
     bounds_of_sample(key, ranges, "", &format!("{name} AS s {sample}"))
 }

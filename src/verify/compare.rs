@@ -171,10 +171,10 @@ pub fn differences(
 /// The slot of the latest backfill of the table that had one, if it still exists.
 fn last_slot_of(relid: pg_sys::Oid) -> Option<String> {
     crate::pg::spi::select_one::<Text>(
-        "SELECT j.slot_name::text FROM backfill.job j
-           JOIN backfill.job_table t ON t.job_id = j.id
-           JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
-          WHERE t.relid = $1::oid::regclass ORDER BY j.id DESC LIMIT 1",
+        "SELECT j.slot_name::pg_catalog.text FROM backfill.job j
+           JOIN backfill.job_table t ON t.job_id OPERATOR(pg_catalog.=) j.id
+           JOIN pg_catalog.pg_replication_slots s ON s.slot_name OPERATOR(pg_catalog.=) j.slot_name
+          WHERE t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid::pg_catalog.regclass ORDER BY j.id DESC LIMIT 1",
         &[relid.into()],
     )
     .or_internal("read the table's backfills")
@@ -185,9 +185,11 @@ fn last_slot_of(relid: pg_sys::Oid) -> Option<String> {
 /// pipeline a repair through that slot re-delivers to, whose column list bounds what it sends.
 pub fn last_publication_of(relid: pg_sys::Oid, slot: &str) -> Option<String> {
     crate::pg::spi::select_one::<Text>(
-        "SELECT j.publication_name::text FROM backfill.job j
-           JOIN backfill.job_table t ON t.job_id = j.id
-          WHERE t.relid = $1::oid::regclass AND j.slot_name = $2 ORDER BY j.id DESC LIMIT 1",
+        "SELECT j.publication_name::pg_catalog.text FROM backfill.job j
+           JOIN backfill.job_table t ON t.job_id OPERATOR(pg_catalog.=) j.id
+          WHERE t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid::pg_catalog.regclass
+            AND j.slot_name OPERATOR(pg_catalog.=) $2
+          ORDER BY j.id DESC LIMIT 1",
         &[relid.into(), Text::from(slot).into()],
     )
     .or_internal("read the table's backfills")

@@ -77,7 +77,7 @@ pub fn range_sums(relid: pg_sys::Oid, bounds: &[serde_json::Value], level: Level
                 })
                 .collect();
             let statement = format!(
-                "SELECT coalesce(pg_catalog.json_agg(pg_catalog.json_build_array(r.range, r.rows, r.sum))::text, '[]')
+                "SELECT coalesce(pg_catalog.json_agg(pg_catalog.json_build_array(r.range, r.rows, r.sum))::pg_catalog.text, '[]')
                    FROM (SELECT c.range, pg_catalog.sum(c.rows)::pg_catalog.int8 AS rows,
                                 pg_catalog.sum(c.checksum::pg_catalog.numeric)::pg_catalog.text AS sum
                            FROM ({}) c GROUP BY c.range) r",

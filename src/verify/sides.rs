@@ -293,11 +293,11 @@ fn connect(target: pg_sys::Oid, target_name: &str) -> Side {
     });
     let remote = Spi::connect(|client| {
         let rows = client.select(
-            "SELECT s.srvname::text,
+            "SELECT s.srvname::pg_catalog.text,
                     coalesce((SELECT o.option_value FROM pg_catalog.pg_options_to_table(ft.ftoptions) o
-                               WHERE o.option_name OPERATOR(pg_catalog.=) 'schema_name'), n.nspname::text),
+                               WHERE o.option_name OPERATOR(pg_catalog.=) 'schema_name'), n.nspname::pg_catalog.text),
                     coalesce((SELECT o.option_value FROM pg_catalog.pg_options_to_table(ft.ftoptions) o
-                               WHERE o.option_name OPERATOR(pg_catalog.=) 'table_name'), c.relname::text)
+                               WHERE o.option_name OPERATOR(pg_catalog.=) 'table_name'), c.relname::pg_catalog.text)
                FROM pg_catalog.pg_foreign_table ft
                JOIN pg_catalog.pg_foreign_server s ON s.oid OPERATOR(pg_catalog.=) ft.ftserver
                JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) ft.ftrelid
@@ -423,7 +423,7 @@ pub fn range_sums(
                 })
                 .unwrap_or_default();
             let sql = format!(
-                "SELECT rows::text, checksum FROM backfill.checksum({}::regclass::oid, 1, {}, {}::jsonb{columns}) ORDER BY range",
+                "SELECT rows::pg_catalog.text, checksum FROM backfill.checksum({}::pg_catalog.regclass::pg_catalog.oid, 1, {}, {}::pg_catalog.jsonb{columns}) ORDER BY range",
                 crate::pg::encoding::quote_literal(name),
                 spi::quote_literal(level.name()),
                 spi::quote_literal(ascii_json(&serde_json::Value::Array(bounds.to_vec()).to_string()))
@@ -469,12 +469,12 @@ fn of_keys(key: &[(String, String)], keys: &[&String]) -> String {
         spi::quote_literal(ascii_json(&format!("[{}]", keys.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(","))));
     let row =
         key_json::key_expression(key, |column, _| format!("backfill_row.{}", crate::pg::encoding::quote_ident(column)));
-    // (A subquery's columns, one per key column: `ROW(a, b) IN (SELECT ROW(...))` compares a
+    // (A subquery's columns, one per key column: `ROW(a, b) = ANY (SELECT ROW(...))` compares a
     // row with one column.)
     let each: Vec<String> =
         key.iter().map(|(column, type_name)| key_json::key_from_json("e.v", column, type_name)).collect();
     format!(
-        "{row} IN (SELECT {} FROM pg_catalog.jsonb_array_elements({literal}::pg_catalog.jsonb) AS e(v))",
+        "{row} OPERATOR(pg_catalog.=) ANY (SELECT {} FROM pg_catalog.jsonb_array_elements({literal}::pg_catalog.jsonb) AS e(v))",
         each.join(", ")
     )
 }

@@ -3,8 +3,11 @@
 //! records each shard's rows and state in `backfill.job_table` (so that backfill_status,
 //! backfill_tables and backfill_shards show the whole), and ends the coordinator's backfill the
 //! way its nodes' end: done once every node's is done (and, with a slot, delivered), failed or
-//! cancelled as soon as one node's is. A node it cannot reach (restarting, say) is shown as
-//! unreachable and asked again: its own backfill resumes there by itself.
+//! cancelled as soon as one node's is. Then nothing goes on that the coordinator does not show
+//! running: a node's backfill that fails pauses the others (backfill_resume on the coordinator
+//! resumes them all, backfill_cancel cancels them all); one cancelled on its node cancels the
+//! others. A node it cannot reach (restarting, say) is shown as unreachable and asked again: its
+//! own backfill resumes there by itself.
 
 use crate::catalog::job;
 use crate::catalog::job_shard::{self, JobShard, ShardProgress};
@@ -67,7 +70,7 @@ fn look(backfill_id: i64) -> bool {
              their rows up to each node's cursor were delivered"
         );
         end(backfill_id, JobState::Failed, Some(("42P01", &why)));
-        cancel_on_nodes(backfill_id, by_node.keys());
+        control_on_nodes(backfill_id, by_node.keys(), "backfill_cancel", &["running", "paused"]);
         return false;
     }
     // A shard that moved (or was split) before its node delivered it: its rows' changes now go
@@ -87,7 +90,7 @@ fn look(backfill_id: i64) -> bool {
         end(backfill_id, JobState::Failed, Some(("55000", &why)));
         // Resuming cannot help, starting again will: the other nodes' backfills stop too, so that
         // a new backfill of the table can start on every node.
-        cancel_on_nodes(backfill_id, by_node.keys());
+        control_on_nodes(backfill_id, by_node.keys(), "backfill_cancel", &["running", "paused"]);
         return false;
     }
     let schema = nodes::extension_schema();
@@ -137,12 +140,20 @@ fn look(backfill_id: i64) -> bool {
                     "backfill {node_id} on worker node {node} failed: {}",
                     reply.error.as_deref().unwrap_or("no error recorded")
                 );
-                end(backfill_id, JobState::Failed, Some((reply.sqlstate.as_deref().unwrap_or("XX000"), &why)));
+                // The others pause (holding nothing), rather than go on under a coordinator's
+                // backfill that shows failed: backfill_resume on the coordinator resumes them
+                // with the failed one, backfill_cancel cancels them.
+                if end(backfill_id, JobState::Failed, Some((reply.sqlstate.as_deref().unwrap_or("XX000"), &why))) {
+                    control_on_nodes(backfill_id, by_node.keys(), "backfill_pause", &["running"]);
+                }
                 return false;
             }
             "cancelled" => {
                 log!("{}: backfill {node_id} on worker node {node} was cancelled there", who(backfill_id));
-                end(backfill_id, JobState::Cancelled, None);
+                // The whole cannot be done any more: the others stop too (as after a shard move).
+                if end(backfill_id, JobState::Cancelled, None) {
+                    control_on_nodes(backfill_id, by_node.keys(), "backfill_cancel", &["running", "paused"]);
+                }
                 return false;
             }
             "done" if reply.delivered.unwrap_or(true) => {}
@@ -183,30 +194,37 @@ fn question(schema: &str, node_id: i64, shards: &[&JobShard]) -> String {
                                          LEFT JOIN {schema}.backfill_tables t
                                            ON t.backfill_id OPERATOR(pg_catalog.=) s.id
                                           AND t.table_name OPERATOR(pg_catalog.=) v.shard
-                                        GROUP BY v.position) g))::text
+                                        GROUP BY v.position) g))::pg_catalog.text
            FROM {schema}.backfill_status s WHERE s.id OPERATOR(pg_catalog.=) {node_id}",
         values.join(", ")
     )
 }
 
-/// Ends the coordinator's backfill as one of its nodes' ended, with why.
-fn end(backfill_id: i64, state: JobState, error: Option<(&str, &str)>) {
-    if job::move_job(backfill_id, &[JobState::Running], state, None, error) {
+/// Ends the coordinator's backfill as one of its nodes' ended, with why; false when it no longer
+/// ran (paused or cancelled meanwhile: the control function passed that on to the nodes).
+fn end(backfill_id: i64, state: JobState, error: Option<(&str, &str)>) -> bool {
+    let ended = job::move_job(backfill_id, &[JobState::Running], state, None, error);
+    if ended {
         log!("{}: {state} {}", who(backfill_id), error.map(|(_, why)| why).unwrap_or_default());
     }
+    ended
 }
 
-/// Cancels the nodes' backfills that still run or are paused; a node that cannot be reached is
-/// logged (its backfill is cancelled by hand there, or runs to its end).
-fn cancel_on_nodes<'a>(backfill_id: i64, node_backfills: impl Iterator<Item = &'a (Node, i64)>) {
+/// Calls `function` (backfill_cancel, backfill_pause) of the nodes' backfills that are in one of
+/// the states `from` there; a node that cannot be reached is logged (its backfill is stopped by
+/// hand there, by backfill_cancel on the coordinator, or runs to its end).
+fn control_on_nodes<'a>(
+    backfill_id: i64,
+    node_backfills: impl Iterator<Item = &'a (Node, i64)>,
+    function: &str,
+    from: &[&str],
+) {
     let commands: Vec<(Node, String)> = node_backfills
-        .map(|(node, node_id)| {
-            (node.clone(), nodes::control_statement("backfill_cancel", *node_id, &["running", "paused"]))
-        })
+        .map(|(node, node_id)| (node.clone(), nodes::control_statement(function, "", *node_id, from)))
         .collect();
     for ((node, _), answer) in commands.iter().zip(nodes::run(&commands)) {
         if let Err(message) = answer {
-            log!("{}: could not cancel its backfill on worker node {node}: {message}", who(backfill_id));
+            log!("{}: could not call {function} of its backfill on worker node {node}: {message}", who(backfill_id));
         }
     }
 }

@@ -129,7 +129,7 @@ pub fn show_as(name: &str) {
 fn backfill_workers(starting: bool) -> i32 {
     let pattern = if starting { activity::ANY_WORKER_NAME } else { activity::ADMITTED_WORKER_NAME };
     crate::pg::spi::select_one::<i32>(
-        "SELECT count(*)::int FROM pg_catalog.pg_stat_activity
+        "SELECT pg_catalog.count(*)::int FROM pg_catalog.pg_stat_activity
           WHERE backend_type OPERATOR(pg_catalog.=) 'pg_backfill'
             AND application_name OPERATOR(pg_catalog.~) $1
             AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()",

@@ -87,7 +87,8 @@ fn key_rows(table: &Table, locking: Locking) -> String {
     let order = table.key.iter().map(|k| format!("t.{}", quote_ident(&k.name))).collect::<Vec<_>>().join(", ");
     let lock = locking.clause();
     format!(
-        "SELECT {} FROM ONLY {} t WHERE {columns} IN (SELECT {} FROM {unnest} AS k({names})) ORDER BY {order}{lock}",
+        "SELECT {} FROM ONLY {} t WHERE {columns} OPERATOR(pg_catalog.=) ANY (SELECT {} FROM {unnest} AS k({names}))
+          ORDER BY {order}{lock}",
         crate::stream::json::select_list(&table.columns),
         table.qualified_name(),
         casts.join(", "),
@@ -100,7 +101,7 @@ fn absent_keys(table: &Table) -> String {
     let key = if casts.len() == 1 { casts[0].clone() } else { format!("({})", casts.join(", ")) };
     format!(
         "SELECT k.o FROM {unnest} WITH ORDINALITY AS k({names}, o)
-          WHERE NOT EXISTS (SELECT FROM ONLY {} t WHERE {columns} = {key})",
+          WHERE NOT EXISTS (SELECT FROM ONLY {} t WHERE {columns} OPERATOR(pg_catalog.=) {key})",
         table.qualified_name()
     )
 }
