@@ -1016,24 +1016,6 @@ def test_rights_lost_mid_run_stop_a_backfill_without_a_filter(cluster, db, roles
         consumer.stop()
 
 
-    for take_away, expect in (
-        ("ALTER TABLE t ENABLE ROW LEVEL SECURITY", "row-level security now filters the rows of table public.t"),
-        (f"ALTER ROLE {operator} NOREPLICATION", 'may no longer bind a backfill to replication slot "rights"'),
-    ):
-        backfill_id = conn.execute(
-            "SELECT backfill_start('t', confirm => true, batch_size => 100, rows_per_second => 1000, slot => 'rights')"
-        ).fetchone()[0]
-        wait_for(lambda: status(db, backfill_id, "rows_done") >= 100, what="a page before the rights go")
-        db.execute(take_away)
-        assert wait_until_ended(db, backfill_id) == "failed", take_away
-        assert status(db, backfill_id, "last_error_sqlstate") == "42501", take_away
-        assert expect in status(db, backfill_id, "last_error"), status(db, backfill_id, "last_error")
-        assert status(db, backfill_id, "rows_done") < 5000
-        db.execute("ALTER TABLE t DISABLE ROW LEVEL SECURITY")
-        db.execute(f"ALTER ROLE {operator} REPLICATION")
-    consumer.stop()
-
-
 # --- a database owner's types, operators and functions on a superuser's path --------------------
 
 # The types a database owner shadows with domains whose check is its code, and over which it plants
