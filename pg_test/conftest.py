@@ -43,6 +43,9 @@ _db_names = itertools.count()
 def cluster_cmd(command: str, major: int = PG_MAJOR) -> None:
     """Runs a command of scripts/cluster.sh with the programs of PostgreSQL `major`."""
     env = {**os.environ, "PG_MAJOR": str(major)}
+    if major != PG_MAJOR:
+        # BACKFILL_PG_BIN names another installation of this run's major only.
+        env.pop("BACKFILL_PG_BIN", None)
     subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/cluster.sh' && {command}"], check=True, env=env)
 
 
@@ -74,7 +77,7 @@ class Cluster:
 # plus 100 plus its place here (clear of the demo's, 15440, and of another major's run, 1,000 or more above).
 EXTRA_CLUSTERS = ["replica", "standby1", "preload", "nopreload", "install", "huge", "pmdeath", "standby", "resumer",
                   "upgrade_old", "upgrade_new", "csub_primary", "csub_standby",
-                  "citus_coordinator", "citus_worker1", "citus_worker2"]
+                  "citus_coordinator", "citus_worker1", "citus_worker2", "key_standby"]
 
 
 def extra_cluster(cluster: "Cluster", name: str, major: int = PG_MAJOR) -> Cluster:

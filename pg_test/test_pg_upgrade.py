@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (PG_BIN, PG_MAJOR, Consumer, assert_each_row_read_once, doc_block, extra_cluster, pg_major_value, status,
-                      wait_for, wait_until_ended)
+from conftest import (PG_BIN, PG_MAJOR, Consumer, assert_each_row_read_once, doc_block, extra_cluster, messages_with_xids, pg_major_value,
+                      status, wait_for, wait_until_ended)
 
 OLD_MAJOR = 15
 OLD_BIN = pg_major_value(f"$(pg_bin_of {OLD_MAJOR})")
@@ -95,6 +95,10 @@ def test_a_paused_backfill_resumes_after_pg_upgrade_from_15_and_delivers_each_ro
             conn.execute("SELECT backfill_pause(%s)", [slot_bound_id])
             wait_for(lambda: status(conn, slot_bound_id, "state") == "paused" and status(conn, slot_bound_id, "worker_pid") is None,
                      what="the pause")
+            # Two message keys, kept in sequences, which pg_upgrade must carry with their values.
+            conn.execute("SELECT backfill_rotate_key()")
+            keys = conn.execute("SELECT id, key FROM backfill.message_key ORDER BY id").fetchall()
+            assert len(keys) == 2
             # Before the upgrade the consumer reads its slot to the end: the slot stays behind.
             caught_up(conn, "pipe")
         consumers[0].stop()
@@ -130,6 +134,12 @@ def test_a_paused_backfill_resumes_after_pg_upgrade_from_15_and_delivers_each_ro
             assert status(conn, finished_id, "state", "rows_done") == ("done", FINISHED_ROWS)
             assert status(conn, paused_id, "state", "rows_done") == ("paused", rows_at_pause)
             assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0] == 0
+            assert conn.execute("SELECT id, key FROM backfill.message_key ORDER BY id").fetchall() == keys
+            with open(consumers[0].output.name, "rb") as output:
+                signed_on_15 = [(xid, content.decode()) for xid, content in messages_with_xids(output)]
+            assert signed_on_15 and all(
+                conn.execute("SELECT backfill_message_valid(%s, %s)", [content, xid]).fetchone()[0] for xid, content in signed_on_15
+            )
             # The DBA creates the pipeline's slot again and its consumer connects, then resumes.
             conn.execute("SELECT pg_create_logical_replication_slot('pipe', 'test_decoding')")
             consumers.append(Consumer(new, "app", "pipe"))

@@ -335,6 +335,19 @@ COMMENT ON COLUMN backfill_errors.detail IS 'The error''s detail, if any';
 GRANT SELECT ON backfill_errors TO PUBLIC;
 
 -- Authenticated messages (see docs/consumers.md and docs/security.md).
+-- The message keys, as consumers read them: SELECT on this view is the consumer's grant. The
+-- bytes come from the sequences that hold them (sql/catalog.sql says why), which only the
+-- extension's owner reads: backfill.message_key_bytes() reads them as the owner for a caller
+-- that may SELECT this view.
+CREATE VIEW backfill.message_key AS
+SELECT s.id, backfill.message_key_bytes(s.id) AS key, s.created_at
+  FROM backfill.message_key_store s;
+COMMENT ON VIEW backfill.message_key IS 'Keys of the messages'' authentication tags (HMAC-SHA256); the newest signs new messages, older ones still verify old messages. Readable only by the extension''s owner and the roles it grants.';
+COMMENT ON COLUMN backfill.message_key.id IS 'Key id, carried in every tag (auth = "<id>:<hex>")';
+COMMENT ON COLUMN backfill.message_key.key IS '32 random bytes';
+COMMENT ON COLUMN backfill.message_key.created_at IS 'When the key was made (CREATE EXTENSION or backfill_rotate_key())';
+SELECT backfill.revoke_from_all_but_owner('backfill.message_key');
+
 CREATE FUNCTION backfill_key(OUT key_id integer, OUT key bytea)
 LANGUAGE sql STABLE
 AS $$ SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1 $$;
@@ -343,10 +356,15 @@ COMMENT ON FUNCTION backfill_key() IS
 
 CREATE FUNCTION backfill_rotate_key(retire_old_keys boolean DEFAULT false)
 RETURNS integer
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+-- (client_min_messages: on a Citus node, each ALTER EXTENSION ... ADD or DROP SEQUENCE below
+-- gets a notice that Citus does not pass it on to the other nodes, which it need not: each node
+-- has keys of its own.)
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET client_min_messages = warning
 AS $$
 DECLARE
     made integer;
+    retired oid[];
+    part oid;
 BEGIN
     IF retire_old_keys IS NULL THEN
         RAISE EXCEPTION 'argument retire_old_keys of backfill_rotate_key must not be NULL'
@@ -354,9 +372,15 @@ BEGIN
                   DETAIL = 'backfill_rotate_key was called with retire_old_keys => NULL.',
                   HINT = 'Pass true to delete the old keys (a key leaked), or leave it out to keep them.';
     END IF;
-    INSERT INTO backfill.message_key DEFAULT VALUES RETURNING id INTO made;
+    made := backfill.make_message_key();
     IF retire_old_keys THEN
-        DELETE FROM backfill.message_key WHERE id OPERATOR(pg_catalog.<) made;
+        -- A retired key's bytes go with it: its sequences are dropped.
+        FOR retired IN DELETE FROM backfill.message_key_store WHERE id OPERATOR(pg_catalog.<) made RETURNING key_sequences LOOP
+            FOREACH part IN ARRAY retired LOOP
+                EXECUTE format('ALTER EXTENSION pg_backfill DROP SEQUENCE %s', part::regclass);
+                EXECUTE format('DROP SEQUENCE %s', part::regclass);
+            END LOOP;
+        END LOOP;
     END IF;
     RETURN made;
 END
@@ -384,6 +408,19 @@ SELECT 'the message key is readable by PUBLIC',
        NOT pg_catalog.has_table_privilege('public', 'backfill.message_key', 'SELECT'),
        'A role that can read the key can forge messages that verify.',
        'REVOKE ALL ON backfill.message_key FROM PUBLIC; SELECT backfill_rotate_key(retire_old_keys => true);'
+UNION ALL
+-- The keys' bytes are in sequences of schema backfill that only their owner may read (a role
+-- with SELECT or USAGE on one reads a part of a key; with UPDATE or USAGE it changes it).
+SELECT 'pg_backfill''s sequences are accessible to other roles than their owner',
+       pg_catalog.count(*) OPERATOR(pg_catalog.=) 0,
+       'The message keys are kept in sequences of schema backfill: a role that can read them can forge messages that verify.',
+       CASE WHEN pg_catalog.count(*) OPERATOR(pg_catalog.>) 0 THEN
+       pg_catalog.format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA backfill FROM %s; SELECT backfill_rotate_key(retire_old_keys => true);',
+                         pg_catalog.string_agg(DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END, ', '))
+       END
+  FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+ WHERE c.relnamespace OPERATOR(pg_catalog.=) 'backfill'::pg_catalog.regnamespace
+   AND c.relkind OPERATOR(pg_catalog.=) 'S' AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
 UNION ALL
 SELECT 'backfills can be started by PUBLIC',
        NOT pg_catalog.has_function_privilege('public', 'backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, pg_catalog.text, pg_catalog.text[])', 'EXECUTE'),
@@ -460,6 +497,7 @@ COMMENT ON FUNCTION backfill.workers_running(bigint) IS 'Background workers of a
 COMMENT ON FUNCTION backfill.may_act_as(text, text) IS 'Whether role member holds the privileges of role role or may SET ROLE to it (a bare member, granted WITH INHERIT FALSE, SET FALSE on 16+, may not): who sees and controls a role''s backfills';
 COMMENT ON FUNCTION backfill.waiting_for(bigint) IS 'What the workers of a backfill wait for now (a row lock held by a pid, or the slot''s consumer), or NULL';
 COMMENT ON FUNCTION backfill.waiting_kind(bigint) IS 'The kind of what the workers of a backfill wait for now (row_lock, consumer_away, consumer_lag, replica_lag, retained_wal, load), or NULL';
+COMMENT ON FUNCTION backfill.message_key_bytes(integer) IS 'A message key''s bytes, read from its sequences as the extension''s owner, for a caller that may SELECT backfill.message_key (its column key)';
 COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 'Whether a message is genuine: its auth tag verifies for the transaction id its decoder reported (needs SELECT on backfill.message_key)';
 
@@ -472,6 +510,9 @@ GRANT EXECUTE ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, big
 -- backfill.row_hash() too: a hash of a row its caller already has. A comparison reads a table as
 -- its owner (privilege::read_as_owner), who may hold no grant of pg_backfill's.
 GRANT EXECUTE ON FUNCTION backfill.row_hash(anyelement) TO PUBLIC;
+-- backfill.message_key_bytes() too: it reads a key only for a caller that may SELECT
+-- backfill.message_key, whose column key it is.
+GRANT EXECUTE ON FUNCTION backfill.message_key_bytes(integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
                           backfill.waiting_for(bigint), backfill.waiting_kind(bigint), backfill.visible(name),
                           backfill.source_limit(text, bigint), backfill.may_act_as(text, text) TO PUBLIC;

@@ -175,31 +175,101 @@ AS $$ SELECT sha256(convert_to(gen_random_uuid()::text || gen_random_uuid()::tex
                                gen_random_uuid()::text || gen_random_uuid()::text, 'UTF8')) $$;
 COMMENT ON FUNCTION backfill.random_key() IS 'A new message key: 32 random bytes';
 
-CREATE TABLE backfill.message_key (
-    id         integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    key        bytea NOT NULL DEFAULT backfill.random_key() CHECK (octet_length(key) >= 32),
-    created_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
-);
-COMMENT ON TABLE backfill.message_key IS 'Keys of the messages'' authentication tags (HMAC-SHA256); the newest signs new messages, older ones still verify old messages. Readable only by the extension''s owner and the roles it grants.';
-COMMENT ON COLUMN backfill.message_key.id IS 'Key id, carried in every tag (auth = "<id>:<hex>")';
-COMMENT ON COLUMN backfill.message_key.key IS '32 random bytes';
-COMMENT ON COLUMN backfill.message_key.created_at IS 'When the key was made (CREATE EXTENSION or backfill_rotate_key())';
--- Not dumped: a restored database is another database, with a key of its own.
-INSERT INTO backfill.message_key DEFAULT VALUES;
--- Only the extension's owner reads the key: privileges that ALTER DEFAULT PRIVILEGES gave the
--- new table are taken back; docs/security.md shows the grant for consumers.
-DO $$
+-- Only the owner of one of the relations that hold or show the message keys uses it: the
+-- privileges that ALTER DEFAULT PRIVILEGES gave it when it was made are taken back
+-- (docs/security.md shows the grant for consumers).
+CREATE FUNCTION backfill.revoke_from_all_but_owner(relation regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
 DECLARE
     grantee oid;
 BEGIN
-    FOR grantee IN SELECT DISTINCT a.grantee FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
-                    WHERE c.oid = 'backfill.message_key'::pg_catalog.regclass AND a.grantee <> c.relowner
+    FOR grantee IN SELECT DISTINCT a.grantee FROM pg_class c, aclexplode(c.relacl) a
+                    WHERE c.oid = relation AND a.grantee <> c.relowner
     LOOP
-        EXECUTE pg_catalog.format('REVOKE ALL ON backfill.message_key FROM %s',
-                                  CASE grantee WHEN 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(grantee::regrole::text) END);
+        EXECUTE format('REVOKE ALL ON %s FROM %s', relation, CASE grantee WHEN 0 THEN 'PUBLIC' ELSE grantee::regrole::text END);
     END LOOP;
 END
 $$;
+COMMENT ON FUNCTION backfill.revoke_from_all_but_owner(regclass) IS 'Takes back every privilege on a relation of the message keys from all but its owner';
+
+-- The message keys. A key's bytes are kept in sequences, eight in each (a bigint), never in a
+-- table's rows: logical decoding decodes the rows of every table, pg_backfill's own included,
+-- into every test_decoding and wal2json slot (they have no publication) and every FOR ALL TABLES
+-- publication, and whoever read a key there could forge messages that verify. No decoder of
+-- PostgreSQL 15 to 18 decodes a sequence's value (pg_largeobject, a catalog, would not be
+-- decoded either, but pg_dump dumps large objects). Sequences are WAL-logged, so a standby has
+-- the keys and verifies after a failover; pg_upgrade carries their values; as members of the
+-- extension pg_dump leaves them out; only their owner, the extension's owner, reads them.
+-- Consumers read the keys through the view backfill.message_key (sql/api.sql). The sequences
+-- are named by oid, not regclass: a native subscriber of a FOR ALL TABLES publication receives
+-- these rows, and regclass's input would look the publisher's sequences up there, and fail,
+-- before the trigger below discards the row.
+CREATE TABLE backfill.message_key_store (
+    id            integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    created_at    timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    key_sequences oid[] NOT NULL CHECK (pg_catalog.cardinality(key_sequences) >= 4)
+);
+COMMENT ON TABLE backfill.message_key_store IS 'The message keys (read them through backfill.message_key): each key''s id and the sequences that hold its bytes, out of every decoded stream';
+COMMENT ON COLUMN backfill.message_key_store.id IS 'Key id, carried in every tag (auth = "<id>:<hex>")';
+COMMENT ON COLUMN backfill.message_key_store.created_at IS 'When the key was made (CREATE EXTENSION or backfill_rotate_key())';
+COMMENT ON COLUMN backfill.message_key_store.key_sequences IS 'The sequences (their oids) that hold the key''s bytes, eight each (a bigint''s big-endian bytes), in order';
+SELECT backfill.revoke_from_all_but_owner('backfill.message_key_store');
+
+-- Stores a key's bytes in new sequences backfill.message_key_<id>_<n>, members of the extension
+-- (at CREATE EXTENSION and its updates they are already), and returns them.
+CREATE FUNCTION backfill.store_message_key(key_id integer, key bytea) RETURNS oid[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    key_owner regrole := (SELECT relowner FROM pg_class WHERE oid = 'backfill.message_key_store'::regclass);
+    parts oid[] := '{}';
+    part regclass;
+BEGIN
+    IF octet_length(key) < 32 OR octet_length(key) % 8 <> 0 THEN
+        RAISE EXCEPTION 'message key % cannot be stored', key_id
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = format('It has %s bytes; a message key has a multiple of 8 bytes, at least 32.', octet_length(key)),
+                  HINT = 'Make a new key instead: SELECT backfill_rotate_key(retire_old_keys => true);';
+    END IF;
+    FOR n IN 1 .. octet_length(key) / 8 LOOP
+        EXECUTE format('CREATE SEQUENCE backfill.%I AS bigint MINVALUE -9223372036854775808 MAXVALUE 9223372036854775807',
+                       format('message_key_%s_%s', key_id, n));
+        part := format('backfill.%I', format('message_key_%s_%s', key_id, n))::regclass;
+        -- The bytes go in by setval, never as START: pg_sequence, which every role may read,
+        -- holds a sequence's start. (A bigint's range is exactly every 8 bytes.)
+        PERFORM setval(part, ('x' || encode(substr(key, 8 * n - 7, 8), 'hex'))::bit(64)::bigint, true);
+        EXECUTE format('ALTER SEQUENCE %s OWNER TO %s', part, key_owner);
+        PERFORM backfill.revoke_from_all_but_owner(part);
+        EXECUTE format('COMMENT ON SEQUENCE %s IS %L', part,
+                       format('Bytes %s to %s of message key %s (backfill.message_key)', 8 * n - 7, 8 * n, key_id));
+        IF NOT EXISTS (SELECT FROM pg_depend d
+                        WHERE d.classid = 'pg_class'::regclass AND d.objid = part AND d.deptype = 'e') THEN
+            EXECUTE format('ALTER EXTENSION pg_backfill ADD SEQUENCE %s', part);
+        END IF;
+        parts := parts || part::oid;
+    END LOOP;
+    RETURN parts;
+END
+$$;
+COMMENT ON FUNCTION backfill.store_message_key(integer, bytea) IS 'Stores a message key''s bytes in sequences of its own; returns them';
+
+-- Makes a new key; returns its id.
+CREATE FUNCTION backfill.make_message_key() RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    made integer := nextval(pg_get_serial_sequence('backfill.message_key_store', 'id')::regclass);
+BEGIN
+    INSERT INTO backfill.message_key_store (id, key_sequences) OVERRIDING SYSTEM VALUE
+    VALUES (made, backfill.store_message_key(made, backfill.random_key()));
+    RETURN made;
+END
+$$;
+COMMENT ON FUNCTION backfill.make_message_key() IS 'Makes a new message key; returns its id';
+
+-- Not dumped: a restored database is another database, with a key of its own.
+SELECT backfill.make_message_key();
 
 -- A FOR ALL TABLES publication publishes these tables too: a native subscriber applies their
 -- rows into tables of the same names, or stops ("relation backfill.job does not exist"). A
@@ -215,7 +285,7 @@ DO $$
 DECLARE
     state_table text;
 BEGIN
-    FOREACH state_table IN ARRAY ARRAY['job', 'job_table', 'job_key', 'job_progress', 'job_error', 'message_key'] LOOP
+    FOREACH state_table IN ARRAY ARRAY['job', 'job_table', 'job_key', 'job_progress', 'job_error', 'message_key_store'] LOOP
         EXECUTE pg_catalog.format(
             'CREATE TRIGGER discard_replicated_row BEFORE INSERT OR UPDATE OR DELETE ON backfill.%I
                  FOR EACH ROW EXECUTE FUNCTION backfill.discard_replicated_row()', state_table);

@@ -280,3 +280,205 @@ SELECT 'backfills can be started by PUBLIC',
        'Every role could start backfills of the tables it may update, and take background workers.',
        'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
 $$;
+
+-- Issue 31, finding 15: the message keys leave every decoded stream. Their bytes move from the
+-- rows of backfill.message_key, which every test_decoding and wal2json slot and every FOR ALL
+-- TABLES publication decoded, into sequences (see sql/catalog.sql); backfill.message_key becomes
+-- a view of the same columns, which reads them for the roles granted SELECT on it. The keys
+-- that were in the table were exposed already: docs/security.md says to rotate with
+-- retire_old_keys once consumers have verified what is in flight.
+CREATE FUNCTION backfill.revoke_from_all_but_owner(relation regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    grantee oid;
+BEGIN
+    FOR grantee IN SELECT DISTINCT a.grantee FROM pg_class c, aclexplode(c.relacl) a
+                    WHERE c.oid = relation AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE format('REVOKE ALL ON %s FROM %s', relation, CASE grantee WHEN 0 THEN 'PUBLIC' ELSE grantee::regrole::text END);
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION backfill.revoke_from_all_but_owner(regclass) IS 'Takes back every privilege on a relation of the message keys from all but its owner';
+
+CREATE TABLE backfill.message_key_store (
+    id            integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    created_at    timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    key_sequences oid[] NOT NULL CHECK (pg_catalog.cardinality(key_sequences) >= 4)
+);
+COMMENT ON TABLE backfill.message_key_store IS 'The message keys (read them through backfill.message_key): each key''s id and the sequences that hold its bytes, out of every decoded stream';
+COMMENT ON COLUMN backfill.message_key_store.id IS 'Key id, carried in every tag (auth = "<id>:<hex>")';
+COMMENT ON COLUMN backfill.message_key_store.created_at IS 'When the key was made (CREATE EXTENSION or backfill_rotate_key())';
+COMMENT ON COLUMN backfill.message_key_store.key_sequences IS 'The sequences (their oids) that hold the key''s bytes, eight each (a bigint''s big-endian bytes), in order';
+SELECT backfill.revoke_from_all_but_owner('backfill.message_key_store');
+
+CREATE FUNCTION backfill.store_message_key(key_id integer, key bytea) RETURNS oid[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    key_owner regrole := (SELECT relowner FROM pg_class WHERE oid = 'backfill.message_key_store'::regclass);
+    parts oid[] := '{}';
+    part regclass;
+BEGIN
+    IF octet_length(key) < 32 OR octet_length(key) % 8 <> 0 THEN
+        RAISE EXCEPTION 'message key % cannot be stored', key_id
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = format('It has %s bytes; a message key has a multiple of 8 bytes, at least 32.', octet_length(key)),
+                  HINT = 'Make a new key instead: SELECT backfill_rotate_key(retire_old_keys => true);';
+    END IF;
+    FOR n IN 1 .. octet_length(key) / 8 LOOP
+        EXECUTE format('CREATE SEQUENCE backfill.%I AS bigint MINVALUE -9223372036854775808 MAXVALUE 9223372036854775807',
+                       format('message_key_%s_%s', key_id, n));
+        part := format('backfill.%I', format('message_key_%s_%s', key_id, n))::regclass;
+        -- The bytes go in by setval, never as START: pg_sequence, which every role may read,
+        -- holds a sequence's start. (A bigint's range is exactly every 8 bytes.)
+        PERFORM setval(part, ('x' || encode(substr(key, 8 * n - 7, 8), 'hex'))::bit(64)::bigint, true);
+        EXECUTE format('ALTER SEQUENCE %s OWNER TO %s', part, key_owner);
+        PERFORM backfill.revoke_from_all_but_owner(part);
+        EXECUTE format('COMMENT ON SEQUENCE %s IS %L', part,
+                       format('Bytes %s to %s of message key %s (backfill.message_key)', 8 * n - 7, 8 * n, key_id));
+        IF NOT EXISTS (SELECT FROM pg_depend d
+                        WHERE d.classid = 'pg_class'::regclass AND d.objid = part AND d.deptype = 'e') THEN
+            EXECUTE format('ALTER EXTENSION pg_backfill ADD SEQUENCE %s', part);
+        END IF;
+        parts := parts || part::oid;
+    END LOOP;
+    RETURN parts;
+END
+$$;
+COMMENT ON FUNCTION backfill.store_message_key(integer, bytea) IS 'Stores a message key''s bytes in sequences of its own; returns them';
+
+CREATE FUNCTION backfill.make_message_key() RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    made integer := nextval(pg_get_serial_sequence('backfill.message_key_store', 'id')::regclass);
+BEGIN
+    INSERT INTO backfill.message_key_store (id, key_sequences) OVERRIDING SYSTEM VALUE
+    VALUES (made, backfill.store_message_key(made, backfill.random_key()));
+    RETURN made;
+END
+$$;
+COMMENT ON FUNCTION backfill.make_message_key() IS 'Makes a new message key; returns its id';
+
+-- The keys move, under their ids; new ids go on from the old table's.
+INSERT INTO backfill.message_key_store (id, created_at, key_sequences) OVERRIDING SYSTEM VALUE
+SELECT id, created_at, backfill.store_message_key(id, key) FROM backfill.message_key ORDER BY id;
+SELECT pg_catalog.setval(pg_catalog.pg_get_serial_sequence('backfill.message_key_store', 'id'), s.last_value, s.is_called)
+  FROM backfill.message_key_id_seq s;
+CREATE TRIGGER discard_replicated_row BEFORE INSERT OR UPDATE OR DELETE ON backfill.message_key_store
+    FOR EACH ROW EXECUTE FUNCTION backfill.discard_replicated_row();
+ALTER TABLE backfill.message_key_store ENABLE REPLICA TRIGGER discard_replicated_row;
+
+CREATE FUNCTION backfill."message_key_bytes"(
+	"key_id" INT /* core::option::Option<i32> */
+) RETURNS bytea /* core::option::Option<alloc::vec::Vec<u8>> */
+STABLE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'message_key_bytes_wrapper';
+COMMENT ON FUNCTION backfill.message_key_bytes(integer) IS 'A message key''s bytes, read from its sequences as the extension''s owner, for a caller that may SELECT backfill.message_key (its column key)';
+REVOKE EXECUTE ON FUNCTION backfill.revoke_from_all_but_owner(regclass), backfill.store_message_key(integer, bytea),
+                           backfill.make_message_key(), backfill.message_key_bytes(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION backfill.message_key_bytes(integer) TO PUBLIC;
+
+-- The table becomes a view of the same name and columns; the roles granted the table (the
+-- consumer grant of docs/security.md) are granted the view.
+ALTER TABLE backfill.message_key RENAME TO message_key_before_0_10_0;
+CREATE VIEW backfill.message_key AS
+SELECT s.id, backfill.message_key_bytes(s.id) AS key, s.created_at
+  FROM backfill.message_key_store s;
+COMMENT ON VIEW backfill.message_key IS 'Keys of the messages'' authentication tags (HMAC-SHA256); the newest signs new messages, older ones still verify old messages. Readable only by the extension''s owner and the roles it grants.';
+COMMENT ON COLUMN backfill.message_key.id IS 'Key id, carried in every tag (auth = "<id>:<hex>")';
+COMMENT ON COLUMN backfill.message_key.key IS '32 random bytes';
+COMMENT ON COLUMN backfill.message_key.created_at IS 'When the key was made (CREATE EXTENSION or backfill_rotate_key())';
+SELECT backfill.revoke_from_all_but_owner('backfill.message_key');
+DO $$
+DECLARE
+    granted record;
+BEGIN
+    FOR granted IN SELECT a.grantee, a.privilege_type, a.is_grantable
+                     FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+                    WHERE c.oid OPERATOR(pg_catalog.=) 'backfill.message_key_before_0_10_0'::pg_catalog.regclass
+                      AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+    LOOP
+        EXECUTE pg_catalog.format('GRANT %s ON backfill.message_key TO %s%s', granted.privilege_type,
+                                  CASE WHEN granted.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE granted.grantee::pg_catalog.regrole::pg_catalog.text END,
+                                  CASE WHEN granted.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+END
+$$;
+DROP TABLE backfill.message_key_before_0_10_0;
+
+CREATE OR REPLACE FUNCTION backfill_rotate_key(retire_old_keys boolean DEFAULT false)
+RETURNS integer
+-- (client_min_messages: on a Citus node, each ALTER EXTENSION ... ADD or DROP SEQUENCE below
+-- gets a notice that Citus does not pass it on to the other nodes, which it need not: each node
+-- has keys of its own.)
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET client_min_messages = warning
+AS $$
+DECLARE
+    made integer;
+    retired oid[];
+    part oid;
+BEGIN
+    IF retire_old_keys IS NULL THEN
+        RAISE EXCEPTION 'argument retire_old_keys of backfill_rotate_key must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed',
+                  DETAIL = 'backfill_rotate_key was called with retire_old_keys => NULL.',
+                  HINT = 'Pass true to delete the old keys (a key leaked), or leave it out to keep them.';
+    END IF;
+    made := backfill.make_message_key();
+    IF retire_old_keys THEN
+        -- A retired key's bytes go with it: its sequences are dropped.
+        FOR retired IN DELETE FROM backfill.message_key_store WHERE id OPERATOR(pg_catalog.<) made RETURNING key_sequences LOOP
+            FOREACH part IN ARRAY retired LOOP
+                EXECUTE format('ALTER EXTENSION pg_backfill DROP SEQUENCE %s', part::regclass);
+                EXECUTE format('DROP SEQUENCE %s', part::regclass);
+            END LOOP;
+        END LOOP;
+    END IF;
+    RETURN made;
+END
+$$;
+
+-- backfill_security_check() also flags privileges on pg_backfill's sequences, which hold the keys.
+CREATE OR REPLACE FUNCTION backfill_security_check()
+RETURNS TABLE (item text, ok boolean, detail text, fix text)
+LANGUAGE sql STABLE
+AS $$
+-- Whatever signatures the server has: (boolean, text, text) and (boolean, text, bytea), to
+-- which PostgreSQL 17 added a fourth argument, flush.
+SELECT 'pg_logical_emit_message is executable by PUBLIC',
+       NOT pg_catalog.bool_or(pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')),
+       'Any role can write a message with pg_backfill''s prefix into every consumer''s stream; only consumers that check each message''s auth tag tell it from a genuine one.',
+       pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC;',
+                         pg_catalog.string_agg(pg_catalog.format('pg_catalog.pg_logical_emit_message(%s)', pg_catalog.oidvectortypes(p.proargtypes)),
+                                               ', ' ORDER BY p.oid))
+  FROM pg_catalog.pg_proc p
+ WHERE p.proname OPERATOR(pg_catalog.=) 'pg_logical_emit_message'
+   AND p.pronamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace
+UNION ALL
+SELECT 'the message key is readable by PUBLIC',
+       NOT pg_catalog.has_table_privilege('public', 'backfill.message_key', 'SELECT'),
+       'A role that can read the key can forge messages that verify.',
+       'REVOKE ALL ON backfill.message_key FROM PUBLIC; SELECT backfill_rotate_key(retire_old_keys => true);'
+UNION ALL
+-- The keys' bytes are in sequences of schema backfill that only their owner may read (a role
+-- with SELECT or USAGE on one reads a part of a key; with UPDATE or USAGE it changes it).
+SELECT 'pg_backfill''s sequences are accessible to other roles than their owner',
+       pg_catalog.count(*) OPERATOR(pg_catalog.=) 0,
+       'The message keys are kept in sequences of schema backfill: a role that can read them can forge messages that verify.',
+       CASE WHEN pg_catalog.count(*) OPERATOR(pg_catalog.>) 0 THEN
+       pg_catalog.format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA backfill FROM %s; SELECT backfill_rotate_key(retire_old_keys => true);',
+                         pg_catalog.string_agg(DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END, ', '))
+       END
+  FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+ WHERE c.relnamespace OPERATOR(pg_catalog.=) 'backfill'::pg_catalog.regnamespace
+   AND c.relkind OPERATOR(pg_catalog.=) 'S' AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+UNION ALL
+SELECT 'backfills can be started by PUBLIC',
+       NOT pg_catalog.has_function_privilege('public', 'backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, pg_catalog.text, pg_catalog.text[])', 'EXECUTE'),
+       'Every role could start backfills of the tables it may update, and take background workers.',
+       'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
+$$;

@@ -428,7 +428,7 @@ pub fn running_backfill_of_slot(slot: &str) -> Option<i64> {
     .or_internal("read the running backfills")
 }
 
-/// Whether the database's extension has its message key table (0.1.0 had none).
+/// Whether the database's extension has its message keys (0.1.0 had none).
 pub fn message_key_installed() -> bool {
     run_prepared("SELECT pg_catalog.to_regclass('backfill.message_key') IS NOT NULL", false, &[], |rows| {
         Ok(rows.first().get::<bool>(1)?.unwrap_or(false))
@@ -437,7 +437,8 @@ pub fn message_key_installed() -> bool {
 }
 
 /// The key messages are signed with now, the newest: (id, key). Read every page (prepared), so
-/// that a rotation takes effect at the next one.
+/// that a rotation takes effect at the next one. Through the view backfill.message_key (a table
+/// of the same columns before 0.10.0), as a consumer reads it.
 pub fn current_message_key() -> Option<(i32, Vec<u8>)> {
     run_prepared("SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1", false, &[], |rows| {
         if rows.is_empty() {
@@ -447,4 +448,55 @@ pub fn current_message_key() -> Option<(i32, Vec<u8>)> {
         Ok(row.get::<i32>(1)?.zip(row.get::<Vec<u8>>(2)?))
     })
     .or_internal("read the message key")
+}
+
+/// Message key `key_id`'s bytes, from the sequences that hold them (sql/catalog.sql), eight in
+/// each as a bigint's big-endian bytes; None if there is no such key. Only their owner, the
+/// extension's owner, may read the sequences.
+pub fn stored_message_key(key_id: i32) -> Option<Vec<u8>> {
+    let parts = crate::pg::spi::select_one::<Vec<Option<pg_sys::Oid>>>(
+        "SELECT key_sequences FROM backfill.message_key_store WHERE id OPERATOR(pg_catalog.=) $1",
+        &[key_id.into()],
+    )
+    .or_internal("read the message key")?;
+    // A rotation that retires this key drops its sequences: the key's row, in this statement's
+    // snapshot, may name sequences that a transaction committing meanwhile dropped. Each is
+    // locked, then looked for again: a retired key raises an error that a retry gets past (the
+    // worker retries the page, and reads the newest key again).
+    for part in &parts {
+        // SAFETY: opens (and closes) a relation by oid if it still exists once locked; the lock
+        // stays until the transaction ends, so that the sequence cannot go while it is read.
+        let exists = part.is_some_and(|part| unsafe {
+            let relation = pg_sys::try_relation_open(part, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            if !relation.is_null() {
+                pg_sys::relation_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
+            }
+            !relation.is_null()
+        });
+        if !exists {
+            crate::pg::errors::raise(
+                pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+                format!("message key {key_id} was retired while it was being read"),
+                "backfill_rotate_key(retire_old_keys => true) dropped it in a transaction that committed meanwhile.",
+                Some("Read the keys again: the newest is another now.".into()),
+            );
+        }
+    }
+    let key = crate::pg::spi::select_one::<Vec<u8>>(
+        "SELECT pg_catalog.string_agg(pg_catalog.int8send(pg_catalog.pg_sequence_last_value(p.part::pg_catalog.regclass)),
+                                      ''::pg_catalog.bytea ORDER BY p.n)
+           FROM pg_catalog.unnest($1::pg_catalog.oid[]) WITH ORDINALITY AS p(part, n)",
+        &[parts.iter().flatten().copied().collect::<Vec<pg_sys::Oid>>().into()],
+    )
+    .or_internal("read the message key");
+    match key {
+        Some(key) if key.len() == 8 * parts.len() => Some(key),
+        // A sequence that was never set (setval): not a key any message could verify with.
+        _ => crate::pg::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+            format!("message key {key_id} is damaged"),
+            format!("A sequence that holds message key {key_id}'s bytes holds no value."),
+            Some("Make a new key and retire the old ones: SELECT backfill_rotate_key(retire_old_keys => true);".into()),
+        ),
+    }
 }

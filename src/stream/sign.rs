@@ -8,7 +8,8 @@
 //! ```
 //!
 //! The tag is HMAC-SHA256, keyed with the database's message key (`backfill.message_key`, which
-//! only the extension's owner and the roles it grants can read), over `<xid>:` followed by the
+//! only the extension's owner and the roles it grants can read; its bytes are kept in sequences,
+//! out of every decoded stream: see sql/catalog.sql), over `<xid>:` followed by the
 //! message without its `auth` field (the same bytes up to `,"auth":"`, then `}`). `<xid>` is the
 //! decimal id of the transaction that carries the message, which every decoder reports with the
 //! transaction (pgoutput's BEGIN, test_decoding's `BEGIN <xid>`, wal2json's `xid`): a genuine
@@ -137,6 +138,46 @@ pub fn verify(content: &[u8], xid: i64) -> bool {
     mac.update(body);
     mac.update(b"}");
     mac.verify_slice(&digest).is_ok()
+}
+
+/// backfill.message_key_bytes(key_id): message key `key_id`'s bytes, view backfill.message_key's
+/// column `key`. The bytes are in sequences only the extension's owner may read, so that no
+/// grant on them has to follow each rotation: a caller that may SELECT backfill.message_key (the
+/// consumer's grant) gets them read as the owner; any other gets 42501, as reading the key has
+/// always needed. Through the view, the check is the view's own; called directly, this one.
+#[pg_extern(schema = "backfill", stable)]
+fn message_key_bytes(key_id: Option<i32>) -> Option<Vec<u8>> {
+    let key_id = key_id?;
+    require_select_on_the_keys();
+    crate::pg::privilege::as_extension_owner(|| job::stored_message_key(key_id))
+}
+
+/// Raises 42501 unless the current user may SELECT backfill.message_key.
+fn require_select_on_the_keys() {
+    let view = crate::pg::spi::select_one::<pg_sys::Oid>(
+        "SELECT pg_catalog.to_regclass('backfill.message_key')::pg_catalog.oid",
+        &[],
+    )
+    .ok()
+    .flatten()
+    .filter(|oid| *oid != pg_sys::InvalidOid);
+    // SAFETY: a privilege check of an existing relation for the current user, from the catalog cache.
+    let allowed = view.is_some_and(|view| unsafe {
+        pg_sys::pg_class_aclcheck(view, pg_sys::GetUserId(), pg_sys::AclMode::from(pg_sys::ACL_SELECT))
+            == pg_sys::AclResult::ACLCHECK_OK
+    });
+    if !allowed {
+        let role = crate::pg::privilege::current_role_name();
+        crate::pg::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            "permission denied for view backfill.message_key",
+            format!("Reading a message key needs SELECT on backfill.message_key, which role \"{role}\" does not hold."),
+            Some(format!(
+                "A consumer that verifies messages is granted it: GRANT SELECT ON backfill.message_key TO {};",
+                crate::pg::encoding::quote_ident(&role)
+            )),
+        );
+    }
 }
 
 /// backfill_message_valid(): whether a message is genuine, checked as a consumer checks it.
