@@ -147,7 +147,7 @@ def test_a_partitioned_table_published_through_its_root_with_a_row_filter_is_ref
     parted.execute("CREATE PUBLICATION pub FOR TABLE pr WHERE (region = 'eu') WITH (publish_via_partition_root = true)")
     e = error_of(parted, "SELECT backfill_start('pr', confirm => true, publication => 'pub')")
     assert e.sqlstate == "0A000" and e.diag.message_primary == 'table public.pr cannot be backfilled for publication "pub"'
-    assert "through public.pr, where (region = 'eu'::text)" in e.diag.message_detail, e.diag.message_detail
+    assert "published as those of their partitioned table, where (region = 'eu'::text)" in e.diag.message_detail, e.diag.message_detail
     assert "publish_via_partition_root = false" in e.diag.message_hint
     e = error_of(parted, "SELECT backfill_start('pr1', confirm => true, publication => 'pub')")
     assert e.sqlstate == "55000" and 'table public.pr1 is not in publication "pub"' in e.diag.message_primary

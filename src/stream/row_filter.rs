@@ -48,7 +48,10 @@ pub fn require_same_published_filter(publication: &str, table: &Table, recorded:
     let shown = |filter: Option<&str>| filter.map(|f| format!("WHERE {f}")).unwrap_or_else(|| "no row filter".into());
     raise(
         ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        format!("publication \"{publication}\" changed its row filter for table {} during its backfill", table.qualified_name()),
+        format!(
+            "publication \"{publication}\" changed its row filter for table {} during its backfill",
+            table.qualified_name()
+        ),
         format!(
             "The backfill started with {}; the publication now has {}. A backfill sends exactly the rows the \
              publication publishes.",

@@ -113,8 +113,9 @@ pub struct Published {
 /// publication holds the leaf when it lists it, its schema or an ancestor's (or is FOR ALL
 /// TABLES), and publishes it as its topmost held ancestor with `publish_via_partition_root`,
 /// else as itself. That relation's column list in the publication gives its columns (without
-/// one: every column, generated ones as [`compat::publishes_stored_generated_columns`] says), and
-/// its row filter the rows, unless the publication is FOR ALL TABLES or lists its schema.
+/// one: every column, the generated ones as
+/// [`crate::pg::compat::publishes_stored_generated_columns`] says), and its row filter the
+/// rows, unless the publication is FOR ALL TABLES or lists its schema.
 ///
 /// A partitioned table's rows are published partition by partition: every partition must be
 /// held, with one and the same column list, or the backfill would send what the publication
@@ -155,7 +156,7 @@ pub fn published(publication: &str, table: &Table) -> Published {
             // cannot be backfilled on its own: its reads would name another table than its changes.)
             let (whose, hint) = if leaf.as_ancestor {
                 (
-                    format!("the rows of its partitions, through {name},"),
+                    "the rows of its partitions, published as those of their partitioned table,".to_string(),
                     "No backfill can follow that filter yet: backfill the table for a publication without a row \
                      filter for it; or publish its partitions with publish_via_partition_root = false, each with \
                      the row filter, and backfill them one by one."
@@ -280,7 +281,9 @@ fn published_leaves(publication: &str, table: &Table) -> Vec<PublishedLeaf> {
     // settings (pg/filter.rs): printed with the same ones, its constants read back as they were
     // printed, and it prints the same at the start and on every page, which compare it.
     privilege::with_portable_settings(|| {
-        crate::pg::filter::with_filter_settings(|| privilege::with_settings(&[(c"quote_all_identifiers", c"off")], read))
+        crate::pg::filter::with_filter_settings(|| {
+            privilege::with_settings(&[(c"quote_all_identifiers", c"off")], read)
+        })
     })
 }
 
