@@ -261,6 +261,17 @@ def test_a_repair_through_the_pipelines_slot_sends_no_row_its_publication_withho
     customers.execute("CREATE TABLE copy (LIKE customers INCLUDING ALL); INSERT INTO copy SELECT * FROM customers")
     customers.execute("SELECT pg_create_logical_replication_slot('pipe', 'test_decoding')")
     consumer = Consumer(cluster, customers.info.dbname, "pipe")
+    # The comparison waits for the consumer to confirm the position it reads at: on an idle
+    # server pg_recvlogical learns of a later position only from a keepalive, every 30 s.
+    stop = threading.Event()
+
+    def tick():
+        with cluster.connect(customers.info.dbname) as conn:
+            while not stop.wait(0.1):
+                conn.execute("SELECT pg_logical_emit_message(false, 'tick', '')")
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
     try:
         first = customers.execute(
             "SELECT backfill_start('customers', confirm => true, slot => 'pipe', publication => 'eu')").fetchone()[0]
@@ -271,6 +282,8 @@ def test_a_repair_through_the_pipelines_slot_sends_no_row_its_publication_withho
         wait_for(lambda: any(m["backfill_id"] == repair and m["op"] == "table_end" for m in consumer.messages()),
                  what="the repair's messages")
     finally:
+        stop.set()
+        ticker.join()
         consumer.stop()
     # (A page sends its keys' reads, then its absent keys.)
     assert [(m["op"], m.get("key")) for m in as_reads(consumer.messages()) if m["backfill_id"] == repair] == [
