@@ -196,7 +196,8 @@ pub fn column_list(backfill_id: i64, position: i32) -> Option<(Vec<String>, Vec<
 /// on each of its ranges (0.10.0 schema on: only given at a start).
 pub fn set_publication_filter(backfill_id: i64, relid: pg_sys::Oid, filter: &str) {
     Spi::run_with_args(
-        "UPDATE backfill.job_table SET publication_filter = $3 WHERE job_id = $1 AND relid = $2::oid::regclass",
+        "UPDATE backfill.job_table SET publication_filter = $3
+          WHERE job_id OPERATOR(pg_catalog.=) $1 AND relid OPERATOR(pg_catalog.=) $2::pg_catalog.oid::pg_catalog.regclass",
         &[backfill_id.into(), relid.into(), Text::from(filter).into()],
     )
     .or_internal("record the publication's row filter")
@@ -208,7 +209,7 @@ pub fn set_publication_filter(backfill_id: i64, relid: pg_sys::Oid, filter: &str
 pub fn publication_filter(backfill_id: i64, position: i32) -> Option<String> {
     crate::pg::spi::select_one::<Text>(
         "SELECT pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'publication_filter'
-           FROM backfill.job_table j WHERE j.job_id = $1 AND j.position = $2",
+           FROM backfill.job_table j WHERE j.job_id OPERATOR(pg_catalog.=) $1 AND j.position OPERATOR(pg_catalog.=) $2",
         &[backfill_id.into(), position.into()],
     )
     .or_internal("read the publication's row filter")
