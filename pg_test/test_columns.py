@@ -413,7 +413,7 @@ def parted(db):
 
 
 @pytest.mark.parametrize("publication, sqlstate, message", [
-    ("FOR TABLE pr1 (id, a)", "55000", 'partition pr2 of table public.pr is not in publication "pub"'),
+    ("FOR TABLE pr1 (id, a)", "55000", 'partition public.pr2 of table public.pr is not in publication "pub"'),
     ("FOR TABLE pr1 (id, a), pr2", "0A000", "the partitions of table public.pr are published with different columns"),
     ("FOR TABLE pr1 (id, a), pr2 (id, b)", "0A000", "the partitions of table public.pr are published with different columns"),
 ])

@@ -85,6 +85,7 @@ CREATE TABLE backfill.job_table (
     pages_row_locked   bigint NOT NULL DEFAULT 0,
     column_list     text[],
     column_attnums  smallint[],
+    publication_filter text,
     PRIMARY KEY (job_id, position)
 );
 CREATE INDEX ON backfill.job_table (relid);
@@ -96,6 +97,7 @@ COMMENT ON COLUMN backfill.job_table.lower_bound IS 'Key after which the range s
 COMMENT ON COLUMN backfill.job_table.relid IS 'The table';
 COMMENT ON COLUMN backfill.job_table.column_list IS 'The columns its reads carry, in the table''s order (columns => ..., or the publication''s column list); NULL: every column';
 COMMENT ON COLUMN backfill.job_table.column_attnums IS 'The attribute numbers of column_list''s columns when it started: a listed column renamed, or dropped and added again, is another column and stops it';
+COMMENT ON COLUMN backfill.job_table.publication_filter IS 'The row filter of the backfill''s publication for the table when it started (pg_get_expr of pg_publication_rel.prqual): only rows it is true for are delivered (AND the backfill''s own filter); a page stops the backfill when the publication''s filter is no longer this. NULL: none';
 COMMENT ON COLUMN backfill.job_table.key_columns IS 'Columns of the primary key or replica identity index the scan is ordered by';
 COMMENT ON COLUMN backfill.job_table.state IS 'pending (not started), running (scan under way) or done (end marker sent)';
 COMMENT ON COLUMN backfill.job_table.upper_bound IS 'Greatest key when the scan started (text form); rows inserted above it arrive through the stream';

@@ -482,3 +482,8 @@ SELECT 'backfills can be started by PUBLIC',
        'Every role could start backfills of the tables it may update, and take background workers.',
        'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
 $$;
+
+-- Finding 6: a publication's row filter is the backfill's, recorded per table.
+LOCK TABLE backfill.job, backfill.job_table IN ACCESS EXCLUSIVE MODE;
+ALTER TABLE backfill.job_table ADD COLUMN publication_filter text;
+COMMENT ON COLUMN backfill.job_table.publication_filter IS 'The row filter of the backfill''s publication for the table when it started (pg_get_expr of pg_publication_rel.prqual): only rows it is true for are delivered (AND the backfill''s own filter); a page stops the backfill when the publication''s filter is no longer this. NULL: none';

@@ -19,7 +19,8 @@
 //! - `citus/`: talking to Citus's worker nodes from the coordinator, as the calling role
 //!   (`nodes.rs`), and a distributed table's estimate from theirs (`estimate.rs`).
 //! - `stream/`: what reaches the stream: the key-ordered page queries (`scan.rs`), the
-//!   columns of a read, a column list's rules (`columns.rs`), a row's JSON (`json.rs`), the messages (`message.rs`), their authentication tags (`sign.rs`),
+//!   columns of a read, a column list's rules (`columns.rs`), the rows of a read, a filter and its
+//!   publication's row filter (`row_filter.rs`), a row's JSON (`json.rs`), the messages (`message.rs`), their authentication tags (`sign.rs`),
 //!   and the hot path from executor to message (`delivery.rs`).
 //! - `throttle/`: what holds a backfill back: how pages lock (`lock.rs`), rows_per_second
 //!   (`pacing.rs`), the consumer's slot and publication (`pipeline.rs`), the source's

@@ -69,6 +69,18 @@ fn sample_percent(wanted: f64, rows: f64) -> f64 {
     (100.0 * wanted / rows.max(1.0)).clamp(0.0001, 100.0)
 }
 
+/// The filter a backfill of `table` runs (stream/row_filter.rs): `given` (`filter => ...`) AND
+/// its publication's row filter `published`. The given filter is checked alone first, as the
+/// caller's (see [`crate::stream::row_filter::combined`]); the result is checked by
+/// [`estimate`].
+#[track_caller]
+pub fn backfill_filter(table: &Table, given: Option<&str>, published: Option<&str>) -> Option<String> {
+    if let (Some(given), Some(_)) = (given, published) {
+        check_filter(table, given);
+    }
+    crate::stream::row_filter::combined(published, given)
+}
+
 fn sample(table: &Table, prefix_len: usize, filtered_rows: Option<f64>) -> Estimate {
     let relation = table.qualified_name();
     let all_rows = table_rows(table);

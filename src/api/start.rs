@@ -323,6 +323,17 @@ fn start_visible(
             columns::project(table, list, None)
         })
         .collect();
+    // And its rows: those its publication publishes (its row filter, recorded per table: an
+    // error if a backfill of the table cannot apply it), AND the filter given.
+    let published_filters: Vec<Option<String>> = tables
+        .iter()
+        .map(|table| publication.as_deref().and_then(|publication| pipeline::published(publication, table).row_filter))
+        .collect();
+    let filters: Vec<Option<String>> = tables
+        .iter()
+        .zip(&published_filters)
+        .map(|(table, published)| plan::backfill_filter(table, only.filter, published.as_deref()))
+        .collect();
 
     // Two starts of the same table must not both pass the check below: serialize them.
     Spi::run("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pg_backfill.start'))")
@@ -348,7 +359,8 @@ fn start_visible(
 
     // (With a filter, this checks it on every table: an invalid one is an error here, never a
     // failed worker.)
-    let estimates: Vec<Estimate> = tables.iter().map(|t| plan::estimate(t, prefix.len(), only.filter)).collect();
+    let estimates: Vec<Estimate> =
+        tables.iter().zip(&filters).map(|(t, filter)| plan::estimate(t, prefix.len(), filter.as_deref())).collect();
     if !confirm {
         let rows: i64 = estimates.iter().map(|e| e.rows).sum();
         let bytes: i64 = estimates.iter().map(|e| e.bytes).sum();
@@ -395,13 +407,16 @@ fn start_visible(
             job::set_row_filter(backfill_id, filter);
         }
         let mut position = 0;
-        for (table, estimate) in tables.iter().zip(&estimates) {
+        for ((table, estimate), published_filter) in tables.iter().zip(&estimates).zip(&published_filters) {
             for range in plan::key_ranges(table, estimate.rows, parallel) {
                 position += 1;
                 job_table::insert_job_table(backfill_id, position, table.relid, table.key_names(), range);
             }
             if let Some(list) = &table.column_list {
                 job_table::set_column_list(backfill_id, table.relid, list, &table.column_attnums);
+            }
+            if let Some(filter) = published_filter {
+                job_table::set_publication_filter(backfill_id, table.relid, filter);
             }
         }
         backfill_id

@@ -192,6 +192,30 @@ pub fn column_list(backfill_id: i64, position: i32) -> Option<(Vec<String>, Vec<
     .and_then(|(list, attnums)| Some((list?, attnums.unwrap_or_default())))
 }
 
+/// Records the row filter of the backfill's publication for table `relid` (stream/row_filter.rs),
+/// on each of its ranges (0.10.0 schema on: only given at a start).
+pub fn set_publication_filter(backfill_id: i64, relid: pg_sys::Oid, filter: &str) {
+    Spi::run_with_args(
+        "UPDATE backfill.job_table SET publication_filter = $3
+          WHERE job_id OPERATOR(pg_catalog.=) $1 AND relid OPERATOR(pg_catalog.=) $2::pg_catalog.oid::pg_catalog.regclass",
+        &[backfill_id.into(), relid.into(), Text::from(filter).into()],
+    )
+    .or_internal("record the publication's row filter")
+}
+
+/// The row filter of the backfill's publication for a range's table when it started, if it had
+/// one. (Read through the row as jsonb: a schema before 0.10.0, until ALTER EXTENSION UPDATE,
+/// has no such column; its backfills recorded none.)
+pub fn publication_filter(backfill_id: i64, position: i32) -> Option<String> {
+    crate::pg::spi::select_one::<Text>(
+        "SELECT pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'publication_filter'
+           FROM backfill.job_table j WHERE j.job_id OPERATOR(pg_catalog.=) $1 AND j.position OPERATOR(pg_catalog.=) $2",
+        &[backfill_id.into(), position.into()],
+    )
+    .or_internal("read the publication's row filter")
+    .map(|t| t.0)
+}
+
 /// Every range of the same table in this backfill, locked in position order, so that the
 /// ranges' workers decide in turn which of them sends the table's start and end markers. A
 /// table scanned whole has one range: itself.

@@ -124,3 +124,18 @@ pub unsafe fn log_transactional_message(prefix: *const c_char, message: *const c
     #[cfg(feature = "pg18")]
     return LogLogicalMessage(prefix, message, size, true, false);
 }
+
+/// SQL: whether the publication of the `pg_catalog.pg_publication` row `publication` (an alias)
+/// publishes a table's stored generated columns when it has no column list for the table, as
+/// pgoutput sends them.
+///
+/// 15 never does: its pgoutput skips every generated column, though its
+/// `pg_publication_tables.attnames` lists them. 18 does when the publication says
+/// `publish_generated_columns = stored` (`pubgencols` 's'); a virtual one never goes.
+pub fn publishes_stored_generated_columns(publication: &str) -> String {
+    if cfg!(feature = "pg18") {
+        format!("({publication}.pubgencols OPERATOR(pg_catalog.=) 's')")
+    } else {
+        "false".into()
+    }
+}

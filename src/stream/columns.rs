@@ -2,8 +2,9 @@
 //!
 //! The key is always among them: a read without its key could not be ordered against the
 //! key's changes, nor applied. When the backfill names its pipeline's publication and that
-//! publication has a column list for the table, the publication's list is the default, and a
-//! list with a column it leaves out is refused: a backfill never sends what the publication
+//! publication does not publish every column (a column list for the table, or generated columns
+//! pgoutput does not send: throttle/pipeline.rs), the publication's columns are the default, and
+//! a list with a column it leaves out is refused: a backfill never sends what the publication
 //! withholds from the same consumer. The columns go out in the table's order, as a
 //! publication's column list does, whatever order they are named in.
 
@@ -54,7 +55,7 @@ pub fn given(columns: Option<Vec<Option<Text>>>) -> Option<Vec<String>> {
 /// if the list leaves out a key column (22023), or if the publication withholds a listed
 /// column (42501).
 pub fn column_list(table: &Table, given: Option<&[String]>, publication: Option<&str>) -> Option<Vec<String>> {
-    let published = publication.and_then(|publication| pipeline::published_columns(publication, table));
+    let published = publication.and_then(|publication| pipeline::published(publication, table).columns);
     let name = table.qualified_name();
     if let Some(given) = given {
         if let Some(missing) = given.iter().find(|c| !table.columns.iter().any(|t| &&t.name == c)) {
@@ -71,7 +72,7 @@ pub fn column_list(table: &Table, given: Option<&[String]>, publication: Option<
                     ERRCODE_INSUFFICIENT_PRIVILEGE,
                     format!("publication \"{publication}\" withholds column {} of table {name}", quote_ident(withheld)),
                     format!(
-                        "Its column list for the table is ({}): a backfill for the publication's consumer \
+                        "Of the table's columns it publishes ({}): a backfill for the publication's consumer \
                          sends no column the publication does not.",
                         names(published.iter())
                     ),
@@ -134,9 +135,10 @@ pub fn project(table: Table, list: Option<Vec<String>>, recorded: Option<&[i16]>
 }
 
 /// A backfill's reads still send nothing the publication withholds, whose column list may have
-/// changed since it started (ALTER PUBLICATION ... SET TABLE t (a, b)): checked at every page.
-pub fn require_still_published(publication: &str, table: &Table) {
-    let Some(published) = pipeline::published_columns(publication, table) else { return };
+/// changed since it started (ALTER PUBLICATION ... SET TABLE t (a, b)): checked at every page,
+/// with `published`, the publication's columns now ([`pipeline::published`]).
+pub fn require_still_published(publication: &str, table: &Table, published: Option<&[String]>) {
+    let Some(published) = published else { return };
     if let Some(withheld) = table.columns.iter().find(|c| !published.contains(&c.name)) {
         let name = table.qualified_name();
         raise(
@@ -146,7 +148,7 @@ pub fn require_still_published(publication: &str, table: &Table) {
                 quote_ident(&withheld.name)
             ),
             format!(
-                "Its column list for the table became ({}) during the backfill, whose reads carry ({}).",
+                "The columns it publishes of the table became ({}) during the backfill, whose reads carry ({}).",
                 names(published.iter()),
                 names(table.columns.iter().map(|c| &c.name))
             ),

@@ -102,8 +102,9 @@ struct TableStart<'a> {
     /// The greatest key when the scan began (null for an empty table): reads up to it follow.
     upper_bound: Value,
     rows_estimated: i64,
-    /// The backfill's row filter (`filter => ...`), when it has one: only rows it was true
-    /// for are read, so the consumer knows the backfill was partial.
+    /// The backfill's row filter, when it has one: `filter => ...`, its publication's row
+    /// filter for the table, or both AND-ed (stream/row_filter.rs). Only rows it was true for
+    /// are read, so the consumer knows the backfill was partial.
     #[serde(skip_serializing_if = "Option::is_none")]
     filter: Option<&'a str>,
     /// The backfill's column list for the table (`columns => ...`, or its publication's),

@@ -1,5 +1,6 @@
 //! The pages of a backfill of given keys (api/keyed.rs records them): each page delivers at
-//! most `batch_size` keys, a key with a row read as any row is, a key without one as `absent`.
+//! most `batch_size` keys, a key with a row read as any row is, a key without one as `absent`
+//! (and, for a publication with a row filter, a key whose row the filter leaves out).
 //!
 //! Why an `absent` sorts right against a concurrent insert of its key: a keyed page always
 //! holds the table in SHARE mode (throttle/lock.rs) from before its queries take their
@@ -35,8 +36,29 @@ impl TableScan<'_> {
         let args: Vec<DatumWithOid> = (0..table.key.len())
             .map(|column| keys.iter().map(|k| k.text[column].clone()).collect::<Vec<_>>().into())
             .collect();
-        let (rows_sql, absent_sql) = (key_rows(table, locking), absent_keys(table));
-        let (read, mut bytes) = self.deliver_rows(&rows_sql, &args, signer);
+        let filter = self.context.row_filter.clone();
+        let absent_sql = absent_keys(table, filter.is_some());
+        let (read, mut bytes, args) = match filter {
+            None => {
+                let rows_sql = key_rows(table, locking);
+                let (read, bytes) = self.deliver_rows(&rows_sql, &args, signer);
+                (read, bytes, args)
+            }
+            // The publication's row filter (a keyed backfill takes no filter of its own): a key
+            // whose row it leaves out is absent from the publication's consumer too, which
+            // receives the row's INSERT if a change brings it into the filter (stream/row_filter.rs).
+            Some(filter) => {
+                let ids_sql = key_row_ids(table, locking);
+                let ids = privilege::read_as(self.shape.owner, self.shape.table.relid, || {
+                    crate::pg::spi::select_one::<Vec<String>>(&ids_sql, &args)
+                })
+                .or_internal("list the keys' rows");
+                let passing = ids.and_then(|ids| self.passing_row_ids(&filter, ids)).unwrap_or_default();
+                let rows_sql = self.shape.queries.rows_at();
+                let (read, bytes) = self.deliver_rows(&rows_sql, &[passing.clone().into()], signer);
+                (read, bytes, args.into_iter().chain([passing.into()]).collect())
+            }
+        };
         let absent: Vec<i64> = privilege::read_as(self.shape.owner, self.shape.table.relid, || {
             crate::pg::spi::run_prepared(&absent_sql, false, &args, |rows| {
                 rows.map(|row| Ok(row.get::<i64>(1)?.unwrap_or_default())).collect()
@@ -95,13 +117,35 @@ fn key_rows(table: &Table, locking: Locking) -> String {
     )
 }
 
-/// The ordinals (from 1) of the page's keys that have no row.
-fn absent_keys(table: &Table) -> String {
+/// The row ids (ctid, as text) of the rows of a keyed page's keys, locked as key_rows() locks
+/// them: for the filter.
+fn key_row_ids(table: &Table, locking: Locking) -> String {
+    let KeySql { columns, casts, unnest, names } = KeySql::of(table);
+    format!(
+        "SELECT pg_catalog.array_agg(t.ctid::pg_catalog.text) FROM (SELECT t.ctid FROM ONLY {} t
+          WHERE {columns} OPERATOR(pg_catalog.=) ANY (SELECT {} FROM {unnest} AS k({names})){}) t",
+        table.qualified_name(),
+        casts.join(", "),
+        locking.clause(),
+    )
+}
+
+/// The ordinals (from 1) of the page's keys that have no row; `filtered`: no row among those
+/// whose ids the query's last parameter lists, the rows that passed the filter.
+fn absent_keys(table: &Table, filtered: bool) -> String {
     let KeySql { columns, casts, unnest, names } = KeySql::of(table);
     let key = if casts.len() == 1 { casts[0].clone() } else { format!("({})", casts.join(", ")) };
+    let passing = if filtered {
+        format!(
+            " AND t.ctid OPERATOR(pg_catalog.=) ANY (${}::pg_catalog.text[]::pg_catalog.tid[])",
+            table.key.len() + 1
+        )
+    } else {
+        String::new()
+    };
     format!(
         "SELECT k.o FROM {unnest} WITH ORDINALITY AS k({names}, o)
-          WHERE NOT EXISTS (SELECT FROM ONLY {} t WHERE {columns} OPERATOR(pg_catalog.=) {key})",
+          WHERE NOT EXISTS (SELECT FROM ONLY {} t WHERE {columns} OPERATOR(pg_catalog.=) {key}{passing})",
         table.qualified_name()
     )
 }

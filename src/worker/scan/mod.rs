@@ -77,8 +77,12 @@ struct ScanContext<'a> {
     keyed: bool,
     /// Most rows per message (backfill.job.rows_per_message).
     rows_per_message: i32,
-    /// The row filter (backfill.job.row_filter): user SQL, run as the starter.
+    /// The filter its pages run (stream/row_filter.rs): the publication's row filter for the
+    /// table AND the backfill's own (backfill.job.row_filter, user SQL), run as the starter.
     row_filter: Option<String>,
+    /// The publication's row filter for the table when the backfill started
+    /// (backfill.job_table.publication_filter), which every page finds unchanged.
+    published_filter: Option<String>,
     /// Whether the state tables count each page's lock path (tests).
     counts_lock_paths: bool,
 }
@@ -123,11 +127,12 @@ impl<'a> TableScan<'a> {
             PageError::new(why.code, format!("table {relid:?} can no longer be backfilled: {}", why.reason), None)
         })?;
         let partitioned = table.partitioned;
-        let (shape, counts_lock_paths, keyed) = in_transaction(|| {
+        let (shape, counts_lock_paths, keyed, published_filter) = in_transaction(|| {
             (
                 ReadShape::new(table, backfill_id, job.slot_name.as_deref(), job.rows_per_message),
                 job_table::counts_lock_paths(),
                 job_table::is_keyed(backfill_id, job_table.position),
+                job_table::publication_filter(backfill_id, job_table.position),
             )
         })?;
         Ok(TableScan {
@@ -139,7 +144,8 @@ impl<'a> TableScan<'a> {
                 started_by: job.started_by.clone(),
                 keyed,
                 rows_per_message: job.rows_per_message,
-                row_filter: job.row_filter.clone(),
+                row_filter: crate::stream::row_filter::combined(published_filter.as_deref(), job.row_filter.as_deref()),
+                published_filter,
                 counts_lock_paths,
             },
             throttle: Throttle::new(job, partitioned),
@@ -222,7 +228,8 @@ impl<'a> TableScan<'a> {
     }
 
     /// The table as the page finds it: its owner now, the starter's rights on it, and the
-    /// pipeline's publication still holding it. Whether its columns are still the scan's.
+    /// pipeline's publication still holding it, with the columns and rows the scan sends.
+    /// Whether its columns are still the scan's.
     fn recheck(&mut self, job: &Job) -> bool {
         let row = &self.shape.row;
         // SAFETY: the descriptor is the open relation's.
@@ -239,7 +246,14 @@ impl<'a> TableScan<'a> {
         // it, though pgoutput would still pass its messages on.
         if let Some(publication) = &job.publication_name {
             pipeline::require_published(publication, table);
-            crate::stream::columns::require_still_published(publication, table);
+            let published = pipeline::published(publication, table);
+            crate::stream::columns::require_still_published(publication, table, published.columns.as_deref());
+            crate::stream::row_filter::require_same_published_filter(
+                publication,
+                table,
+                self.context.published_filter.as_deref(),
+                published.row_filter.as_deref(),
+            );
         }
         found.same_columns
     }

@@ -93,7 +93,14 @@ impl TableScan<'_> {
             crate::pg::spi::select_one::<Vec<String>>(&queries.page_row_ids(cursor.is_some(), locking), &args)
         })
         .or_internal("lock the page's rows");
-        let Some(ids) = ids else { return (0, 0) };
+        let Some(passing) = ids.and_then(|ids| self.passing_row_ids(&filter, ids)) else { return (0, 0) };
+        let sql = self.shape.queries.rows_at();
+        self.deliver_rows(&sql, &[passing.into()], signer)
+    }
+
+    /// Which of the row ids `ids`, of rows the page holds locked, pass `filter`: run as the role
+    /// that started the backfill, never as the owner or the worker's superuser (None: none).
+    pub(super) fn passing_row_ids(&self, filter: &str, ids: Vec<String>) -> Option<Vec<String>> {
         let Some(starter) = privilege::role_named(&self.context.started_by) else {
             // (The page's recheck found the role: it was dropped since.)
             raise(
@@ -103,20 +110,17 @@ impl TableScan<'_> {
                 Some("Start a new backfill as a role that exists.".into()),
             )
         };
-        let table_name = self.shape.table.qualified_name();
-        let passing = privilege::read_as(starter, self.shape.table.relid, || {
+        let (queries, table_name) = (&self.shape.queries, self.shape.table.qualified_name());
+        privilege::read_as(starter, self.shape.table.relid, || {
             // Checked again, as at its start: since then a column's type may have changed (its
             // cast now a volatile function of the table's owner), or a better overload of one
             // of its functions appeared; a volatile function or a subquery stops the backfill.
-            crate::pg::filter::check_again(&queries.filter_check(&filter), &table_name);
+            crate::pg::filter::check_again(&queries.filter_check(filter), &table_name);
             crate::pg::filter::with_filter_settings(|| {
-                crate::pg::spi::select_one::<Vec<String>>(&queries.row_ids_passing(&filter), &[ids.into()])
+                crate::pg::spi::select_one::<Vec<String>>(&queries.row_ids_passing(filter), &[ids.into()])
             })
         })
-        .or_internal("filter the page's rows");
-        let Some(passing) = passing else { return (0, 0) };
-        let sql = queries.rows_at();
-        self.deliver_rows(&sql, &[passing.into()], signer)
+        .or_internal("filter the page's rows")
     }
 
     /// Runs a page's rows query (`sql`, with `args`), emitting one message per row it returns.
