@@ -30,7 +30,7 @@ pub fn with_shards_visible<R>(f: impl FnOnce() -> R) -> R {
     // SAFETY: a read of a GUC by name, missing_ok: NULL when Citus is not loaded.
     let loaded = unsafe { !pg_sys::GetConfigOption(SHARD_VISIBILITY.as_ptr(), true, false).is_null() };
     if loaded {
-        crate::pg::privilege::with_settings(&[(SHARD_VISIBILITY, c"off")], f)
+        crate::pg::settings::with_settings(&[(SHARD_VISIBILITY, c"off")], f)
     } else {
         f()
     }

@@ -67,7 +67,7 @@ pub fn require_bounded(filter: &str, table: &str) {
 
 /// Runs `f`, which reads or runs a filter, with [`FILTER_SETTINGS`].
 pub fn with_filter_settings<R>(f: impl FnOnce() -> R) -> R {
-    crate::pg::privilege::with_settings(&FILTER_SETTINGS, f)
+    crate::pg::settings::with_settings(&FILTER_SETTINGS, f)
 }
 
 /// How to write a character that is not ASCII in a filter, in a database that is not UTF-8.

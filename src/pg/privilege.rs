@@ -35,34 +35,7 @@ const PORTABLE_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 5] = [
 /// Runs `f` with [`PORTABLE_SETTINGS`], and every setting `f` changes undone when it returns.
 /// An error inside `f` aborts the (sub)transaction, which restores the settings by itself.
 pub fn with_portable_settings<R>(f: impl FnOnce() -> R) -> R {
-    with_settings(&PORTABLE_SETTINGS, f)
-}
-
-/// Runs `f` with `settings` (name, value), and every setting `f` changes undone when it returns
-/// (as above).
-pub fn with_settings<R>(settings: &[(&std::ffi::CStr, &std::ffi::CStr)], f: impl FnOnce() -> R) -> R {
-    // SAFETY: a GUC nest level opened here and closed below, once `f` has returned (nothing
-    // opened inside `f` is still open then); the settings are copied by set_config_option.
-    let nest_level = unsafe {
-        let nest_level = pg_sys::NewGUCNestLevel();
-        for (name, value) in settings {
-            pg_sys::set_config_option(
-                name.as_ptr(),
-                value.as_ptr(),
-                pg_sys::GucContext::PGC_USERSET,
-                pg_sys::GucSource::PGC_S_SESSION,
-                pg_sys::GucAction::GUC_ACTION_SAVE,
-                true,
-                0,
-                false,
-            );
-        }
-        nest_level
-    };
-    let result = f();
-    // SAFETY: the nest level opened above.
-    unsafe { pg_sys::AtEOXact_GUC(false, nest_level) };
-    result
+    crate::pg::settings::with_settings(&PORTABLE_SETTINGS, f)
 }
 
 /// Runs `f` as `role` inside a security-restricted operation, with [`PORTABLE_SETTINGS`]

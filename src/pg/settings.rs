@@ -403,3 +403,30 @@ pub fn max_workers() -> i32 {
 pub fn superuser_reserved_workers() -> i32 {
     SUPERUSER_RESERVED_WORKERS.get()
 }
+
+/// Runs `f` with `settings` (name, value), and every setting `f` changes undone when it returns.
+/// An error inside `f` aborts the (sub)transaction, which restores the settings by itself.
+pub fn with_settings<R>(settings: &[(&std::ffi::CStr, &std::ffi::CStr)], f: impl FnOnce() -> R) -> R {
+    // SAFETY: a GUC nest level opened here and closed below, once `f` has returned (nothing
+    // opened inside `f` is still open then); the settings are copied by set_config_option.
+    let nest_level = unsafe {
+        let nest_level = pg_sys::NewGUCNestLevel();
+        for (name, value) in settings {
+            pg_sys::set_config_option(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+        }
+        nest_level
+    };
+    let result = f();
+    // SAFETY: the nest level opened above.
+    unsafe { pg_sys::AtEOXact_GUC(false, nest_level) };
+    result
+}

@@ -282,7 +282,7 @@ fn published_leaves(publication: &str, table: &Table) -> Vec<PublishedLeaf> {
     // printed, and it prints the same at the start and on every page, which compare it.
     privilege::with_portable_settings(|| {
         crate::pg::filter::with_filter_settings(|| {
-            privilege::with_settings(&[(c"quote_all_identifiers", c"off")], read)
+            crate::pg::settings::with_settings(&[(c"quote_all_identifiers", c"off")], read)
         })
     })
 }

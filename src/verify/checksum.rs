@@ -410,7 +410,7 @@ pub fn summarize(
         // Aggregated by the query itself, which may aggregate in parallel.
         // (The planner cannot tell that there are few ranges, and would sort every row, whole,
         // to group them; and compiling the aggregates' expressions costs more than it saves.)
-        Level::Aggregate => crate::pg::privilege::with_settings(&[(c"enable_sort", c"off"), (c"jit", c"off")], || {
+        Level::Aggregate => crate::pg::settings::with_settings(&[(c"enable_sort", c"off"), (c"jit", c"off")], || {
             read(&format!(
                 "{with_bounds} SELECT {range}::integer, pg_catalog.count(*), {} FROM {name} backfill_row GROUP BY 1",
                 crate::verify::aggregate::expression(relid, columns)
