@@ -233,53 +233,8 @@ RETURNS boolean
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.wait(id, extract(epoch FROM timeout)::pg_catalog.float8 OPERATOR(pg_catalog.*) 1000) $$;
 
-CREATE OR REPLACE FUNCTION backfill_rotate_key(retire_old_keys boolean DEFAULT false)
-RETURNS integer
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    made integer;
-BEGIN
-    IF retire_old_keys IS NULL THEN
-        RAISE EXCEPTION 'argument retire_old_keys of backfill_rotate_key must not be NULL'
-            USING ERRCODE = 'null_value_not_allowed',
-                  DETAIL = 'backfill_rotate_key was called with retire_old_keys => NULL.',
-                  HINT = 'Pass true to delete the old keys (a key leaked), or leave it out to keep them.';
-    END IF;
-    INSERT INTO backfill.message_key DEFAULT VALUES RETURNING id INTO made;
-    IF retire_old_keys THEN
-        DELETE FROM backfill.message_key WHERE id OPERATOR(pg_catalog.<) made;
-    END IF;
-    RETURN made;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION backfill_security_check()
-RETURNS TABLE (item text, ok boolean, detail text, fix text)
-LANGUAGE sql STABLE
-AS $$
--- Whatever signatures the server has: (boolean, text, text) and (boolean, text, bytea), to
--- which PostgreSQL 17 added a fourth argument, flush.
-SELECT 'pg_logical_emit_message is executable by PUBLIC',
-       NOT pg_catalog.bool_or(pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')),
-       'Any role can write a message with pg_backfill''s prefix into every consumer''s stream; only consumers that check each message''s auth tag tell it from a genuine one.',
-       pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC;',
-                         pg_catalog.string_agg(pg_catalog.format('pg_catalog.pg_logical_emit_message(%s)', pg_catalog.oidvectortypes(p.proargtypes)),
-                                               ', ' ORDER BY p.oid))
-  FROM pg_catalog.pg_proc p
- WHERE p.proname OPERATOR(pg_catalog.=) 'pg_logical_emit_message'
-   AND p.pronamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace
-UNION ALL
-SELECT 'the message key is readable by PUBLIC',
-       NOT pg_catalog.has_table_privilege('public', 'backfill.message_key', 'SELECT'),
-       'A role that can read the key can forge messages that verify.',
-       'REVOKE ALL ON backfill.message_key FROM PUBLIC; SELECT backfill_rotate_key(retire_old_keys => true);'
-UNION ALL
-SELECT 'backfills can be started by PUBLIC',
-       NOT pg_catalog.has_function_privilege('public', 'backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, pg_catalog.text, pg_catalog.text[])', 'EXECUTE'),
-       'Every role could start backfills of the tables it may update, and take background workers.',
-       'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
-$$;
+-- (backfill_rotate_key() and backfill_security_check(), qualified too, are replaced in finding
+-- 15's section below, which changes them further.)
 
 -- Issue 31, finding 15: the message keys leave every decoded stream. Their bytes move from the
 -- rows of backfill.message_key, which every test_decoding and wal2json slot and every FOR ALL
