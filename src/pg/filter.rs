@@ -248,34 +248,30 @@ unsafe fn untrusted_code_of(quals: *mut pg_sys::Node) -> Option<(String, String)
             break;
         }
         walked_domains.extend(&new_domains);
-        // The checks of these domains and of the domains they are over.
-        let checks = crate::pg::spi::select_one::<Vec<String>>(
-            "WITH RECURSIVE chain(oid) AS (
-                 SELECT t.oid FROM pg_catalog.pg_type t WHERE t.oid OPERATOR(pg_catalog.=) ANY ($1)
-                 UNION SELECT t.typbasetype FROM pg_catalog.pg_type t JOIN chain ON chain.oid OPERATOR(pg_catalog.=) t.oid
-                  WHERE t.typtype OPERATOR(pg_catalog.=) 'd')
-             SELECT pg_catalog.array_agg(c.conbin::pg_catalog.text)
-               FROM pg_catalog.pg_constraint c JOIN chain ON c.contypid OPERATOR(pg_catalog.=) chain.oid
-              WHERE c.contype OPERATOR(pg_catalog.=) 'c'",
-            &[new_domains.clone().into()],
-        )
-        .ok()
-        .flatten()
+        // The checks of these domains and of the domains they are over, and those domains.
+        let (checks, chain) = Spi::connect(|client| {
+            let row = client
+                .select(
+                    "WITH RECURSIVE chain(oid) AS (
+                         SELECT t.oid FROM pg_catalog.pg_type t WHERE t.oid OPERATOR(pg_catalog.=) ANY ($1)
+                         UNION SELECT t.typbasetype FROM pg_catalog.pg_type t
+                                 JOIN chain ON chain.oid OPERATOR(pg_catalog.=) t.oid
+                          WHERE t.typtype OPERATOR(pg_catalog.=) 'd')
+                     SELECT (SELECT pg_catalog.array_agg(c.conbin::pg_catalog.text)
+                               FROM pg_catalog.pg_constraint c JOIN chain ON c.contypid OPERATOR(pg_catalog.=) chain.oid
+                              WHERE c.contype OPERATOR(pg_catalog.=) 'c'),
+                            (SELECT pg_catalog.array_agg(t.oid)
+                               FROM chain JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) chain.oid
+                              WHERE t.typtype OPERATOR(pg_catalog.=) 'd')",
+                    Some(1),
+                    &[new_domains.into()],
+                )?
+                .first();
+            Ok::<_, pgrx::spi::Error>((row.get::<Vec<String>>(1)?, row.get::<Vec<pg_sys::Oid>>(2)?))
+        })
         .unwrap_or_default();
-        code.domains.extend(
-            crate::pg::spi::select_one::<Vec<pg_sys::Oid>>(
-                "WITH RECURSIVE chain(oid) AS (
-                     SELECT t.oid FROM pg_catalog.pg_type t WHERE t.oid OPERATOR(pg_catalog.=) ANY ($1)
-                     UNION SELECT t.typbasetype FROM pg_catalog.pg_type t JOIN chain ON chain.oid OPERATOR(pg_catalog.=) t.oid
-                      WHERE t.typtype OPERATOR(pg_catalog.=) 'd')
-                 SELECT pg_catalog.array_agg(t.oid) FROM chain JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) chain.oid
-                  WHERE t.typtype OPERATOR(pg_catalog.=) 'd'",
-                &[new_domains.into()],
-            )
-            .ok()
-            .flatten()
-            .unwrap_or_default(),
-        );
+        code.domains.extend(chain.unwrap_or_default());
+        let checks = checks.unwrap_or_default();
         for check in checks {
             let Ok(text) = std::ffi::CString::new(check) else { continue };
             collect_code(pg_sys::stringToNode(text.as_ptr()).cast(), &mut code);
