@@ -12,9 +12,8 @@
 //! (which sees every relation a plan reads, after parse analysis and planning and before any
 //! row is read or any user code runs on one) refuses a plan that reads another relation than
 //! the guarded one, other than the system catalogs, pg_backfill's own tables and this node's
-//! shards of the guarded table (Citus). Only the
-//! queries that `reading`'s closure runs itself are checked, not those that code of the table
-//! runs while they execute (a SQL function's own queries, which may read what they like):
+//! shards of the guarded table (Citus). Only the queries that `reading`'s closure runs itself
+//! are checked, not those that code of the table runs while they execute (a SQL function's own queries, which may read what they like):
 //! those start inside the guarded query's `ExecutorRun`, one level deeper.
 
 use crate::pg::errors::raise;
@@ -24,8 +23,7 @@ use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 use std::cell::Cell;
 
-/// The guarded read: the relation and the name it is read by, and the executor depth of the
-/// queries to check.
+/// The guarded read: the relation, and the executor depth of the queries to check.
 #[derive(Clone, Copy)]
 struct Guard {
     relid: pg_sys::Oid,
@@ -54,7 +52,7 @@ pub fn install() {
     }
 }
 
-/// Runs `f`, whose queries read table `relid` (called `name` in errors), refusing any of them
+/// Runs `f`, whose queries read table `relid`, refusing any of them
 /// whose plan reads another relation (see the module's comment). Guards nest: the innermost
 /// one applies, and the outer one again once it returns.
 pub fn reading<R>(relid: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
@@ -150,8 +148,8 @@ unsafe extern "C-unwind" fn check_permissions(
     }
 }
 
-/// Under a guard, and at its depth: every relation is the guarded one, a system catalog or one
-/// of pg_backfill's own tables; raises otherwise.
+/// Under a guard, and at its depth: every relation is the guarded one, a system catalog, one of
+/// pg_backfill's own tables or this node's shard of the guarded table; raises otherwise.
 fn require_guarded(relations: impl Iterator<Item = pg_sys::Oid>) {
     let Some(guard) = GUARD.with(Cell::get) else { return };
     if RUN_DEPTH.with(Cell::get) != guard.depth {
