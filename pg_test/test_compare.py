@@ -273,8 +273,9 @@ def test_an_absent_key_sorts_before_a_concurrent_insert_of_it(cluster, db):
 
 
 def test_no_false_verdict_while_writers_change_the_source(cluster, db):
-    """20 comparisons while writers change over 1,000 rows a second and the applier follows: a
-    verdict other than unsettled would be false (the copy only ever follows the stream)."""
+    """20 comparisons while writers change the source and the applier follows, each comparison
+    after at least 500 more changed rows (a condition of the scenario, not of the machine's
+    speed): a verdict other than unsettled would be false (the copy only ever follows the stream)."""
     db.execute("CREATE TABLE src (id bigint PRIMARY KEY, v int NOT NULL, t text, ts timestamptz)")
     db.execute("INSERT INTO src SELECT g, 0, md5(g::text), now() FROM generate_series(1, 20000) g")
     db.execute("ANALYZE src")
@@ -314,6 +315,11 @@ def test_no_false_verdict_while_writers_change_the_source(cluster, db):
         started, false_verdicts, unsettled = time.monotonic(), [], 0
         try:
             for run in range(20):
+                # The writers' pace is the machine's: wait for their changes rather than assert a rate.
+                deadline = time.monotonic() + 300
+                while changed[0] < 500 * (run + 1):
+                    assert time.monotonic() < deadline, f"the writers are stuck at {changed[0]} changed rows"
+                    time.sleep(0.05)
                 began = time.monotonic()
                 verdicts = compared(db, slot="copy")
                 print(f"run {run}: {time.monotonic() - began:.1f} s, {len(verdicts)} unsettled")
@@ -326,7 +332,7 @@ def test_no_false_verdict_while_writers_change_the_source(cluster, db):
                 w.join()
         rate = changed[0] / (time.monotonic() - started)
     assert false_verdicts == [], false_verdicts[:10]
-    assert rate >= 1000, f"writers changed only {rate:.0f} rows/s"
+    assert changed[0] >= 10_000
     print(f"{rate:.0f} rows/s changed, {unsettled} unsettled verdicts in 20 runs, {applier.applied} changes applied")
 
 

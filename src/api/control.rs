@@ -1,9 +1,9 @@
 //! The SQL functions that control a running backfill: pause, resume, change, wait, cancel.
 //! Their public signatures are declared in `sql/api.sql`.
 
-use crate::api::distributed;
 use crate::catalog::job;
 use crate::catalog::job::SourceOptions;
+use crate::citus::coordinator as distributed;
 use crate::model::state::JobState::{self, *};
 use crate::pg::args::{check_batch_size, require_primary, required};
 use crate::pg::errors::raise;

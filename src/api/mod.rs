@@ -1,7 +1,6 @@
 //! The SQL functions and the views' helpers.
 
 pub(crate) mod control;
-pub(crate) mod distributed;
 pub(crate) mod keyed;
 pub(crate) mod plan;
 pub(crate) mod repair;

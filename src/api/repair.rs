@@ -73,8 +73,8 @@ fn repair_columns(
     let source = source.unwrap_or_default();
     if crate::pg::citus::is_distributed(source) {
         // On the worker nodes, each in its stream: one keyed backfill of the shards that hold keys.
-        let by_shard = crate::api::distributed::keys_by_shard(source, keys);
-        let options = crate::api::distributed::NodeOptions {
+        let by_shard = crate::citus::coordinator::keys_by_shard(source, keys);
+        let options = crate::citus::coordinator::NodeOptions {
             batch_size,
             rows_per_second: None,
             slot: found.slot.as_deref(),
@@ -83,7 +83,7 @@ fn repair_columns(
             parallel: 1,
             keys: Some(&by_shard),
         };
-        return Some(crate::api::distributed::start_distributed(source, true, &options));
+        return Some(crate::citus::coordinator::start_distributed(source, true, &options));
     }
     // Through the slot of a pipeline whose publication has a column list, the repair sends no
     // column it withholds, as the backfill before it did (its default list, and a ceiling).

@@ -1,10 +1,10 @@
 //! The SQL functions. Their public signatures (regclass arguments, named defaults) are
 //! declared in `sql/api.sql`, which calls these entry points in schema `backfill`.
 
-use crate::api::distributed;
 use crate::api::plan::{self, Estimate};
 use crate::catalog::job;
 use crate::catalog::job_table;
+use crate::citus::coordinator as distributed;
 use crate::model::state::LockMode;
 use crate::model::table::{self, Table};
 use crate::pg::args::{check_batch_size, check_rate, check_rows_per_message, require_primary, required};
@@ -20,10 +20,6 @@ use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
 const MAX_PARALLEL: i32 = 16;
-
-/// Why a distributed table takes no filter and no column list.
-const NOT_DISTRIBUTED: &str =
-    "It is a Citus distributed table: its nodes' backfills take neither a filter nor a column list yet.";
 
 // Texts, not Strings: names and reasons go back to the database in its own encoding.
 type EstimateRow = (pg_sys::Oid, bool, Option<Text>, Option<Vec<Text>>, Option<i64>, Option<i64>, Option<i64>);
@@ -121,8 +117,12 @@ struct Only<'a> {
 }
 
 impl Only<'_> {
-    fn is_some(&self) -> bool {
-        self.filter.is_some() || self.columns.is_some()
+    /// The options given, as the SQL functions name them.
+    fn given(&self) -> Vec<&'static str> {
+        [("filter", self.filter.is_some()), ("columns", self.columns.is_some())]
+            .into_iter()
+            .filter_map(|(option, given)| given.then_some(option))
+            .collect()
     }
 }
 
@@ -137,8 +137,8 @@ fn estimate_table(
     prefix_len: usize,
     only: Only,
 ) -> EstimateRow {
-    if only.is_some() && crate::pg::citus::is_distributed(listed) {
-        return (listed, false, Some(Text(NOT_DISTRIBUTED.into())), None, None, None, None);
+    if let Some((why, _, _)) = crate::citus::rules::refusal("backfill_estimate", listed, &only.given()) {
+        return (listed, false, Some(Text(why)), None, None, None, None);
     }
     if let Some(distributed) = crate::citus::estimate::estimate(listed, batch_size) {
         return match distributed {
@@ -267,13 +267,8 @@ fn start_visible(
         parallel,
         keys: None,
     };
-    if let Some(distributed) = relids.iter().find(|relid| only.is_some() && crate::pg::citus::is_distributed(**relid)) {
-        raise(
-            ERRCODE_FEATURE_NOT_SUPPORTED,
-            format!("table {} cannot be backfilled with a filter or a column list", table::relation_name(*distributed)),
-            NOT_DISTRIBUTED,
-            Some("Start it without filter => ... and columns => ....".into()),
-        );
+    for relid in &relids {
+        crate::citus::rules::refuse("backfill_start", *relid, &only.given());
     }
     if let Some(backfill_id) = distributed::start_if_distributed(&relids, confirm, &node_options) {
         return backfill_id;

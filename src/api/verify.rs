@@ -53,16 +53,10 @@ fn checksum_columns(
     let relid = crate::pg::args::required(table, "backfill_checksum", "tbl");
     let level = Level::parse(&crate::pg::args::required(level, "backfill_checksum", "level").0);
     let columns = crate::stream::columns::given(columns);
+    if columns.is_some() {
+        crate::citus::rules::refuse("backfill_checksum", relid, &["columns"]);
+    }
     if citus_metadata::is_distributed(relid) {
-        if columns.is_some() {
-            let name = crate::model::table::relation_name(relid);
-            crate::pg::errors::raise(
-                pgrx::PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                format!("distributed table {name} cannot be checksummed over a column list"),
-                "Its ranges are summed on its worker nodes, whose checksums cover every column.",
-                Some("Checksum it without columns => ....".into()),
-            );
-        }
         return TableIterator::new(crate::verify::distributed::checksum(relid, ranges, level, bounds));
     }
     TableIterator::new(checksum::checksum(relid, ranges, level, bounds, columns))

@@ -370,27 +370,13 @@ fn refuse_node_options(
         ("max_replica_lag", max_replica_lag.is_some()),
         ("max_retained_wal", max_retained_wal.is_some()),
         ("max_active_sessions", max_active_sessions.is_some()),
-        // (Each node's backfill.rows_per_message setting applies there.)
         ("rows_per_message", rows_per_message.is_some()),
     ]
     .into_iter()
     .filter_map(|(name, is_given)| is_given.then_some(name))
     .collect();
-    if given.is_empty() {
-        return tables;
-    }
-    let distributed = tables.iter().flatten().flatten().find(|relid| citus_metadata::is_distributed(**relid));
-    if let Some(relid) = distributed {
-        let name = table::relation_name(*relid);
-        raise(
-            ERRCODE_FEATURE_NOT_SUPPORTED,
-            format!("{} cannot be given for distributed table {name}", given.join(", ")),
-            "A backfill of a distributed table runs on its worker nodes, which are not given these options.",
-            Some(format!(
-                "Start it without them: SELECT backfill_start({}, confirm => true);",
-                pgrx::spi::quote_literal(&name)
-            )),
-        );
+    for relid in tables.iter().flatten().flatten() {
+        crate::citus::rules::refuse("backfill_start", *relid, &given);
     }
     tables
 }

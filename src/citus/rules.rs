@@ -1,0 +1,53 @@
+//! What a backfill or a verification of a Citus distributed table does not take: one table of
+//! rules, one wording. Such a table is read on its worker nodes, by the backfills and checksums
+//! the coordinator starts there; an option the nodes are not given is refused before anything
+//! starts, here or on a node.
+
+use crate::model::table;
+use crate::pg::errors::raise;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+
+/// An option of backfill_start(), backfill_estimate(), backfill_checksum() or
+/// backfill_compare() that the worker nodes are not given, and why.
+struct Rule {
+    option: &'static str,
+    why: &'static str,
+}
+
+const NOT_PASSED_ON: &[Rule] = &[
+    Rule { option: "filter", why: "the nodes' backfills take no filter yet" },
+    Rule { option: "columns", why: "the nodes' backfills and checksums cover every column" },
+    Rule { option: "keys", why: "backfill_repair() finds the shard of each key; backfill_start() does not" },
+    Rule { option: "max_replica_lag", why: "each node's backfill.max_replica_lag holds its backfill back" },
+    Rule { option: "max_retained_wal", why: "each node's backfill.max_retained_wal holds its backfill back" },
+    Rule { option: "max_active_sessions", why: "each node's backfill.max_active_sessions holds its backfill back" },
+    Rule { option: "rows_per_message", why: "each node's backfill.rows_per_message shapes its messages" },
+];
+
+/// Why `call` of `relid` cannot take the options `given` (named as in the SQL functions), or None
+/// when it can: `relid` is no distributed table, or none of them is refused.
+pub fn refusal(call: &str, relid: pg_sys::Oid, given: &[&str]) -> Option<(String, String, String)> {
+    let refused: Vec<&Rule> = NOT_PASSED_ON.iter().filter(|rule| given.contains(&rule.option)).collect();
+    if refused.is_empty() || !crate::pg::citus::is_distributed(relid) {
+        return None;
+    }
+    let name = table::relation_name(relid);
+    let options: Vec<&str> = refused.iter().map(|rule| rule.option).collect();
+    let reasons: Vec<&str> = refused.iter().map(|rule| rule.why).collect();
+    Some((
+        format!("{call}() of distributed table {name} cannot take {}", options.join(", ")),
+        format!("A distributed table is read on its worker nodes, which are not given it: {}.", reasons.join("; ")),
+        format!(
+            "Call {call}() without {}.",
+            options.iter().map(|o| format!("{o} => ...")).collect::<Vec<_>>().join(", ")
+        ),
+    ))
+}
+
+/// [`refusal`], raised (0A000).
+pub fn refuse(call: &str, relid: pg_sys::Oid, given: &[&str]) {
+    if let Some((message, detail, hint)) = refusal(call, relid, given) {
+        raise(ERRCODE_FEATURE_NOT_SUPPORTED, message, detail, Some(hint));
+    }
+}
