@@ -258,9 +258,9 @@ def test_an_error_reports_where_it_was_raised(orders):
     """A DBA's LOCATION line points at the code that raised the error, also when a helper
     raised it on its caller's behalf (an argument that must not be NULL, an internal error)."""
     cases = [
-        ("SELECT backfill_start('orders')", "22023", "api/start.rs", None),
-        ("SELECT backfill_start('orders', confirm => NULL)", "22004", "api/start.rs",
-         'let confirm = required(confirm, "backfill_start", "confirm");'),
+        ("SELECT backfill_start('orders')", "22023", "worker/admit.rs", None),
+        ("SELECT backfill_start('orders', confirm => NULL)", "22004", "api/request.rs",
+         'confirm: required(args.confirm, CALL, "confirm"),'),
         ("SELECT backfill_cancel(NULL)", "22004", "api/control.rs", 'required(id, "backfill_cancel", "id")'),
     ]
     # (PostgreSQL reports a file's name without its folders.)
@@ -270,3 +270,21 @@ def test_an_error_reports_where_it_was_raised(orders):
         if call:
             assert int(e.diag.source_line) == line_of(path, call), (sql, e.diag.source_line)
     # (or_internal's errors, which no user can cause, are checked by a unit test in pg/errors.rs.)
+
+
+@pytest.mark.parametrize("option", ["rows_per_message => 0", "max_replica_lag => -5", "keys => '[]'",
+                                    "keys => '[{\"id\": 1}]', filter => 'id > 0'",
+                                    "keys => '[{\"id\": 1}]', parallel => 2"])
+def test_a_request_is_checked_whole_before_anything_is_written(orders, option):
+    """backfill_start() checks every option before it records the backfill: a refused one takes
+    no backfill id and registers no worker. (Before 0.10.0, rows_per_message, the limits on the
+    source and keys were checked by links chained after the backfill was recorded: each refusal
+    took an id.)"""
+    first = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
+    assert wait_until_ended(orders, first) == "done"
+    e = error_of(orders, f"SELECT backfill_start('orders', confirm => true, {option})")
+    assert e.sqlstate == "22023", e
+    assert e.diag.message_detail and e.diag.message_hint, e
+    second = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
+    assert second == first + 1, "a refused request took a backfill id"
+    assert wait_until_ended(orders, second) == "done"

@@ -40,10 +40,11 @@ CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false,
                                filter text DEFAULT NULL, columns text[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
-         backfill.refuse_node_options(tables::pg_catalog.oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
-         confirm, batch_size, rows_per_second, slot::pg_catalog.text, publication::pg_catalog.text, max_lag, parallel, filter, columns), rows_per_message),
-                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
+-- One call with every option: backfill.start() builds the request, checks it whole, records it
+-- and launches its workers (src/api/start.rs).
+AS $$ SELECT backfill.start(tables::pg_catalog.oid[], confirm, batch_size, rows_per_second, slot::pg_catalog.text,
+                            publication::pg_catalog.text, max_lag, parallel, max_replica_lag, max_retained_wal,
+                            max_active_sessions, keys, rows_per_message, filter, columns) $$;
 COMMENT ON FUNCTION backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS
 'Starts a backfill of the tables (all or nothing) and returns its id. Without confirm => true it starts nothing and reports the estimate. keys => a JSON array of key objects: only those keys of the one table, each read or, without a row, delivered absent. rows_per_message => N: each page''s rows in reads messages of up to N rows (NULL: backfill.rows_per_message). filter => a boolean SQL expression: only the rows it is true for. columns => the columns each read carries (the key among them; NULL: every column, or the publication''s column list).';
 
@@ -56,10 +57,9 @@ CREATE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT fals
                                filter text DEFAULT NULL, columns text[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
-         backfill.refuse_node_options(ARRAY[table_name]::pg_catalog.oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
-         confirm, batch_size, rows_per_second, slot::pg_catalog.text, publication::pg_catalog.text, max_lag, parallel, filter, columns), rows_per_message),
-                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
+AS $$ SELECT @extschema@.backfill_start(ARRAY[table_name], confirm, batch_size, rows_per_second, slot, publication, max_lag,
+                                       parallel, max_replica_lag, max_retained_wal, max_active_sessions, keys,
+                                       rows_per_message, filter, columns) $$;
 COMMENT ON FUNCTION backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS 'backfill_start() of one table';
 
 -- See backfill_estimate(text): makes backfill_start('public.orders', confirm => true) resolve.
@@ -72,10 +72,9 @@ CREATE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, b
                                filter text DEFAULT NULL, columns text[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set_keys(backfill.set_source_limits(backfill.set_rows_per_message(backfill.start(
-         backfill.refuse_node_options(ARRAY[table_name::pg_catalog.regclass]::pg_catalog.oid[], keys, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message),
-         confirm, batch_size, rows_per_second, slot::pg_catalog.text, publication::pg_catalog.text, max_lag, parallel, filter, columns), rows_per_message),
-                                       max_replica_lag, max_retained_wal, max_active_sessions), keys) $$;
+AS $$ SELECT @extschema@.backfill_start(ARRAY[table_name::pg_catalog.regclass], confirm, batch_size, rows_per_second, slot, publication, max_lag,
+                                       parallel, max_replica_lag, max_retained_wal, max_active_sessions, keys,
+                                       rows_per_message, filter, columns) $$;
 COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS 'backfill_start() of one table, by name';
 
 CREATE FUNCTION backfill_checksum(tbl regclass, ranges integer DEFAULT 1024, level text DEFAULT 'hash',
@@ -129,8 +128,7 @@ CREATE FUNCTION backfill_set(id bigint, batch_size integer DEFAULT NULL, rows_pe
                              max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL)
 RETURNS boolean
 LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.set(backfill.set_source_limits(id, max_replica_lag, max_retained_wal, max_active_sessions),
-                          batch_size, rows_per_second, max_lag) $$;
+AS $$ SELECT backfill.set(id, batch_size, rows_per_second, max_lag, max_replica_lag, max_retained_wal, max_active_sessions) $$;
 COMMENT ON FUNCTION backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer) IS
 'Changes the pacing and back-pressure of a running or paused backfill (applied at its next page). NULL keeps a value; 0 removes a limit.';
 
@@ -423,7 +421,7 @@ SELECT 'pg_backfill''s sequences are accessible to other roles than their owner'
    AND c.relkind OPERATOR(pg_catalog.=) 'S' AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
 UNION ALL
 SELECT 'backfills can be started by PUBLIC',
-       NOT pg_catalog.has_function_privilege('public', 'backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, pg_catalog.text, pg_catalog.text[])', 'EXECUTE'),
+       NOT pg_catalog.has_function_privilege('public', 'backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, bigint, bigint, integer, jsonb, integer, pg_catalog.text, pg_catalog.text[])', 'EXECUTE'),
        'Every role could start backfills of the tables it may update, and take background workers.',
        'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
 $$;
@@ -470,20 +468,22 @@ REVOKE EXECUTE ON FUNCTION
 COMMENT ON FUNCTION backfill.estimate(oid[], integer, text, text[]) IS 'Entry point of backfill_estimate()';
 COMMENT ON FUNCTION backfill.estimate(oid[], integer, text) IS 'Entry point of backfill_estimate() in 0.8.0 (no column list): the SQL of that version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.estimate(oid[], integer) IS 'Entry point of backfill_estimate() before 0.8.0 (no filter): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text, text[]) IS 'Entry point of backfill_start()';
+COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS 'Entry point of backfill_start(): every option, one call';
+COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text, text[]) IS 'Entry point of backfill_start() in 0.9.0 (its SQL chains the other options): the SQL of that version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text) IS 'Entry point of backfill_start() in 0.8.0 (no column list): the SQL of that version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer) IS 'Entry point of backfill_start() before 0.8.0 (no filter): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) IS 'Part of backfill_start(): refuses the options a backfill of a Citus distributed table does not pass on to its nodes; returns the tables';
+COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) IS 'Part of backfill_start() in 0.9.0: refuses the options a backfill of a Citus distributed table does not pass on to its nodes; returns the tables';
 COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';
 COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
 COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';
-COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint) IS 'Entry point of backfill_set()';
-COMMENT ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) IS 'Entry point of the back-pressure options of backfill_start() and backfill_set(); returns the backfill''s id';
+COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint, bigint, bigint, integer) IS 'Entry point of backfill_set(): every option, one call';
+COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint) IS 'Entry point of backfill_set() in 0.9.0 and before (pacing; its SQL chains backfill.set_source_limits()): that SQL calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) IS 'The back-pressure options of backfill_start() and backfill_set() in the SQL of 0.9.0 and before, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
 COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb, text[]) IS 'Entry point of backfill_checksum()';
 COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb) IS 'Entry point of backfill_checksum() before 0.9.0 (no column list): the SQL of an earlier version, and a comparison from another server''s, call it';
-COMMENT ON FUNCTION backfill.set_keys(bigint, jsonb) IS 'Entry point of backfill_start()''s keys; returns the backfill''s id';
+COMMENT ON FUNCTION backfill.set_keys(bigint, jsonb) IS 'backfill_start()''s keys in the SQL of 0.9.0 and before, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
 COMMENT ON FUNCTION backfill.set_keys_of(bigint, oid, jsonb) IS 'The keys of one table of a backfill started in this transaction (a worker node''s backfill of its shards, for backfill_repair() on the Citus coordinator); returns the backfill''s id';
-COMMENT ON FUNCTION backfill.set_rows_per_message(bigint, integer) IS 'Entry point of backfill_start()''s rows_per_message; returns the backfill''s id';
+COMMENT ON FUNCTION backfill.set_rows_per_message(bigint, integer) IS 'backfill_start()''s rows_per_message in the SQL of 0.9.0, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
 COMMENT ON FUNCTION backfill.compare(oid, oid, text, integer, text, text[]) IS 'Entry point of backfill_compare()';
 COMMENT ON FUNCTION backfill.compare(oid, oid, text, integer, text) IS 'Entry point of backfill_compare() before 0.9.0 (no column list): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.repair(oid, oid, boolean, text, integer, text, integer, text[]) IS 'Entry point of backfill_repair()';

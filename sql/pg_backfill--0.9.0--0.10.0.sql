@@ -433,7 +433,7 @@ SELECT 'pg_backfill''s sequences are accessible to other roles than their owner'
    AND c.relkind OPERATOR(pg_catalog.=) 'S' AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
 UNION ALL
 SELECT 'backfills can be started by PUBLIC',
-       NOT pg_catalog.has_function_privilege('public', 'backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, pg_catalog.text, pg_catalog.text[])', 'EXECUTE'),
+       NOT pg_catalog.has_function_privilege('public', 'backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, bigint, bigint, integer, jsonb, integer, pg_catalog.text, pg_catalog.text[])', 'EXECUTE'),
        'Every role could start backfills of the tables it may update, and take background workers.',
        'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
 $$;
@@ -442,3 +442,120 @@ $$;
 LOCK TABLE backfill.job, backfill.job_table IN ACCESS EXCLUSIVE MODE;
 ALTER TABLE backfill.job_table ADD COLUMN publication_filter text;
 COMMENT ON COLUMN backfill.job_table.publication_filter IS 'The row filter of the backfill''s publication for the table when it started (pg_get_expr of pg_publication_rel.prqual): only rows it is true for are delivered (AND the backfill''s own filter); a page stops the backfill when the publication''s filter is no longer this. NULL: none';
+
+-- Issue 32: backfill_start() and backfill_set() each call one entry point with every option (the
+-- request is checked whole before anything is written, and recorded with one INSERT). The entry
+-- points of 0.9.0 stay, for its SQL, until ALTER EXTENSION UPDATE.
+CREATE  FUNCTION backfill."start"(
+	"tables" oid[], /* :: std :: option :: Option < Vec < Option < pg_sys :: Oid > > > */
+	"confirm" bool, /* Option < bool > */
+	"batch_size" INT, /* Option < i32 > */
+	"rows_per_second" INT, /* Option < i32 > */
+	"slot" text, /* Option < Text > */
+	"publication" text, /* Option < Text > */
+	"max_lag" bigint, /* Option < i64 > */
+	"parallel" INT, /* Option < i32 > */
+	"max_replica_lag" bigint, /* Option < i64 > */
+	"max_retained_wal" bigint, /* Option < i64 > */
+	"max_active_sessions" INT, /* Option < i32 > */
+	"keys" jsonb, /* Option < JsonB > */
+	"rows_per_message" INT, /* Option < i32 > */
+	"filter" text, /* Option < Text > */
+	"columns" text[] /* :: std :: option :: Option < Vec < Option < Text > > > */
+) RETURNS bigint /* i64 */
+ 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'start_every_option_wrapper';
+CREATE  FUNCTION backfill."set"(
+	"id" bigint, /* Option < i64 > */
+	"batch_size" INT, /* Option < i32 > */
+	"rows_per_second" INT, /* Option < i32 > */
+	"max_lag" bigint, /* Option < i64 > */
+	"max_replica_lag" bigint, /* Option < i64 > */
+	"max_retained_wal" bigint, /* Option < i64 > */
+	"max_active_sessions" INT /* Option < i32 > */
+) RETURNS bool /* bool */
+ 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_every_option_wrapper';
+REVOKE EXECUTE ON FUNCTION
+    backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
+    backfill.set(bigint, integer, integer, bigint, bigint, bigint, integer)
+  FROM PUBLIC;
+COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS 'Entry point of backfill_start(): every option, one call';
+COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text, text[]) IS 'Entry point of backfill_start() in 0.9.0 (its SQL chains the other options): the SQL of that version calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) IS 'Part of backfill_start() in 0.9.0: refuses the options a backfill of a Citus distributed table does not pass on to its nodes; returns the tables';
+COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint, bigint, bigint, integer) IS 'Entry point of backfill_set(): every option, one call';
+COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint) IS 'Entry point of backfill_set() in 0.9.0 and before (pacing; its SQL chains backfill.set_source_limits()): that SQL calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) IS 'The back-pressure options of backfill_start() and backfill_set() in the SQL of 0.9.0 and before, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
+COMMENT ON FUNCTION backfill.set_keys(bigint, jsonb) IS 'backfill_start()''s keys in the SQL of 0.9.0 and before, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
+COMMENT ON FUNCTION backfill.set_rows_per_message(bigint, integer) IS 'backfill_start()''s rows_per_message in the SQL of 0.9.0, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
+
+-- Who could execute an old entry point may execute its successor (as in 0.8.0--0.9.0).
+DO $$
+DECLARE
+    kept record;
+BEGIN
+    FOR kept IN
+        SELECT DISTINCT g.successor, a.grantee, r.rolname, a.is_grantable
+          FROM (VALUES ('backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text, text[])',
+                        'backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[])'),
+                       ('backfill.set(bigint, integer, integer, bigint)',
+                        'backfill.set(bigint, integer, integer, bigint, bigint, bigint, integer)'))
+               AS g(predecessor, successor)
+          JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) g.predecessor::pg_catalog.regprocedure::pg_catalog.oid
+         CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+          LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+         WHERE a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE' AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s', kept.successor,
+                                  CASE WHEN kept.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(kept.rolname) END,
+                                  CASE WHEN kept.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL,
+                               filter text DEFAULT NULL, columns text[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+-- One call with every option: backfill.start() builds the request, checks it whole, records it
+-- and launches its workers (src/api/start.rs).
+AS $$ SELECT backfill.start(tables::pg_catalog.oid[], confirm, batch_size, rows_per_second, slot::pg_catalog.text,
+                            publication::pg_catalog.text, max_lag, parallel, max_replica_lag, max_retained_wal,
+                            max_active_sessions, keys, rows_per_message, filter, columns) $$;
+CREATE OR REPLACE FUNCTION backfill_start(table_name regclass, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL,
+                               filter text DEFAULT NULL, columns text[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT @extschema@.backfill_start(ARRAY[table_name], confirm, batch_size, rows_per_second, slot, publication, max_lag,
+                                       parallel, max_replica_lag, max_retained_wal, max_active_sessions, keys,
+                                       rows_per_message, filter, columns) $$;
+CREATE OR REPLACE FUNCTION backfill_start(table_name text, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+                               rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
+                               publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
+                               parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
+                               max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                               keys jsonb DEFAULT NULL, rows_per_message integer DEFAULT NULL,
+                               filter text DEFAULT NULL, columns text[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT @extschema@.backfill_start(ARRAY[table_name::pg_catalog.regclass], confirm, batch_size, rows_per_second, slot, publication, max_lag,
+                                       parallel, max_replica_lag, max_retained_wal, max_active_sessions, keys,
+                                       rows_per_message, filter, columns) $$;
+CREATE OR REPLACE FUNCTION backfill_set(id bigint, batch_size integer DEFAULT NULL, rows_per_second integer DEFAULT NULL,
+                             max_lag bigint DEFAULT NULL, max_replica_lag bigint DEFAULT NULL,
+                             max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.set(id, batch_size, rows_per_second, max_lag, max_replica_lag, max_retained_wal, max_active_sessions) $$;

@@ -1,6 +1,7 @@
 //! The SQL functions that control a running backfill: pause, resume, change, wait, cancel.
 //! Their public signatures are declared in `sql/api.sql`.
 
+use crate::api::request::check_source_limits;
 use crate::catalog::job;
 use crate::catalog::job::SourceOptions;
 use crate::citus::coordinator as distributed;
@@ -54,16 +55,46 @@ fn resume(id: Option<i64>) -> bool {
     true
 }
 
-/// backfill_set(): changes the pacing of a backfill while it runs; the worker applies it at its
-/// next page. NULL keeps a value; 0 removes a limit.
+/// backfill_set() before 0.10.0: pacing only (its SQL chains the limits on the source through
+/// backfill.set_source_limits()).
 #[pg_extern(schema = "backfill", name = "set")]
 fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag: Option<i64>) -> bool {
+    change(id, Pacing { batch_size, rows_per_second, max_lag }, SourceOptions::default())
+}
+
+/// backfill_set() since 0.10.0: changes the pacing and the limits on the source of a backfill
+/// while it runs; the worker applies them at its next page. NULL keeps a value; 0 removes a
+/// limit; a limit on the source of -1 follows the setting again.
+#[pg_extern(schema = "backfill", name = "set")]
+fn set_every_option(
+    id: Option<i64>,
+    batch_size: Option<i32>,
+    rows_per_second: Option<i32>,
+    max_lag: Option<i64>,
+    max_replica_lag: Option<i64>,
+    max_retained_wal: Option<i64>,
+    max_active_sessions: Option<i32>,
+) -> bool {
+    let source =
+        SourceOptions { max_replica_lag, max_retained_wal, max_active_sessions: max_active_sessions.map(i64::from) };
+    change(id, Pacing { batch_size, rows_per_second, max_lag }, source)
+}
+
+/// backfill_set()'s pacing options.
+struct Pacing {
+    batch_size: Option<i32>,
+    rows_per_second: Option<i32>,
+    max_lag: Option<i64>,
+}
+
+/// backfill_set()'s request: checked whole, then written in one transaction's updates.
+fn change(id: Option<i64>, pacing: Pacing, source: SourceOptions) -> bool {
     require_primary("change a backfill");
     let id = required(id, "backfill_set", "id");
-    if let Some(batch_size) = batch_size {
+    if let Some(batch_size) = pacing.batch_size {
         check_batch_size(batch_size);
     }
-    for (name, value) in [("rows_per_second", rows_per_second.map(i64::from)), ("max_lag", max_lag)] {
+    for (name, value) in [("rows_per_second", pacing.rows_per_second.map(i64::from)), ("max_lag", pacing.max_lag)] {
         if let Some(value) = value.filter(|v| *v < 0) {
             raise(
                 ERRCODE_INVALID_PARAMETER_VALUE,
@@ -73,8 +104,9 @@ fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, m
             );
         }
     }
+    check_source_limits(&source);
     let job = control(id, "change", &[Running, Paused], None, None);
-    if max_lag.is_some_and(|lag| lag > 0) && job.slot_name.is_none() {
+    if pacing.max_lag.is_some_and(|lag| lag > 0) && job.slot_name.is_none() {
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,
             "max_lag needs a slot",
@@ -82,16 +114,21 @@ fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, m
             None,
         );
     }
-    as_extension_owner(|| job::set_pacing(id, batch_size, rows_per_second, max_lag));
+    as_extension_owner(|| {
+        job::set_pacing(id, pacing.batch_size, pacing.rows_per_second, pacing.max_lag);
+        if !source.is_empty() {
+            job::set_source_limits(id, &source);
+        }
+    });
     launcher::wake_workers_at_commit(id);
-    distributed::forward_set(id, batch_size, rows_per_second, max_lag);
+    distributed::forward_set(id, pacing.batch_size, pacing.rows_per_second, pacing.max_lag);
     true
 }
 
-/// The limits on the source of backfill_start() and backfill_set() (max_replica_lag,
-/// max_retained_wal, max_active_sessions): NULL keeps a value, -1 follows the setting again, 0
-/// turns a limit off where the setting is off; a value only tightens the setting. Returns the
-/// backfill's id, so that the SQL wrappers chain it with backfill.start() and backfill.set().
+/// The limits on the source of backfill_start() and backfill_set() in the SQL of 0.9.0 and
+/// before (max_replica_lag, max_retained_wal, max_active_sessions), chained with
+/// backfill.start() and backfill.set(): returns the backfill's id. (A backfill started in this
+/// transaction is changed as by backfill_set(), as it was.)
 #[pg_extern(schema = "backfill", name = "set_source_limits")]
 fn set_source_limits(
     id: Option<i64>,
@@ -99,35 +136,14 @@ fn set_source_limits(
     max_retained_wal: Option<i64>,
     max_active_sessions: Option<i32>,
 ) -> Option<i64> {
-    let options =
+    let source =
         SourceOptions { max_replica_lag, max_retained_wal, max_active_sessions: max_active_sessions.map(i64::from) };
-    if options.max_replica_lag.is_none() && options.max_retained_wal.is_none() && options.max_active_sessions.is_none()
-    {
+    if source.is_empty() {
         return id; // nothing to change: backfill.start() or backfill.set() checks the rest
     }
-    require_primary("change a backfill");
-    let id = required(id, "backfill_set", "id");
-    for (name, value, unit) in [
-        ("max_replica_lag", options.max_replica_lag, "bytes"),
-        ("max_retained_wal", options.max_retained_wal, "bytes"),
-        ("max_active_sessions", options.max_active_sessions, "active sessions"),
-    ] {
-        if let Some(value) = value.filter(|v| *v < -1) {
-            raise(
-                ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("{name} {value} is out of range"),
-                format!(
-                    "{name} is in {unit}: positive to tighten backfill.{name}, 0 to turn the limit off where \
-                     the setting is off, -1 to follow the setting."
-                ),
-                Some("Pass NULL to keep the current value.".into()),
-            );
-        }
-    }
-    control(id, "change", &[Running, Paused], None, None);
-    as_extension_owner(|| job::set_source_limits(id, &options));
-    launcher::wake_workers_at_commit(id);
-    Some(id)
+    let pacing = Pacing { batch_size: None, rows_per_second: None, max_lag: None };
+    change(id, pacing, source);
+    id
 }
 
 /// backfill_wait(): blocks until the backfill is done and, with a slot, delivered (true), or

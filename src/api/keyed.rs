@@ -38,7 +38,9 @@ fn set_keys_of(id: Option<i64>, tbl: Option<pg_sys::Oid>, keys: Option<JsonB>) -
     Some(id)
 }
 
-/// Records the keys of backfill `id`, of its one table or of `table` (see [`set_keys`]).
+/// Records the keys of backfill `id`, started in this transaction by the SQL of 0.9.0 or
+/// before, or by a worker node's backfill_start() for the coordinator: of its one table, or of
+/// `table` (see [`set_keys`]).
 pub fn record_keys(id: i64, table: Option<pg_sys::Oid>, keys: serde_json::Value) {
     // Only in the transaction that started it: its worker starts at commit and finds the keys.
     if !crate::api::start::started_in_this_transaction(id) {
@@ -53,14 +55,8 @@ pub fn record_keys(id: i64, table: Option<pg_sys::Oid>, keys: serde_json::Value)
     if let Some(table) = table {
         tables.retain(|job_table| job_table.relid == table);
     }
-    let [job_table] = tables.as_slice() else {
-        raise(
-            ERRCODE_INVALID_PARAMETER_VALUE,
-            "keys need a backfill of one table by one worker",
-            format!("The backfill has {} such tables or key ranges; keys name rows of one table.", tables.len()),
-            Some("Start one backfill per table, with parallel => 1.".into()),
-        );
-    };
+    require_one_range(tables.len());
+    let job_table = &tables[0];
     if as_extension_owner(|| job_table::is_keyed(id, job_table.position)) {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -70,7 +66,32 @@ pub fn record_keys(id: i64, table: Option<pg_sys::Oid>, keys: serde_json::Value)
         );
     }
     let table = crate::model::table::require(job_table.relid);
-    if as_extension_owner(|| crate::catalog::job::job(id)).is_some_and(|job| job.row_filter.is_some()) {
+    let filtered = as_extension_owner(|| job::job(id)).is_some_and(|job| job.row_filter.is_some());
+    let sorted = checked_keys(&table, keys, filtered);
+    as_extension_owner(|| {
+        store(id, job_table.position, &sorted, table.key.len());
+        job::set_lock_mode(id, LockMode::Table);
+    });
+}
+
+/// Keys name rows of one table, delivered by one worker: a backfill of `ranges` tables or key
+/// ranges takes none.
+pub fn require_one_range(ranges: usize) {
+    if ranges != 1 {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "keys need a backfill of one table by one worker",
+            format!("The backfill has {ranges} such tables or key ranges; keys name rows of one table."),
+            Some("Start one backfill per table, with parallel => 1.".into()),
+        );
+    }
+}
+
+/// The keys `keys` (a JSON array of key objects) of `table`, checked, cast to the key's types,
+/// deduplicated and sorted in the key index's order, before anything is written. `filtered`:
+/// the backfill has a filter, which keys cannot take.
+pub fn checked_keys(table: &Table, keys: serde_json::Value, filtered: bool) -> Vec<GivenKey> {
+    if filtered {
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,
             format!("a backfill of table {} cannot take both keys and a filter", table.qualified_name()),
@@ -112,11 +133,7 @@ pub fn record_keys(id: i64, table: Option<pg_sys::Oid>, keys: serde_json::Value)
         );
     }
     // Cast as the table's owner: a key type's input function and ordering are its code.
-    let sorted = privilege::read_as(table.owner, table.relid, || sorted_keys(&table, keys));
-    as_extension_owner(|| {
-        store(id, job_table.position, &sorted, key.len());
-        job::set_lock_mode(id, LockMode::Table);
-    });
+    privilege::read_as(table.owner, table.relid, || sorted_keys(table, keys))
 }
 
 /// The keys cast to the key's types, deduplicated, in the key index's order.
@@ -158,7 +175,8 @@ fn sorted_keys(table: &Table, keys: Vec<serde_json::Value>) -> Vec<GivenKey> {
     .or_internal("read the keys")
 }
 
-fn store(id: i64, position: i32, keys: &[GivenKey], key_len: usize) {
+/// Records the keys of range `position` of backfill `id`; the range's estimate becomes their number.
+pub fn store(id: i64, position: i32, keys: &[GivenKey], key_len: usize) {
     let text: Vec<KeyText> = keys.iter().flat_map(|k| k.text.iter().cloned()).collect();
     let json: Vec<Text> = keys.iter().flat_map(|k| k.json.iter().map(|j| Text(j.clone()))).collect();
     Spi::run_with_args(

@@ -1,5 +1,6 @@
 //! backfill_repair(): a comparison (verify/compare.rs), then one backfill of the differing keys.
 
+use crate::model::request::{SourceOptions, StartRequest};
 use crate::pg::encoding::Text;
 use crate::pg::errors::raise;
 use crate::verify::compare::{differences, Status};
@@ -38,71 +39,107 @@ fn repair_columns(
     batch_size: Option<i32>,
     columns: Option<Vec<Option<Text>>>,
 ) -> Option<i64> {
-    let columns = crate::stream::columns::given(columns);
-    let confirm = crate::pg::args::required(confirm, "backfill_repair", "confirm");
-    let batch_size = crate::pg::args::required(batch_size, "backfill_repair", "batch_size");
-    crate::pg::args::check_batch_size(batch_size);
-    if confirm {
+    let request = RepairRequest {
+        source: crate::pg::args::required(source, "backfill_repair", "source"),
+        target,
+        confirm: crate::pg::args::required(confirm, "backfill_repair", "confirm"),
+        level,
+        passes,
+        slot: slot.map(|s| s.0),
+        batch_size: crate::pg::args::required(batch_size, "backfill_repair", "batch_size"),
+        columns: crate::stream::columns::given(columns),
+    };
+    repair_differences(request)
+}
+
+/// backfill_repair()'s request.
+struct RepairRequest {
+    source: pg_sys::Oid,
+    target: Option<pg_sys::Oid>,
+    confirm: bool,
+    level: Option<Text>,
+    passes: Option<i32>,
+    slot: Option<String>,
+    batch_size: i32,
+    columns: Option<Vec<String>>,
+}
+
+fn repair_differences(request: RepairRequest) -> Option<i64> {
+    crate::pg::args::check_batch_size(request.batch_size);
+    if request.confirm {
         // What backfill_start() would refuse (no UPDATE, row-level security...), before the
         // comparison rather than after it.
-        crate::model::table::require(crate::pg::args::required(source, "backfill_repair", "source"));
+        crate::model::table::require(request.source);
     }
-    let found = differences("backfill_repair", source, target, level, passes, slot.map(|s| s.0), columns, confirm);
-    let name = crate::model::table::relation_name(source.unwrap_or_default());
+    let (source, confirm) = (request.source, request.confirm);
+    let found = differences(
+        "backfill_repair",
+        Some(source),
+        request.target,
+        request.level,
+        request.passes,
+        request.slot,
+        request.columns,
+        confirm,
+    );
+    let name = crate::model::table::relation_name(source);
     if found.keys.is_empty() {
         notice!("{name} and its copy agree: nothing to repair");
         return None;
     }
-    let count = |status: Status| found.keys.iter().filter(|(_, s)| *s == status).count();
     if !confirm {
-        raise(
-            ERRCODE_INVALID_PARAMETER_VALUE,
-            "repair not started: confirm => true is required",
-            format!(
-                "{} keys of {name} differ: {} missing, {} extra, {} different, {} unsettled.",
-                found.keys.len(),
-                count(Status::Missing),
-                count(Status::Extra),
-                count(Status::Different),
-                count(Status::Unsettled),
-            ),
-            Some("SELECT * FROM backfill_compare(...) lists them; backfill_repair(..., confirm => true) re-delivers them.".into()),
-        );
-    }
-    let keys: Vec<serde_json::Value> = found.keys.into_iter().map(|(key, _)| key).collect();
-    let source = source.unwrap_or_default();
-    if crate::pg::citus::is_distributed(source) {
-        // On the worker nodes, each in its stream: one keyed backfill of the shards that hold keys.
-        let by_shard = crate::citus::coordinator::keys_by_shard(source, keys);
-        let options = crate::citus::coordinator::NodeOptions {
-            batch_size,
-            rows_per_second: None,
-            slot: found.slot.as_deref(),
-            publication: None,
-            max_lag: None,
-            parallel: 1,
-            keys: Some(&by_shard),
-        };
-        return Some(crate::citus::coordinator::start_distributed(source, true, &options));
+        unconfirmed(&name, &found.keys);
     }
     // Through the slot of a pipeline whose publication has a column list, the repair sends no
-    // column it withholds, as the backfill before it did (its default list, and a ceiling).
-    let publication = found.slot.as_deref().and_then(|slot| {
+    // column it withholds, as the backfill before it did (its default list, and a ceiling). (A
+    // distributed table's nodes deliver every column.)
+    let distributed = crate::pg::citus::is_distributed(source);
+    let publication = found.slot.as_deref().filter(|_| !distributed).and_then(|slot| {
         crate::pg::privilege::as_extension_owner(|| crate::verify::compare::last_publication_of(source, slot))
     });
-    let id = crate::api::start::start_of_columns(
-        Some(vec![Some(source)]),
-        Some(true),
-        Some(batch_size),
-        None,
-        found.slot.map(Text),
-        publication.map(Text),
-        None,
-        Some(1),
-        None,
+    let keys: Vec<serde_json::Value> = found.keys.into_iter().map(|(key, _)| key).collect();
+    let backfill = StartRequest {
+        tables: vec![source],
+        confirm: true,
+        batch_size: request.batch_size,
+        rows_per_second: None,
+        slot: found.slot,
+        publication,
+        max_lag: None,
+        parallel: 1,
+        source: SourceOptions::default(),
+        keys: Some(serde_json::Value::Array(keys)),
+        rows_per_message: None,
+        filter: None,
         // The columns compared: the list's and the key's, which every read carries.
-        found.columns.map(|c| c.into_iter().map(|c| Some(Text(c))).collect()),
+        columns: found.columns,
+    };
+    // A distributed table's keys are backfilled on its worker nodes, each in its stream: one
+    // keyed backfill of the shards that hold some.
+    Some(if distributed {
+        crate::citus::coordinator::start_distributed(&backfill, source)
+    } else {
+        crate::api::start::start_backfill(&backfill)
+    })
+}
+
+/// Without confirm => true: what differs, as an error.
+fn unconfirmed(name: &str, keys: &[(serde_json::Value, Status)]) -> ! {
+    let count = |status: Status| keys.iter().filter(|(_, s)| *s == status).count();
+    raise(
+        ERRCODE_INVALID_PARAMETER_VALUE,
+        "repair not started: confirm => true is required",
+        format!(
+            "{} keys of {name} differ: {} missing, {} extra, {} different, {} unsettled.",
+            keys.len(),
+            count(Status::Missing),
+            count(Status::Extra),
+            count(Status::Different),
+            count(Status::Unsettled),
+        ),
+        Some(
+            "SELECT * FROM backfill_compare(...) lists them; backfill_repair(..., confirm => true) re-delivers them."
+                .into(),
+        ),
     );
-    crate::api::keyed::record_keys(id, None, serde_json::Value::Array(keys));
-    Some(id)
 }

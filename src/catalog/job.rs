@@ -7,19 +7,14 @@ use crate::model::state::LockMode;
 use crate::pg::encoding::Text;
 use crate::pg::errors::OrInternal;
 use crate::pg::spi::run_prepared;
+use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiResult;
 
 /// The pause reason of backfill_pause().
 pub const PAUSED_BY_USER: &str = "paused by backfill_pause()";
 
-/// The limits a backfill has on the source, as its options say (None: the setting's).
-#[derive(Clone, Copy, Default)]
-pub struct SourceOptions {
-    pub max_replica_lag: Option<i64>,
-    pub max_retained_wal: Option<i64>,
-    pub max_active_sessions: Option<i64>,
-}
+pub use crate::model::request::SourceOptions;
 
 /// A backfill as the worker and the API need it.
 pub struct Job {
@@ -171,8 +166,7 @@ pub fn set_worker_pid(backfill_id: i64, pid: Option<i32>) {
     .or_internal("record the worker's pid")
 }
 
-/// Records a new backfill and its tables; returns its id.
-/// What backfill_start() records about a new backfill.
+/// What backfill_start() records about a new backfill: its whole row, in one INSERT.
 pub struct NewJob<'a> {
     pub started_by: &'a str,
     pub batch_size: i32,
@@ -182,54 +176,82 @@ pub struct NewJob<'a> {
     pub slot_name: Option<&'a str>,
     pub publication_name: Option<&'a str>,
     pub max_lag_bytes: Option<i64>,
+    pub lock_mode: LockMode,
+    pub rows_per_message: i32,
+    /// The identity of the slot (throttle/pipeline.rs), which its pages check.
+    pub slot_identity: Option<String>,
+    pub row_filter: Option<&'a str>,
+    pub source: SourceOptions,
 }
 
+/// Records a new backfill; returns its id. A column of a later version is named only when its
+/// value is not the column's default, so that the SQL of an earlier version, still in place
+/// until ALTER EXTENSION UPDATE, records its backfills with this library: rows_per_message and
+/// slot_identity (0.7.0) are then left out where the table lacks them (such a backfill sends a
+/// `read` per row, and its slot is checked by name).
 pub fn insert_job(job: &NewJob) -> i64 {
-    Spi::get_one_with_args::<i64>(
-        "INSERT INTO backfill.job (started_by, batch_size, rows_per_second, message_prefix, slot_name,
-                                   publication_name, max_lag_bytes, parallel)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
-        &[
-            Text::from(job.started_by).into(),
-            job.batch_size.into(),
-            job.rows_per_second.into(),
-            job.message_prefix.into(),
-            job.slot_name.into(),
-            job.publication_name.map(Text::from).into(),
-            job.max_lag_bytes.into(),
-            job.parallel.into(),
-        ],
-    )
-    .map(|id| id.unwrap_or_default())
-    .or_internal("record the backfill")
+    let has = job_columns();
+    let limit = |value: Option<i64>| value.filter(|v| *v != -1);
+    let optional: Vec<(&str, DatumWithOid)> = [
+        (job.lock_mode != LockMode::Auto).then(|| ("lock_mode", job.lock_mode.as_str().into())),
+        (job.rows_per_message != 1 && has("rows_per_message"))
+            .then(|| ("rows_per_message", job.rows_per_message.into())),
+        job.slot_identity.clone().filter(|_| has("slot_identity")).map(|id| ("slot_identity", id.into())),
+        job.row_filter.map(|filter| ("row_filter", Text::from(filter).into())),
+        limit(job.source.max_replica_lag).map(|v| ("max_replica_lag_bytes", v.into())),
+        limit(job.source.max_retained_wal).map(|v| ("max_retained_wal_bytes", v.into())),
+        limit(job.source.max_active_sessions).map(|v| ("max_active_sessions", (v as i32).into())),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let mut columns = vec![
+        "started_by",
+        "batch_size",
+        "rows_per_second",
+        "message_prefix",
+        "slot_name",
+        "publication_name",
+        "max_lag_bytes",
+        "parallel",
+    ];
+    let mut args: Vec<DatumWithOid> = vec![
+        Text::from(job.started_by).into(),
+        job.batch_size.into(),
+        job.rows_per_second.into(),
+        job.message_prefix.into(),
+        job.slot_name.into(),
+        job.publication_name.map(Text::from).into(),
+        job.max_lag_bytes.into(),
+        job.parallel.into(),
+    ];
+    for (column, value) in optional {
+        columns.push(column);
+        args.push(value);
+    }
+    let values: Vec<String> = (1..=columns.len()).map(|i| format!("${i}")).collect();
+    let sql = format!("INSERT INTO backfill.job ({}) VALUES ({}) RETURNING id", columns.join(", "), values.join(", "));
+    Spi::get_one_with_args::<i64>(&sql, &args).map(|id| id.unwrap_or_default()).or_internal("record the backfill")
 }
 
-/// The identity of the backfill's slot (pipeline::slot_identity), which its pages check. (Its
-/// own statement, skipped on a schema before 0.7.0, still in place until ALTER EXTENSION UPDATE.)
-pub fn set_slot_identity(backfill_id: i64, identity: Option<String>) {
-    Spi::run_with_args(
-        "UPDATE backfill.job j SET slot_identity = $2 WHERE id OPERATOR(pg_catalog.=) $1
-            AND EXISTS (SELECT FROM pg_catalog.pg_attribute a
-                         WHERE a.attrelid OPERATOR(pg_catalog.=) 'backfill.job'::pg_catalog.regclass
-                           AND a.attname OPERATOR(pg_catalog.=) 'slot_identity')",
-        &[backfill_id.into(), identity.into()],
-    )
-    .or_internal("record the slot's identity")
-}
-
-/// A backfill's rows per message, when not the column's default (1). (Skipped on a schema
-/// before 0.7.0, still in place until ALTER EXTENSION UPDATE: its backfills send a `read` per row.)
-pub fn set_rows_per_message(backfill_id: i64, rows_per_message: i32) {
-    // (A test of the column first: an UPDATE naming a column the table lacks fails to parse.)
-    let has_column = crate::pg::spi::select_one::<bool>(
-        "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute a
-                         WHERE a.attrelid OPERATOR(pg_catalog.=) 'backfill.job'::pg_catalog.regclass
-                           AND a.attname OPERATOR(pg_catalog.=) 'rows_per_message'
-                           AND NOT a.attisdropped)",
+/// Which columns backfill.job has in this database's schema (an earlier version's, until ALTER
+/// EXTENSION UPDATE, lacks later ones).
+fn job_columns() -> impl Fn(&str) -> bool {
+    let columns: Vec<String> = crate::pg::spi::select_one::<Vec<String>>(
+        "SELECT ARRAY(SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
+                       WHERE a.attrelid OPERATOR(pg_catalog.=) 'backfill.job'::pg_catalog.regclass
+                         AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped)",
         &[],
     )
-    .or_internal("read the state table's columns");
-    if has_column != Some(true) {
+    .or_internal("read the state table's columns")
+    .unwrap_or_default();
+    move |column: &str| columns.iter().any(|c| c == column)
+}
+
+/// A backfill's rows per message (the 0.9.0 SQL's backfill.set_rows_per_message(), in the
+/// transaction that started it).
+pub fn set_rows_per_message(backfill_id: i64, rows_per_message: i32) {
+    if !job_columns()("rows_per_message") {
         return;
     }
     Spi::run_with_args(
@@ -237,15 +259,6 @@ pub fn set_rows_per_message(backfill_id: i64, rows_per_message: i32) {
         &[backfill_id.into(), rows_per_message.into()],
     )
     .or_internal("record the rows per message")
-}
-
-/// A backfill's row filter (only given at its start, with the 0.8.0 schema).
-pub fn set_row_filter(backfill_id: i64, filter: &str) {
-    Spi::run_with_args(
-        "UPDATE backfill.job SET row_filter = $2 WHERE id OPERATOR(pg_catalog.=) $1",
-        &[backfill_id.into(), Text::from(filter).into()],
-    )
-    .or_internal("record the row filter")
 }
 
 /// A backfill's lock mode, when not the column's default (auto). (Its own statement: a 0.2.0

@@ -26,6 +26,17 @@ pub struct JobTable {
 
 /// One key range of a table: the whole table, or with parallel workers the range after
 /// `lower_bound` up to `upper_bound` (None for the last: fixed when its scan starts).
+pub struct NewTable<'a> {
+    pub relid: pg_sys::Oid,
+    pub key_columns: &'a [String],
+    /// Its column list and the list's attribute numbers (0.9.0 schema on).
+    pub column_list: Option<(&'a [String], &'a [i16])>,
+    /// Its publication's row filter when it started (stream/row_filter.rs; 0.10.0 schema on).
+    pub publication_filter: Option<&'a str>,
+}
+
+/// A key range of a new backfill's table.
+#[derive(Clone)]
 pub struct NewRange {
     pub part: i32,
     pub lower_bound: Option<Vec<KeyText>>,
@@ -141,40 +152,35 @@ pub fn advance_cursor(
     .or_internal("advance the cursor")
 }
 
-pub fn insert_job_table(
-    backfill_id: i64,
-    position: i32,
-    relid: pg_sys::Oid,
-    key_columns: Vec<String>,
-    range: NewRange,
-) {
-    Spi::run_with_args(
+pub fn insert_job_table(backfill_id: i64, position: i32, table: &NewTable, range: NewRange) {
+    // The columns of a later version are named only when given (see job::insert_job).
+    let mut optional: Vec<(&str, DatumWithOid)> = Vec::new();
+    if let Some((list, attnums)) = table.column_list {
+        optional.push(("column_list", texts(list).into()));
+        optional.push(("column_attnums", attnums.to_vec().into()));
+    }
+    if let Some(filter) = table.publication_filter {
+        optional.push(("publication_filter", Text::from(filter).into()));
+    }
+    let names: String = optional.iter().map(|(column, _)| format!(", {column}")).collect();
+    let values: String = (9..9 + optional.len()).map(|i| format!(", ${i}")).collect();
+    let sql = format!(
         "INSERT INTO backfill.job_table (job_id, position, relid, part, worker, key_columns, lower_bound, cursor,
-                                         upper_bound, rows_estimated)
-         VALUES ($1, $2, $3::pg_catalog.oid::pg_catalog.regclass, $4, $4, $5::pg_catalog.name[], $6, $6, $7, $8)",
-        &[
-            backfill_id.into(),
-            position.into(),
-            relid.into(),
-            range.part.into(),
-            texts(&key_columns).into(),
-            range.lower_bound.into(),
-            range.upper_bound.into(),
-            range.rows_estimated.into(),
-        ],
-    )
-    .or_internal("record the backfill's tables")
-}
-
-/// Records the column list of table `relid` in backfill `backfill_id`, on each of its ranges
-/// (0.9.0 schema on: only given at a start).
-pub fn set_column_list(backfill_id: i64, relid: pg_sys::Oid, columns: &[String], attnums: &[i16]) {
-    Spi::run_with_args(
-        "UPDATE backfill.job_table SET column_list = $3, column_attnums = $4
-          WHERE job_id OPERATOR(pg_catalog.=) $1 AND relid OPERATOR(pg_catalog.=) $2::pg_catalog.oid::pg_catalog.regclass",
-        &[backfill_id.into(), relid.into(), texts(columns).into(), attnums.to_vec().into()],
-    )
-    .or_internal("record the backfill's column list")
+                                         upper_bound, rows_estimated{names})
+         VALUES ($1, $2, $3::pg_catalog.oid::pg_catalog.regclass, $4, $4, $5::pg_catalog.name[], $6, $6, $7, $8{values})"
+    );
+    let mut args: Vec<DatumWithOid> = vec![
+        backfill_id.into(),
+        position.into(),
+        table.relid.into(),
+        range.part.into(),
+        texts(table.key_columns).into(),
+        range.lower_bound.into(),
+        range.upper_bound.into(),
+        range.rows_estimated.into(),
+    ];
+    args.extend(optional.into_iter().map(|(_, value)| value));
+    Spi::run_with_args(&sql, &args).or_internal("record the backfill's tables")
 }
 
 /// The column list of a backfill's range, with its columns' attribute numbers, if it has one.
@@ -190,17 +196,6 @@ pub fn column_list(backfill_id: i64, position: i32) -> Option<(Vec<String>, Vec<
     .or_internal("read the backfill's column list")
     .and_then(|json| serde_json::from_value::<(Option<Vec<String>>, Option<Vec<i16>>)>(json.0).ok())
     .and_then(|(list, attnums)| Some((list?, attnums.unwrap_or_default())))
-}
-
-/// Records the row filter of the backfill's publication for table `relid` (stream/row_filter.rs),
-/// on each of its ranges (0.10.0 schema on: only given at a start).
-pub fn set_publication_filter(backfill_id: i64, relid: pg_sys::Oid, filter: &str) {
-    Spi::run_with_args(
-        "UPDATE backfill.job_table SET publication_filter = $3
-          WHERE job_id OPERATOR(pg_catalog.=) $1 AND relid OPERATOR(pg_catalog.=) $2::pg_catalog.oid::pg_catalog.regclass",
-        &[backfill_id.into(), relid.into(), Text::from(filter).into()],
-    )
-    .or_internal("record the publication's row filter")
 }
 
 /// The row filter of the backfill's publication for a range's table when it started, if it had

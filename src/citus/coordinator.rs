@@ -8,15 +8,18 @@
 //! coordinator keeps up to date (`worker/distributed.rs`). Cursors, exactly-once resume, pacing
 //! and back-pressure stay each node's.
 
-use crate::catalog::job;
+use crate::catalog::job::NewJob;
 use crate::catalog::job_shard::{self, JobShard};
-use crate::catalog::job_table::{self, NewRange};
+use crate::catalog::job_table::{self, NewRange, NewTable};
 use crate::citus::nodes::{self, literal, Node, Placement, Reply};
+use crate::citus::rules;
+use crate::model::request::{SourceOptions, StartRequest};
+use crate::model::state::LockMode;
 use crate::model::table;
 use crate::pg::citus::{self as citus_metadata, Distribution};
 use crate::pg::errors::{raise, OrInternal};
 use crate::pg::privilege::as_extension_owner;
-use crate::worker::launcher;
+use crate::worker::admit::{admit, Admission};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use pgrx::PgSqlErrorCode::*;
@@ -35,15 +38,29 @@ pub struct NodeOptions<'a> {
     pub keys: Option<&'a BTreeMap<i64, Vec<serde_json::Value>>>,
 }
 
-/// The backfill of the one distributed table listed, if one is: started on its nodes, recorded
-/// here, and its id. None when no table listed is a distributed table (or Citus is not there).
-pub fn start_if_distributed(relids: &[pg_sys::Oid], confirm: bool, options: &NodeOptions) -> Option<i64> {
+/// The one place where the start path meets Citus: `request`'s backfill of a distributed table,
+/// started on its nodes, or else `local`'s of the tables read on this server (a reference
+/// table's placement here standing for it). Returns the backfill's id.
+pub fn start_here_or_on_nodes(request: &StartRequest, local: fn(&StartRequest, Vec<pg_sys::Oid>) -> i64) -> i64 {
+    // On a Citus worker node, the coordinator starts backfills of shards, which Citus hides.
+    citus_metadata::with_shards_visible(|| {
+        for relid in &request.tables {
+            rules::refuse("backfill_start", *relid, &request.options_given());
+        }
+        match distributed_table(&request.tables) {
+            Some(relid) => start_distributed(request, relid),
+            None => local(request, local_tables(request.tables.clone())),
+        }
+    })
+}
+
+/// The one distributed table listed, if one is (a distributed table is backfilled alone).
+fn distributed_table(relids: &[pg_sys::Oid]) -> Option<pg_sys::Oid> {
     if !citus_metadata::installed() {
         return None;
     }
-    let kinds: Vec<Option<Distribution>> = relids.iter().map(|relid| citus_metadata::distribution(*relid)).collect();
-    let index = kinds.iter().position(|kind| *kind == Some(Distribution::Distributed))?;
-    let relid = relids[index];
+    let relid =
+        *relids.iter().find(|relid| citus_metadata::distribution(**relid) == Some(Distribution::Distributed))?;
     if relids.len() > 1 {
         let name = table::relation_name(relid);
         raise(
@@ -54,12 +71,70 @@ pub fn start_if_distributed(relids: &[pg_sys::Oid], confirm: bool, options: &Nod
             Some(format!("Start one backfill for {name}, and another for the other tables.")),
         );
     }
-    Some(start_distributed(relid, confirm, options))
+    Some(relid)
 }
 
 /// Starts the backfill of distributed table `relid` on its nodes, and records it here: its id.
-pub fn start_distributed(relid: pg_sys::Oid, confirm: bool, options: &NodeOptions) -> i64 {
+/// With keys (backfill_repair()), of the shards that hold some, each node given its shards' keys.
+pub fn start_distributed(request: &StartRequest, relid: pg_sys::Oid) -> i64 {
     let name = table::relation_name(relid);
+    require_coordinator(&name);
+    // The caller's rights on the table, as for any table (and the nodes check theirs again).
+    let table = table::require(relid);
+    let keys = request.keys.clone().map(|keys| keys_by_shard(relid, as_list(keys)));
+    let options = NodeOptions {
+        batch_size: request.batch_size,
+        rows_per_second: request.rows_per_second,
+        slot: request.slot.as_deref(),
+        publication: request.publication.as_deref(),
+        max_lag: request.max_lag,
+        parallel: request.parallel,
+        keys: keys.as_ref(),
+    };
+    let placements = active_placements(relid, &name, options.keys);
+    let by_node = nodes::group_by_node(&placements);
+    let rows_per_second = options.rows_per_second.map(|rate| share_of_rate(rate, by_node.len()));
+    // Every node checks what it would deliver first (its slot, publication and the caller's rights
+    // there): a node that refuses then refuses before any starts.
+    for (node, reply) in start_on_nodes(&by_node, false, &options, rows_per_second) {
+        if !is_unconfirmed(&reply) {
+            reply.raise_on(&node, &format!("backfill_start({name})"));
+        }
+    }
+    let started_by = crate::pg::privilege::current_role_name();
+    let prefix = crate::pg::settings::message_prefix();
+    let job = NewJob {
+        started_by: &started_by,
+        batch_size: options.batch_size,
+        rows_per_second: options.rows_per_second,
+        parallel: 1,
+        message_prefix: &prefix,
+        // Each node's backfill follows the node's slot of this name; the coordinator has none.
+        slot_name: None,
+        publication_name: options.publication,
+        max_lag_bytes: None,
+        lock_mode: LockMode::Auto,
+        rows_per_message: 1,
+        slot_identity: None,
+        row_filter: None,
+        source: SourceOptions::default(),
+    };
+    let unconfirmed = Box::new(|| unconfirmed(&name, placements.len(), by_node.len()));
+    let admission = Admission { job, tables: vec![(relid, name.clone())], confirm: request.confirm, unconfirmed };
+    admit(admission, |backfill_id| {
+        let replies = start_on_nodes(&by_node, true, &options, rows_per_second);
+        record_node_backfills(backfill_id, &table, &by_node, &replies, &options);
+    })
+}
+
+fn as_list(keys: serde_json::Value) -> Vec<serde_json::Value> {
+    match keys {
+        serde_json::Value::Array(keys) => keys,
+        key => vec![key],
+    }
+}
+
+fn require_coordinator(name: &str) {
     if !citus_metadata::is_coordinator() {
         raise(
             ERRCODE_FEATURE_NOT_SUPPORTED,
@@ -68,10 +143,17 @@ pub fn start_distributed(relid: pg_sys::Oid, confirm: bool, options: &NodeOption
             Some("Run backfill_start() on the Citus coordinator.".into()),
         );
     }
-    // The caller's rights on the table, as for any table (and the nodes check theirs again).
-    let table = table::require(relid);
+}
+
+/// The table's shard placements on active primaries (with keys: those of the shards that hold
+/// some).
+fn active_placements(
+    relid: pg_sys::Oid,
+    name: &str,
+    keys: Option<&BTreeMap<i64, Vec<serde_json::Value>>>,
+) -> Vec<Placement> {
     let mut placements = nodes::placements(relid);
-    if let Some(keys) = options.keys {
+    if let Some(keys) = keys {
         placements.retain(|placement| keys.contains_key(&placement.shard_id));
     }
     if placements.is_empty() {
@@ -82,79 +164,51 @@ pub fn start_distributed(relid: pg_sys::Oid, confirm: bool, options: &NodeOption
             Some("SELECT * FROM citus_shards; shows where its shards are.".into()),
         );
     }
-    let by_node = nodes::group_by_node(&placements);
-    let rows_per_second = options.rows_per_second.map(|rate| share_of_rate(rate, by_node.len()));
+    placements
+}
 
-    // Every node checks what it would deliver first (its slot, publication and the caller's rights
-    // there): a node that refuses then refuses before any starts.
-    for (node, reply) in start_on_nodes(&by_node, false, options, rows_per_second) {
-        if !is_unconfirmed(&reply) {
-            reply.raise_on(&node, &format!("backfill_start({name})"));
-        }
-    }
-    if !confirm {
-        raise(
-            ERRCODE_INVALID_PARAMETER_VALUE,
-            "backfill not started: confirm => true is required",
-            format!(
-                "The backfill of distributed table {name} would deliver its {} shard placements from {} worker \
-                 nodes, each in its node's stream.",
-                placements.len(),
-                by_node.len()
-            ),
-            Some(format!(
-                "Review backfill_estimate() on the nodes, then run: SELECT backfill_start({}, confirm => true);",
-                pgrx::spi::quote_literal(&name)
-            )),
-        );
-    }
+/// Without confirm => true: what the backfill would deliver, and the command to start it.
+fn unconfirmed(name: &str, placements: usize, nodes: usize) -> (String, String) {
+    (
+        format!(
+            "The backfill of distributed table {name} would deliver its {placements} shard placements from {nodes} \
+             worker nodes, each in its node's stream."
+        ),
+        format!(
+            "Review backfill_estimate() on the nodes, then run: SELECT backfill_start({}, confirm => true);",
+            pgrx::spi::quote_literal(name)
+        ),
+    )
+}
 
-    Spi::run("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pg_backfill.start'))")
-        .or_internal("serialize backfill starts");
-    if let Some(running) = as_extension_owner(|| job::running_backfill_of(relid)) {
-        raise(
-            ERRCODE_OBJECT_IN_USE,
-            format!("table {name} already has a running backfill"),
-            format!("Backfill {running} is delivering it."),
-            Some(format!("Wait for it to finish, or cancel it: SELECT backfill_cancel({running});")),
-        );
-    }
-    launcher::require_worker_slots(1);
-    let started_by = crate::pg::privilege::current_role_name();
-    let backfill_id = as_extension_owner(|| {
-        job::insert_job(&job::NewJob {
-            started_by: &started_by,
-            batch_size: options.batch_size,
-            rows_per_second: options.rows_per_second,
-            message_prefix: &crate::pg::settings::message_prefix(),
-            // Each node's backfill follows the node's slot of this name; the coordinator has none.
-            slot_name: None,
-            publication_name: options.publication,
-            max_lag_bytes: None,
-            parallel: 1,
-        })
-    });
-
-    let replies = start_on_nodes(&by_node, true, options, rows_per_second);
+/// Records each shard placement of backfill `backfill_id` and its node's backfill. A node that
+/// did not start stops the others (as the caller) before its error.
+fn record_node_backfills(
+    backfill_id: i64,
+    table: &table::Table,
+    by_node: &BTreeMap<Node, Vec<Placement>>,
+    replies: &[(Node, Reply)],
+    options: &NodeOptions,
+) {
     if let Some((node, reply)) = replies.iter().find(|(_, reply)| reply.id.is_none()) {
-        // Started elsewhere but not everywhere: the others stop, as the caller, before the error.
-        let started: Vec<(Node, i64)> =
-            replies.iter().filter_map(|(node, reply)| reply.id.map(|id| (node.clone(), id))).collect();
-        let cancels: Vec<(Node, String)> = started
-            .into_iter()
+        let cancels: Vec<(Node, String)> = replies
+            .iter()
+            .filter_map(|(node, reply)| reply.id.map(|id| (node.clone(), id)))
             .map(|(node, id)| (node, nodes::control_statement("backfill_cancel", "", id, &["running", "paused"])))
             .collect();
         forward(&cancels);
-        reply.raise_on(node, &format!("backfill_start({name})"));
+        reply.raise_on(node, &format!("backfill_start({})", table.qualified_name()));
     }
+    let key_names = table.key_names();
+    let record = NewTable { relid: table.relid, key_columns: &key_names, column_list: None, publication_filter: None };
     as_extension_owner(|| {
         let mut position = 0;
-        for ((node, shards), (_, reply)) in by_node.iter().zip(&replies) {
+        for ((node, shards), (_, reply)) in by_node.iter().zip(replies) {
             for placement in shards {
                 position += 1;
                 let keys = options.keys.and_then(|keys| keys.get(&placement.shard_id)).map_or(0, Vec::len);
                 let range = NewRange { part: 0, lower_bound: None, upper_bound: None, rows_estimated: keys as i64 };
-                job_table::insert_job_table(backfill_id, position, relid, table.key_names(), range);
+                job_table::insert_job_table(backfill_id, position, &record, range);
                 job_shard::insert(
                     backfill_id,
                     &JobShard {
@@ -169,8 +223,6 @@ pub fn start_distributed(relid: pg_sys::Oid, confirm: bool, options: &NodeOption
             }
         }
     });
-    launcher::launch_in_this_transaction(backfill_id, 0);
-    backfill_id
 }
 
 /// The keys of distributed table `relid` by the shard that holds each (Citus hashes the

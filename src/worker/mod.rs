@@ -1,6 +1,7 @@
 //! The background worker: its process, its launcher, its transactions and pages.
 
 pub(crate) mod activity;
+pub(crate) mod admit;
 pub(crate) mod distributed;
 pub(crate) mod launcher;
 pub(crate) mod process;
