@@ -288,3 +288,34 @@ def test_a_request_is_checked_whole_before_anything_is_written(orders, option):
     second = orders.execute("SELECT backfill_start('orders', confirm => true)").fetchone()[0]
     assert second == first + 1, "a refused request took a backfill id"
     assert wait_until_ended(orders, second) == "done"
+
+
+@pytest.mark.parametrize("call", [
+    "backfill_start('orders', rows_per_second => 2000, batch_size => 250, filter => 'amount > 10 AND customer <> ''x''', "
+    "columns => ARRAY['id', 'amount'], rows_per_message => 50, max_active_sessions => 8, parallel => 2)",
+    "backfill_start(ARRAY['orders', 'more']::regclass[], batch_size => 500)",
+])
+def test_the_confirm_hint_is_the_callers_command_with_confirm(orders, call):
+    """The hint of a start without confirm => true is the caller's command with confirm => true,
+    every argument as given: pasted, it starts the backfill that was asked for. (Before, it was
+    backfill_start('orders', confirm => true) whatever was given, an unpaced, unfiltered,
+    all-columns backfill; for several tables, ARRAY[...], which cannot be pasted.)"""
+    orders.execute("CREATE TABLE more (id int PRIMARY KEY); INSERT INTO more SELECT generate_series(1, 10)")
+    e = error_of(orders, f"SELECT {call}")
+    assert e.sqlstate == "22023", e
+    hint = e.diag.message_hint
+    assert hint.startswith("Review the estimate, then run: SELECT backfill_start("), hint
+    command = hint.removeprefix("Review the estimate, then run: ")
+    backfill_id = orders.execute(command).fetchone()[0]
+    asked = orders.execute(
+        "SELECT rows_per_second, batch_size, row_filter, rows_per_message, max_active_sessions, parallel, tables::text[] "
+        "FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()
+    wait_until_ended(orders, backfill_id)
+    orders.execute("BEGIN")
+    # The same call with confirm => true, undone: what the caller asked for.
+    expected_id = orders.execute(f"SELECT {call[:-1]}, confirm => true)").fetchone()[0]
+    given = orders.execute(
+        "SELECT rows_per_second, batch_size, row_filter, rows_per_message, max_active_sessions, parallel, tables::text[] "
+        "FROM backfill_status WHERE id = %s", [expected_id]).fetchone()
+    orders.execute("ROLLBACK")
+    assert asked == given, (command, asked, given)

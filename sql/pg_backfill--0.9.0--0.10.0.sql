@@ -433,7 +433,7 @@ SELECT 'pg_backfill''s sequences are accessible to other roles than their owner'
    AND c.relkind OPERATOR(pg_catalog.=) 'S' AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
 UNION ALL
 SELECT 'backfills can be started by PUBLIC',
-       NOT pg_catalog.has_function_privilege('public', 'backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, bigint, bigint, integer, jsonb, integer, pg_catalog.text, pg_catalog.text[])', 'EXECUTE'),
+       NOT pg_catalog.has_function_privilege('public', 'backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, bigint, bigint, integer, pg_catalog.jsonb, integer, pg_catalog.text, pg_catalog.text[])', 'EXECUTE'),
        'Every role could start backfills of the tables it may update, and take background workers.',
        'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
 $$;

@@ -12,12 +12,15 @@
 //!   one shim per difference (`compat.rs`), and what Citus's metadata says of a table: a
 //!   shard's distributed table, a table's distribution (`citus.rs`).
 //! - `model/`: a table as a backfill sees it, its key and columns (`table.rs`); the states
-//!   and modes of backfills and their ranges (`state.rs`).
+//!   and modes of backfills and their ranges (`state.rs`); what a caller asks of a backfill,
+//!   one typed request per verb (`request.rs`).
 //! - `catalog/`: the state tables: one row per backfill and its message key (`job.rs`), one
 //!   per table or key range with its cursor (`job_table.rs`), and for a backfill of a Citus
 //!   distributed table each shard's node and node backfill (`job_shard.rs`).
-//! - `citus/`: talking to Citus's worker nodes from the coordinator, as the calling role
-//!   (`nodes.rs`), and a distributed table's estimate from theirs (`estimate.rs`).
+//! - `citus/`: Citus's coordinator side: talking to the worker nodes, as the calling role
+//!   (`nodes.rs`), a distributed table's estimate from theirs (`estimate.rs`), its backfill
+//!   started on its nodes and control passed on to them (`coordinator.rs`), and the options a
+//!   distributed table refuses, one table of rules (`rules.rs`).
 //! - `stream/`: what reaches the stream: the key-ordered page queries (`scan.rs`), the
 //!   columns of a read, a column list's rules (`columns.rs`), the rows of a read, a filter and its
 //!   publication's row filter (`row_filter.rs`), a row's JSON (`json.rs`), the messages (`message.rs`), their authentication tags (`sign.rs`),
@@ -34,15 +37,16 @@
 //!   nodes' (`distributed.rs`).
 //! - `worker/`: the background worker: its process, tables in order, retries, failures
 //!   (`process.rs`), the coordinator's worker of a distributed backfill, which follows its
-//!   nodes' backfills (`distributed.rs`), how its processes show in pg_stat_activity (`activity.rs`), registering
+//!   nodes' backfills (`distributed.rs`), how its processes show in pg_stat_activity (`activity.rs`),
+//!   the one path by which a backfill is recorded and its workers launched (`admit.rs`), registering
 //!   workers and the preloaded launcher (`launcher.rs`), its transactions (`xact.rs`), and
 //!   `scan/`: the scan of one table, one page per transaction, where the cursor is advanced
 //!   (`mod.rs`: `TableScan` and `page()`), its start and end markers (`markers.rs`), pages of
 //!   a key range (`range_page.rs`) and of given keys (`keyed_page.rs`), what holds its pages
 //!   back and their size (`throttle.rs`), progress samples and log lines (`progress.rs`).
-//! - `api/`: the SQL functions: backfill_start() and backfill_estimate() (`start.rs`) with
-//!   the estimate and key ranges (`plan.rs`), a distributed table's backfill started on its
-//!   nodes from the coordinator, and control passed on to them (`distributed.rs`), pause, resume, set, wait and cancel
+//! - `api/`: the SQL functions, each version's entry point an adapter that builds its verb's
+//!   request (`request.rs`): backfill_start() (`start.rs`), backfill_estimate() (`estimate.rs`),
+//!   the estimate and key ranges (`plan.rs`), pause, resume, set, wait and cancel
 //!   (`control.rs`), keys given to a backfill (`keyed.rs`), backfill_repair() (`repair.rs`),
 //!   backfill_checksum()'s entry point, which sums a distributed table on its nodes (`verify.rs`),
 //!   the monitoring views' helpers (`views.rs`).

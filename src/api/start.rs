@@ -178,7 +178,7 @@ fn start_local(request: &StartRequest, relids: Vec<pg_sys::Oid>) -> i64 {
         source: request.source,
     };
     let tables = plan.tables.iter().map(|t| (t.table.relid, t.table.qualified_name())).collect();
-    let unconfirmed = Box::new(|| plan.unconfirmed(&relids, request.batch_size));
+    let unconfirmed = Box::new(|| plan.unconfirmed(request));
     let admission = Admission { job, tables, confirm: request.confirm, unconfirmed };
     admit(admission, |backfill_id| as_extension_owner(|| plan.record(backfill_id)))
 }
@@ -239,18 +239,16 @@ impl LocalPlan {
     }
 
     /// Without confirm => true: what the backfill would deliver, and the command to start it.
-    fn unconfirmed(&self, relids: &[pg_sys::Oid], batch_size: i32) -> (String, String) {
+    fn unconfirmed(&self, request: &StartRequest) -> (String, String) {
         let rows: i64 = self.tables.iter().map(|t| t.estimate.rows).sum();
         let bytes: i64 = self.tables.iter().map(|t| t.estimate.bytes).sum();
-        let first = table::relation_name(relids[0]);
-        let example = if relids.len() == 1 { spi::quote_literal(&first) } else { "ARRAY[...]".into() };
         let detail = format!(
             "The backfill would deliver about {rows} rows ({}) from {} table(s) in about {} pages.",
             pretty_bytes(bytes),
             self.tables.len(),
-            plan::pages(rows, batch_size),
+            plan::pages(rows, request.batch_size),
         );
-        (detail, format!("Review the estimate, then run: SELECT backfill_start({example}, confirm => true);"))
+        (detail, format!("Review the estimate, then run: {}", request.confirmed_call()))
     }
 
     /// Writes the backfill's tables, their ranges and keys.

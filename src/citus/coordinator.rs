@@ -119,7 +119,7 @@ pub fn start_distributed(request: &StartRequest, relid: pg_sys::Oid) -> i64 {
         row_filter: None,
         source: SourceOptions::default(),
     };
-    let unconfirmed = Box::new(|| unconfirmed(&name, placements.len(), by_node.len()));
+    let unconfirmed = Box::new(|| unconfirmed(request, &name, placements.len(), by_node.len()));
     let admission = Admission { job, tables: vec![(relid, name.clone())], confirm: request.confirm, unconfirmed };
     admit(admission, |backfill_id| {
         let replies = start_on_nodes(&by_node, true, &options, rows_per_second);
@@ -168,16 +168,13 @@ fn active_placements(
 }
 
 /// Without confirm => true: what the backfill would deliver, and the command to start it.
-fn unconfirmed(name: &str, placements: usize, nodes: usize) -> (String, String) {
+fn unconfirmed(request: &StartRequest, name: &str, placements: usize, nodes: usize) -> (String, String) {
     (
         format!(
             "The backfill of distributed table {name} would deliver its {placements} shard placements from {nodes} \
              worker nodes, each in its node's stream."
         ),
-        format!(
-            "Review backfill_estimate() on the nodes, then run: SELECT backfill_start({}, confirm => true);",
-            pgrx::spi::quote_literal(name)
-        ),
+        format!("Review backfill_estimate() on the nodes, then run: {}", request.confirmed_call()),
     )
 }
 

@@ -5,6 +5,7 @@
 //! A new option is a field here, an argument of the newest entry point, and one line in each
 //! older entry point's adapter (which leaves it at its default).
 
+use crate::model::table;
 use pgrx::prelude::*;
 
 /// The limits a backfill has on the source, as its options say (None: the setting's; -1 in a
@@ -42,7 +43,45 @@ pub struct StartRequest {
     pub columns: Option<Vec<String>>,
 }
 
+/// backfill_start()'s batch_size when none is given (sql/api.sql).
+const DEFAULT_BATCH_SIZE: i32 = 1000;
+
 impl StartRequest {
+    /// The statement that starts this request's backfill: the caller's arguments, each as given,
+    /// and confirm => true (the hint of a start without it, to paste as it is).
+    pub fn confirmed_call(&self) -> String {
+        let literal = |text: &str| pgrx::spi::quote_literal(text);
+        let names: Vec<String> = self.tables.iter().map(|relid| literal(&table::relation_name(*relid))).collect();
+        let tables = match names.as_slice() {
+            [one] => one.clone(),
+            many => format!("ARRAY[{}]::regclass[]", many.join(", ")),
+        };
+        let number = |name: &str, value: Option<i64>| value.map(|v| format!("{name} => {v}"));
+        let text = |name: &str, value: Option<&str>| value.map(|v| format!("{name} => {}", literal(v)));
+        let columns = self.columns.as_ref().map(|columns| {
+            let names: Vec<String> = columns.iter().map(|c| literal(c)).collect();
+            format!("columns => ARRAY[{}]", names.join(", "))
+        });
+        let options = [
+            number("batch_size", Some(i64::from(self.batch_size)).filter(|b| *b != i64::from(DEFAULT_BATCH_SIZE))),
+            number("rows_per_second", self.rows_per_second.map(i64::from)),
+            text("slot", self.slot.as_deref()),
+            text("publication", self.publication.as_deref()),
+            number("max_lag", self.max_lag),
+            number("parallel", Some(i64::from(self.parallel)).filter(|p| *p != 1)),
+            number("max_replica_lag", self.source.max_replica_lag),
+            number("max_retained_wal", self.source.max_retained_wal),
+            number("max_active_sessions", self.source.max_active_sessions),
+            text("keys", self.keys.as_ref().map(|k| k.to_string()).as_deref()),
+            number("rows_per_message", self.rows_per_message.map(i64::from)),
+            text("filter", self.filter.as_deref()),
+            columns,
+        ];
+        let arguments: Vec<String> =
+            [Some(tables), Some("confirm => true".into())].into_iter().chain(options).flatten().collect();
+        format!("SELECT backfill_start({});", arguments.join(", "))
+    }
+
     /// The options given, named as backfill_start() names them, that a backfill of a Citus
     /// distributed table may refuse (`citus/rules.rs`).
     pub fn options_given(&self) -> Vec<&'static str> {
