@@ -455,3 +455,30 @@ def test_progress_agrees_with_itself_on_skewed_keys_and_a_wrong_estimate(db):
     assert samples[-1][1] == 22000
     assert any(s[0] == "running" and s[2] > samples[0][2] for s in samples), "the rows never passed the estimate"
     assert samples[-1][2] < max(s[2] for s in samples), "no range ended short of its estimate"
+
+
+def test_backfill_wait_reports_progress_as_it_waits(db):
+    """backfill_wait() sends a NOTICE every backfill.wait_report_interval with the numbers of
+    backfill_status; client_min_messages hides it. (A migration script in psql saw nothing for
+    minutes, then "t".) 10,000 rows at 2,000 rows/s take at least 5 s on any machine: at 1 s,
+    at least 3 reports, their percentages never going backwards."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'x' FROM generate_series(1, 10000) g; ANALYZE t")
+    notices = []
+    db.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+    db.execute("SET backfill.wait_report_interval = '1s'")
+    backfill_id = db.execute("SELECT backfill_start('t', confirm => true, rows_per_second => 2000)").fetchone()[0]
+    assert db.execute("SELECT backfill_wait(%s)", [backfill_id]).fetchone()[0] is True
+    reports = [n for n in notices if n.startswith(f"backfill {backfill_id}: ")]
+    assert len(reports) >= 3, notices
+    percents = [float(re.search(r"([\d.]+)% \((\d+) of about (\d+) rows\)", r).group(1)) for r in reports]
+    assert percents == sorted(percents) and percents[-1] > 0, reports
+
+    notices.clear()
+    db.execute("SET client_min_messages = warning")
+    backfill_id = db.execute("SELECT backfill_start('t', confirm => true, rows_per_second => 4000)").fetchone()[0]
+    assert db.execute("SELECT backfill_wait(%s)", [backfill_id]).fetchone()[0] is True
+    assert notices == []
+    db.execute("RESET client_min_messages; SET backfill.wait_report_interval = 0")
+    backfill_id = db.execute("SELECT backfill_start('t', confirm => true, rows_per_second => 4000)").fetchone()[0]
+    assert db.execute("SELECT backfill_wait(%s)", [backfill_id]).fetchone()[0] is True
+    assert [n for n in notices if n.startswith("backfill ")] == [], notices

@@ -167,6 +167,8 @@ fn wait(id: Option<i64>, timeout_ms: Option<f64>) -> bool {
             Some("Commit first, then wait: in psql, SELECT backfill_start(...) \\gset then SELECT backfill_wait(:backfill_start);".into()),
         );
     }
+    let report_every = crate::pg::settings::wait_report_interval();
+    let mut next_report = report_every.map(|every| std::time::Instant::now() + every);
     loop {
         let (state, delivered, error) = as_extension_owner(|| job::outcome(id));
         match state {
@@ -188,7 +190,34 @@ fn wait(id: Option<i64>, timeout_ms: Option<f64>) -> bool {
         if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
             return false;
         }
+        if let (Some(at), Some(every)) = (next_report, report_every) {
+            if std::time::Instant::now() >= at {
+                report_progress(id);
+                next_report = Some(at + every);
+            }
+        }
         crate::throttle::pacing::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// backfill_wait()'s NOTICE: the backfill's progress as backfill_status shows it to the caller.
+fn report_progress(id: i64) {
+    // (format() renders NULL as nothing: each part is left out when its value is NULL.)
+    let sql = "SELECT pg_catalog.concat_ws(', ',
+                   pg_catalog.format('backfill %s: %s', s.id, s.state),
+                   CASE WHEN s.percent_done IS NOT NULL
+                        THEN pg_catalog.format('%s%% (%s of about %s rows)', s.percent_done, s.rows_done, s.rows_estimated) END,
+                   CASE WHEN s.rows_per_second_last_minute IS NOT NULL
+                        THEN pg_catalog.format('%s rows/s', s.rows_per_second_last_minute) END,
+                   CASE WHEN s.time_left IS NOT NULL THEN pg_catalog.format('about %s left', s.time_left) END,
+                   CASE WHEN s.waiting_for IS NOT NULL THEN pg_catalog.format('waiting for %s', s.waiting_for) END)
+                 FROM {schema}.backfill_status s WHERE s.id OPERATOR(pg_catalog.=) $1";
+    let sql = sql.replace("{schema}", &crate::pg::spi::extension_schema());
+    // On a snapshot of its own: the statement's is from before the wait began.
+    let line =
+        crate::pg::spi::with_fresh_snapshot(|| crate::pg::spi::select_one::<String>(&sql, &[id.into()])).ok().flatten();
+    if let Some(line) = line {
+        notice!("{line}");
     }
 }
 

@@ -96,32 +96,29 @@ pub fn recorded_by(id: i64) -> Option<i64> {
 /// Where a backfill stands for backfill_wait(): its state, whether its consumer confirmed the
 /// watermark (done, and without a slot or with the slot past it), and its error.
 pub fn outcome(id: i64) -> (JobState, bool, Option<String>) {
-    // A fresh snapshot each time, so that a loop sees the worker's commits. (A read in a
-    // transaction that writes nothing runs on the active snapshot.)
-    // SAFETY: pushed here and popped below, around the one query, whatever it returns.
-    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
-    let outcome: SpiResult<(JobState, bool, Option<String>)> = Spi::connect(|client| {
-        let row = client
-            .select(
-                "SELECT j.state,
+    // A fresh snapshot each time, so that a loop sees the worker's commits.
+    let outcome: SpiResult<(JobState, bool, Option<String>)> = crate::pg::spi::with_fresh_snapshot(|| {
+        Spi::connect(|client| {
+            let row = client
+                .select(
+                    "SELECT j.state,
                         j.state OPERATOR(pg_catalog.=) 'done'
                         AND (j.slot_name IS NULL OR s.confirmed_flush_lsn OPERATOR(pg_catalog.>=) j.watermark_lsn),
                         j.last_error
                    FROM backfill.job j
                    LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name OPERATOR(pg_catalog.=) j.slot_name
                   WHERE j.id OPERATOR(pg_catalog.=) $1",
-                None,
-                &[id.into()],
-            )?
-            .first();
-        Ok((
-            JobState::parse(&row.get::<String>(1)?.unwrap_or_default()),
-            row.get::<bool>(2)?.unwrap_or(false),
-            row.get::<Text>(3)?.map(|t| t.0),
-        ))
+                    None,
+                    &[id.into()],
+                )?
+                .first();
+            Ok((
+                JobState::parse(&row.get::<String>(1)?.unwrap_or_default()),
+                row.get::<bool>(2)?.unwrap_or(false),
+                row.get::<Text>(3)?.map(|t| t.0),
+            ))
+        })
     });
-    // SAFETY: the snapshot pushed above (an error inside aborts the transaction, which pops it).
-    unsafe { pg_sys::PopActiveSnapshot() };
     outcome.or_internal("read the backfill's state")
 }
 

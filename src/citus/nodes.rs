@@ -174,14 +174,7 @@ pub fn literal(value: &str) -> String {
 /// The schema pg_backfill is installed in (the same on every node: Citus creates the extension
 /// on the nodes as on the coordinator), quoted.
 pub fn extension_schema() -> String {
-    crate::pg::spi::select_one::<String>(
-        "SELECT pg_catalog.quote_ident(n.nspname::pg_catalog.text) FROM pg_catalog.pg_extension e
-           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
-          WHERE e.extname OPERATOR(pg_catalog.=) 'pg_backfill'",
-        &[],
-    )
-    .or_internal("read pg_backfill's schema")
-    .unwrap_or_else(|| "public".into())
+    crate::pg::spi::extension_schema()
 }
 
 /// Whether shard `shard_id` still has an active placement on `node`, by the coordinator's metadata.

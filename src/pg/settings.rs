@@ -42,6 +42,9 @@ static MAX_ACTIVE_SESSIONS: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// How often a running backfill logs a progress line (seconds; 0 turns it off).
 static LOG_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
 
+/// How often backfill_wait() reports the progress of what it waits for (seconds; 0: never).
+static WAIT_REPORT_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(10);
+
 /// The largest message a backfill writes, in bytes.
 static MAX_MESSAGE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 * 1024);
 
@@ -215,6 +218,18 @@ pub fn define() {
         GucFlags::UNIT_S,
     );
     GucRegistry::define_int_guc(
+        c"backfill.wait_report_interval",
+        c"How often backfill_wait() reports the progress of the backfill it waits for, as a NOTICE.",
+        c"The NOTICE has the percentage, the rows done and expected, the rate, the time left and \
+          what the backfill waits for, if anything. 0 turns it off; so does client_min_messages \
+          above notice.",
+        &WAIT_REPORT_INTERVAL_S,
+        0,
+        86_400,
+        GucContext::Userset,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
         c"backfill.max_message_size",
         c"The largest message a backfill writes; a row whose message would be larger fails it.",
         c"PostgreSQL 15 writes a logical message of any size but cannot read back a WAL record \
@@ -359,6 +374,12 @@ pub fn max_active_sessions() -> i64 {
 /// How often a running backfill logs a progress line; None: never (backfill.log_interval).
 pub fn log_interval() -> Option<Duration> {
     let seconds = LOG_INTERVAL_S.get();
+    (seconds > 0).then(|| Duration::from_secs(seconds as u64))
+}
+
+/// How often backfill_wait() reports progress; None: never (backfill.wait_report_interval).
+pub fn wait_report_interval() -> Option<Duration> {
+    let seconds = WAIT_REPORT_INTERVAL_S.get();
     (seconds > 0).then(|| Duration::from_secs(seconds as u64))
 }
 

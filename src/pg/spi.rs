@@ -218,3 +218,28 @@ pub fn rows_much_wider_than_keys(relid: pg_sys::Oid) -> bool {
     .or_internal("compare the table's size with its key's")
     .unwrap_or(false)
 }
+
+/// `read` on a snapshot taken now: a loop in one statement (backfill_wait()) then sees what
+/// other transactions committed since it began. (A read in a transaction that writes nothing
+/// runs on the statement's active snapshot.)
+pub fn with_fresh_snapshot<R>(read: impl FnOnce() -> R) -> R {
+    // SAFETY: pushed here and popped below, around `read`, whatever it returns (an error inside
+    // aborts the transaction, which pops it).
+    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+    let result = read();
+    // SAFETY: the snapshot pushed above.
+    unsafe { pg_sys::PopActiveSnapshot() };
+    result
+}
+
+/// The schema pg_backfill is installed in, quoted: where its views and public functions are.
+pub fn extension_schema() -> String {
+    select_one::<String>(
+        "SELECT pg_catalog.quote_ident(n.nspname::pg_catalog.text) FROM pg_catalog.pg_extension e
+           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+          WHERE e.extname OPERATOR(pg_catalog.=) 'pg_backfill'",
+        &[],
+    )
+    .or_internal("read pg_backfill's schema")
+    .unwrap_or_else(|| "public".into())
+}
