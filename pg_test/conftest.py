@@ -59,7 +59,12 @@ class Cluster:
         return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=dbname, autocommit=True, **kw)
 
     def start(self, extra_conf: str = "", initdb_args: str = "") -> None:
-        """`extra_conf`: postgresql.conf lines, in bash's $'...' (so \\n separates lines)."""
+        """`extra_conf`: postgresql.conf lines, in bash's $'...' (so \\n separates lines).
+
+        A backfill started with no pacing option gives way to other active sessions
+        (backfill.default_max_active_sessions): the tests' own writers would hold it to a page a
+        second. The test clusters turn that default off; test_backpressure.py tests it."""
+        extra_conf = "backfill.default_max_active_sessions = 0" + (f"\\n{extra_conf}" if extra_conf else "")
         quoted = extra_conf.replace("'", "\\'")
         cluster_cmd(f"cluster_start '{self.dir}' {self.port} $'{quoted}' '{initdb_args}'", self.major)
 

@@ -422,3 +422,41 @@ def test_source_limits_refuse_null_ids_other_roles_and_keep_huge_values(items, r
         assert items.execute("SELECT backfill.source_limit(NULL, 5), backfill.source_limit('nonsense', 5)").fetchone() == (None, None)
     finally:
         cancel_running(items)
+
+
+def test_a_backfill_started_with_no_pacing_option_gives_way_to_load(cluster, db):
+    """The gentle default (backfill.default_max_active_sessions, 1): a backfill started with no
+    pacing option slows down while other client sessions are active; an explicit option (max_active_sessions,
+    rows_per_second) or the setting at 0 runs it as asked. (Before, the README's first command
+    took 73% of a busy server's TPS.) The test clusters turn the default off (conftest.py): this
+    session turns it back on."""
+    db.execute(
+        """CREATE TABLE busy (id bigint PRIMARY KEY, v int NOT NULL);
+           INSERT INTO busy SELECT g, g % 7 FROM generate_series(1, 200000) g; ANALYZE busy"""
+    )
+    db.execute("SET backfill.default_max_active_sessions = 1")
+    recorded = {}
+    for options in ["", ", max_active_sessions => 0", ", rows_per_second => 100000", ", max_active_sessions => 3"]:
+        backfill_id = db.execute(f"SELECT backfill_start('busy', confirm => true{options})").fetchone()[0]
+        recorded[options] = status(db, backfill_id, "max_active_sessions")
+        db.execute("SELECT backfill_cancel(%s)", [backfill_id])
+        wait_until_ended(db, backfill_id)
+    assert recorded == {"": 1, ", max_active_sessions => 0": None, ", rows_per_second => 100000": None,
+                        ", max_active_sessions => 3": 3}, recorded
+    db.execute("SET backfill.default_max_active_sessions = 0")
+    backfill_id = db.execute("SELECT backfill_start('busy', confirm => true)").fetchone()[0]
+    assert status(db, backfill_id, "max_active_sessions") is None
+    db.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    wait_until_ended(db, backfill_id)
+
+    db.execute("SET backfill.default_max_active_sessions = 1")
+    load = ActiveSessions(cluster, db.info.dbname, 4)
+    try:
+        wait_for(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s AND state = 'active'",
+                                    [ActiveSessions.QUERY]).fetchone()[0] >= 3, what="the load")
+        backfill_id = db.execute("SELECT backfill_start('busy', confirm => true)").fetchone()[0]
+        reason = wait_for_reason(db, backfill_id, "load", "server load", "max_active_sessions", timeout=30)
+        assert status(db, backfill_id, "state") == "running", reason
+    finally:
+        load.stop()
+        cancel_running(db)

@@ -175,7 +175,7 @@ fn start_local(request: &StartRequest, relids: Vec<pg_sys::Oid>) -> i64 {
         rows_per_message: request.rows_per_message.unwrap_or_else(settings::rows_per_message),
         slot_identity: request.slot.as_deref().and_then(pipeline::slot_identity),
         row_filter: request.filter.as_deref(),
-        source: request.source,
+        source: request.recorded_source_limits(),
     };
     let tables = plan.tables.iter().map(|t| (t.table.relid, t.table.qualified_name())).collect();
     let unconfirmed = Box::new(|| plan.unconfirmed(request));

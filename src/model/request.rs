@@ -47,6 +47,15 @@ pub struct StartRequest {
 const DEFAULT_BATCH_SIZE: i32 = 1000;
 
 impl StartRequest {
+    /// The limits on the source the backfill records: as given, and for a backfill started with
+    /// no pacing option (neither rows_per_second nor max_active_sessions), the gentle default
+    /// backfill.default_max_active_sessions, so that it gives way to the application's load.
+    pub fn recorded_source_limits(&self) -> SourceOptions {
+        let unpaced = self.rows_per_second.is_none() && self.source.max_active_sessions.is_none();
+        let default = unpaced.then(crate::pg::settings::default_max_active_sessions).flatten();
+        SourceOptions { max_active_sessions: self.source.max_active_sessions.or(default), ..self.source }
+    }
+
     /// The statement that starts this request's backfill: the caller's arguments, each as given,
     /// and confirm => true (the hint of a start without it, to paste as it is).
     pub fn confirmed_call(&self) -> String {

@@ -42,6 +42,9 @@ static MAX_ACTIVE_SESSIONS: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// How often a running backfill logs a progress line (seconds; 0 turns it off).
 static LOG_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
 
+/// The load limit of a backfill started with no pacing option (active sessions; 0: none).
+static DEFAULT_MAX_ACTIVE_SESSIONS: GucSetting<i32> = GucSetting::<i32>::new(1);
+
 /// How often backfill_wait() reports the progress of what it waits for (seconds; 0: never).
 static WAIT_REPORT_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(10);
 
@@ -218,6 +221,19 @@ pub fn define() {
         GucFlags::UNIT_S,
     );
     GucRegistry::define_int_guc(
+        c"backfill.default_max_active_sessions",
+        c"The max_active_sessions of a backfill started with no pacing option (neither rows_per_second nor max_active_sessions).",
+        c"A backfill a DBA starts with no option on a busy primary then gives way to the \
+          application: while more client sessions than this are active its rate halves, down to a \
+          page a second, and recovers when they are not. 0 lets such a backfill run unpaced; so \
+          does max_active_sessions => 0 for one backfill.",
+        &DEFAULT_MAX_ACTIVE_SESSIONS,
+        0,
+        pg_sys::MAX_BACKENDS as i32,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
         c"backfill.wait_report_interval",
         c"How often backfill_wait() reports the progress of the backfill it waits for, as a NOTICE.",
         c"The NOTICE has the percentage, the rows done and expected, the rate, the time left and \
@@ -375,6 +391,13 @@ pub fn max_active_sessions() -> i64 {
 pub fn log_interval() -> Option<Duration> {
     let seconds = LOG_INTERVAL_S.get();
     (seconds > 0).then(|| Duration::from_secs(seconds as u64))
+}
+
+/// The max_active_sessions of a backfill started with no pacing option; None: unpaced
+/// (backfill.default_max_active_sessions).
+pub fn default_max_active_sessions() -> Option<i64> {
+    let sessions = DEFAULT_MAX_ACTIVE_SESSIONS.get();
+    (sessions > 0).then_some(i64::from(sessions))
 }
 
 /// How often backfill_wait() reports progress; None: never (backfill.wait_report_interval).
