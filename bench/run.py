@@ -330,13 +330,18 @@ def active_sessions_while(conn, bench):
 
 def load_signal(conn, seconds, repeat, thresholds):
     """The application's TPS (pgbench, 4 clients, on pgbench_accounts) alone, under back-to-back
-    unpaced backfills of that table, and under backfills held back by max_active_sessions at
+    backfills of that table started with no option (the gentle default) and unpaced, and under
+    backfills held back by max_active_sessions at
     each threshold: the scenarios take turns in each round; medians over the rounds, and each
     TPS as a share of the same round's TPS alone."""
     subprocess.run([PGBENCH, "-i", "-q", "-s", "10", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     conn.execute("VACUUM ANALYZE pgbench_accounts")
-    scenarios = [("no backfill", None), ("unpaced backfill", "SELECT backfill_start('pgbench_accounts', confirm => true)")]
+    # "default": no option, as the README's first command (backfill.default_max_active_sessions);
+    # "unpaced": max_active_sessions => 0, the default turned off.
+    scenarios = [("no backfill", None),
+                 ("default backfill", "SELECT backfill_start('pgbench_accounts', confirm => true)"),
+                 ("unpaced backfill", "SELECT backfill_start('pgbench_accounts', confirm => true, max_active_sessions => 0)")]
     scenarios += [(f"max_active_sessions {n}",
                    f"SELECT backfill_start('pgbench_accounts', confirm => true, max_active_sessions => {n})") for n in thresholds]
     rounds = []
