@@ -16,7 +16,8 @@
 //!   one typed request per verb (`request.rs`).
 //! - `catalog/`: the state tables: one row per backfill and its message key (`job.rs`), one
 //!   per table or key range with its cursor (`job_table.rs`), and for a backfill of a Citus
-//!   distributed table each shard's node and node backfill (`job_shard.rs`).
+//!   distributed table each shard's node and node backfill (`job_shard.rs`); which of these
+//!   tables and columns the installed schema has, the one place that asks (`schema.rs`).
 //! - `citus/`: Citus's coordinator side: talking to the worker nodes, as the calling role
 //!   (`nodes.rs`), a distributed table's estimate from theirs (`estimate.rs`), its backfill
 //!   started on its nodes and control passed on to them (`coordinator.rs`), and the options a

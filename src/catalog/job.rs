@@ -2,6 +2,7 @@
 //! write of them. Its ranges are in `job_table.rs`. The worker and the SQL API share these;
 //! nothing else writes them.
 
+use crate::catalog::schema::{self, Capabilities};
 use crate::model::state::JobState;
 use crate::model::state::LockMode;
 use crate::pg::encoding::Text;
@@ -25,37 +26,39 @@ pub struct Job {
     pub message_prefix: String,
     pub started_by: String,
     pub slot_name: Option<String>,
-    /// The slot's identity when the backfill started (pipeline::slot_identity): None before 0.7.0.
+    /// The slot's identity when the backfill started (pipeline::slot_identity): None on an older schema.
     pub slot_identity: Option<String>,
     pub publication_name: Option<String>,
     pub max_lag_bytes: Option<i64>,
     pub lock_mode: LockMode,
     pub source: SourceOptions,
-    /// Most rows per message: 1 (and before 0.7.0) a `read` per row, more `reads` batches.
+    /// Most rows per message: 1 (and on an older schema) a `read` per row, more `reads` batches.
     pub rows_per_message: i32,
     /// The row filter (`filter => ...`), user SQL run as the starter: only rows it is true for.
     pub row_filter: Option<String>,
 }
 
 pub fn job(id: i64) -> Option<Job> {
-    // The columns of later versions through the row as jsonb (made once): an older schema
-    // (before ALTER EXTENSION UPDATE) has no such columns; its backfills lock as auto does,
-    // follow the settings and know their slot by its name only.
-    // A 0.2.0 worker still running the old code after the upgrade pauses its backfill
-    // "waiting..." while its consumer is away: that backfill is running.
-    let sql = "SELECT CASE WHEN state OPERATOR(pg_catalog.=) 'paused' AND pause_reason OPERATOR(pg_catalog.~~) 'waiting%'
-                           THEN 'running' ELSE state END,
-                      batch_size, message_prefix, started_by::pg_catalog.text, rows_per_second, slot_name::pg_catalog.text,
-                      max_lag_bytes, parallel, v.job_row OPERATOR(pg_catalog.->>) 'lock_mode',
-                      (v.job_row OPERATOR(pg_catalog.->>) 'max_replica_lag_bytes')::pg_catalog.int8,
-                      (v.job_row OPERATOR(pg_catalog.->>) 'max_retained_wal_bytes')::pg_catalog.int8,
-                      (v.job_row OPERATOR(pg_catalog.->>) 'max_active_sessions')::pg_catalog.int8,
-                      v.job_row OPERATOR(pg_catalog.->>) 'slot_identity', publication_name::pg_catalog.text,
-                      (v.job_row OPERATOR(pg_catalog.->>) 'rows_per_message')::pg_catalog.int4,
-                      v.job_row OPERATOR(pg_catalog.->>) 'row_filter'
-                 FROM backfill.job j CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(j) AS job_row) v
-                WHERE id OPERATOR(pg_catalog.=) $1";
-    run_prepared(sql, false, &[id.into()], |rows| {
+    // Columns an older schema lacks (before ALTER EXTENSION UPDATE) read as NULL: its backfills
+    // lock as auto does, follow the settings and know their slot by its name only.
+    let has = schema::capabilities();
+    let column = Capabilities::column_or_null;
+    let sql = format!(
+        "SELECT CASE WHEN {waiting} THEN 'running' ELSE state END,
+                batch_size, message_prefix, started_by::pg_catalog.text, rows_per_second, slot_name::pg_catalog.text,
+                max_lag_bytes, parallel, {lock_mode}, {max_replica_lag}, {max_retained_wal}, {max_active_sessions},
+                {slot_identity}, publication_name::pg_catalog.text, {rows_per_message}, {row_filter}
+           FROM backfill.job WHERE id OPERATOR(pg_catalog.=) $1",
+        waiting = schema::PAUSED_WHILE_WAITING,
+        lock_mode = column(has.job_lock_mode, "lock_mode", "pg_catalog.text"),
+        max_replica_lag = column(has.source_limits, "max_replica_lag_bytes", "pg_catalog.int8"),
+        max_retained_wal = column(has.source_limits, "max_retained_wal_bytes", "pg_catalog.int8"),
+        max_active_sessions = column(has.source_limits, "max_active_sessions::pg_catalog.int8", "pg_catalog.int8"),
+        slot_identity = column(has.slot_identity, "slot_identity", "pg_catalog.text"),
+        rows_per_message = column(has.rows_per_message, "rows_per_message", "pg_catalog.int4"),
+        row_filter = column(has.row_filter, "row_filter", "pg_catalog.text"),
+    );
+    run_prepared(&sql, false, &[id.into()], |rows| {
         if rows.is_empty() {
             return Ok(None);
         }
@@ -138,17 +141,14 @@ pub fn job_state(id: i64) -> Option<JobState> {
 /// Backfills of this database that workers should be running, with their number of workers:
 /// to relaunch after a restart.
 pub fn jobs_to_resume() -> Vec<(i64, i32)> {
+    let sql = format!(
+        "SELECT id, parallel FROM backfill.job
+          WHERE state OPERATOR(pg_catalog.=) 'running' OR {waiting} ORDER BY id",
+        waiting = schema::PAUSED_WHILE_WAITING
+    );
     let jobs: SpiResult<Vec<(i64, i32)>> = Spi::connect(|client| {
         client
-            .select(
-                "SELECT id, parallel FROM backfill.job
-                  WHERE state OPERATOR(pg_catalog.=) 'running'
-                     OR (state OPERATOR(pg_catalog.=) 'paused'
-                         AND pause_reason OPERATOR(pg_catalog.~~) 'waiting%') -- (0.2.0's)
-                  ORDER BY id",
-                None,
-                &[],
-            )?
+            .select(&sql, None, &[])?
             .map(|row| Ok((row.get::<i64>(1)?.unwrap_or_default(), row.get::<i32>(2)?.unwrap_or(1))))
             .collect()
     });
@@ -187,13 +187,13 @@ pub struct NewJob<'a> {
 /// slot_identity (0.7.0) are then left out where the table lacks them (such a backfill sends a
 /// `read` per row, and its slot is checked by name).
 pub fn insert_job(job: &NewJob) -> i64 {
-    let has = job_columns();
+    let has = schema::capabilities();
     let limit = |value: Option<i64>| value.filter(|v| *v != -1);
     let optional: Vec<(&str, DatumWithOid)> = [
         (job.lock_mode != LockMode::Auto).then(|| ("lock_mode", job.lock_mode.as_str().into())),
-        (job.rows_per_message != 1 && has("rows_per_message"))
+        (job.rows_per_message != 1 && has.rows_per_message)
             .then(|| ("rows_per_message", job.rows_per_message.into())),
-        job.slot_identity.clone().filter(|_| has("slot_identity")).map(|id| ("slot_identity", id.into())),
+        job.slot_identity.clone().filter(|_| has.slot_identity).map(|id| ("slot_identity", id.into())),
         job.row_filter.map(|filter| ("row_filter", Text::from(filter).into())),
         limit(job.source.max_replica_lag).map(|v| ("max_replica_lag_bytes", v.into())),
         limit(job.source.max_retained_wal).map(|v| ("max_retained_wal_bytes", v.into())),
@@ -231,24 +231,12 @@ pub fn insert_job(job: &NewJob) -> i64 {
     Spi::get_one_with_args::<i64>(&sql, &args).map(|id| id.unwrap_or_default()).or_internal("record the backfill")
 }
 
-/// Which columns backfill.job has in this database's schema (an earlier version's, until ALTER
-/// EXTENSION UPDATE, lacks later ones).
-fn job_columns() -> impl Fn(&str) -> bool {
-    let columns: Vec<String> = crate::pg::spi::select_one::<Vec<String>>(
-        "SELECT ARRAY(SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
-                       WHERE a.attrelid OPERATOR(pg_catalog.=) 'backfill.job'::pg_catalog.regclass
-                         AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped)",
-        &[],
-    )
-    .or_internal("read the state table's columns")
-    .unwrap_or_default();
-    move |column: &str| columns.iter().any(|c| c == column)
-}
-
 /// A backfill's rows per message (the 0.9.0 SQL's backfill.set_rows_per_message(), in the
-/// transaction that started it).
+/// transaction that started it). (Skipped on an older schema without the column, until ALTER
+/// EXTENSION UPDATE: its backfills send a `read` per row.)
 pub fn set_rows_per_message(backfill_id: i64, rows_per_message: i32) {
-    if !job_columns()("rows_per_message") {
+    // (Asked first: an UPDATE naming a column the table lacks fails to parse.)
+    if !schema::capabilities().rows_per_message {
         return;
     }
     Spi::run_with_args(
@@ -258,7 +246,7 @@ pub fn set_rows_per_message(backfill_id: i64, rows_per_message: i32) {
     .or_internal("record the rows per message")
 }
 
-/// A backfill's lock mode, when not the column's default (auto). (Its own statement: a 0.2.0
+/// A backfill's lock mode, when not the column's default (auto). (Its own statement: an older
 /// schema, still in place until ALTER EXTENSION UPDATE, has no such column.)
 pub fn set_lock_mode(backfill_id: i64, mode: LockMode) {
     Spi::run_with_args(
@@ -294,7 +282,7 @@ pub fn move_job(
 ) -> bool {
     let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
     let (sqlstate, message) = error.unzip();
-    updated_any(
+    let sql = format!(
         "UPDATE backfill.job
             SET state = $3, pause_reason = $4,
                 launched_at = CASE WHEN $3 OPERATOR(pg_catalog.=) 'running'
@@ -312,10 +300,12 @@ pub fn move_job(
                 last_error = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (ARRAY['running', 'done']) THEN NULL
                                   WHEN $3 OPERATOR(pg_catalog.=) 'failed' THEN $6 ELSE last_error END
           WHERE id OPERATOR(pg_catalog.=) $1
-            AND (state OPERATOR(pg_catalog.=) ANY ($2)
-                 OR ('running' OPERATOR(pg_catalog.=) ANY ($2) AND state OPERATOR(pg_catalog.=) 'paused'
-                     AND pause_reason OPERATOR(pg_catalog.~~) 'waiting%'))
+            AND (state OPERATOR(pg_catalog.=) ANY ($2) OR ('running' OPERATOR(pg_catalog.=) ANY ($2) AND {waiting}))
          RETURNING id",
+        waiting = schema::PAUSED_WHILE_WAITING
+    );
+    updated_any(
+        &sql,
         &[backfill_id.into(), from.into(), to.as_str().into(), pause_reason.into(), sqlstate.into(), message.into()],
     )
     .or_internal("record the backfill's state")
@@ -333,14 +323,10 @@ pub struct JobError<'a> {
 }
 
 /// Keeps an error that failed a backfill in backfill.job_error: last_error shows the latest
-/// only, and a resume clears it. (Skipped on a schema before 0.7.0, still in place until ALTER
+/// only, and a resume clears it. (Skipped on an older schema without the table, until ALTER
 /// EXTENSION UPDATE.)
 pub fn record_error(error: &JobError) {
-    let exists =
-        crate::pg::spi::select_one::<bool>("SELECT pg_catalog.to_regclass('backfill.job_error') IS NOT NULL", &[])
-            .or_internal("look for the errors' table")
-            .unwrap_or(false);
-    if !exists {
+    if !schema::capabilities().job_error {
         return;
     }
     Spi::run_with_args(
@@ -438,17 +424,9 @@ pub fn running_backfill_of_slot(slot: &str) -> Option<i64> {
     .or_internal("read the running backfills")
 }
 
-/// Whether the database's extension has its message keys (0.1.0 had none).
-pub fn message_key_installed() -> bool {
-    run_prepared("SELECT pg_catalog.to_regclass('backfill.message_key') IS NOT NULL", false, &[], |rows| {
-        Ok(rows.first().get::<bool>(1)?.unwrap_or(false))
-    })
-    .or_internal("read the message key")
-}
-
 /// The key messages are signed with now, the newest: (id, key). Read every page (prepared), so
 /// that a rotation takes effect at the next one. Through the view backfill.message_key (a table
-/// of the same columns before 0.10.0), as a consumer reads it.
+/// of the same columns in older schemas), as a consumer reads it.
 pub fn current_message_key() -> Option<(i32, Vec<u8>)> {
     run_prepared("SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1", false, &[], |rows| {
         if rows.is_empty() {

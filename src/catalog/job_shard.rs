@@ -35,13 +35,9 @@ pub fn insert(backfill_id: i64, shard: &JobShard) {
 }
 
 /// The shard placements of a backfill, in position order; none for a backfill of this node's
-/// own tables (or before the 0.7.0 catalog, which has no such table).
+/// own tables (or on an older schema, which has no such table).
 pub fn shards_of(backfill_id: i64) -> Vec<JobShard> {
-    let installed =
-        crate::pg::spi::select_one::<bool>("SELECT pg_catalog.to_regclass('backfill.job_shard') IS NOT NULL", &[])
-            .or_internal("look for the shards' table")
-            .unwrap_or(false);
-    if !installed {
+    if !crate::catalog::schema::capabilities().job_shard {
         return Vec::new();
     }
     Spi::connect(|client| {

@@ -3,6 +3,7 @@
 //! changes, and how the workers that share a table coordinate its markers. And the keys of a
 //! keyed backfill, `backfill.job_key` (api/keyed.rs).
 
+use crate::catalog::schema;
 use crate::model::state::RangeState;
 use crate::pg::encoding::{texts, KeyText, Text};
 use crate::pg::errors::OrInternal;
@@ -89,14 +90,6 @@ pub fn job_table(backfill_id: i64, position: i32) -> Option<JobTable> {
     .pop()
 }
 
-/// Whether the state tables count pages by lock path (0.3.0 on; not before ALTER EXTENSION UPDATE).
-pub fn counts_lock_paths() -> bool {
-    let sql = "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute
-                         WHERE attrelid OPERATOR(pg_catalog.=) 'backfill.job_table'::pg_catalog.regclass
-                           AND attname OPERATOR(pg_catalog.=) 'pages_table_locked' AND NOT attisdropped)";
-    crate::pg::spi::select_one::<bool>(sql, &[]).or_internal("read the state tables' columns").unwrap_or(false)
-}
-
 /// How many workers of a backfill still have a range to scan: they share its rate.
 pub fn workers_scanning(backfill_id: i64) -> i64 {
     let sql = "SELECT pg_catalog.count(DISTINCT worker) FROM backfill.job_table
@@ -123,7 +116,7 @@ pub fn move_range(backfill_id: i64, position: i32, to: RangeState, upper_bound: 
 
 /// A page was delivered: the cursor moves to its last key, in the page's own transaction.
 /// With `locked`, the count of pages that took that path goes up: `Some(true)` the table,
-/// `Some(false)` the rows; None on a 0.2.0 schema, which has no such counts.
+/// `Some(false)` the rows; None on an older schema, which has no such counts.
 pub fn advance_cursor(
     backfill_id: i64,
     position: i32,
@@ -184,27 +177,37 @@ pub fn insert_job_table(backfill_id: i64, position: i32, table: &NewTable, range
 }
 
 /// The column list of a backfill's range, with its columns' attribute numbers, if it has one.
-/// (Read through the row as jsonb: a schema before 0.9.0, until ALTER EXTENSION UPDATE, has no
-/// such columns, and no lists.)
+/// (An older schema without the columns, until ALTER EXTENSION UPDATE, has no lists.)
 pub fn column_list(backfill_id: i64, position: i32) -> Option<(Vec<String>, Vec<i16>)> {
-    crate::pg::spi::select_one::<pgrx::JsonB>(
-        "SELECT pg_catalog.jsonb_build_array(v.r OPERATOR(pg_catalog.->) 'column_list', v.r OPERATOR(pg_catalog.->) 'column_attnums')
-           FROM backfill.job_table j CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(j) AS r) v
-          WHERE j.job_id OPERATOR(pg_catalog.=) $1 AND j.position OPERATOR(pg_catalog.=) $2",
-        &[backfill_id.into(), position.into()],
-    )
-    .or_internal("read the backfill's column list")
-    .and_then(|json| serde_json::from_value::<(Option<Vec<String>>, Option<Vec<i16>>)>(json.0).ok())
-    .and_then(|(list, attnums)| Some((list?, attnums.unwrap_or_default())))
+    if !schema::capabilities().column_list {
+        return None;
+    }
+    let list = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT column_list, column_attnums FROM backfill.job_table
+              WHERE job_id OPERATOR(pg_catalog.=) $1 AND position OPERATOR(pg_catalog.=) $2",
+            Some(1),
+            &[backfill_id.into(), position.into()],
+        )?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let row = rows.first();
+        Ok::<_, pgrx::spi::Error>(row.get::<Vec<Text>>(1)?.zip(Some(row.get::<Vec<i16>>(2)?.unwrap_or_default())))
+    })
+    .or_internal("read the backfill's column list");
+    list.map(|(names, attnums)| (crate::pg::encoding::strings(names), attnums))
 }
 
 /// The row filter of the backfill's publication for a range's table when it started, if it had
-/// one. (Read through the row as jsonb: a schema before 0.10.0, until ALTER EXTENSION UPDATE,
-/// has no such column; its backfills recorded none.)
+/// one. (An older schema without the column, until ALTER EXTENSION UPDATE, recorded none.)
 pub fn publication_filter(backfill_id: i64, position: i32) -> Option<String> {
+    if !schema::capabilities().publication_filter {
+        return None;
+    }
     crate::pg::spi::select_one::<Text>(
-        "SELECT pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'publication_filter'
-           FROM backfill.job_table j WHERE j.job_id OPERATOR(pg_catalog.=) $1 AND j.position OPERATOR(pg_catalog.=) $2",
+        "SELECT publication_filter FROM backfill.job_table
+          WHERE job_id OPERATOR(pg_catalog.=) $1 AND position OPERATOR(pg_catalog.=) $2",
         &[backfill_id.into(), position.into()],
     )
     .or_internal("read the publication's row filter")
@@ -284,14 +287,10 @@ impl GivenKey {
     }
 }
 
-/// Whether the scan of `position` delivers given keys rather than the whole table. (Before
-/// ALTER EXTENSION UPDATE to 0.5.0 there are no keyed backfills.)
+/// Whether the scan of `position` delivers given keys rather than the whole table. (An older
+/// schema without the keys' table, until ALTER EXTENSION UPDATE, has no keyed backfills.)
 pub fn is_keyed(backfill_id: i64, position: i32) -> bool {
-    let exists =
-        crate::pg::spi::select_one::<bool>("SELECT pg_catalog.to_regclass('backfill.job_key') IS NOT NULL", &[])
-            .or_internal("look for the keys' table")
-            .unwrap_or(false);
-    exists
+    schema::capabilities().job_key
         && crate::pg::spi::select_one::<bool>(
             "SELECT EXISTS (SELECT FROM backfill.job_key
                              WHERE job_id OPERATOR(pg_catalog.=) $1 AND position OPERATOR(pg_catalog.=) $2)",

@@ -3,3 +3,4 @@
 pub(crate) mod job;
 pub(crate) mod job_shard;
 pub(crate) mod job_table;
+pub(crate) mod schema;

@@ -38,8 +38,8 @@ pub const MAX_SEAL_LEN: usize = SEAL_LEN - 1 + 10;
 /// Signs the messages of one transaction.
 pub struct Signer {
     /// The key's id and the MAC keyed with it once (cloned per message: a copy of two hash
-    /// states, not a rekeying). None while the database's extension is still at 0.1.0, which
-    /// had no key: its messages go unsigned, as 0.1.0 wrote them, until ALTER EXTENSION UPDATE.
+    /// states, not a rekeying). None while the database's schema has no message key (an older
+    /// one): its messages go unsigned, as that version wrote them, until ALTER EXTENSION UPDATE.
     key: Option<(i32, HmacSha256)>,
     /// `<xid>:`, what every tag of the transaction starts with.
     xid_prefix: Vec<u8>,
@@ -49,7 +49,7 @@ impl Signer {
     /// The signer of the current transaction's messages, with the current key. Assigns the
     /// transaction its id, which its first message would do anyway.
     pub fn for_this_transaction() -> Self {
-        let key = if job::message_key_installed() {
+        let key = if crate::catalog::schema::capabilities().message_key {
             let key = job::current_message_key();
             if key.is_none() {
                 crate::pg::errors::raise(
@@ -154,13 +154,7 @@ fn message_key_bytes(key_id: Option<i32>) -> Option<Vec<u8>> {
 
 /// Raises 42501 unless the current user may SELECT backfill.message_key.
 fn require_select_on_the_keys() {
-    let view = crate::pg::spi::select_one::<pg_sys::Oid>(
-        "SELECT pg_catalog.to_regclass('backfill.message_key')::pg_catalog.oid",
-        &[],
-    )
-    .ok()
-    .flatten()
-    .filter(|oid| *oid != pg_sys::InvalidOid);
+    let view = crate::catalog::schema::message_key_relation();
     // SAFETY: a privilege check of an existing relation for the current user, from the catalog cache.
     let allowed = view.is_some_and(|view| unsafe {
         pg_sys::pg_class_aclcheck(view, pg_sys::GetUserId(), pg_sys::AclMode::from(pg_sys::ACL_SELECT))

@@ -3,6 +3,7 @@
 //! per-database resumer it starts.
 
 use crate::catalog::job;
+use crate::catalog::schema;
 use crate::pg::errors::raise;
 use crate::pg::errors::OrInternal;
 use crate::pg::privilege;
@@ -54,19 +55,20 @@ impl Task {
         }
     }
 
-    /// The task a worker was started with. A worker registered by 0.2.0 and restarted by the
-    /// postmaster after its library was upgraded has 0.2.0's arguments: the backfill id as
-    /// its main argument (0 for the resumer) and "<database> <starter xid> <worker>".
+    /// The task a worker was started with, or one registered by older code and restarted by
+    /// the postmaster after its library was replaced (catalog/schema.rs reads its arguments).
     pub fn of_this_worker(main_arg: pg_sys::Datum) -> Option<Task> {
         let extra = BackgroundWorker::get_extra();
         serde_json::from_str(extra).ok().or_else(|| {
-            let mut fields = extra.split(' ').map(str::parse::<u64>);
-            let (database, starter_xid, worker) = (fields.next()?.ok()?, fields.next()?.ok()?, fields.next()?.ok()?);
-            let backfill_id = main_arg.value() as i64;
-            Some(if backfill_id == 0 {
-                Task::Resume { database: database as u32 }
-            } else {
-                Task::Backfill { database: database as u32, backfill_id, worker: worker as i32, starter_xid }
+            let old = schema::older_worker_arguments(extra, main_arg.value() as i64)?;
+            Some(match old.backfill_id {
+                None => Task::Resume { database: old.database },
+                Some(backfill_id) => Task::Backfill {
+                    database: old.database,
+                    backfill_id,
+                    worker: old.worker,
+                    starter_xid: old.starter_xid,
+                },
             })
         })
     }
@@ -254,27 +256,7 @@ pub fn override_search_path() {
 /// After a server restart (the launcher starts one such worker per database): relaunches the
 /// workers of the database's running backfills, then exits.
 pub fn resume_database() {
-    let jobs = in_transaction(|| {
-        // Only the extension's own table, not one a database owner made under its name: this
-        // worker runs as the bootstrap superuser, in every database.
-        let installed = crate::pg::spi::select_one::<bool>(
-            "SELECT EXISTS (SELECT FROM pg_catalog.pg_depend d
-                              JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
-                             WHERE e.extname OPERATOR(pg_catalog.=) 'pg_backfill'
-                               AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
-                               AND d.objid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('backfill.job')
-                               AND d.deptype OPERATOR(pg_catalog.=) 'e')",
-            &[],
-        )
-        .ok()
-        .flatten()
-        .unwrap_or(false);
-        if installed {
-            job::jobs_to_resume()
-        } else {
-            Vec::new()
-        }
-    });
+    let jobs = in_transaction(|| if schema::installed() { job::jobs_to_resume() } else { Vec::new() });
     for (backfill_id, parallel) in jobs.unwrap_or_default() {
         if (0..parallel).all(|worker| launch(backfill_id, worker, 0)) {
             log!("{}: resumed after the server restart", who(backfill_id));

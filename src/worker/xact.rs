@@ -60,24 +60,6 @@ fn report_of(e: CaughtError) -> ErrorReportWithLevel {
     }
 }
 
-/// Waits for an `ALTER EXTENSION pg_backfill UPDATE` in progress (its scripts lock backfill.job
-/// first) before the transaction takes its snapshot: a snapshot taken before the update commits
-/// would see the update's new tables and columns in the catalog, but not the rows it wrote.
-///
-/// # Safety
-/// In a transaction.
-unsafe fn wait_for_extension_update() {
-    let schema = pg_sys::get_namespace_oid(c"backfill".as_ptr(), true);
-    if schema == pg_sys::InvalidOid {
-        return;
-    }
-    let job = pg_sys::get_relname_relid(c"job".as_ptr(), schema);
-    if job != pg_sys::InvalidOid {
-        // Held to the transaction's end, as the page's own read of the table would hold it.
-        pg_sys::LockRelationOid(job, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-    }
-}
-
 /// Runs `body` in a transaction of its own: commits when it returns, rolls back and returns the
 /// error when it raises one. An error therefore never ends the worker by itself.
 pub fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe) -> Result<R, PageError> {
@@ -85,7 +67,7 @@ pub fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe) -> Result<R, Pag
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
         pg_sys::StartTransactionCommand();
-        wait_for_extension_update();
+        crate::catalog::schema::wait_for_extension_update();
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
     }
     PgTryBuilder::new(move || {

@@ -130,7 +130,7 @@ impl<'a> TableScan<'a> {
         let (shape, counts_lock_paths, keyed, published_filter) = in_transaction(|| {
             (
                 ReadShape::new(table, backfill_id, job.slot_name.as_deref(), job.rows_per_message),
-                job_table::counts_lock_paths(),
+                crate::catalog::schema::capabilities().lock_path_counts,
                 job_table::is_keyed(backfill_id, job_table.position),
                 job_table::publication_filter(backfill_id, job_table.position),
             )
