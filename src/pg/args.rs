@@ -23,6 +23,7 @@ pub fn required<T>(value: Option<T>, function: &str, argument: &str) -> T {
 
 /// Backfills write WAL: a standby cannot start or change one. (Its views show the primary's
 /// backfills as they replicate, and backfill_wait() waits for them.)
+#[track_caller]
 pub fn require_primary(what: &str) {
     // SAFETY: reads the shared recovery state.
     let in_recovery = unsafe { pg_sys::RecoveryInProgress() };
@@ -36,6 +37,8 @@ pub fn require_primary(what: &str) {
     }
 }
 
+/// batch_size of backfill_start(), backfill_set() and backfill_repair(): rows per page.
+#[track_caller]
 pub fn check_batch_size(batch_size: i32) {
     if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
         raise(
@@ -47,6 +50,8 @@ pub fn check_batch_size(batch_size: i32) {
     }
 }
 
+/// rows_per_second of backfill_start(): a positive rate, or none (NULL).
+#[track_caller]
 pub fn check_rate(rows_per_second: Option<i32>) {
     if let Some(rate) = rows_per_second.filter(|r| *r <= 0) {
         raise(
@@ -76,5 +81,28 @@ pub fn check_rows_per_message(rows_per_message: i32) {
                     .into(),
             ),
         );
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use crate::pg::errors::tests::location_of;
+
+    #[pg_test]
+    fn the_checks_report_their_callers_location() {
+        let file = file!().to_string();
+        let line = line!();
+        let null = location_of(|| {
+            required(None::<i32>, "f", "x");
+        });
+        let batch = location_of(|| check_batch_size(0));
+        let rate = location_of(|| check_rate(Some(-1)));
+        let per_message = location_of(|| check_rows_per_message(0));
+        assert_eq!(null, Some((file.clone(), line + 2)));
+        assert_eq!(batch, Some((file.clone(), line + 4)));
+        assert_eq!(rate, Some((file.clone(), line + 5)));
+        assert_eq!(per_message, Some((file, line + 6)));
     }
 }

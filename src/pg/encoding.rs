@@ -370,12 +370,9 @@ mod tests {
         for name in ["clé", "a\"b\\c", "日本", "emoji😀", "plain", "Mixed Case"] {
             let quoted = quote_ident_escaped(name);
             assert!(quoted.is_ascii(), "{quoted}");
-            let named = crate::pg::spi::select_one::<String>(
-                &format!(
-                    "SELECT (pg_catalog.json_object_keys(pg_catalog.row_to_json(s))) FROM (SELECT 1 AS {quoted}) s"
-                ),
-                &[],
-            )
+            let named = Spi::get_one::<String>(&format!(
+                "SELECT (pg_catalog.json_object_keys(pg_catalog.row_to_json(s))) FROM (SELECT 1 AS {quoted}) s"
+            ))
             .unwrap()
             .unwrap();
             assert_eq!(named, name);
@@ -399,7 +396,16 @@ pub fn in_utf8<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> R {
     // it is restored below. (Not a transactional setting, hence the explicit restore.)
     let switched = unsafe { pg_sys::PrepareClientEncoding(utf8) == 0 && pg_sys::SetClientEncoding(utf8) == 0 };
     if !switched {
-        pgrx::error!("could not convert the database's encoding to UTF-8 for the row hashes");
+        crate::pg::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "could not convert the database's encoding to UTF-8 for the row hashes",
+            format!("PostgreSQL found no conversion from {} to UTF-8.", database_encoding_name()),
+            Some(
+                "Every server encoding has a built-in conversion to UTF-8: look for a default conversion that \
+                 replaced it (CREATE DEFAULT CONVERSION, pg_conversion)."
+                    .into(),
+            ),
+        );
     }
     pgrx::PgTryBuilder::new(f)
         .finally(|| {

@@ -64,7 +64,7 @@ pub fn kept_plan(sql: &str, args: &[DatumWithOid]) -> pg_sys::SPIPlanPtr {
         let plan = pg_sys::SPI_prepare(text.as_ptr(), types.len() as c_int, types.as_mut_ptr());
         if plan.is_null() {
             let code = std::ptr::addr_of!(pg_sys::SPI_result).read();
-            error!("could not prepare a page query: SPI error {code}");
+            crate::pg::errors::spi_failed("prepare a page query", code);
         }
         pg_sys::SPI_keepplan(plan);
         pg_sys::SPI_finish();

@@ -83,7 +83,7 @@ pub fn run(plan: pg_sys::SPIPlanPtr, args: &[DatumWithOid], sink: &mut Sink) {
         // (SPI reports SPI_OK_UTILITY, not SPI_OK_SELECT, for a query whose rows went to a
         // DestNone receiver; negative codes are the failures.)
         if rc < 0 {
-            error!("page query failed: SPI code {rc}");
+            crate::pg::errors::spi_failed("run the page query", rc);
         }
     }
 }
@@ -192,7 +192,12 @@ fn not_utf8(table: &str, column: &str, key: &str) -> ! {
 unsafe extern "C-unwind" fn startup(receiver: *mut pg_sys::DestReceiver, _operation: c_int, result: pg_sys::TupleDesc) {
     let sink = &*(*receiver.cast::<Receiver>()).sink;
     if !sink.row.matches(result) {
-        error!("the page query's columns are not those of the table's rows: the table changed under the scan");
+        crate::pg::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "the page query's columns are not those of the table's rows: the table changed under the scan",
+            "An ALTER TABLE changed the table's columns between the page's check of them and its query.",
+            Some("Resume the backfill (backfill_resume): its next page reads the columns as they are now.".into()),
+        );
     }
 }
 

@@ -127,7 +127,7 @@ pub fn scan(sql: &str, parameter: pgrx::JsonB, ranges: usize, integer_bounds: Op
         let plan = pg_sys::SPI_prepare_cursor(text.as_ptr(), 1, types.as_mut_ptr(), 0);
         if plan.is_null() {
             let code = pg_sys::SPI_result;
-            error!("could not plan the checksum's scan: SPI code {code}");
+            crate::pg::errors::spi_failed("plan the checksum's scan", code);
         }
         let params = pg_sys::makeParamList(1);
         let slot = &mut (*params).params.as_mut_slice(1)[0];
@@ -151,7 +151,7 @@ pub fn scan(sql: &str, parameter: pgrx::JsonB, ranges: usize, integer_bounds: Op
         // (The row memory, a child of the execution's, went with it.)
         pg_sys::SPI_finish();
         if rc < 0 {
-            error!("the checksum's scan failed: SPI code {rc}");
+            crate::pg::errors::spi_failed("run the checksum's scan", rc);
         }
     }
     sums

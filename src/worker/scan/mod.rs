@@ -171,7 +171,14 @@ impl<'a> TableScan<'a> {
     /// its state when it no longer runs (paused by backfill_pause(), cancelled).
     pub fn refresh(&mut self) -> Result<Job, JobState> {
         let backfill_id = self.context.backfill_id;
-        let job = job::job(backfill_id).unwrap_or_else(|| error!("backfill {backfill_id} no longer exists"));
+        let Some(job) = job::job(backfill_id) else {
+            raise(
+                ERRCODE_UNDEFINED_OBJECT,
+                format!("backfill {backfill_id} no longer exists"),
+                "Its row in backfill.job was deleted while its worker ran.",
+                Some("Start it again with backfill_start(), if it is still needed.".into()),
+            )
+        };
         if job.state != JobState::Running {
             return Err(job.state);
         }
@@ -197,8 +204,14 @@ impl<'a> TableScan<'a> {
             return Page::Waiting;
         }
         let (backfill_id, position) = (self.context.backfill_id, self.context.position);
-        let progress = job_table::job_table(backfill_id, position)
-            .unwrap_or_else(|| error!("backfill {backfill_id} lost its table {position}"));
+        let Some(progress) = job_table::job_table(backfill_id, position) else {
+            raise(
+                ERRCODE_UNDEFINED_OBJECT,
+                format!("backfill {backfill_id} lost its table {position}"),
+                format!("Its row of position {position} in backfill.job_table was deleted while its worker ran."),
+                Some(format!("Cancel it (SELECT backfill_cancel({backfill_id})) and start it again.")),
+            )
+        };
         self.report_doing(&job, &progress);
         let same_columns = self.recheck(&job);
         let signer = Signer::for_this_transaction();
