@@ -1,7 +1,9 @@
 """Keeps the layout of src/: folders in a layer order, each importing only from folders below
-it (or beside it, without a circle), no `impl` of a type outside the folder that defines it,
-and lib.rs's map naming every module. A file past about 450 lines is pointed out, not refused:
-the layers, not a line count, decide where code goes."""
+it (or beside it, without a circle), modules importing each other in no circle (unit tests
+included), no `impl` of a type outside the folder that defines it, lib.rs's map naming every
+module, and one file (catalog/schema.rs) asking which of pg_backfill's own tables and columns
+the installed schema has. A file past about 450 lines is pointed out, not refused: the layers,
+not a line count, decide where code goes."""
 
 import re
 import sys
@@ -58,8 +60,12 @@ def cycle_in(graph):
 
 if cycle := cycle_in(folder_graph):
     problems.append("folders import each other: " + " -> ".join(cycle))
+# Modules: unit tests count. A test that calls a module its file's module is called by closes a
+# circle as any other import does (errors.rs's test of args.rs did, while args.rs raised
+# through errors.rs).
 module_graph = {}
-for path, used in imports.items():
+for path in files:
+    used = set(re.findall(r"crate::(\w+)::(\w+)", path.read_text()))
     name = f"{folder_of(path)}::{path.stem}"
     module_graph[name] = {f"{f}::{m}" for f, m in used if f"{f}::{m}" != name and (SRC / f / f"{m}.rs").exists()}
 if cycle := cycle_in(module_graph):
@@ -75,6 +81,44 @@ for path in files:
         if name in defined and path.parent not in defined[name]:
             homes = ", ".join(f"src/{d.relative_to(SRC)}/" for d in sorted(defined[name]))
             problems.append(f"src/{path.relative_to(SRC)} has an impl of {name}, defined in {homes}")
+
+# The installed schema: what it has is asked in catalog/schema.rs only (its Capabilities). No
+# other file probes the catalog for pg_backfill's own tables or columns, reads a row through
+# to_jsonb to tolerate a missing column, or names a version of the extension.
+SCHEMA_SEAM = SRC / "catalog" / "schema.rs"
+LITERAL = re.compile(r'r(#*)"(.*?)"\1|b?\'(?:\\.|[^\\\'])\'|b?"((?:\\.|[^"\\])*)"', re.S)
+SQL_PROBES = [
+    (re.compile(r"to_regclass\(\s*'backfill\.", re.I), "looks up one of pg_backfill's relations (to_regclass)"),
+    (re.compile(r"'backfill\.\w+'::(?:pg_catalog\.)?regclass", re.I), "looks up one of pg_backfill's relations (::regclass)"),
+    (re.compile(r"pg_attribute.*backfill\.|backfill\..*pg_attribute", re.I | re.S), "reads the columns of one of pg_backfill's relations (pg_attribute)"),
+    (re.compile(r"to_jsonb\(\s*\w+\s*\).*backfill\.|backfill\..*to_jsonb\(\s*\w+\s*\)", re.I | re.S), "reads a state table's row through to_jsonb"),
+    (re.compile(r"'waiting%'"), "matches an older version's pause reason"),
+]
+VERSION = re.compile(r"\b0\.\d+\.\d+\b")
+
+
+def without_comments(text: str) -> str:
+    """Rust code without its line comments (`//`, `///`, `//!`): what they say is free."""
+    return re.sub(r"^\s*//.*$", "", text, flags=re.M)
+
+
+def schema_probes(path: Path):
+    """(line, what) of each probe of the installed schema in a file."""
+    text = without_comments(path.read_text())
+    line_of = lambda offset: text.count("\n", 0, offset) + 1
+    for match in LITERAL.finditer(text):
+        literal = match.group(2) if match.group(2) is not None else match.group(3) or ""
+        for probe, what in SQL_PROBES:
+            if probe.search(literal):
+                yield line_of(match.start()), what
+    for match in VERSION.finditer(text):
+        yield line_of(match.start()), "names a version of pg_backfill"
+
+
+for path in files:
+    if path != SCHEMA_SEAM:
+        for line, what in sorted(set(schema_probes(path))):
+            problems.append(f"src/{path.relative_to(SRC)}:{line} {what}: ask catalog/schema.rs (its Capabilities)")
 
 # lib.rs's map names every module.
 lib = (SRC / "lib.rs").read_text()
@@ -92,4 +136,4 @@ if problems:
     sys.exit(1)
 order = " < ".join("{" + ", ".join(f) + "}" if len(f) > 1 else f[0] for f in LAYERS)
 print(f"structure: {len(files)} source files in {len(RANK)} folders, layers {order}, no import upward or in a circle, "
-      f"every impl with its type, lib.rs names every module")
+      f"every impl with its type, lib.rs names every module, the installed schema asked in catalog/schema.rs only")
