@@ -238,8 +238,16 @@ def wait_for(predicate, timeout=30, what="condition"):
 
 
 def worker_pid(conn, backfill_id: int):
+    """A worker process of backfill `backfill_id` of `conn`'s database, or None when it has none:
+    any of its workers (`pg_backfill 7`, `pg_backfill 7/1`), admitted or launched and not yet
+    admitted (`pg_backfill starting 7`, `pg_backfill starting 7/1`; src/worker/activity.rs names
+    them), the first admitted one first. (A process not yet connected has no database yet.)"""
     row = conn.execute(
-        "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [f"pg_backfill {backfill_id}"]
+        """SELECT pid FROM pg_stat_activity
+            WHERE backend_type = 'pg_backfill' AND (datname = current_database() OR datname IS NULL)
+              AND application_name ~ %s
+            ORDER BY application_name ~ '^pg_backfill starting ', application_name LIMIT 1""",
+        [rf"^pg_backfill (starting )?{int(backfill_id)}(/[0-9]+)?$"],
     ).fetchone()
     return row[0] if row else None
 

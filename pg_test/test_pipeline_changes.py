@@ -46,7 +46,7 @@ def test_an_invalidated_slot_fails_the_backfill_and_names_the_slot(cluster, db):
     make_items(db, rows=1000)
     db.execute("SELECT pg_create_logical_replication_slot('p', 'test_decoding')")
     backfill_id = db.execute("SELECT backfill_start('items', confirm => true, slot => 'p')").fetchone()[0]
-    wait_for(lambda: "none is connected" in (status(db, backfill_id, "waiting_for") or ""), what="the wait")
+    wait_for(lambda: status(db, backfill_id, "waiting_kind") == "consumer_away", what="the wait")
     try:
         db.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
         db.execute("SELECT pg_reload_conf()")

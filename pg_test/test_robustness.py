@@ -422,7 +422,7 @@ def test_a_parallel_backfill_waiting_for_its_consumer_finishes_once_it_attaches(
     backfill_id = items.execute(
         "SELECT backfill_start('items', confirm => true, slot => 'later', parallel => 4)"
     ).fetchone()[0]
-    wait_for(lambda: status(items, backfill_id, "workers_running") == 4 and "none is connected" in (status(items, backfill_id, "waiting_for") or ""),
+    wait_for(lambda: status(items, backfill_id, "workers_running") == 4 and status(items, backfill_id, "waiting_kind") == "consumer_away",
              what="4 waiting workers")
     consumer = Consumer(cluster, items.info.dbname, "later")
     try:
