@@ -224,7 +224,10 @@ mod tests {
     fn a_relation_changed_in_the_transaction_is_read_again() {
         assert!(capabilities().publication_filter);
         Spi::run("ALTER TABLE backfill.job_table RENAME COLUMN publication_filter TO renamed").unwrap();
-        assert!(!capabilities().publication_filter);
+        let renamed = capabilities().publication_filter;
+        Spi::run("ALTER TABLE backfill.job_table RENAME COLUMN renamed TO publication_filter").unwrap();
+        assert!(!renamed);
+        assert!(capabilities().publication_filter);
     }
 
     #[pg_test]
