@@ -191,8 +191,7 @@ pub fn insert_job(job: &NewJob) -> i64 {
     let limit = |value: Option<i64>| value.filter(|v| *v != -1);
     let optional: Vec<(&str, DatumWithOid)> = [
         (job.lock_mode != LockMode::Auto).then(|| ("lock_mode", job.lock_mode.as_str().into())),
-        (job.rows_per_message != 1 && has.rows_per_message)
-            .then(|| ("rows_per_message", job.rows_per_message.into())),
+        (job.rows_per_message != 1 && has.rows_per_message).then(|| ("rows_per_message", job.rows_per_message.into())),
         job.slot_identity.clone().filter(|_| has.slot_identity).map(|id| ("slot_identity", id.into())),
         job.row_filter.map(|filter| ("row_filter", Text::from(filter).into())),
         limit(job.source.max_replica_lag).map(|v| ("max_replica_lag_bytes", v.into())),
