@@ -155,10 +155,7 @@ fn wait(id: Option<i64>, timeout_ms: Option<f64>) -> bool {
     let deadline =
         timeout_ms.map(|ms| std::time::Instant::now() + std::time::Duration::from_secs_f64(ms.max(0.0) / 1000.0));
     require_controller(id, "wait for");
-    let xmin = as_extension_owner(|| job::recorded_by(id)).unwrap_or_default();
-    // SAFETY: asks whether an xid is this transaction's (or a subtransaction's); no side effect.
-    let started_here = unsafe { pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin as u32)) };
-    if started_here {
+    if as_extension_owner(|| job::recorded_in_this_transaction(id)) {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("backfill {id} cannot start before this transaction commits"),

@@ -43,7 +43,7 @@ fn set_keys_of(id: Option<i64>, tbl: Option<pg_sys::Oid>, keys: Option<JsonB>) -
 /// `table` (see [`set_keys`]).
 pub fn record_keys(id: i64, table: Option<pg_sys::Oid>, keys: serde_json::Value) {
     // Only in the transaction that started it: its worker starts at commit and finds the keys.
-    if !crate::api::start::started_in_this_transaction(id) {
+    if !as_extension_owner(|| job::recorded_in_this_transaction(id)) {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("keys cannot be given to backfill {id}"),

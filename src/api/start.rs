@@ -301,7 +301,7 @@ fn set_rows_per_message(id: Option<i64>, rows_per_message: Option<i32>) -> Optio
     let Some(rows_per_message) = rows_per_message else { return id };
     check_rows_per_message(rows_per_message);
     let id = required(id, "backfill_start", "id");
-    if !started_in_this_transaction(id) {
+    if !as_extension_owner(|| crate::catalog::job::recorded_in_this_transaction(id)) {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("rows_per_message cannot be changed for backfill {id}"),
@@ -311,15 +311,6 @@ fn set_rows_per_message(id: Option<i64>, rows_per_message: Option<i32>) -> Optio
     }
     as_extension_owner(|| crate::catalog::job::set_rows_per_message(id, rows_per_message));
     Some(id)
-}
-
-/// Whether backfill `id` was recorded by this transaction (its worker starts at commit).
-pub(crate) fn started_in_this_transaction(id: i64) -> bool {
-    let xmin = as_extension_owner(|| crate::catalog::job::recorded_by(id));
-    // SAFETY: asks whether an xid is this transaction's (or a subtransaction's); no side effect.
-    xmin.is_some_and(|xmin| unsafe {
-        pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin as u32))
-    })
 }
 
 /// A partitioned table's backfill reads its partitions: listing one of them as well would

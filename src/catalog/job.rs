@@ -96,6 +96,16 @@ pub fn recorded_by(id: i64) -> Option<i64> {
     .or_internal("read the backfill")
 }
 
+/// Whether backfill `id` was recorded (or last resumed) by this transaction, whose commit its
+/// workers wait for.
+pub fn recorded_in_this_transaction(id: i64) -> bool {
+    let xmin = recorded_by(id);
+    // SAFETY: asks whether an xid is this transaction's (or a subtransaction's); no side effect.
+    xmin.is_some_and(|xmin| unsafe {
+        pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin as u32))
+    })
+}
+
 /// Where a backfill stands for backfill_wait(): its state, whether its consumer confirmed the
 /// watermark (done, and without a slot or with the slot past it), and its error.
 pub fn outcome(id: i64) -> (JobState, bool, Option<String>) {
