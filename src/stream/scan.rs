@@ -258,7 +258,8 @@ impl ScanQueries {
     }
 
     /// The filter in a query that reads every row, for its check and its estimate: the same
-    /// text around it as in row_ids_passing() (selection/filter.rs checks that it stays one expression).
+    /// text around it as in row_ids_passing() (selection/filter.rs checks that it stays one
+    /// expression).
     pub fn filter_check(&self, filter: &str) -> String {
         self.filtered("", "true", filter)
     }
