@@ -7,14 +7,20 @@
 //! - `pg/`: PostgreSQL plumbing: errors with SQLSTATE, detail and hint (`errors.rs`), the
 //!   database's encoding and UTF-8 (`encoding.rs`), reads through SPI (`spi.rs`), the
 //!   `backfill.*` settings (`settings.rs`), who runs what (`privilege.rs`), checks of SQL
-//!   arguments (`args.rs`), a row filter's check (`filter.rs`), node trees and
-//!   lists (`nodes.rs`), a read that reaches only the table it checked (`read_guard.rs`), where PostgreSQL's C API differs between the majors built for,
-//!   one shim per difference (`compat.rs`), and what Citus's metadata says of a table: a
-//!   shard's distributed table, a table's distribution (`citus.rs`).
+//!   arguments (`args.rs`), node trees and lists (`nodes.rs`), a query's rows handed to Rust as
+//!   the executor produces them (`receiver.rs`), a read that reaches only the table it checked
+//!   (`read_guard.rs`), where PostgreSQL's C API differs between the majors built for, one shim
+//!   per difference (`compat.rs`), and what Citus's metadata says of a table: a shard's
+//!   distributed table, a table's distribution (`citus.rs`).
 //! - `model/`: a table as a backfill sees it, its key and columns (`table.rs`); the states
 //!   and modes of backfills and their ranges (`state.rs`); what a caller asks of a backfill,
 //!   one typed request per verb (`request.rs`).
-//! - `catalog/`: the state tables: one row per backfill and its message key (`job.rs`), one
+//! - `selection/`: which rows and columns a backfill reads: its filter, checked before anything
+//!   starts (`filter.rs`), the publication's row filter AND-ed with it (`row_filter.rs`), its
+//!   column list's rules (`columns.rs`), what a publication publishes of a table, its columns and
+//!   row filter (`published.rs`), and the one rule of how a table is read, by a scan, a checksum
+//!   and a comparison alike: `ONLY`, or a partitioned table with its partitions (`scanned.rs`).
+//! - `catalog/`: the state tables: one row per backfill and its message keys (`job.rs`), one
 //!   per table or key range with its cursor (`job_table.rs`), and for a backfill of a Citus
 //!   distributed table each shard's node and node backfill (`job_shard.rs`); which of these
 //!   tables and columns the installed schema has, the one place that asks (`schema.rs`).
@@ -22,20 +28,20 @@
 //!   (`nodes.rs`), a distributed table's estimate from theirs (`estimate.rs`), its backfill
 //!   started on its nodes and control passed on to them (`coordinator.rs`), and the options a
 //!   distributed table refuses, one table of rules (`rules.rs`).
-//! - `stream/`: what reaches the stream: the key-ordered page queries (`scan.rs`), the
-//!   columns of a read, a column list's rules (`columns.rs`), the rows of a read, a filter and its
-//!   publication's row filter (`row_filter.rs`), a row's JSON (`json.rs`), the messages (`message.rs`), their authentication tags (`sign.rs`),
-//!   and the hot path from executor to message (`delivery.rs`).
+//! - `stream/`: what reaches the stream: the key-ordered page queries and how they lock their
+//!   rows (`scan.rs`), a row's JSON (`json.rs`), the messages (`message.rs`), their
+//!   authentication tags, with the key the worker hands in (`sign.rs`), and the hot path from
+//!   executor to message (`delivery.rs`).
 //! - `throttle/`: what holds a backfill back: how pages lock (`lock.rs`), rows_per_second
-//!   (`pacing.rs`), the consumer's slot and publication (`pipeline.rs`), the source's
-//!   standbys, slots and load (`backpressure.rs`), and the typed reason a page waits
-//!   (`wait.rs`).
+//!   (`pacing.rs`), the consumer's slot and whether its publication holds a table
+//!   (`pipeline.rs`), the source's standbys, slots and load (`backpressure.rs`), and the typed
+//!   reason a page waits (`wait.rs`).
 //! - `verify/`: backfill_checksum() (`checksum.rs`, `aggregate.rs`, `row_hash.rs`,
 //!   `row_encoding.rs`: what a row's hash is computed over, `numeric_jsonb.rs`: numeric's and
-//!   jsonb's encodings, `parallel_heap_scan.rs`: its parallel scan), keys as JSON
-//!   (`key_json.rs`), backfill_compare() (`compare.rs`) and the tables it reads, here, through
-//!   dblink or a Citus coordinator (`sides.rs`), and a distributed table's checksums from its
-//!   nodes' (`distributed.rs`).
+//!   jsonb's encodings, `parallel_heap_scan.rs`: its parallel scan, `cost.rs`: what a table's
+//!   size says of how to sample and count it), keys as JSON (`key_json.rs`), backfill_compare()
+//!   (`compare.rs`) and the tables it reads, here, through dblink or a Citus coordinator
+//!   (`sides.rs`), and a distributed table's checksums from its nodes' (`distributed.rs`).
 //! - `worker/`: the background worker: its process, tables in order, retries, failures
 //!   (`process.rs`), the coordinator's worker of a distributed backfill, which follows its
 //!   nodes' backfills (`distributed.rs`), how its processes show in pg_stat_activity (`activity.rs`),
@@ -59,6 +65,7 @@ mod catalog;
 mod citus;
 mod model;
 mod pg;
+mod selection;
 mod stream;
 mod throttle;
 mod verify;

@@ -7,7 +7,7 @@ use crate::model::table;
 use crate::pg::args::{check_batch_size, required};
 use crate::pg::encoding::Text;
 use crate::pg::settings;
-use crate::stream::columns;
+use crate::selection::columns;
 use pgrx::prelude::*;
 
 // Texts, not Strings: names and reasons go back to the database in its own encoding.

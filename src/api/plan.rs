@@ -32,7 +32,7 @@ pub fn estimate(table: &Table, prefix_len: usize, filter: Option<&str>) -> Estim
     privilege::read_as(table.owner, table.relid, || sample(table, prefix_len, filtered_rows))
 }
 
-/// Checks a row filter on `table` (pg/filter.rs) as the calling role, who will have started
+/// Checks a row filter on `table` (selection/filter.rs) as the calling role, who will have started
 /// the backfill whose worker runs it, with the worker's search_path and restrictions; returns
 /// the planner's rows for the filtered scan.
 #[track_caller]
@@ -46,12 +46,12 @@ pub fn check_filter(table: &Table, filter: &str) -> f64 {
             Some("Backfill its partitions, each with the filter.".into()),
         );
     }
-    crate::pg::filter::require_bounded(filter, &table.qualified_name());
+    crate::selection::filter::require_bounded(filter, &table.qualified_name());
     let query = ScanQueries::new(table).filter_check(filter);
     // SAFETY: the current user's id.
     let caller = unsafe { pg_sys::GetUserId() };
     let name = table.qualified_name();
-    privilege::read_as(caller, table.relid, || crate::pg::filter::check(&query, &name))
+    privilege::read_as(caller, table.relid, || crate::selection::filter::check(&query, &name))
 }
 
 /// The planner's rows of the whole table, whatever a backfill's filter: what a sample of it is
@@ -69,16 +69,16 @@ fn sample_percent(wanted: f64, rows: f64) -> f64 {
     (100.0 * wanted / rows.max(1.0)).clamp(0.0001, 100.0)
 }
 
-/// The filter a backfill of `table` runs (stream/row_filter.rs): `given` (`filter => ...`) AND
+/// The filter a backfill of `table` runs (selection/row_filter.rs): `given` (`filter => ...`) AND
 /// its publication's row filter `published`. The given filter is checked alone first, as the
-/// caller's (see [`crate::stream::row_filter::combined`]); the result is checked by
+/// caller's (see [`crate::selection::row_filter::combined`]); the result is checked by
 /// [`estimate`].
 #[track_caller]
 pub fn backfill_filter(table: &Table, given: Option<&str>, published: Option<&str>) -> Option<String> {
     if let (Some(given), Some(_)) = (given, published) {
         check_filter(table, given);
     }
-    crate::stream::row_filter::combined(published, given)
+    crate::selection::row_filter::combined(published, given)
 }
 
 fn sample(table: &Table, prefix_len: usize, filtered_rows: Option<f64>) -> Estimate {

@@ -47,7 +47,7 @@ fn repair_columns(
         passes,
         slot: slot.map(|s| s.0),
         batch_size: crate::pg::args::required(batch_size, "backfill_repair", "batch_size"),
-        columns: crate::stream::columns::given(columns),
+        columns: crate::selection::columns::given(columns),
     };
     repair_differences(request)
 }

@@ -56,7 +56,7 @@ pub fn start_request(args: StartArgs) -> StartRequest {
         keys: args.keys.map(|keys| keys.0),
         rows_per_message: args.rows_per_message,
         filter: args.filter.map(|t| t.0),
-        columns: crate::stream::columns::given(args.columns),
+        columns: crate::selection::columns::given(args.columns),
     };
     check_batch_size(request.batch_size);
     check_parallel(request.parallel);

@@ -14,7 +14,7 @@ use crate::pg::errors::raise;
 use crate::pg::errors::OrInternal;
 use crate::pg::privilege::{self, as_extension_owner};
 use crate::pg::settings;
-use crate::stream::columns;
+use crate::selection::columns;
 use crate::throttle::pipeline;
 use crate::worker::admit::{admit, Admission};
 use pgrx::prelude::*;
@@ -282,7 +282,7 @@ impl PlannedTable {
         let publication = request.publication.as_deref();
         let list = columns::column_list(&table, request.columns.as_deref(), publication);
         let table = columns::project(table, list, None);
-        let publication_filter = publication.and_then(|p| pipeline::published(p, &table).row_filter);
+        let publication_filter = publication.and_then(|p| crate::selection::published::published(p, &table).row_filter);
         let filter = plan::backfill_filter(&table, request.filter.as_deref(), publication_filter.as_deref());
         let estimate = plan::estimate(&table, settings::message_prefix().len(), filter.as_deref());
         let ranges = plan::key_ranges(&table, estimate.rows, request.parallel);

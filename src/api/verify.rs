@@ -52,7 +52,7 @@ fn checksum_columns(
 > {
     let relid = crate::pg::args::required(table, "backfill_checksum", "tbl");
     let level = Level::parse(&crate::pg::args::required(level, "backfill_checksum", "level").0);
-    let columns = crate::stream::columns::given(columns);
+    let columns = crate::selection::columns::given(columns);
     if columns.is_some() {
         crate::citus::rules::refuse("backfill_checksum", relid, &["columns"]);
     }

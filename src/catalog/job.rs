@@ -447,6 +447,25 @@ pub fn current_message_key() -> Option<(i32, Vec<u8>)> {
     .or_internal("read the message key")
 }
 
+/// The key this transaction's messages are signed with (stream/sign.rs): the newest; None while
+/// the database's extension is still at 0.1.0, which had no key (its messages go unsigned, as
+/// 0.1.0 wrote them, until ALTER EXTENSION UPDATE). Raises if the key table is empty.
+pub fn signing_key() -> Option<(i32, Vec<u8>)> {
+    if !crate::catalog::schema::capabilities().message_key {
+        return None;
+    }
+    let key = current_message_key();
+    if key.is_none() {
+        crate::pg::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "pg_backfill has no message key",
+            "Table backfill.message_key is empty, so messages cannot be signed.",
+            Some("Make one: SELECT backfill_rotate_key();".into()),
+        );
+    }
+    key
+}
+
 /// Message key `key_id`'s bytes, from the sequences that hold them (sql/catalog.sql), eight in
 /// each as a bigint's big-endian bytes; None if there is no such key. Only their owner, the
 /// extension's owner, may read the sequences.
@@ -495,5 +514,39 @@ pub fn stored_message_key(key_id: i32) -> Option<Vec<u8>> {
             format!("A sequence that holds message key {key_id}'s bytes holds no value."),
             Some("Make a new key and retire the old ones: SELECT backfill_rotate_key(retire_old_keys => true);".into()),
         ),
+    }
+}
+
+/// backfill.message_key_bytes(key_id): message key `key_id`'s bytes, view backfill.message_key's
+/// column `key`. The bytes are in sequences only the extension's owner may read, so that no
+/// grant on them has to follow each rotation: a caller that may SELECT backfill.message_key (the
+/// consumer's grant) gets them read as the owner; any other gets 42501, as reading the key has
+/// always needed. Through the view, the check is the view's own; called directly, this one.
+#[pg_extern(schema = "backfill", stable)]
+fn message_key_bytes(key_id: Option<i32>) -> Option<Vec<u8>> {
+    let key_id = key_id?;
+    require_select_on_the_keys();
+    crate::pg::privilege::as_extension_owner(|| stored_message_key(key_id))
+}
+
+/// Raises 42501 unless the current user may SELECT backfill.message_key.
+fn require_select_on_the_keys() {
+    let view = crate::catalog::schema::message_key_relation();
+    // SAFETY: a privilege check of an existing relation for the current user, from the catalog cache.
+    let allowed = view.is_some_and(|view| unsafe {
+        pg_sys::pg_class_aclcheck(view, pg_sys::GetUserId(), pg_sys::AclMode::from(pg_sys::ACL_SELECT))
+            == pg_sys::AclResult::ACLCHECK_OK
+    });
+    if !allowed {
+        let role = crate::pg::privilege::current_role_name();
+        crate::pg::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            "permission denied for view backfill.message_key",
+            format!("Reading a message key needs SELECT on backfill.message_key, which role \"{role}\" does not hold."),
+            Some(format!(
+                "A consumer that verifies messages is granted it: GRANT SELECT ON backfill.message_key TO {};",
+                crate::pg::encoding::quote_ident(&role)
+            )),
+        );
     }
 }

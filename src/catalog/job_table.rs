@@ -32,7 +32,7 @@ pub struct NewTable<'a> {
     pub key_columns: &'a [String],
     /// Its column list and the list's attribute numbers (0.9.0 schema on).
     pub column_list: Option<(&'a [String], &'a [i16])>,
-    /// Its publication's row filter when it started (stream/row_filter.rs; 0.10.0 schema on).
+    /// Its publication's row filter when it started (selection/row_filter.rs; 0.10.0 schema on).
     pub publication_filter: Option<&'a str>,
 }
 

@@ -72,7 +72,7 @@ impl Table {
     /// The table as a backfill with column list `list` delivers it: those columns only, in the
     /// table's order (as a publication's column list, whatever order they were named in).
     /// `Err` names the first listed column the table does not have (any more). The list is
-    /// checked by api/columns.rs: it holds the key.
+    /// checked by selection/columns.rs: it holds the key.
     pub fn project(mut self, list: Option<Vec<String>>) -> Result<Table, String> {
         let Some(list) = list else { return Ok(self) };
         if let Some(missing) = list.iter().find(|name| !self.columns.iter().any(|c| &c.name == *name)) {

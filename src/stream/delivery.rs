@@ -10,12 +10,13 @@
 //! backfill.max_message_size, or when the page's query ends: always inside the page's
 //! transaction, so a batch is committed, and decoded, with its page or not at all.
 
+use crate::pg::receiver::{self, Query, RowSink};
 use crate::stream::json::{Rendered, RowJson};
 use crate::stream::message::{self, ReadMessage};
 use crate::stream::sign::Signer;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
-use std::ffi::{c_int, CString};
+use std::ffi::CString;
 
 /// What the receiver needs to turn a row into a message, and what it counts.
 pub struct Sink<'a> {
@@ -34,116 +35,84 @@ pub struct Sink<'a> {
     pub bytes: i64,
 }
 
-/// A DestReceiver (first, so that PostgreSQL can use a pointer to this as one) and our sink.
-#[repr(C)]
-struct Receiver {
-    base: pg_sys::DestReceiver,
-    sink: *mut Sink<'static>,
-}
-
-/// Runs a page query's kept plan (sql::kept_plan, for these arguments); every row it returns
+/// Runs a page query's kept plan (spi::kept_plan, for these arguments); every row it returns
 /// goes to `sink`.
 pub fn run(plan: pg_sys::SPIPlanPtr, args: &[DatumWithOid], sink: &mut Sink) {
     // Every batch is of this query's rows: one left open by a page that rolled back is stale.
     sink.messages.discard_batch();
-    // SAFETY: `plan` is a kept plan with parameters of the arguments' types; the arguments'
-    // datums live as long as `args`; the receiver and the sink it points to outlive the
-    // execution, which calls back into them only.
-    unsafe {
-        pg_sys::SPI_connect();
-        let params = pg_sys::makeParamList(args.len() as c_int);
-        let slots = (*params).params.as_mut_slice(args.len());
-        for (param, arg) in slots.iter_mut().zip(args) {
-            param.value = arg.datum().map_or(pg_sys::Datum::from(0), |d| d.sans_lifetime());
-            param.isnull = arg.datum().is_none();
-            param.pflags = pg_sys::PARAM_FLAG_CONST as u16;
-            param.ptype = arg.oid();
-        }
-        let mut receiver = Receiver {
-            base: pg_sys::DestReceiver {
-                receiveSlot: Some(receive),
-                rStartup: Some(startup),
-                rShutdown: Some(shutdown),
-                rDestroy: Some(shutdown),
-                mydest: pg_sys::CommandDest::DestNone,
-            },
-            sink: (sink as *mut Sink).cast(),
-        };
-        let options = pg_sys::SPIExecuteOptions {
-            params,
-            // Not read-only: the query takes row locks and needs a fresh snapshot.
-            read_only: false,
-            dest: &mut receiver.base,
-            ..Default::default()
-        };
-        let rc = pg_sys::SPI_execute_plan_extended(plan, &options);
-        pg_sys::SPI_finish();
-        // The page's last rows, batched (a failed query raised an ERROR above and never gets here).
-        emit_batch(sink);
-        // (SPI reports SPI_OK_UTILITY, not SPI_OK_SELECT, for a query whose rows went to a
-        // DestNone receiver; negative codes are the failures.)
-        if rc < 0 {
-            crate::pg::errors::spi_failed("run the page query", rc);
-        }
-    }
+    // Not read-only: the query takes row locks and needs a fresh snapshot.
+    receiver::run(Query::Kept(plan), args, false, sink, "a page query");
+    // The page's last rows, batched (a failed query raised an ERROR above and never gets here).
+    emit_batch(sink);
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn receive(slot: *mut pg_sys::TupleTableSlot, receiver: *mut pg_sys::DestReceiver) -> bool {
-    let sink = &mut *(*receiver.cast::<Receiver>()).sink;
-    let natts = (*(*slot).tts_tupleDescriptor).natts;
-    if ((*slot).tts_nvalid as c_int) < natts {
-        pg_sys::slot_getsomeattrs_int(slot, natts);
-    }
-    let values = std::slice::from_raw_parts((*slot).tts_values, natts as usize);
-    let nulls = std::slice::from_raw_parts((*slot).tts_isnull, natts as usize);
-    // The partition's name follows the table's columns.
-    let (columns, partition) =
-        if sink.partitioned { (natts as usize - 1, values.last()) } else { (natts as usize, None) };
-    let row = &mut *sink.row;
-    match row.render(&values[..columns], &nulls[..columns], sink.max_message_size) {
-        Rendered::Row => {}
-        Rendered::TooLarge => too_large(
-            sink.table,
-            sink.max_message_size,
-            &row.values_of(values, nulls, sink.key_columns),
-            row.json().len(),
-        ),
-        Rendered::NotUtf8 { column } => {
-            not_utf8(sink.table, row.column_name(column), &row.values_of(values, nulls, sink.key_columns))
+impl RowSink for Sink<'_> {
+    unsafe fn start(&mut self, row_type: pg_sys::TupleDesc) {
+        if !self.row.matches(row_type) {
+            crate::pg::errors::raise(
+                pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "the page query's columns are not those of the table's rows: the table changed under the scan",
+                "An ALTER TABLE changed the table's columns between the page's check of them and its query.",
+                Some("Resume the backfill (backfill_resume): its next page reads the columns as they are now.".into()),
+            );
         }
     }
-    let key_values = sink.key_columns.iter().map(|&i| row.value(i));
-    // A partition's name, like a value, reaches the message in UTF-8.
-    let partition = partition.map(|p| {
-        crate::pg::encoding::to_utf8(crate::pg::encoding::text_of(*p)).unwrap_or_else(|| {
-            not_utf8(sink.table, "(its partition's name)", &row.values_of(values, nulls, sink.key_columns))
-        })
-    });
-    if sink.messages.batched() {
-        let alone = sink.messages.stage(key_values, row.json(), partition.as_deref());
-        // A row too large for a message of its own fails the backfill, as in a `read`.
-        if alone > sink.max_message_size {
-            too_large(sink.table, sink.max_message_size, &row.values_of(values, nulls, sink.key_columns), alone);
+
+    /// One row of the page query (whose columns start() checked: the values are of the types
+    /// rendered): a `read` message, or a row of the open batch.
+    unsafe fn row(&mut self, values: &[pg_sys::Datum], nulls: &[bool]) {
+        // The partition's name follows the table's columns.
+        let (columns, partition) =
+            if self.partitioned { (values.len() - 1, values.last()) } else { (values.len(), None) };
+        let row = &mut *self.row;
+        match row.render(&values[..columns], &nulls[..columns], self.max_message_size) {
+            Rendered::Row => {}
+            Rendered::TooLarge => too_large(
+                self.table,
+                self.max_message_size,
+                &row.values_of(values, nulls, self.key_columns),
+                row.json().len(),
+            ),
+            Rendered::NotUtf8 { column } => {
+                not_utf8(self.table, row.column_name(column), &row.values_of(values, nulls, self.key_columns))
+            }
         }
-        if !sink.messages.staged_fits(sink.max_message_size) {
-            emit_batch(sink);
+        let key_values = self.key_columns.iter().map(|&i| row.value(i));
+        // A partition's name, like a value, reaches the message in UTF-8.
+        let partition = partition.map(|p| {
+            crate::pg::encoding::to_utf8(crate::pg::encoding::text_of(*p)).unwrap_or_else(|| {
+                not_utf8(self.table, "(its partition's name)", &row.values_of(values, nulls, self.key_columns))
+            })
+        });
+        if self.messages.batched() {
+            let alone = self.messages.stage(key_values, row.json(), partition.as_deref());
+            // A row too large for a message of its own fails the backfill, as in a `read`.
+            if alone > self.max_message_size {
+                too_large(self.table, self.max_message_size, &row.values_of(values, nulls, self.key_columns), alone);
+            }
+            if !self.messages.staged_fits(self.max_message_size) {
+                emit_batch(self);
+            }
+            self.messages.push_staged();
+            if self.messages.batch_full() {
+                emit_batch(self);
+            }
+            self.rows += 1;
+            return;
         }
-        sink.messages.push_staged();
-        if sink.messages.batch_full() {
-            emit_batch(sink);
+        let content = self.messages.build(key_values, row.json(), partition.as_deref(), self.signer);
+        if content.len() > self.max_message_size {
+            too_large(
+                self.table,
+                self.max_message_size,
+                &row.values_of(values, nulls, self.key_columns),
+                content.len(),
+            );
         }
-        sink.rows += 1;
-        return true;
+        message::emit(self.prefix, content);
+        self.rows += 1;
+        self.bytes += content.len() as i64;
     }
-    let content = sink.messages.build(key_values, row.json(), partition.as_deref(), sink.signer);
-    if content.len() > sink.max_message_size {
-        too_large(sink.table, sink.max_message_size, &row.values_of(values, nulls, sink.key_columns), content.len());
-    }
-    message::emit(sink.prefix, content);
-    sink.rows += 1;
-    sink.bytes += content.len() as i64;
-    true
 }
 
 /// Writes the open batch of rows, if there is one.
@@ -187,19 +156,3 @@ fn not_utf8(table: &str, column: &str, key: &str) -> ! {
         ),
     )
 }
-
-#[pg_guard]
-unsafe extern "C-unwind" fn startup(receiver: *mut pg_sys::DestReceiver, _operation: c_int, result: pg_sys::TupleDesc) {
-    let sink = &*(*receiver.cast::<Receiver>()).sink;
-    if !sink.row.matches(result) {
-        crate::pg::errors::raise(
-            pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            "the page query's columns are not those of the table's rows: the table changed under the scan",
-            "An ALTER TABLE changed the table's columns between the page's check of them and its query.",
-            Some("Resume the backfill (backfill_resume): its next page reads the columns as they are now.".into()),
-        );
-    }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn shutdown(_receiver: *mut pg_sys::DestReceiver) {}

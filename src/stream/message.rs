@@ -103,7 +103,7 @@ struct TableStart<'a> {
     upper_bound: Value,
     rows_estimated: i64,
     /// The backfill's row filter, when it has one: `filter => ...`, its publication's row
-    /// filter for the table, or both AND-ed (stream/row_filter.rs). Only rows it was true for
+    /// filter for the table, or both AND-ed (selection/row_filter.rs). Only rows it was true for
     /// are read, so the consumer knows the backfill was partial.
     #[serde(skip_serializing_if = "Option::is_none")]
     filter: Option<&'a str>,
@@ -472,7 +472,14 @@ mod tests {
         let table = table("CREATE TABLE msg_t (\"Region\" text, id int, v text, PRIMARY KEY (\"Region\", id))");
         let mut message = ReadMessage::new(7, None, &table, 1);
         let data = br#"{"Region":"eu","id":3,"v":"x"}"#;
-        let built = message.build([&b"\"eu\""[..], b"3"], data, None, &Signer::for_this_transaction()).to_vec();
+        let built = message
+            .build(
+                [&b"\"eu\""[..], b"3"],
+                data,
+                None,
+                &Signer::for_this_transaction(crate::catalog::job::signing_key()),
+            )
+            .to_vec();
         let mut parsed: serde_json::Value = serde_json::from_slice(&built).unwrap();
         assert!(parsed.as_object_mut().unwrap().remove("auth").is_some());
         assert_eq!(
@@ -513,7 +520,7 @@ mod tests {
     #[pg_test]
     fn reads_message_carries_each_row_as_a_read_would() {
         let table = table("CREATE TABLE msg_t (id int PRIMARY KEY, v text)");
-        let signer = Signer::for_this_transaction();
+        let signer = Signer::for_this_transaction(crate::catalog::job::signing_key());
         let mut message = ReadMessage::new(7, Some("s1"), &table, 3);
         assert!(message.batched());
         let rows: [(&[u8], &[u8]); 2] = [(b"1", br#"{"id":1,"v":"a"}"#), (b"2", br#"{"id":2,"v":"b"}"#)];

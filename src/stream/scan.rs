@@ -11,7 +11,29 @@
 
 use crate::model::table::Table;
 use crate::pg::encoding::quote_ident as quote_identifier;
-use crate::throttle::lock::Locking;
+
+/// How a page's query locks the rows it reads: which, page by page, is the lock policy's choice
+/// (throttle/lock.rs), which gives it as this value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RowLocks {
+    /// Lock every row or fail at once.
+    NoWait,
+    /// Wait (up to `lock_timeout`) for a row.
+    Wait,
+    /// No row locks (the page holds the table in SHARE mode, or a test shows the locks are needed).
+    None,
+}
+
+impl RowLocks {
+    /// The locking clause of a page's rows query (`t` names the table).
+    pub fn clause(self) -> &'static str {
+        match self {
+            RowLocks::NoWait => " FOR SHARE OF t NOWAIT",
+            RowLocks::Wait => " FOR SHARE OF t",
+            RowLocks::None => "",
+        }
+    }
+}
 
 /// The SQL of one table's scan. Keys travel as text (their output form) and are cast back to
 /// the key's types in the query, so any btree-orderable key type works the same way.
@@ -59,14 +81,11 @@ impl ScanQueries {
         let list = |alias: &str, suffix: &str| {
             table.key.iter().map(|k| format!("{}{suffix}", column(alias, k))).collect::<Vec<_>>().join(", ")
         };
-        // A partitioned table is read through its root, which covers its partitions. An ordinary
-        // table is read ONLY: inheritance children have keys of their own.
-        let only = if table.partitioned { "" } else { "ONLY " };
         ScanQueries {
             key_types: table.key.iter().map(|k| k.type_name.clone()).collect(),
             first_collation: table.key[0].collation.clone(),
             partitioned: table.partitioned,
-            from: format!("{only}{} t", table.qualified_name()),
+            from: format!("{} t", crate::selection::scanned::of(table)),
             key_json: key_json_values(table),
             row_columns: crate::stream::json::select_list(&table.columns),
             key_text: table
@@ -196,23 +215,23 @@ impl ScanQueries {
 
     /// Every row of the page: its columns, ready for json::RowJson (and its partition).
     /// Parameters: [cursor,] page end.
-    pub fn page_rows(&self, after_cursor: bool, locking: Locking) -> String {
+    pub fn page_rows(&self, after_cursor: bool, locks: RowLocks) -> String {
         let partition = if self.partitioned { ", t.tableoid::pg_catalog.regclass::pg_catalog.text" } else { "" };
-        self.page_select(&format!("{}{partition}", self.row_columns), after_cursor, locking)
+        self.page_select(&format!("{}{partition}", self.row_columns), after_cursor, locks)
     }
 
     /// The row ids (ctid, as text) of every row of the page, locked as page_rows() locks them:
-    /// a filtered page's rows, for the filter (pg/filter.rs). Parameters: [cursor,] page end.
-    pub fn page_row_ids(&self, after_cursor: bool, locking: Locking) -> String {
+    /// a filtered page's rows, for the filter (selection/filter.rs). Parameters: [cursor,] page end.
+    pub fn page_row_ids(&self, after_cursor: bool, locks: RowLocks) -> String {
         format!(
             "SELECT pg_catalog.array_agg(r.id) FROM ({}) r(id)",
-            self.page_select("t.ctid::pg_catalog.text", after_cursor, locking)
+            self.page_select("t.ctid::pg_catalog.text", after_cursor, locks)
         )
     }
 
-    fn page_select(&self, columns: &str, after_cursor: bool, locking: Locking) -> String {
+    fn page_select(&self, columns: &str, after_cursor: bool, locks: RowLocks) -> String {
         let (range, _) = self.range(after_cursor);
-        let lock = locking.clause();
+        let lock = locks.clause();
         format!(
             "SELECT {columns} FROM {from} WHERE {range} ORDER BY {asc}{lock}",
             from = self.from,
@@ -239,7 +258,8 @@ impl ScanQueries {
     }
 
     /// The filter in a query that reads every row, for its check and its estimate: the same
-    /// text around it as in row_ids_passing() (pg/filter.rs checks that it stays one expression).
+    /// text around it as in row_ids_passing() (selection/filter.rs checks that it stays one
+    /// expression).
     pub fn filter_check(&self, filter: &str) -> String {
         self.filtered("", "true", filter)
     }
@@ -265,7 +285,7 @@ mod tests {
         let queries = ScanQueries::new(&crate::model::table::inspect(relid).unwrap());
         let key = r#"ROW(t.region COLLATE pg_catalog."default", t.id)"#;
         assert_eq!(
-            queries.page_rows(true, Locking::NoWait),
+            queries.page_rows(true, RowLocks::NoWait),
             format!(
                 r#"SELECT t.region, t.id, t.v FROM ONLY public.q t WHERE {key} OPERATOR(pg_catalog.>) ROW($1::pg_catalog.text, $2::integer) AND {key} OPERATOR(pg_catalog.<=) ROW($3::pg_catalog.text, $4::integer) ORDER BY t.region COLLATE pg_catalog."default", t.id FOR SHARE OF t NOWAIT"#
             )

@@ -17,7 +17,6 @@
 //!
 //! Keys are kept after a rotation, so messages written before it still verify by their key id.
 
-use crate::catalog::job;
 use crate::pg::errors::OrInternal;
 use hmac::{Hmac, Mac};
 use pgrx::prelude::*;
@@ -38,31 +37,18 @@ pub const MAX_SEAL_LEN: usize = SEAL_LEN - 1 + 10;
 /// Signs the messages of one transaction.
 pub struct Signer {
     /// The key's id and the MAC keyed with it once (cloned per message: a copy of two hash
-    /// states, not a rekeying). None while the database's schema has no message key (an older
-    /// one): its messages go unsigned, as that version wrote them, until ALTER EXTENSION UPDATE.
+    /// states, not a rekeying). None while the database's extension is still at 0.1.0, which
+    /// had no key: its messages go unsigned, as 0.1.0 wrote them, until ALTER EXTENSION UPDATE.
     key: Option<(i32, HmacSha256)>,
     /// `<xid>:`, what every tag of the transaction starts with.
     xid_prefix: Vec<u8>,
 }
 
 impl Signer {
-    /// The signer of the current transaction's messages, with the current key. Assigns the
-    /// transaction its id, which its first message would do anyway.
-    pub fn for_this_transaction() -> Self {
-        let key = if crate::catalog::schema::capabilities().message_key {
-            let key = job::current_message_key();
-            if key.is_none() {
-                crate::pg::errors::raise(
-                    pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                    "pg_backfill has no message key",
-                    "Table backfill.message_key is empty, so messages cannot be signed.",
-                    Some("Make one: SELECT backfill_rotate_key();".into()),
-                );
-            }
-            key
-        } else {
-            None
-        };
+    /// The signer of the current transaction's messages, with `key` (its id and bytes): the
+    /// database's current message key, which the worker reads and hands in (catalog/job.rs's
+    /// `signing_key`). Assigns the transaction its id, which its first message would do anyway.
+    pub fn for_this_transaction(key: Option<(i32, Vec<u8>)>) -> Self {
         // SAFETY: assigns (or returns) the top-level transaction id; the worker is in a
         // transaction, never in recovery.
         let xid = unsafe { pg_sys::GetTopTransactionId() };
@@ -140,40 +126,6 @@ pub fn verify(content: &[u8], xid: i64) -> bool {
     mac.verify_slice(&digest).is_ok()
 }
 
-/// backfill.message_key_bytes(key_id): message key `key_id`'s bytes, view backfill.message_key's
-/// column `key`. The bytes are in sequences only the extension's owner may read, so that no
-/// grant on them has to follow each rotation: a caller that may SELECT backfill.message_key (the
-/// consumer's grant) gets them read as the owner; any other gets 42501, as reading the key has
-/// always needed. Through the view, the check is the view's own; called directly, this one.
-#[pg_extern(schema = "backfill", stable)]
-fn message_key_bytes(key_id: Option<i32>) -> Option<Vec<u8>> {
-    let key_id = key_id?;
-    require_select_on_the_keys();
-    crate::pg::privilege::as_extension_owner(|| job::stored_message_key(key_id))
-}
-
-/// Raises 42501 unless the current user may SELECT backfill.message_key.
-fn require_select_on_the_keys() {
-    let view = crate::catalog::schema::message_key_relation();
-    // SAFETY: a privilege check of an existing relation for the current user, from the catalog cache.
-    let allowed = view.is_some_and(|view| unsafe {
-        pg_sys::pg_class_aclcheck(view, pg_sys::GetUserId(), pg_sys::AclMode::from(pg_sys::ACL_SELECT))
-            == pg_sys::AclResult::ACLCHECK_OK
-    });
-    if !allowed {
-        let role = crate::pg::privilege::current_role_name();
-        crate::pg::errors::raise(
-            pgrx::PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            "permission denied for view backfill.message_key",
-            format!("Reading a message key needs SELECT on backfill.message_key, which role \"{role}\" does not hold."),
-            Some(format!(
-                "A consumer that verifies messages is granted it: GRANT SELECT ON backfill.message_key TO {};",
-                crate::pg::encoding::quote_ident(&role)
-            )),
-        );
-    }
-}
-
 /// backfill_message_valid(): whether a message is genuine, checked as a consumer checks it.
 #[pg_extern(name = "backfill_message_valid", stable)]
 fn message_valid(content: Option<crate::pg::encoding::Text>, xid: Option<i64>) -> bool {
@@ -199,7 +151,7 @@ mod tests {
 
     #[pg_test]
     fn a_sealed_message_verifies_only_unchanged_and_in_its_own_transaction() {
-        let signer = Signer::for_this_transaction();
+        let signer = Signer::for_this_transaction(crate::catalog::job::signing_key());
         // SAFETY: the transaction's id, assigned by the signer above.
         let xid = i64::from(u32::from(unsafe { pg_sys::GetTopTransactionId() }));
         let mut message = br#"{"op":"read","data":{"id":1}}"#.to_vec();

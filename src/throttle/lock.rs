@@ -53,6 +53,7 @@
 
 use crate::model::state::LockMode;
 use crate::pg::settings;
+use crate::stream::scan::RowLocks;
 use pgrx::pg_sys;
 use std::time::{Duration, Instant};
 
@@ -83,12 +84,12 @@ pub enum Locking {
 }
 
 impl Locking {
-    /// The locking clause of a page's rows query (`t` names the table).
-    pub fn clause(self) -> &'static str {
+    /// The row locks of a page's rows query.
+    pub fn row_locks(self) -> RowLocks {
         match self {
-            Locking::NoWait => " FOR SHARE OF t NOWAIT",
-            Locking::Wait => " FOR SHARE OF t",
-            Locking::Table | Locking::None => "",
+            Locking::NoWait => RowLocks::NoWait,
+            Locking::Wait => RowLocks::Wait,
+            Locking::Table | Locking::None => RowLocks::None,
         }
     }
 }

@@ -228,7 +228,7 @@ pub fn sampled_bounds(relid: pg_sys::Oid, key: &[(String, String)], ranges: i32)
     if ranges == 1 {
         return Vec::new();
     }
-    let name = crate::pg::spi::scanned_table(relid);
+    let name = crate::selection::scanned::by_oid(relid);
     let rows = crate::pg::spi::planned_rows(&format!("SELECT * FROM {name}")).unwrap_or(0.0).max(1.0);
     let sampled = (SAMPLE_PER_RANGE * f64::from(ranges)).max(MIN_SAMPLE);
     let percent = (100.0 * sampled / rows).clamp(0.0001, 100.0);
@@ -240,7 +240,7 @@ pub fn sampled_bounds(relid: pg_sys::Oid, key: &[(String, String)], ranges: i32)
     // BERNOULLI.
     let sample = if percent >= 100.0 {
         String::new()
-    } else if let Some((blocks, rows_per_block)) = crate::pg::spi::block_shape(relid) {
+    } else if let Some((blocks, rows_per_block)) = crate::verify::cost::block_shape(relid) {
         format!(
             "WHERE s.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
                  SELECT pg_catalog.format('(%s,%s)',
@@ -305,7 +305,7 @@ pub fn summarize(
     level: Level,
     columns: Option<&[String]>,
 ) -> Vec<RangeRow> {
-    let name = &crate::pg::spi::scanned_table(relid);
+    let name = &crate::selection::scanned::by_oid(relid);
     // (The table's alias must not be one of its columns' names: a column named like it would
     // be what backfill.row_hash() gets.)
     let of_row = key_expression(key, |column, _| format!("backfill_row.{}", quote_ident(column)));
@@ -372,7 +372,7 @@ pub fn summarize(
     };
     let found: HashMap<i32, (i64, Option<String>)> = match level {
         Level::Count
-            if !crate::pg::spi::rows_much_wider_than_keys(relid)
+            if !crate::verify::cost::rows_much_wider_than_keys(relid)
                 && let Some(found) = in_parallel(false) =>
         {
             found

@@ -82,7 +82,7 @@ fn compare_columns(
     slot: Option<Text>,
     columns: Option<Vec<Option<Text>>>,
 ) -> TableIterator<'static, (name!(key, JsonB), name!(status, String))> {
-    let columns = crate::stream::columns::given(columns);
+    let columns = crate::selection::columns::given(columns);
     let found = differences("backfill_compare", source, target, level, passes, slot.map(|s| s.0), columns, false).keys;
     TableIterator::new(found.into_iter().map(|(key, status)| (JsonB(key), status.as_str().to_string())))
 }

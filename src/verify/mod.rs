@@ -3,6 +3,7 @@
 pub(crate) mod aggregate;
 pub(crate) mod checksum;
 pub(crate) mod compare;
+pub(crate) mod cost;
 pub(crate) mod distributed;
 pub(crate) mod key_json;
 pub(crate) mod numeric_jsonb;

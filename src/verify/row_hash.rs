@@ -2,11 +2,11 @@
 //! sums it per key range. What a row's hash is computed over is in row_encoding.rs.
 
 use crate::pg::errors::raise;
+use crate::pg::receiver::{self, Query, RowSink};
 use crate::verify::row_encoding::RowHasher;
 use pgrx::prelude::*;
 use pgrx::AnyElement;
 use pgrx::PgSqlErrorCode::*;
-use std::ffi::{c_int, CString};
 
 /// What backfill.row_hash() keeps from call to call of one query (in its FmgrInfo): the row
 /// type it hashes, a copy of its descriptor, and its hasher.
@@ -98,13 +98,6 @@ pub struct RangeSums {
     row_memory: pg_sys::MemoryContext,
 }
 
-/// A DestReceiver (first, so that PostgreSQL can use a pointer to this as one) and our sums.
-#[repr(C)]
-struct Receiver {
-    base: pg_sys::DestReceiver,
-    sums: *mut RangeSums,
-}
-
 /// Runs `sql` (its first column the range, 0 to `ranges - 1`, or with `integer_bounds` the
 /// key, as int8; the table's columns after it), with one jsonb parameter, and sums what it
 /// returns per range: the rows are hashed here as
@@ -118,86 +111,36 @@ pub fn scan(sql: &str, parameter: pgrx::JsonB, ranges: usize, integer_bounds: Op
         hasher: None,
         row_memory: std::ptr::null_mut(),
     };
-    let text = CString::new(sql).expect("no NUL in SQL");
-    // SAFETY: SPI is connected around the plan and its one execution; the receiver and the sums
-    // it points to outlive the execution, which calls back into them only.
-    unsafe {
-        pg_sys::SPI_connect();
-        let mut types = [pg_sys::JSONBOID];
-        let plan = pg_sys::SPI_prepare_cursor(text.as_ptr(), 1, types.as_mut_ptr(), 0);
-        if plan.is_null() {
-            let code = pg_sys::SPI_result;
-            crate::pg::errors::spi_failed("plan the checksum's scan", code);
-        }
-        let params = pg_sys::makeParamList(1);
-        let slot = &mut (*params).params.as_mut_slice(1)[0];
-        slot.value = parameter.into_datum().unwrap_or(pg_sys::Datum::from(0));
-        slot.isnull = false;
-        slot.pflags = pg_sys::PARAM_FLAG_CONST as u16;
-        slot.ptype = pg_sys::JSONBOID;
-        let mut receiver = Receiver {
-            base: pg_sys::DestReceiver {
-                receiveSlot: Some(receive),
-                rStartup: Some(startup),
-                rShutdown: Some(shutdown),
-                rDestroy: Some(shutdown),
-                mydest: pg_sys::CommandDest::DestNone,
-            },
-            sums: &mut sums,
-        };
-        let options =
-            pg_sys::SPIExecuteOptions { params, read_only: true, dest: &mut receiver.base, ..Default::default() };
-        let rc = pg_sys::SPI_execute_plan_extended(plan, &options);
-        // (The row memory, a child of the execution's, went with it.)
-        pg_sys::SPI_finish();
-        if rc < 0 {
-            crate::pg::errors::spi_failed("run the checksum's scan", rc);
-        }
-    }
+    receiver::run(Query::Once(sql), &[parameter.into()], true, &mut sums, "the checksum's scan");
+    // (The row memory, a child of the execution's, went with it.)
     sums
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn startup(
-    receiver: *mut pg_sys::DestReceiver,
-    _operation: c_int,
-    typeinfo: pg_sys::TupleDesc,
-) {
-    let sums = &mut *(*receiver.cast::<Receiver>()).sums;
-    sums.hasher = Some(RowHasher::new(typeinfo, 1));
-    sums.row_memory = pg_sys::AllocSetContextCreateInternal(
-        pg_sys::CurrentMemoryContext,
-        c"backfill row hash".as_ptr(),
-        0,
-        pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
-        pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
-    );
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn receive(slot: *mut pg_sys::TupleTableSlot, receiver: *mut pg_sys::DestReceiver) -> bool {
-    let sums = &mut *(*receiver.cast::<Receiver>()).sums;
-    let natts = (*(*slot).tts_tupleDescriptor).natts;
-    if ((*slot).tts_nvalid as c_int) < natts {
-        pg_sys::slot_getsomeattrs_int(slot, natts);
+impl RowSink for RangeSums {
+    unsafe fn start(&mut self, row_type: pg_sys::TupleDesc) {
+        self.hasher = Some(RowHasher::new(row_type, 1));
+        self.row_memory = pg_sys::AllocSetContextCreateInternal(
+            pg_sys::CurrentMemoryContext,
+            c"backfill row hash".as_ptr(),
+            0,
+            pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
+            pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+        );
     }
-    let values = std::slice::from_raw_parts((*slot).tts_values, natts as usize);
-    let nulls = std::slice::from_raw_parts((*slot).tts_isnull, natts as usize);
-    // As width_bucket(): the number of bounds at or below the key (which is never NULL).
-    let range = match &sums.integer_bounds {
-        Some(bounds) => bounds.partition_point(|bound| *bound <= values[0].value() as i64),
-        None => (values[0].value() as i32).clamp(0, sums.rows.len() as i32 - 1) as usize,
-    };
-    sums.rows[range] += 1;
-    if let Some(hasher) = &mut sums.hasher {
-        // Detoasted values and send formats are the row's: gone before the next one.
-        let caller_memory = pg_sys::MemoryContextSwitchTo(sums.row_memory);
-        sums.sums[range] += i128::from(hasher.hash(&values[1..], &nulls[1..]) as i64);
-        pg_sys::MemoryContextSwitchTo(caller_memory);
-        pg_sys::MemoryContextReset(sums.row_memory);
-    }
-    true
-}
 
-#[pg_guard]
-unsafe extern "C-unwind" fn shutdown(_receiver: *mut pg_sys::DestReceiver) {}
+    unsafe fn row(&mut self, values: &[pg_sys::Datum], nulls: &[bool]) {
+        // As width_bucket(): the number of bounds at or below the key (which is never NULL).
+        let range = match &self.integer_bounds {
+            Some(bounds) => bounds.partition_point(|bound| *bound <= values[0].value() as i64),
+            None => (values[0].value() as i32).clamp(0, self.rows.len() as i32 - 1) as usize,
+        };
+        self.rows[range] += 1;
+        if let Some(hasher) = &mut self.hasher {
+            // Detoasted values and send formats are the row's: gone before the next one.
+            let caller_memory = pg_sys::MemoryContextSwitchTo(self.row_memory);
+            self.sums[range] += i128::from(hasher.hash(&values[1..], &nulls[1..]) as i64);
+            pg_sys::MemoryContextSwitchTo(caller_memory);
+            pg_sys::MemoryContextReset(self.row_memory);
+        }
+    }
+}

@@ -94,12 +94,11 @@ impl Side {
         }
     }
 
-    /// The table as a FROM clause names it, as [`crate::pg::spi::scanned_table`] gives it, here or
-    /// there: without inheritance children, whose rows a checksum of the table (which reads
-    /// `ONLY`) does not count either.
+    /// The table as a FROM clause names it, here or there, by [`crate::selection::scanned`]'s
+    /// rule: without inheritance children, whose rows a checksum of the table does not count either.
     pub fn scanned_table(&self) -> String {
         match self {
-            Side::Local { relid, .. } | Side::Distributed { relid, .. } => crate::pg::spi::scanned_table(*relid),
+            Side::Local { relid, .. } | Side::Distributed { relid, .. } => crate::selection::scanned::by_oid(*relid),
             Side::Remote { scanned, .. } => scanned.clone(),
         }
     }
@@ -343,9 +342,10 @@ fn connect(target: pg_sys::Oid, target_name: &str) -> Side {
         1,
     );
     if let Side::Remote { scanned, name, .. } = &mut remote {
-        if partitioned.first().and_then(|row| row[0].as_deref()) != Some("true") {
-            *scanned = format!("ONLY {name}");
-        }
+        *scanned = crate::selection::scanned::relation(
+            name,
+            partitioned.first().and_then(|row| row[0].as_deref()) == Some("true"),
+        );
     }
     remote
 }

@@ -46,7 +46,7 @@ impl TableScan<'_> {
             }
             // The publication's row filter (a keyed backfill takes no filter of its own): a key
             // whose row it leaves out is absent from the publication's consumer too, which
-            // receives the row's INSERT if a change brings it into the filter (stream/row_filter.rs).
+            // receives the row's INSERT if a change brings it into the filter (selection/row_filter.rs).
             Some(filter) => {
                 let ids_sql = key_row_ids(table, locking);
                 let ids = privilege::read_as(self.shape.owner, self.shape.table.relid, || {
@@ -107,12 +107,12 @@ impl KeySql {
 fn key_rows(table: &Table, locking: Locking) -> String {
     let KeySql { columns, casts, unnest, names } = KeySql::of(table);
     let order = table.key.iter().map(|k| format!("t.{}", quote_ident(&k.name))).collect::<Vec<_>>().join(", ");
-    let lock = locking.clause();
+    let lock = locking.row_locks().clause();
     format!(
-        "SELECT {} FROM ONLY {} t WHERE {columns} OPERATOR(pg_catalog.=) ANY (SELECT {} FROM {unnest} AS k({names}))
+        "SELECT {} FROM {} t WHERE {columns} OPERATOR(pg_catalog.=) ANY (SELECT {} FROM {unnest} AS k({names}))
           ORDER BY {order}{lock}",
         crate::stream::json::select_list(&table.columns),
-        table.qualified_name(),
+        crate::selection::scanned::of(table),
         casts.join(", "),
     )
 }
@@ -122,11 +122,11 @@ fn key_rows(table: &Table, locking: Locking) -> String {
 fn key_row_ids(table: &Table, locking: Locking) -> String {
     let KeySql { columns, casts, unnest, names } = KeySql::of(table);
     format!(
-        "SELECT pg_catalog.array_agg(t.ctid::pg_catalog.text) FROM (SELECT t.ctid FROM ONLY {} t
+        "SELECT pg_catalog.array_agg(t.ctid::pg_catalog.text) FROM (SELECT t.ctid FROM {} t
           WHERE {columns} OPERATOR(pg_catalog.=) ANY (SELECT {} FROM {unnest} AS k({names})){}) t",
-        table.qualified_name(),
+        crate::selection::scanned::of(table),
         casts.join(", "),
-        locking.clause(),
+        locking.row_locks().clause(),
     )
 }
 
@@ -145,7 +145,7 @@ fn absent_keys(table: &Table, filtered: bool) -> String {
     };
     format!(
         "SELECT k.o FROM {unnest} WITH ORDINALITY AS k({names}, o)
-          WHERE NOT EXISTS (SELECT FROM ONLY {} t WHERE {columns} OPERATOR(pg_catalog.=) {key}{passing})",
-        table.qualified_name()
+          WHERE NOT EXISTS (SELECT FROM {} t WHERE {columns} OPERATOR(pg_catalog.=) {key}{passing})",
+        crate::selection::scanned::of(table)
     )
 }

@@ -26,9 +26,8 @@ use crate::pg::errors::raise;
 use crate::pg::privilege;
 use crate::stream::json::RowJson;
 use crate::stream::message::ReadMessage;
-use crate::stream::scan::ScanQueries;
+use crate::stream::scan::{RowLocks, ScanQueries};
 use crate::stream::sign::Signer;
-use crate::throttle::lock::Locking;
 use crate::throttle::pipeline;
 use crate::worker::activity;
 use crate::worker::xact::{in_transaction, in_transaction_retried, who, PageError};
@@ -77,7 +76,7 @@ struct ScanContext<'a> {
     keyed: bool,
     /// Most rows per message (backfill.job.rows_per_message).
     rows_per_message: i32,
-    /// The filter its pages run (stream/row_filter.rs): the publication's row filter for the
+    /// The filter its pages run (selection/row_filter.rs): the publication's row filter for the
     /// table AND the backfill's own (backfill.job.row_filter, user SQL), run as the starter.
     row_filter: Option<String>,
     /// The publication's row filter for the table when the backfill started
@@ -120,7 +119,7 @@ impl<'a> TableScan<'a> {
         let inspected = in_transaction_retried(|| {
             table::inspect(relid).map(|t| {
                 let (list, attnums) = job_table::column_list(backfill_id, position).unzip();
-                crate::stream::columns::project(t, list, attnums.as_deref())
+                crate::selection::columns::project(t, list, attnums.as_deref())
             })
         })?;
         let table = inspected.map_err(|why| {
@@ -144,7 +143,10 @@ impl<'a> TableScan<'a> {
                 started_by: job.started_by.clone(),
                 keyed,
                 rows_per_message: job.rows_per_message,
-                row_filter: crate::stream::row_filter::combined(published_filter.as_deref(), job.row_filter.as_deref()),
+                row_filter: crate::selection::row_filter::combined(
+                    published_filter.as_deref(),
+                    job.row_filter.as_deref(),
+                ),
                 published_filter,
                 counts_lock_paths,
             },
@@ -214,7 +216,7 @@ impl<'a> TableScan<'a> {
         };
         self.report_doing(&job, &progress);
         let same_columns = self.recheck(&job);
-        let signer = Signer::for_this_transaction();
+        let signer = Signer::for_this_transaction(job::signing_key());
         if progress.state == RangeState::Pending {
             return self.start_scan(&progress, &signer);
         }
@@ -259,9 +261,9 @@ impl<'a> TableScan<'a> {
         // it, though pgoutput would still pass its messages on.
         if let Some(publication) = &job.publication_name {
             pipeline::require_published(publication, table);
-            let published = pipeline::published(publication, table);
-            crate::stream::columns::require_still_published(publication, table, published.columns.as_deref());
-            crate::stream::row_filter::require_same_published_filter(
+            let published = crate::selection::published::published(publication, table);
+            crate::selection::columns::require_still_published(publication, table, published.columns.as_deref());
+            crate::selection::row_filter::require_same_published_filter(
                 publication,
                 table,
                 self.context.published_filter.as_deref(),
@@ -276,8 +278,8 @@ impl<'a> TableScan<'a> {
         let queries = &self.shape.queries;
         for after_cursor in [false, true] {
             crate::pg::spi::forget(&queries.page_end(after_cursor));
-            for locking in [Locking::NoWait, Locking::Wait, Locking::Table, Locking::None] {
-                crate::pg::spi::forget(&queries.page_rows(after_cursor, locking));
+            for locks in [RowLocks::NoWait, RowLocks::Wait, RowLocks::None] {
+                crate::pg::spi::forget(&queries.page_rows(after_cursor, locks));
             }
         }
     }
@@ -292,7 +294,7 @@ impl<'a> TableScan<'a> {
             pg_sys::PopActiveSnapshot();
             pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
         }
-        let table = crate::stream::columns::project(
+        let table = crate::selection::columns::project(
             table::require(self.shape.table.relid),
             self.shape.table.column_list.clone(),
             Some(&self.shape.table.column_attnums),

@@ -80,7 +80,7 @@ impl TableScan<'_> {
         let args: Vec<pgrx::datum::DatumWithOid> =
             Self::key_args(cursor, page_end).into_iter().map(Into::into).collect();
         let Some(filter) = self.context.row_filter.clone() else {
-            let sql = self.shape.queries.page_rows(cursor.is_some(), locking);
+            let sql = self.shape.queries.page_rows(cursor.is_some(), locking.row_locks());
             return self.deliver_rows(&sql, &args, signer);
         };
         // A filtered page locks and lists its rows as the owner, as any page does. The filter is
@@ -90,7 +90,10 @@ impl TableScan<'_> {
         // change, which the stream carries after this page.)
         let queries = &self.shape.queries;
         let ids = privilege::read_as(self.shape.owner, self.shape.table.relid, || {
-            crate::pg::spi::select_one::<Vec<String>>(&queries.page_row_ids(cursor.is_some(), locking), &args)
+            crate::pg::spi::select_one::<Vec<String>>(
+                &queries.page_row_ids(cursor.is_some(), locking.row_locks()),
+                &args,
+            )
         })
         .or_internal("lock the page's rows");
         let Some(passing) = ids.and_then(|ids| self.passing_row_ids(&filter, ids)) else { return (0, 0) };
@@ -115,8 +118,8 @@ impl TableScan<'_> {
             // Checked again, as at its start: since then a column's type may have changed (its
             // cast now a volatile function of the table's owner), or a better overload of one
             // of its functions appeared; a volatile function or a subquery stops the backfill.
-            crate::pg::filter::check_again(&queries.filter_check(filter), &table_name);
-            crate::pg::filter::with_filter_settings(|| {
+            crate::selection::filter::check_again(&queries.filter_check(filter), &table_name);
+            crate::selection::filter::with_filter_settings(|| {
                 crate::pg::spi::select_one::<Vec<String>>(&queries.row_ids_passing(filter), &[ids.into()])
             })
         })

@@ -1,0 +1,200 @@
+//! What a publication publishes of a table, as pgoutput sends it: its columns and its row
+//! filter, which a backfill for the publication's consumer follows (columns.rs, row_filter.rs).
+
+use crate::model::table::Table;
+use crate::pg::encoding::Text;
+use crate::pg::errors::{raise, OrInternal};
+use crate::pg::privilege;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::*;
+
+/// What a publication publishes of a table, as pgoutput sends it.
+#[derive(Default)]
+pub struct Published {
+    /// Its columns, in the table's order, when they are not all of the table's columns.
+    pub columns: Option<Vec<String>>,
+    /// Its row filter (`CREATE PUBLICATION ... FOR TABLE t WHERE (...)`), as SQL text: only the
+    /// rows it is true for are published.
+    pub row_filter: Option<String>,
+}
+
+/// What `publication` publishes of `table` (see [`Published`]); nothing withheld when it does
+/// not hold the table.
+///
+/// As pgoutput decides, for each of the table's leaves (a plain table is its own): the
+/// publication holds the leaf when it lists it, its schema or an ancestor's (or is FOR ALL
+/// TABLES), and publishes it as its topmost held ancestor with `publish_via_partition_root`,
+/// else as itself. That relation's column list in the publication gives its columns (without
+/// one: every column, the generated ones as
+/// [`crate::pg::compat::publishes_stored_generated_columns`] says), and its row filter the
+/// rows, unless the publication is FOR ALL TABLES or lists its schema.
+///
+/// A partitioned table's rows are published partition by partition: every partition must be
+/// held, with one and the same column list, or the backfill would send what the publication
+/// withholds from some of them (their columns, or their rows); and none with a row filter, which
+/// a backfill of a partitioned table cannot apply. Raises otherwise, naming the partition.
+pub fn published(publication: &str, table: &Table) -> Published {
+    let leaves = published_leaves(publication, table);
+    let name = table.qualified_name();
+    if table.partitioned {
+        if let Some(leaf) = leaves.iter().find(|leaf| !leaf.held) {
+            raise(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("partition {} of table {name} is not in publication \"{publication}\"", leaf.name),
+                "A backfill of a partitioned table delivers every partition's rows; the pipeline's consumer \
+                 receives no change of this one.",
+                Some(format!(
+                    "Add it to the publication, or backfill the published partitions one by one: \
+                     SELECT backfill_start(ARRAY[...]::regclass[], publication => {});",
+                    pgrx::spi::quote_literal(publication)
+                )),
+            );
+        }
+        let as_set = |list: &[String]| list.iter().cloned().collect::<std::collections::BTreeSet<String>>();
+        if let Some(leaf) = leaves.iter().find(|leaf| as_set(&leaf.columns) != as_set(&leaves[0].columns)) {
+            raise(
+                ERRCODE_FEATURE_NOT_SUPPORTED,
+                format!("the partitions of table {name} are published with different columns"),
+                format!(
+                    "Publication \"{publication}\" publishes partition {} with other columns than {}; \
+                     a backfill of the partitioned table sends one set of columns for every partition.",
+                    leaf.name, leaves[0].name
+                ),
+                Some("Backfill the partitions one by one, each with its publication's columns.".into()),
+            );
+        }
+        if let Some((leaf, filter)) = leaves.iter().find_map(|leaf| Some((leaf, leaf.row_filter.as_ref()?))) {
+            // (A partition published as its partitioned table is published as nothing else, and
+            // cannot be backfilled on its own: its reads would name another table than its changes.)
+            let (whose, hint) = if leaf.as_ancestor {
+                (
+                    "the rows of its partitions, published as those of their partitioned table,".to_string(),
+                    "No backfill can follow that filter yet: backfill the table for a publication without a row \
+                     filter for it; or publish its partitions with publish_via_partition_root = false, each with \
+                     the row filter, and backfill them one by one."
+                        .to_string(),
+                )
+            } else {
+                (
+                    format!("the rows of partition {}", leaf.name),
+                    format!(
+                        "Backfill its partitions one by one, each of which follows the publication's row filter: \
+                         SELECT backfill_start(ARRAY[...]::regclass[], publication => {});",
+                        pgrx::spi::quote_literal(publication)
+                    ),
+                )
+            };
+            raise(
+                ERRCODE_FEATURE_NOT_SUPPORTED,
+                format!("table {name} cannot be backfilled for publication \"{publication}\""),
+                format!(
+                    "The publication publishes only {whose} where {filter}; a backfill of a partitioned table \
+                     cannot filter its rows (a filtered page finds its rows again by their row ids, which are \
+                     unique only within one partition)."
+                ),
+                Some(hint),
+            );
+        }
+    }
+    let Some(first) = leaves.into_iter().next().filter(|leaf| leaf.held) else { return Published::default() };
+    // In the table's order (a partition's columns have its partitioned table's names).
+    let in_order = crate::pg::spi::column_names(table.relid);
+    let every_column = in_order.iter().all(|c| first.columns.contains(c)) && first.columns.len() == in_order.len();
+    Published {
+        columns: (!every_column).then(|| in_order.into_iter().filter(|c| first.columns.contains(c)).collect()),
+        row_filter: first.row_filter,
+    }
+}
+
+/// One leaf of a table as a publication publishes it (see [`published`]).
+struct PublishedLeaf {
+    /// Its name, for messages.
+    name: String,
+    held: bool,
+    /// Whether it is published as an ancestor (`publish_via_partition_root`).
+    as_ancestor: bool,
+    /// Its published columns' names, in attribute order.
+    columns: Vec<String>,
+    row_filter: Option<String>,
+}
+
+/// The leaves of `table` (itself, if it is not partitioned) as `publication` publishes them;
+/// none when the publication does not exist.
+fn published_leaves(publication: &str, table: &Table) -> Vec<PublishedLeaf> {
+    // Whether the publication lists the relation `rel` itself, or its schema.
+    let in_schema = |rel: &str| {
+        format!(
+            "EXISTS (SELECT FROM pg_catalog.pg_publication_namespace n
+                       JOIN pg_catalog.pg_class c ON c.relnamespace OPERATOR(pg_catalog.=) n.pnnspid
+                      WHERE n.pnpubid OPERATOR(pg_catalog.=) p.oid AND c.oid OPERATOR(pg_catalog.=) {rel})"
+        )
+    };
+    let lists = |rel: &str| {
+        format!(
+            "(EXISTS (SELECT FROM pg_catalog.pg_publication_rel r
+                       WHERE r.prpubid OPERATOR(pg_catalog.=) p.oid AND r.prrelid OPERATOR(pg_catalog.=) {rel})
+              OR {})",
+            in_schema(rel)
+        )
+    };
+    let query = format!(
+        "SELECT l.relid::pg_catalog.regclass::pg_catalog.text,
+                p.puballtables OR {listed} OR top.relid IS NOT NULL,
+                ARRAY(SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
+                       WHERE a.attrelid OPERATOR(pg_catalog.=) s.relid
+                         AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+                         AND CASE WHEN r.prattrs IS NOT NULL
+                                  THEN a.attnum OPERATOR(pg_catalog.=) ANY (r.prattrs::pg_catalog.int2[])
+                                  ELSE a.attgenerated OPERATOR(pg_catalog.=) ''
+                                    OR (a.attgenerated OPERATOR(pg_catalog.=) 's' AND {stored}) END
+                       ORDER BY a.attnum),
+                CASE WHEN NOT p.puballtables AND NOT {schema_listed}
+                     THEN pg_catalog.pg_get_expr(r.prqual, r.prrelid) END,
+                s.relid OPERATOR(pg_catalog.<>) l.relid
+           FROM pg_catalog.pg_publication p
+          CROSS JOIN (SELECT t.relid::pg_catalog.oid FROM pg_catalog.pg_partition_tree($2::pg_catalog.regclass) t
+                       WHERE t.isleaf
+                      -- (A table that is neither partitioned nor a partition has no tree.)
+                      UNION ALL
+                      SELECT $2 WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_partition_tree($2::pg_catalog.regclass))) l
+           -- Its topmost ancestor the publication holds (any, FOR ALL TABLES: its root).
+           LEFT JOIN LATERAL (
+                SELECT x.relid::pg_catalog.oid FROM pg_catalog.pg_partition_ancestors(l.relid) WITH ORDINALITY x(relid, level)
+                 WHERE x.level OPERATOR(pg_catalog.>) 1 AND (p.puballtables OR {ancestor_listed})
+                 ORDER BY x.level DESC LIMIT 1) top ON true
+          -- The relation it is published as.
+          CROSS JOIN LATERAL (SELECT CASE WHEN p.pubviaroot AND top.relid IS NOT NULL THEN top.relid ELSE l.relid END AS relid) s
+           LEFT JOIN pg_catalog.pg_publication_rel r
+                  ON NOT p.puballtables AND r.prpubid OPERATOR(pg_catalog.=) p.oid AND r.prrelid OPERATOR(pg_catalog.=) s.relid
+          WHERE p.pubname OPERATOR(pg_catalog.=) $1",
+        listed = lists("l.relid"),
+        ancestor_listed = lists("x.relid"),
+        schema_listed = in_schema("s.relid"),
+        stored = crate::pg::compat::publishes_stored_generated_columns("p"),
+    );
+    let read = || {
+        Spi::connect(|client| {
+            client
+                .select(&query, None, &[Text::from(publication).into(), table.relid.into()])?
+                .map(|row| {
+                    Ok(PublishedLeaf {
+                        name: row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(),
+                        held: row.get::<bool>(2)?.unwrap_or(false),
+                        columns: row.get::<Vec<Text>>(3)?.map(crate::pg::encoding::strings).unwrap_or_default(),
+                        row_filter: row.get::<Text>(4)?.map(|t| t.0),
+                        as_ancestor: row.get::<bool>(5)?.unwrap_or(false),
+                    })
+                })
+                .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+        })
+        .or_internal("read what the publication publishes")
+    };
+    // The row filter's text is parsed again, as the backfill's filter, with the filter's
+    // settings (selection/filter.rs): printed with the same ones, its constants read back as they were
+    // printed, and it prints the same at the start and on every page, which compare it.
+    privilege::with_portable_settings(|| {
+        crate::selection::filter::with_filter_settings(|| {
+            crate::pg::settings::with_settings(&[(c"quote_all_identifiers", c"off")], read)
+        })
+    })
+}
