@@ -11,7 +11,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 # Lowest first; folders of one rank may import each other, as long as no circle forms.
-LAYERS = [["pg"], ["model"], ["selection"], ["catalog"], ["citus", "stream", "throttle", "verify"], ["worker"], ["api"]]
+LAYERS = [["pg"], ["model"], ["selection"], ["catalog"], ["stream", "throttle", "verify"], ["worker"], ["citus"], ["api"]]
 RANK = {folder: rank for rank, folders in enumerate(LAYERS) for folder in folders}
 LINE_HINT = 450
 

@@ -24,10 +24,6 @@
 //!   per table or key range with its cursor (`job_table.rs`), and for a backfill of a Citus
 //!   distributed table each shard's node and node backfill (`job_shard.rs`); which of these
 //!   tables and columns the installed schema has, the one place that asks (`schema.rs`).
-//! - `citus/`: Citus's coordinator side: talking to the worker nodes, as the calling role
-//!   (`nodes.rs`), a distributed table's estimate from theirs (`estimate.rs`), its backfill
-//!   started on its nodes and control passed on to them (`coordinator.rs`), and the options a
-//!   distributed table refuses, one table of rules (`rules.rs`).
 //! - `stream/`: what reaches the stream: the key-ordered page queries and how they lock their
 //!   rows (`scan.rs`), a row's JSON (`json.rs`), the messages (`message.rs`), their
 //!   authentication tags, with the key the worker hands in (`sign.rs`), and the hot path from
@@ -41,22 +37,29 @@
 //!   jsonb's encodings, `parallel_heap_scan.rs`: its parallel scan, `cost.rs`: what a table's
 //!   size says of how to sample and count it), keys as JSON (`key_json.rs`), backfill_compare()
 //!   (`compare.rs`) and the tables it reads, here, through dblink or a Citus coordinator
-//!   (`sides.rs`), and a distributed table's checksums from its nodes' (`distributed.rs`).
+//!   (`sides.rs`), and what it asks of a table spread over other servers, with such a table's
+//!   checksum put together from their answers (`fan_out.rs`).
 //! - `worker/`: the background worker: its process, tables in order, retries, failures
-//!   (`process.rs`), the coordinator's worker of a distributed backfill, which follows its
-//!   nodes' backfills (`distributed.rs`), how its processes show in pg_stat_activity (`activity.rs`),
-//!   the one path by which a backfill is recorded and its workers launched (`admit.rs`), registering
-//!   workers and the preloaded launcher (`launcher.rs`), its transactions (`xact.rs`), and
+//!   (`process.rs`), how its processes show in pg_stat_activity (`activity.rs`), the one path
+//!   by which a backfill is recorded and its workers launched (`admit.rs`), registering workers
+//!   by entry and the preloaded launcher (`launcher.rs`), its transactions (`xact.rs`), and
 //!   `scan/`: the scan of one table, one page per transaction, where the cursor is advanced
 //!   (`mod.rs`: `TableScan` and `page()`), its start and end markers (`markers.rs`), pages of
 //!   a key range (`range_page.rs`) and of given keys (`keyed_page.rs`), what holds its pages
 //!   back and their size (`throttle.rs`), progress samples and log lines (`progress.rs`).
+//! - `citus/`: Citus's coordinator side: talking to the worker nodes, as the calling role
+//!   (`nodes.rs`), a distributed table's backfill started on its nodes (`coordinator.rs`), the
+//!   options such a table refuses, one table of rules (`rules.rs`), control passed on to the
+//!   nodes (`control.rs`), the coordinator's worker, a background worker entry of its own that
+//!   follows the nodes' backfills (`follower.rs`), a distributed table's estimate from theirs
+//!   (`estimate.rs`), and its checksums and stream positions from its nodes, as verification
+//!   asks them (`verify.rs`).
 //! - `api/`: the SQL functions, each version's entry point an adapter that builds its verb's
 //!   request (`request.rs`): backfill_start() (`start.rs`), backfill_estimate() (`estimate.rs`),
 //!   the estimate and key ranges (`plan.rs`), pause, resume, set, wait and cancel
 //!   (`control.rs`), keys given to a backfill (`keyed.rs`), backfill_repair() (`repair.rs`),
-//!   backfill_checksum()'s entry point, which sums a distributed table on its nodes (`verify.rs`),
-//!   the monitoring views' helpers (`views.rs`).
+//!   backfill_checksum() and backfill_compare(), which hand Citus's side to verification
+//!   (`verify.rs`), the monitoring views' helpers (`views.rs`).
 
 use pgrx::prelude::*;
 

@@ -1,10 +1,12 @@
 //! The SQL functions that control a running backfill: pause, resume, change, wait, cancel.
-//! Their public signatures are declared in `sql/api.sql`.
+//! Their public signatures are declared in `sql/api.sql`. Each acts on the backfill here, then
+//! passes the verb on to the worker nodes' backfills of a Citus distributed one (none for a
+//! backfill of this server's tables: citus/control.rs).
 
 use crate::api::request::check_source_limits;
 use crate::catalog::job;
 use crate::catalog::job::SourceOptions;
-use crate::citus::coordinator as distributed;
+use crate::citus::control::{NodeBackfills, Verb};
 use crate::model::state::JobState::{self, *};
 use crate::pg::args::{check_batch_size, require_primary, required};
 use crate::pg::errors::raise;
@@ -15,16 +17,16 @@ use pgrx::PgSqlErrorCode::*;
 
 /// backfill_cancel(): stops a running or paused backfill at its next page. What it delivered
 /// stays delivered; its state becomes cancelled. A distributed backfill that failed (on one of
-/// its nodes, which paused the others: worker/distributed.rs) can be cancelled too: its nodes'
+/// its nodes, which paused the others: citus/follower.rs) can be cancelled too: its nodes'
 /// backfills still running or paused are.
 #[pg_extern(schema = "backfill", name = "cancel")]
 fn cancel(id: Option<i64>) -> bool {
     require_primary("cancel a backfill");
     let id = required(id, "backfill_cancel", "id");
-    let from: &[JobState] =
-        if distributed::node_backfills(id).is_empty() { &[Running, Paused] } else { &[Running, Paused, Failed] };
+    let nodes = NodeBackfills::of(id);
+    let from: &[JobState] = if nodes.is_empty() { &[Running, Paused] } else { &[Running, Paused, Failed] };
     control(id, "cancel", from, Some(Cancelled), None);
-    distributed::forward_control(id, "backfill_cancel", &["running", "paused"]);
+    nodes.forward(&Verb::Cancel);
     true
 }
 
@@ -34,7 +36,7 @@ fn pause(id: Option<i64>) -> bool {
     require_primary("pause a backfill");
     let id = required(id, "backfill_pause", "id");
     control(id, "pause", &[Running], Some(Paused), Some(job::PAUSED_BY_USER));
-    distributed::forward_control(id, "backfill_pause", &["running"]);
+    NodeBackfills::of(id).forward(&Verb::Pause);
     true
 }
 
@@ -51,7 +53,7 @@ fn resume(id: Option<i64>) -> bool {
     for worker in 0..job.parallel {
         launcher::launch_in_this_transaction(id, worker);
     }
-    distributed::forward_control(id, "backfill_resume", &["paused", "failed"]);
+    NodeBackfills::of(id).forward(&Verb::Resume);
     true
 }
 
@@ -121,7 +123,11 @@ fn change(id: Option<i64>, pacing: Pacing, source: SourceOptions) -> bool {
         }
     });
     launcher::wake_workers_at_commit(id);
-    distributed::forward_set(id, pacing.batch_size, pacing.rows_per_second, pacing.max_lag);
+    NodeBackfills::of(id).forward(&Verb::Set {
+        batch_size: pacing.batch_size,
+        rows_per_second: pacing.rows_per_second,
+        max_lag: pacing.max_lag,
+    });
     true
 }
 

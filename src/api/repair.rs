@@ -1,9 +1,10 @@
 //! backfill_repair(): a comparison (verify/compare.rs), then one backfill of the differing keys.
 
+use crate::api::verify::differences;
 use crate::model::request::{SourceOptions, StartRequest};
 use crate::pg::encoding::Text;
 use crate::pg::errors::raise;
-use crate::verify::compare::{differences, Status};
+use crate::verify::compare::Status;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 

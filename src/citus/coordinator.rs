@@ -1,11 +1,11 @@
-//! backfill_start() of a Citus distributed table, on the coordinator, and the control of such a
-//! backfill (see docs/citus.md).
+//! backfill_start() of a Citus distributed table, on the coordinator (see docs/citus.md); its
+//! control is passed on to the nodes by `control.rs`.
 //!
 //! A shard's changes are written, and decoded, on the worker node that holds it: its reads must
 //! be written there too, in the same WAL, to sort against them. So the coordinator starts one
 //! backfill on each node, of the shards it holds, as the calling role (`citus/nodes.rs`), and
 //! keeps one backfill of its own with one row per shard placement, which a worker on the
-//! coordinator keeps up to date (`worker/distributed.rs`). Cursors, exactly-once resume, pacing
+//! coordinator keeps up to date (`follower.rs`). Cursors, exactly-once resume, pacing
 //! and back-pressure stay each node's.
 
 use crate::catalog::job::NewJob;
@@ -258,7 +258,7 @@ pub fn keys_by_shard(relid: pg_sys::Oid, keys: Vec<serde_json::Value>) -> BTreeM
 }
 
 /// A backfill's rows_per_second is its total: each of `nodes` nodes takes an equal share.
-fn share_of_rate(rate: i32, nodes: usize) -> i32 {
+pub fn share_of_rate(rate: i32, nodes: usize) -> i32 {
     // (In 64 bits: a rate near i32::MAX plus the rounding would overflow 32.)
     let nodes = i64::try_from(nodes.max(1)).unwrap_or(i64::MAX);
     i32::try_from((i64::from(rate) + nodes - 1) / nodes).unwrap_or(i32::MAX)
@@ -308,19 +308,9 @@ fn is_unconfirmed(reply: &Reply) -> bool {
         && reply.message.as_deref().is_some_and(|m| m.starts_with("backfill not started: confirm => true"))
 }
 
-/// The nodes' backfills of a distributed backfill, for control functions.
-pub fn node_backfills(backfill_id: i64) -> Vec<(Node, i64)> {
-    let mut started: Vec<(Node, i64)> = as_extension_owner(|| job_shard::shards_of(backfill_id))
-        .into_iter()
-        .map(|s| (Node { name: s.node_name, port: s.node_port }, s.node_backfill_id))
-        .collect();
-    started.sort();
-    started.dedup();
-    started
-}
-
 /// Runs each node's statement, as the current role: the node decides whether the role may. A
-/// node's refusal or absence is an error naming it.
+/// node's refusal or absence is an error naming it. (A start that failed on a node cancels the
+/// others so; control.rs passes the control functions on so.)
 pub fn forward(commands: &[(Node, String)]) {
     for ((node, statement), answer) in commands.iter().zip(nodes::run(commands)) {
         if let Err(message) = answer {
@@ -332,35 +322,6 @@ pub fn forward(commands: &[(Node, String)]) {
             );
         }
     }
-}
-
-/// backfill_cancel(), backfill_pause() and backfill_resume() of a distributed backfill: `function`
-/// of each node's backfill that is in one of the states `from`.
-pub fn forward_control(backfill_id: i64, function: &str, from: &[&str]) {
-    let commands: Vec<(Node, String)> = node_backfills(backfill_id)
-        .into_iter()
-        .map(|(node, id)| (node, nodes::control_statement(function, "", id, from)))
-        .collect();
-    forward(&commands);
-}
-
-/// backfill_set() of a distributed backfill: each node's backfill takes the new pacing (its share
-/// of the rate).
-pub fn forward_set(backfill_id: i64, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag: Option<i64>) {
-    let node_backfills = node_backfills(backfill_id);
-    let nodes_count = node_backfills.iter().map(|(node, _)| node).collect::<std::collections::BTreeSet<_>>().len();
-    let optional = |value: Option<String>| value.unwrap_or_else(|| "NULL".into());
-    let arguments = format!(
-        ", {}, {}, {}",
-        optional(batch_size.map(|b| b.to_string())),
-        optional(rows_per_second.map(|r| if r == 0 { 0 } else { share_of_rate(r, nodes_count) }.to_string())),
-        optional(max_lag.map(|l| l.to_string())),
-    );
-    let commands: Vec<(Node, String)> = node_backfills
-        .into_iter()
-        .map(|(node, id)| (node, nodes::control_statement("backfill_set", &arguments, id, &["running", "paused"])))
-        .collect();
-    forward(&commands);
 }
 
 /// The tables a backfill on this node reads for `relids`: a Citus reference table is read from

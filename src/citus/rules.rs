@@ -8,21 +8,52 @@ use crate::pg::errors::raise;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
-/// An option of backfill_start(), backfill_estimate(), backfill_checksum() or
-/// backfill_compare() that the worker nodes are not given, and why.
+/// An option of backfill_start(), backfill_estimate(), backfill_checksum(),
+/// backfill_compare() or backfill_repair() that the worker nodes are not given (as the callers
+/// name it), and why; with what to pass instead, where something else serves.
 struct Rule {
     option: &'static str,
     why: &'static str,
+    instead: Option<&'static str>,
 }
 
+/// The aggregate checksum level, as [`refuse`] names it.
+pub const AGGREGATE_LEVEL: &str = "level => 'aggregate'";
+
 const NOT_PASSED_ON: &[Rule] = &[
-    Rule { option: "filter", why: "the nodes' backfills take no filter yet" },
-    Rule { option: "columns", why: "the nodes' backfills and checksums cover every column" },
-    Rule { option: "keys", why: "backfill_repair() finds the shard of each key; backfill_start() does not" },
-    Rule { option: "max_replica_lag", why: "each node's backfill.max_replica_lag holds its backfill back" },
-    Rule { option: "max_retained_wal", why: "each node's backfill.max_retained_wal holds its backfill back" },
-    Rule { option: "max_active_sessions", why: "each node's backfill.max_active_sessions holds its backfill back" },
-    Rule { option: "rows_per_message", why: "each node's backfill.rows_per_message shapes its messages" },
+    Rule { option: "filter", why: "the nodes' backfills take no filter yet", instead: None },
+    Rule { option: "columns", why: "the nodes' backfills and checksums cover every column", instead: None },
+    Rule {
+        option: "keys",
+        why: "backfill_repair() finds the shard of each key; backfill_start() does not",
+        instead: None,
+    },
+    Rule {
+        option: "max_replica_lag",
+        why: "each node's backfill.max_replica_lag holds its backfill back",
+        instead: None,
+    },
+    Rule {
+        option: "max_retained_wal",
+        why: "each node's backfill.max_retained_wal holds its backfill back",
+        instead: None,
+    },
+    Rule {
+        option: "max_active_sessions",
+        why: "each node's backfill.max_active_sessions holds its backfill back",
+        instead: None,
+    },
+    Rule {
+        option: "rows_per_message",
+        why: "each node's backfill.rows_per_message shapes its messages",
+        instead: None,
+    },
+    Rule {
+        option: AGGREGATE_LEVEL,
+        why: "a range's aggregate checksum is an md5 of its per-column aggregates, which do not add up over \
+              shards; the count and hash levels' sums do",
+        instead: Some("level => 'hash'"),
+    },
 ];
 
 /// Why `call` of `relid` cannot take the options `given` (named as in the SQL functions), or None
@@ -35,13 +66,17 @@ pub fn refusal(call: &str, relid: pg_sys::Oid, given: &[&str]) -> Option<(String
     let name = table::relation_name(relid);
     let options: Vec<&str> = refused.iter().map(|rule| rule.option).collect();
     let reasons: Vec<&str> = refused.iter().map(|rule| rule.why).collect();
+    let fixes: Vec<String> = refused
+        .iter()
+        .map(|rule| match rule.instead {
+            Some(instead) => format!("with {instead}"),
+            None => format!("without {} => ...", rule.option),
+        })
+        .collect();
     Some((
         format!("{call}() of distributed table {name} cannot take {}", options.join(", ")),
         format!("A distributed table is read on its worker nodes, which are not given it: {}.", reasons.join("; ")),
-        format!(
-            "Call {call}() without {}.",
-            options.iter().map(|o| format!("{o} => ...")).collect::<Vec<_>>().join(", ")
-        ),
+        format!("Call {call}() {}.", fixes.join(", ")),
     ))
 }
 

@@ -17,15 +17,17 @@
 //!
 //! The copy may be a postgres_fdw foreign table: its server must have pg_backfill, and the
 //! comparison runs its queries there through dblink (over the foreign table's server and user
-//! mapping), so that only checksums, and the differing rows' keys and hashes, cross.
+//! mapping), so that only checksums, and the differing rows' keys and hashes, cross. A source or
+//! copy spread over other servers (a Citus distributed table, on its coordinator) is summed,
+//! and its stream followed, on each of them, through the [`FanOut`] the SQL functions hand in
+//! (api/verify.rs: backfill_compare(), and backfill_repair()'s comparison).
 
-use crate::citus::nodes::{self, literal, Node};
 use crate::pg::encoding::Text;
 use crate::pg::errors::{raise, OrInternal};
 use crate::verify::checksum::{self, Level};
+use crate::verify::fan_out::{FanOut, StreamMark};
 use crate::verify::sides::{against, disconnect, fresh_snapshot, range_sums, rows_of_keys, target_side, Side};
 use pgrx::prelude::*;
-use pgrx::JsonB;
 use pgrx::PgSqlErrorCode::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -48,7 +50,7 @@ pub enum Status {
 }
 
 impl Status {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Status::Missing => "missing",
             Status::Extra => "extra",
@@ -56,35 +58,6 @@ impl Status {
             Status::Unsettled => "unsettled",
         }
     }
-}
-
-/// backfill_compare(): the keys that differ, each with its status.
-#[pg_extern(schema = "backfill", name = "compare")]
-fn compare(
-    source: Option<pg_sys::Oid>,
-    target: Option<pg_sys::Oid>,
-    level: Option<Text>,
-    passes: Option<i32>,
-    slot: Option<Text>,
-) -> TableIterator<'static, (name!(key, JsonB), name!(status, String))> {
-    compare_columns(source, target, level, passes, slot, None)
-}
-
-/// backfill_compare() of a column list's columns (0.9.0): a function of its own, so that the SQL
-/// of an earlier version, which calls backfill.compare() with five arguments, keeps working with
-/// this library until ALTER EXTENSION UPDATE.
-#[pg_extern(schema = "backfill", name = "compare")]
-fn compare_columns(
-    source: Option<pg_sys::Oid>,
-    target: Option<pg_sys::Oid>,
-    level: Option<Text>,
-    passes: Option<i32>,
-    slot: Option<Text>,
-    columns: Option<Vec<Option<Text>>>,
-) -> TableIterator<'static, (name!(key, JsonB), name!(status, String))> {
-    let columns = crate::selection::columns::given(columns);
-    let found = differences("backfill_compare", source, target, level, passes, slot.map(|s| s.0), columns, false).keys;
-    TableIterator::new(found.into_iter().map(|(key, status)| (JsonB(key), status.as_str().to_string())))
 }
 
 pub struct Found {
@@ -105,6 +78,7 @@ pub fn differences(
     slot: Option<String>,
     columns: Option<Vec<String>>,
     starts_backfill: bool,
+    fan_out: &'static dyn FanOut,
 ) -> Found {
     let source = crate::pg::args::required(source, function, "source");
     let target = crate::pg::args::required(target, function, "target");
@@ -131,21 +105,13 @@ pub fn differences(
     let source_name = crate::model::table::relation_name(source);
     let key = checksum::key_columns(source, &source_name);
     let columns = checksum::hashed_columns(source, &source_name, &key, columns);
-    if columns.is_some() && crate::pg::citus::is_distributed(source) {
-        raise(
-            ERRCODE_FEATURE_NOT_SUPPORTED,
-            format!("{function} cannot compare distributed table {source_name} over a column list"),
-            "Its ranges are summed on its worker nodes, whose checksums cover every column.",
-            Some("Compare it without columns => ....".into()),
-        );
-    }
-    let target_side = target_side(source, target, function, columns.as_deref());
-    let source_side = Side::here(source);
+    let target_side = target_side(source, target, function, columns.as_deref(), fan_out);
+    let source_side = Side::here(source, fan_out);
     let slot = slot.or_else(|| crate::pg::privilege::as_extension_owner(|| last_slot_of(source)));
     if let Some(slot) = &slot {
-        if let Side::Distributed { .. } = source_side {
-            // Its copy follows every worker node's slot of that name (the nodes' own backfills
-            // check the right to bind them).
+        if let Side::Spread { .. } = source_side {
+            // Its copy follows every server's slot of that name (the backfills there check the
+            // right to bind them).
             StreamPosition::now(&source_side).require_slot(slot);
         } else {
             // A repair's backfill is bound to the slot: the right to do that is checked before a
@@ -196,51 +162,40 @@ pub fn last_publication_of(relid: pg_sys::Oid, slot: &str) -> Option<String> {
     .map(|t| t.0)
 }
 
+/// The source's insert position (an asynchronous commit is visible before its record is written).
+pub const INSERT_POSITION: &str =
+    "SELECT (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+                                     ELSE pg_catalog.pg_current_wal_insert_lsn() END)::pg_catalog.text";
+
+/// Whether slot $1's consumer confirmed position $2 (no row: no such slot).
+pub const SLOT_CONFIRMED: &str =
+    "SELECT coalesce(s.confirmed_flush_lsn OPERATOR(pg_catalog.>=) $2::pg_catalog.pg_lsn, false)
+                           FROM pg_catalog.pg_replication_slots s WHERE s.slot_name OPERATOR(pg_catalog.=) $1";
+
 /// Where the source's stream stands now: every change the source committed so far is before it.
-/// A distributed table's changes are in its worker nodes' streams: a position on each.
+/// A spread table's changes are in the streams of the servers that hold it: a position on each.
 enum StreamPosition {
     Here(String),
-    OnNodes(Vec<(Node, String)>),
+    Spread(Box<dyn StreamMark>),
 }
 
 impl StreamPosition {
-    /// The insert position (an asynchronous commit is visible before its record is written).
     fn now(source: &Side) -> StreamPosition {
-        const POSITION: &str =
-            "SELECT (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
-                                             ELSE pg_catalog.pg_current_wal_insert_lsn() END)::pg_catalog.text";
-        let Side::Distributed { relid, .. } = source else {
-            let here = crate::pg::spi::select_one::<String>(POSITION, &[]).or_internal("read the WAL position");
-            return StreamPosition::Here(here.unwrap_or_default());
-        };
-        let commands: Vec<(Node, String)> = nodes::group_by_node(&nodes::placements(*relid))
-            .into_keys()
-            .map(|node| (node, POSITION.to_string()))
-            .collect();
-        let answers = nodes::run(&commands);
-        StreamPosition::OnNodes(
-            commands
-                .into_iter()
-                .zip(answers)
-                .map(|((node, _), answer)| {
-                    let position = answer.unwrap_or_else(|message| node_unreachable(&node, &message));
-                    (node, position)
-                })
-                .collect(),
-        )
+        if let Side::Spread { relid, fan_out, .. } = source {
+            return StreamPosition::Spread(fan_out.stream_position(*relid));
+        }
+        let here = crate::pg::spi::select_one::<String>(INSERT_POSITION, &[]).or_internal("read the WAL position");
+        StreamPosition::Here(here.unwrap_or_default())
     }
 
-    /// Whether the consumer of `slot` confirmed this position: on every node, for a distributed
-    /// source. A node without the slot is an error naming it.
+    /// Whether the consumer of `slot` confirmed this position: on every server, for a spread
+    /// source. A server without the slot is an error naming it.
     fn confirmed(&self, slot: &str) -> bool {
-        const CONFIRMED: &str =
-            "SELECT coalesce(s.confirmed_flush_lsn OPERATOR(pg_catalog.>=) $2::pg_catalog.pg_lsn, false)
-                                   FROM pg_catalog.pg_replication_slots s WHERE s.slot_name OPERATOR(pg_catalog.=) $1";
         match self {
             StreamPosition::Here(position) => {
                 let confirmed = fresh_snapshot(|| {
                     crate::pg::spi::select_one::<bool>(
-                        CONFIRMED,
+                        SLOT_CONFIRMED,
                         &[Text(slot.to_string()).into(), Text(position.to_string()).into()],
                     )
                 })
@@ -250,52 +205,14 @@ impl StreamPosition {
                     false
                 })
             }
-            StreamPosition::OnNodes(positions) => {
-                let commands: Vec<(Node, String)> = positions
-                    .iter()
-                    .map(|(node, position)| {
-                        let sql = CONFIRMED.replace("$1", &literal(slot)).replace("$2", &literal(position));
-                        (node.clone(), format!("SELECT coalesce(({sql})::pg_catalog.text, 'no slot')"))
-                    })
-                    .collect();
-                let answers = nodes::run(&commands);
-                let mut confirmed = true;
-                for ((node, _), answer) in commands.iter().zip(answers) {
-                    match answer.as_deref() {
-                        Ok("true") => {}
-                        Ok("false") => confirmed = false,
-                        Ok(_) => raise(
-                            ERRCODE_UNDEFINED_OBJECT,
-                            format!("replication slot \"{slot}\" does not exist on worker node {node}"),
-                            "A distributed table's copy follows each worker node's stream, through a slot of that \
-                             name on every node.",
-                            Some(format!(
-                                "Create it on that node (the consumer of a Citus cluster reads one slot per node): \
-                                 SELECT pg_create_logical_replication_slot({}, 'pgoutput');",
-                                spi::quote_literal(slot)
-                            )),
-                        ),
-                        Err(message) => node_unreachable(node, message),
-                    }
-                }
-                confirmed
-            }
+            StreamPosition::Spread(positions) => positions.confirmed(slot),
         }
     }
 
-    /// The slot exists where the copy's stream is read (on every node, for a distributed source).
+    /// The slot exists where the copy's stream is read (on every server, for a spread source).
     fn require_slot(&self, slot: &str) {
         self.confirmed(slot);
     }
-}
-
-fn node_unreachable(node: &Node, message: &str) -> ! {
-    raise(
-        ERRCODE_CONNECTION_FAILURE,
-        format!("worker node {node} did not answer the comparison"),
-        format!("On worker node {node}: {}.", message.trim_start_matches("ERROR:").trim()),
-        Some("Compare again once every node is up: SELECT * FROM citus_check_cluster_node_health();".into()),
-    )
 }
 
 /// Waits until the copy holds every change before `position`: the slot's consumer confirmed
@@ -313,8 +230,8 @@ fn catch_up(slot: Option<&str>, position: &StreamPosition) -> bool {
         if started.elapsed() >= CATCH_UP_TIMEOUT {
             return false;
         }
-        // (Asking the worker nodes takes a connection to each: less often.)
-        let interval = if let StreamPosition::OnNodes(_) = position { 100 } else { 20 };
+        // (Asking the other servers takes a connection to each: less often.)
+        let interval = if let StreamPosition::Spread(_) = position { 100 } else { 20 };
         crate::throttle::pacing::sleep(Duration::from_millis(interval));
     }
 }

@@ -4,7 +4,7 @@ pub(crate) mod aggregate;
 pub(crate) mod checksum;
 pub(crate) mod compare;
 pub(crate) mod cost;
-pub(crate) mod distributed;
+pub(crate) mod fan_out;
 pub(crate) mod key_json;
 pub(crate) mod numeric_jsonb;
 pub(crate) mod parallel_heap_scan;

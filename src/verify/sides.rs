@@ -1,13 +1,15 @@
 //! The two tables a comparison reads (compare.rs): the source, here, and its copy, here or, for
 //! a postgres_fdw foreign table, on the foreign table's server through dblink (over the foreign
 //! table's server and user mapping), where pg_backfill computes the checksums and row hashes.
-//! Both run the same SQL, with every result column as text. A Citus distributed table, on the
-//! coordinator, is read as a table here (Citus runs the SQL on its shards, on their nodes); only
-//! its checksums are summed on its nodes (distributed.rs).
+//! Both run the same SQL, with every result column as text. A table spread over other servers (a
+//! Citus distributed table, on its coordinator) is read as a table here (Citus runs the SQL on
+//! its shards, on their nodes); only its sample and checksums come from those servers, through
+//! the [`FanOut`] the SQL functions hand in (fan_out.rs).
 
 use crate::pg::encoding::{quote_qualified, Text};
 use crate::pg::errors::{raise, OrInternal};
 use crate::verify::checksum::{self, Level};
+use crate::verify::fan_out::FanOut;
 use crate::verify::key_json;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
@@ -22,10 +24,12 @@ pub enum Side {
         name: String,
         relid: pg_sys::Oid,
     },
-    /// A Citus distributed table, on the coordinator.
-    Distributed {
+    /// A table here whose rows are spread over other servers (a Citus distributed table, on
+    /// its coordinator), asked through `fan_out`.
+    Spread {
         name: String,
         relid: pg_sys::Oid,
+        fan_out: &'static dyn FanOut,
     },
     /// `scanned`: the remote table as a FROM clause reads it there (see [`Side::scanned_table`]).
     Remote {
@@ -49,11 +53,11 @@ pub struct Row {
 }
 
 impl Side {
-    /// A table of this server: a distributed table if Citus distributes it.
-    pub fn here(relid: pg_sys::Oid) -> Side {
+    /// A table of this server: spread if `fan_out` spreads it.
+    pub fn here(relid: pg_sys::Oid, fan_out: &'static dyn FanOut) -> Side {
         let name = crate::pg::spi::qualified_name(relid);
-        if crate::pg::citus::is_distributed(relid) {
-            Side::Distributed { name, relid }
+        if fan_out.spreads(relid) {
+            Side::Spread { name, relid, fan_out }
         } else {
             Side::Local { name, relid }
         }
@@ -61,14 +65,14 @@ impl Side {
 
     pub fn name(&self) -> &str {
         match self {
-            Side::Local { name, .. } | Side::Distributed { name, .. } | Side::Remote { name, .. } => name,
+            Side::Local { name, .. } | Side::Spread { name, .. } | Side::Remote { name, .. } => name,
         }
     }
 
     /// The table here (InvalidOid on another server).
     pub fn relid(&self) -> pg_sys::Oid {
         match self {
-            Side::Local { relid, .. } | Side::Distributed { relid, .. } => *relid,
+            Side::Local { relid, .. } | Side::Spread { relid, .. } => *relid,
             Side::Remote { .. } => pg_sys::InvalidOid,
         }
     }
@@ -77,19 +81,17 @@ impl Side {
     pub fn sampled_bounds(&self, key: &[(String, String)], ranges: i32) -> Vec<serde_json::Value> {
         match self {
             // (Which reads the keys as the table's owner, and asks the nodes as the caller.)
-            Side::Distributed { relid, .. } => crate::verify::distributed::sampled_bounds(*relid, key, ranges),
+            Side::Spread { relid, fan_out, .. } => fan_out.sampled_bounds(*relid, key, ranges),
             _ => self.reading(|| checksum::sampled_bounds(self.relid(), key, ranges)),
         }
     }
 
     /// Runs `f`, which reads the table, as its owner when it is here (privilege::read_as_owner;
-    /// a distributed table's shards then as their owner on their nodes too); a remote table is
+    /// a spread table's parts then as their owner on their servers too); a remote table is
     /// read as its user mapping's user there, by its server's pg_backfill.
     fn reading<R>(&self, f: impl FnOnce() -> R) -> R {
         match self {
-            Side::Local { relid, .. } | Side::Distributed { relid, .. } => {
-                crate::pg::privilege::read_as_owner(*relid, f)
-            }
+            Side::Local { relid, .. } | Side::Spread { relid, .. } => crate::pg::privilege::read_as_owner(*relid, f),
             Side::Remote { .. } => f(),
         }
     }
@@ -98,7 +100,7 @@ impl Side {
     /// rule: without inheritance children, whose rows a checksum of the table does not count either.
     pub fn scanned_table(&self) -> String {
         match self {
-            Side::Local { relid, .. } | Side::Distributed { relid, .. } => crate::selection::scanned::by_oid(*relid),
+            Side::Local { relid, .. } | Side::Spread { relid, .. } => crate::selection::scanned::by_oid(*relid),
             Side::Remote { scanned, .. } => scanned.clone(),
         }
     }
@@ -106,7 +108,7 @@ impl Side {
     /// Runs `sql` (every column text) here or on the remote server; rows of `columns` texts.
     fn query(&self, sql: &str, columns: usize) -> Vec<Vec<Option<String>>> {
         let (sql, args): (String, Vec<pgrx::datum::DatumWithOid>) = match self {
-            Side::Local { .. } | Side::Distributed { .. } => (sql.to_string(), vec![]),
+            Side::Local { .. } | Side::Spread { .. } => (sql.to_string(), vec![]),
             Side::Remote { dblink, connection, .. } => (
                 format!("SELECT * FROM {dblink}.dblink($1, $2) AS r({})", text_columns(columns)),
                 vec![Text(connection.clone()).into(), Text(sql.to_string()).into()],
@@ -169,7 +171,13 @@ pub fn fresh_snapshot<R>(f: impl FnOnce() -> R) -> R {
 
 /// The copy: a table with the source's columns (name and type, in order; with a column list,
 /// the listed ones) here, or a foreign table whose server runs pg_backfill.
-pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str, listed: Option<&[String]>) -> Side {
+pub fn target_side(
+    source: pg_sys::Oid,
+    target: pg_sys::Oid,
+    function: &str,
+    listed: Option<&[String]>,
+    fan_out: &'static dyn FanOut,
+) -> Side {
     let (source_name, target_name) =
         (crate::model::table::relation_name(source), crate::model::table::relation_name(target));
     if source == target {
@@ -222,7 +230,7 @@ pub fn target_side(source: pg_sys::Oid, target: pg_sys::Oid, function: &str, lis
                 None,
             );
         }
-        return Side::here(target);
+        return Side::here(target, fan_out);
     }
     let side = connect(target, &target_name);
     require_same_row_hash(&side, &target_name);
@@ -410,9 +418,8 @@ pub fn range_sums(
             .into_iter()
             .map(|(_, _, _, rows, sum)| (rows, sum))
             .collect(),
-        // (Each node answers with a snapshot of its own.)
-        // (Each node's backfill_checksum() reads its shards as their owner.)
-        Side::Distributed { relid, .. } => crate::verify::distributed::range_sums(*relid, bounds, level),
+        // (Each server answers with a snapshot of its own, and reads its part as its owner.)
+        Side::Spread { relid, fan_out, .. } => fan_out.range_sums(*relid, bounds, level),
         Side::Remote { name, .. } => {
             // (A column list needs the remote's pg_backfill 0.9.0 or later.)
             // (As JSON: an ASCII literal, whatever the names.)

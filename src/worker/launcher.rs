@@ -3,6 +3,7 @@
 //! per-database resumer it starts.
 
 use crate::catalog::job;
+use crate::catalog::job_shard;
 use crate::catalog::schema;
 use crate::pg::errors::raise;
 use crate::pg::errors::OrInternal;
@@ -17,16 +18,47 @@ use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::time::Duration;
 
-/// Registers the worker of a backfill. It connects to this database and, before doing
-/// anything, waits for the transaction that recorded the backfill (which may not have
-/// committed yet; registration is not transactional) and gives up if that one rolled back.
-pub fn launch(backfill_id: i64, worker: i32, starter_xid: u64) -> bool {
+/// Registers the worker of a backfill, running `entry`. It connects to this database and,
+/// before doing anything, waits for the transaction that recorded the backfill (which may not
+/// have committed yet; registration is not transactional) and gives up if that one rolled back.
+fn launch(entry: Entry, backfill_id: i64, worker: i32, starter_xid: u64) -> bool {
     // SAFETY: this backend's database, set when it connected.
     let database = unsafe { pg_sys::MyDatabaseId }.to_u32();
-    register(Task::Backfill { database, backfill_id, worker, starter_xid })
+    register(Task::Backfill { database, backfill_id, worker, starter_xid }, entry)
 }
 
-/// What a `backfill_worker_main` process is started for: its typed start argument, passed
+/// The function a backfill's worker process runs, named as the library exports it: the worker
+/// layer starts the Citus coordinator's follower by its name, without importing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// `backfill_worker_main` (worker/process.rs): scans the backfill's tables; also the
+    /// per-database resumer.
+    Scan,
+    /// `backfill_follower_main` (citus/follower.rs): on a Citus coordinator, follows the worker
+    /// nodes' backfills of a distributed table, which scan its shards.
+    Follow,
+}
+
+impl Entry {
+    /// The entry of backfill `id`'s workers, in a transaction: a backfill with shard rows (of a
+    /// distributed table, started on the coordinator) is followed, any other scanned.
+    pub fn of(backfill_id: i64) -> Entry {
+        if job_shard::shards_of(backfill_id).is_empty() {
+            Entry::Scan
+        } else {
+            Entry::Follow
+        }
+    }
+
+    fn function(self) -> &'static str {
+        match self {
+            Entry::Scan => "backfill_worker_main",
+            Entry::Follow => "backfill_follower_main",
+        }
+    }
+}
+
+/// What a backfill worker process (of either [`Entry`]) is started for: its typed start argument, passed
 /// as JSON in the worker's `bgw_extra` (at most 127 bytes; the longest task takes about 100).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Task {
@@ -74,8 +106,8 @@ impl Task {
     }
 }
 
-/// Registers a `backfill_worker_main` process for a task.
-fn register(task: Task) -> bool {
+/// Registers a process running `entry` for a task.
+fn register(task: Task, entry: Entry) -> bool {
     let name = match task {
         Task::Backfill { backfill_id, worker, .. } => worker_name(backfill_id, worker),
         Task::Resume { .. } => RESUMER_NAME.into(),
@@ -85,7 +117,7 @@ fn register(task: Task) -> bool {
     BackgroundWorkerBuilder::new(&name)
         .set_type("pg_backfill")
         .set_library("pg_backfill")
-        .set_function("backfill_worker_main")
+        .set_function(entry.function())
         .set_extra(&extra)
         .enable_spi_access()
         // A worker that is terminated or crashes exits with code 1 and is started again after
@@ -99,7 +131,8 @@ fn register(task: Task) -> bool {
 pub fn launch_in_this_transaction(id: i64, worker: i32) {
     // SAFETY: assigns (or returns) this transaction's id; the caller is in a transaction on a primary.
     let starter_xid = unsafe { pg_sys::GetTopFullTransactionId() }.value;
-    if !launch(id, worker, starter_xid) {
+    let entry = privilege::as_extension_owner(|| Entry::of(id));
+    if !launch(entry, id, worker, starter_xid) {
         raise(
             ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
             "could not start the backfill's background worker",
@@ -256,13 +289,29 @@ pub fn override_search_path() {
 /// After a server restart (the launcher starts one such worker per database): relaunches the
 /// workers of the database's running backfills, then exits.
 pub fn resume_database() {
-    let jobs = in_transaction(|| if schema::installed() { job::jobs_to_resume() } else { Vec::new() });
-    for (backfill_id, parallel) in jobs.unwrap_or_default() {
-        if (0..parallel).all(|worker| launch(backfill_id, worker, 0)) {
+    let jobs = in_transaction(|| {
+        if schema::installed() {
+            job::jobs_to_resume().into_iter().map(|(id, parallel)| (id, parallel, Entry::of(id))).collect()
+        } else {
+            Vec::new()
+        }
+    });
+    for (backfill_id, parallel, entry) in jobs.unwrap_or_default() {
+        if (0..parallel).all(|worker| launch(entry, backfill_id, worker, 0)) {
             log!("{}: resumed after the server restart", who(backfill_id));
         } else {
             warning!("{}: could not resume it: no free background worker slot", who(backfill_id));
         }
+    }
+}
+
+/// A worker process started under the wrong entry (see worker/process.rs, `start`): launches
+/// the backfill's worker under `entry` instead (the caller then exits, before it takes the
+/// worker's lock).
+pub fn hand_over(entry: Entry, backfill_id: i64, worker: i32) {
+    log!("{}: its worker hands over to {}", who(backfill_id), entry.function());
+    if !launch(entry, backfill_id, worker, 0) {
+        warning!("{}: could not hand over: no free background worker slot", who(backfill_id));
     }
 }
 
@@ -285,7 +334,7 @@ pub extern "C-unwind" fn backfill_launcher_main(_arg: pg_sys::Datum) {
         .or_internal("list the databases")
     });
     for database in databases.unwrap_or_default() {
-        if !register(Task::Resume { database: database.to_u32() }) {
+        if !register(Task::Resume { database: database.to_u32() }, Entry::Scan) {
             warning!("pg_backfill launcher: no free background worker slot to resume backfills");
         }
     }

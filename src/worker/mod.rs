@@ -2,7 +2,6 @@
 
 pub(crate) mod activity;
 pub(crate) mod admit;
-pub(crate) mod distributed;
 pub(crate) mod launcher;
 pub(crate) mod process;
 pub(crate) mod scan;

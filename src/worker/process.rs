@@ -1,6 +1,7 @@
 //! The background worker: one per backfill (or per key range, with parallel workers). It scans
 //! its tables in order, one page per transaction (`page.rs`), retries transient failures with
-//! back-off, and records why it stops.
+//! back-off, and records why it stops. How every backfill worker starts, whatever its entry
+//! (`start`: the coordinator's follower of a Citus distributed backfill starts so too).
 
 use crate::catalog::job;
 use crate::catalog::job_table::{self, JobTable};
@@ -11,7 +12,7 @@ use crate::pg::errors::OrInternal;
 use crate::pg::settings;
 use crate::throttle::pacing;
 use crate::worker::activity::{self, worker_name};
-use crate::worker::launcher::{self, admit_within_cap};
+use crate::worker::launcher::{self, admit_within_cap, Entry};
 use crate::worker::scan::{Page, TableScan};
 use crate::worker::xact::{in_transaction, in_transaction_retried, who, PageError};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
@@ -27,9 +28,22 @@ unsafe extern "C-unwind" {
     fn postgres_die(signal: std::ffi::c_int);
 }
 
+/// The worker that scans a backfill's tables (and the per-database resumer after a restart).
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
+    if let Some((backfill_id, worker)) = start(arg, Entry::Scan) {
+        run(backfill_id, worker);
+    }
+}
+
+/// What every backfill worker process does first, whatever its entry (this file's, or the Citus
+/// coordinator's follower: citus/follower.rs): signals, connecting, waiting for the transaction
+/// that launched it, its lock and admission, its session settings. The backfill and the worker's
+/// number, once admitted; None when there is nothing (more) for this process to do: it was the
+/// resumer, the starter rolled back, the backfill is another entry's, or the start failed (then
+/// recorded).
+pub fn start(arg: pg_sys::Datum, entry: Entry) -> Option<(i64, i32)> {
     // SIGTERM (pg_terminate_backend, shutdown) ends the worker at once, as for any backend:
     // the open page rolls back, the process exits with code 1, and the postmaster restarts it.
     // SAFETY: installs PostgreSQL's own handler, as any backend has it.
@@ -69,10 +83,19 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
     let _ = in_transaction(|| who(backfill_id));
 
     if let launcher::Task::Resume { .. } = task {
-        return launcher::resume_database();
+        launcher::resume_database();
+        return None;
     }
     if !wait_for_starter(starter_xid) {
-        return;
+        return None;
+    }
+    // A process registered under the other entry (by a library from before the Citus follower
+    // had an entry of its own, restarted by the postmaster since) hands the backfill over.
+    if let Ok(own) = in_transaction(|| Entry::of(backfill_id)) {
+        if own != entry {
+            launcher::hand_over(own, backfill_id, worker);
+            return None;
+        }
     }
     let started = in_transaction(|| {
         // One process per worker of a backfill: one launched by backfill_resume() while the
@@ -92,8 +115,11 @@ pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
         }
     });
     match started {
-        Ok(()) => run(backfill_id, worker),
-        Err(e) => record_failure(backfill_id, None, &e),
+        Ok(()) => Some((backfill_id, worker)),
+        Err(e) => {
+            record_failure(backfill_id, None, &e);
+            None
+        }
     }
 }
 
@@ -180,10 +206,6 @@ fn run(backfill_id: i64, worker: i32) {
     };
     if job.state != JobState::Running {
         return log!("{}: {}, its worker exits", who(backfill_id), job.state);
-    }
-    // A backfill of a Citus distributed table: its nodes scan the shards; this worker follows them.
-    if !matches!(in_transaction(|| crate::catalog::job_shard::shards_of(backfill_id).is_empty()), Ok(true)) {
-        return crate::worker::distributed::watch(backfill_id);
     }
     let prefix = CString::new(job.message_prefix.clone()).unwrap_or_else(|_| c"backfill".into());
     for table in tables.iter().filter(|t| t.state != RangeState::Done && t.worker == worker) {

@@ -8,12 +8,17 @@
 //! resumes them all, backfill_cancel cancels them all); one cancelled on its node cancels the
 //! others. A node it cannot reach (restarting, say) is shown as unreachable and asked again: its
 //! own backfill resumes there by itself.
+//!
+//! A background worker entry of its own (`backfill_follower_main`): the launcher
+//! (worker/launcher.rs) registers it, by name, for a backfill that has shard rows; it starts
+//! as every backfill worker does (worker/process.rs) and then follows instead of scanning.
 
 use crate::catalog::job;
 use crate::catalog::job_shard::{self, JobShard, ShardProgress};
 use crate::citus::nodes::{self, literal, Node};
 use crate::model::state::JobState;
 use crate::throttle::pacing;
+use crate::worker::launcher::Entry;
 use crate::worker::xact::{in_transaction, who};
 use pgrx::prelude::*;
 use serde::Deserialize;
@@ -33,9 +38,19 @@ struct NodeBackfill {
     shards: Vec<(i32, i64, i64, String)>,
 }
 
+/// The coordinator's worker of a distributed backfill: started (and admitted) as any backfill
+/// worker, it follows the nodes' backfills.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn backfill_follower_main(arg: pg_sys::Datum) {
+    if let Some((backfill_id, _)) = crate::worker::process::start(arg, Entry::Follow) {
+        watch(backfill_id);
+    }
+}
+
 /// Watches the nodes until the backfill ends or stops here (paused or cancelled: the control
 /// functions pass that on to the nodes themselves).
-pub fn watch(backfill_id: i64) {
+fn watch(backfill_id: i64) {
     loop {
         match in_transaction(|| look(backfill_id)) {
             Ok(true) => pacing::sleep(LOOK_EVERY),
@@ -51,7 +66,10 @@ pub fn watch(backfill_id: i64) {
 
 /// One look at every node. False once the backfill no longer runs.
 fn look(backfill_id: i64) -> bool {
-    let Some(job) = job::job(backfill_id) else { return false };
+    let Some(job) = job::job(backfill_id) else {
+        log!("{}: no longer exists, its worker exits", who(backfill_id));
+        return false;
+    };
     if job.state != JobState::Running {
         log!("{}: {}, its worker exits", who(backfill_id), job.state);
         return false;
