@@ -21,33 +21,13 @@ struct Rule {
 pub const AGGREGATE_LEVEL: &str = "level => 'aggregate'";
 
 const NOT_PASSED_ON: &[Rule] = &[
-    Rule { option: "filter", why: "the nodes' backfills take no filter yet", instead: None },
-    Rule { option: "columns", why: "the nodes' backfills and checksums cover every column", instead: None },
-    Rule {
-        option: "keys",
-        why: "backfill_repair() finds the shard of each key; backfill_start() does not",
-        instead: None,
-    },
-    Rule {
-        option: "max_replica_lag",
-        why: "each node's backfill.max_replica_lag holds its backfill back",
-        instead: None,
-    },
-    Rule {
-        option: "max_retained_wal",
-        why: "each node's backfill.max_retained_wal holds its backfill back",
-        instead: None,
-    },
-    Rule {
-        option: "max_active_sessions",
-        why: "each node's backfill.max_active_sessions holds its backfill back",
-        instead: None,
-    },
-    Rule {
-        option: "rows_per_message",
-        why: "each node's backfill.rows_per_message shapes its messages",
-        instead: None,
-    },
+    Rule::without("filter", "the nodes' backfills take no filter yet"),
+    Rule::without("columns", "the nodes' backfills and checksums cover every column"),
+    Rule::without("keys", "backfill_repair() finds the shard of each key; backfill_start() does not"),
+    Rule::without("max_replica_lag", "each node's backfill.max_replica_lag holds its backfill back"),
+    Rule::without("max_retained_wal", "each node's backfill.max_retained_wal holds its backfill back"),
+    Rule::without("max_active_sessions", "each node's backfill.max_active_sessions holds its backfill back"),
+    Rule::without("rows_per_message", "each node's backfill.rows_per_message shapes its messages"),
     Rule {
         option: AGGREGATE_LEVEL,
         why: "a range's aggregate checksum is an md5 of its per-column aggregates, which do not add up over \
@@ -55,6 +35,13 @@ const NOT_PASSED_ON: &[Rule] = &[
         instead: Some("level => 'hash'"),
     },
 ];
+
+impl Rule {
+    /// An option refused with nothing to pass instead: the call goes without it.
+    const fn without(option: &'static str, why: &'static str) -> Rule {
+        Rule { option, why, instead: None }
+    }
+}
 
 /// Why `call` of `relid` cannot take the options `given` (named as in the SQL functions), or None
 /// when it can: `relid` is no distributed table, or none of them is refused.

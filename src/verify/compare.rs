@@ -205,7 +205,7 @@ impl StreamPosition {
                     false
                 })
             }
-            StreamPosition::Spread(positions) => positions.confirmed(slot),
+            StreamPosition::Spread(mark) => mark.confirmed(slot),
         }
     }
 
