@@ -1,7 +1,8 @@
 //! backfill_repair(): a comparison (verify/compare.rs), then one backfill of the differing keys.
 
+use crate::api::verify::compare_request;
 use crate::api::verify::differences;
-use crate::model::request::{SourceOptions, StartRequest};
+use crate::model::request::{CompareRequest, SourceOptions, StartRequest};
 use crate::pg::encoding::Text;
 use crate::pg::errors::raise;
 use crate::verify::compare::Status;
@@ -40,49 +41,24 @@ fn repair_columns(
     batch_size: Option<i32>,
     columns: Option<Vec<Option<Text>>>,
 ) -> Option<i64> {
-    let request = RepairRequest {
-        source: crate::pg::args::required(source, "backfill_repair", "source"),
-        target,
-        confirm: crate::pg::args::required(confirm, "backfill_repair", "confirm"),
-        level,
-        passes,
-        slot: slot.map(|s| s.0),
-        batch_size: crate::pg::args::required(batch_size, "backfill_repair", "batch_size"),
-        columns: crate::selection::columns::given(columns),
-    };
-    repair_differences(request)
+    let batch_size = crate::pg::args::required(batch_size, "backfill_repair", "batch_size");
+    crate::pg::args::check_batch_size(batch_size);
+    let confirm = crate::pg::args::required(confirm, "backfill_repair", "confirm");
+    let comparison =
+        compare_request("backfill_repair", source, target, level, passes, slot.map(|s| s.0), columns, confirm);
+    repair_differences(comparison, batch_size)
 }
 
-/// backfill_repair()'s request.
-struct RepairRequest {
-    source: pg_sys::Oid,
-    target: Option<pg_sys::Oid>,
-    confirm: bool,
-    level: Option<Text>,
-    passes: Option<i32>,
-    slot: Option<String>,
-    batch_size: i32,
-    columns: Option<Vec<String>>,
-}
-
-fn repair_differences(request: RepairRequest) -> Option<i64> {
-    crate::pg::args::check_batch_size(request.batch_size);
-    if request.confirm {
+/// backfill_repair(): the comparison `comparison`, then, with confirm => true, one backfill of
+/// `batch_size` of its differing keys.
+fn repair_differences(comparison: CompareRequest, batch_size: i32) -> Option<i64> {
+    let (source, confirm) = (comparison.source, comparison.starts_backfill);
+    if confirm {
         // What backfill_start() would refuse (no UPDATE, row-level security...), before the
         // comparison rather than after it.
-        crate::model::table::require(request.source);
+        crate::model::table::require(source);
     }
-    let (source, confirm) = (request.source, request.confirm);
-    let found = differences(
-        "backfill_repair",
-        Some(source),
-        request.target,
-        request.level,
-        request.passes,
-        request.slot,
-        request.columns,
-        confirm,
-    );
+    let found = differences(comparison);
     let name = crate::model::table::relation_name(source);
     if found.keys.is_empty() {
         notice!("{name} and its copy agree: nothing to repair");
@@ -102,7 +78,7 @@ fn repair_differences(request: RepairRequest) -> Option<i64> {
     let backfill = StartRequest {
         tables: vec![source],
         confirm: true,
-        batch_size: request.batch_size,
+        batch_size,
         rows_per_second: None,
         slot: found.slot,
         publication,

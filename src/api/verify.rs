@@ -6,6 +6,8 @@
 
 use crate::citus::rules::{self, AGGREGATE_LEVEL};
 use crate::citus::verify::WORKER_NODES;
+use crate::model::request::{ChecksumRequest, CompareRequest};
+use crate::pg::args::required;
 use crate::pg::encoding::Text;
 use crate::verify::checksum::{self, Level};
 use crate::verify::compare::Found;
@@ -55,14 +57,26 @@ fn checksum_columns(
         name!(checksum, Option<String>),
     ),
 > {
-    let relid = crate::pg::args::required(table, "backfill_checksum", "tbl");
-    let level = Level::parse(&crate::pg::args::required(level, "backfill_checksum", "level").0);
-    let columns = crate::selection::columns::given(columns);
-    rules::refuse("backfill_checksum", relid, &measured(level == Level::Aggregate, columns.is_some()));
+    let request = ChecksumRequest {
+        table: required(table, "backfill_checksum", "tbl"),
+        ranges,
+        level: required(level, "backfill_checksum", "level").0,
+        bounds: bounds.map(|b| b.0),
+        columns: crate::selection::columns::given(columns),
+    };
+    TableIterator::new(checksum_rows(request))
+}
+
+/// The ranges of the table `request` names, summed here or, spread over Citus's worker nodes,
+/// on them.
+fn checksum_rows(request: ChecksumRequest) -> Vec<checksum::RangeRow> {
+    let (relid, level) = (request.table, Level::parse(&request.level));
+    rules::refuse("backfill_checksum", relid, &measured(level == Level::Aggregate, request.columns.is_some()));
+    let bounds = request.bounds.map(JsonB);
     if WORKER_NODES.spreads(relid) {
-        return TableIterator::new(fan_out::checksum(relid, ranges, level, bounds, &WORKER_NODES));
+        return fan_out::checksum(relid, request.ranges, level, bounds, &WORKER_NODES);
     }
-    TableIterator::new(checksum::checksum(relid, ranges, level, bounds, columns))
+    checksum::checksum(relid, request.ranges, level, bounds, request.columns)
 }
 
 /// backfill_compare(): the keys that differ, each with its status (verify/compare.rs).
@@ -89,41 +103,43 @@ fn compare_columns(
     slot: Option<Text>,
     columns: Option<Vec<Option<Text>>>,
 ) -> TableIterator<'static, (name!(key, JsonB), name!(status, String))> {
-    let columns = crate::selection::columns::given(columns);
-    let found = differences("backfill_compare", source, target, level, passes, slot.map(|s| s.0), columns, false).keys;
+    let request = compare_request("backfill_compare", source, target, level, passes, slot.map(|s| s.0), columns, false);
+    let found = differences(request).keys;
     TableIterator::new(found.into_iter().map(|(key, status)| (JsonB(key), status.as_str().to_string())))
 }
 
-/// The comparison of backfill_compare() and backfill_repair() (verify/compare.rs), with Citus's
-/// side handed in. A distributed source takes no column list and neither side the aggregate level.
+/// The request of a comparison by `call` (backfill_compare() or backfill_repair()).
 #[allow(clippy::too_many_arguments)]
-pub fn differences(
-    function: &str,
+pub fn compare_request(
+    call: &'static str,
     source: Option<pg_sys::Oid>,
     target: Option<pg_sys::Oid>,
     level: Option<Text>,
     passes: Option<i32>,
     slot: Option<String>,
-    columns: Option<Vec<String>>,
+    columns: Option<Vec<Option<Text>>>,
     starts_backfill: bool,
-) -> Found {
-    let aggregate = level.as_ref().is_some_and(|level| level.0 == Level::Aggregate.name());
-    for (relid, listed) in [(source, columns.is_some()), (target, false)] {
-        if let Some(relid) = relid {
-            rules::refuse(function, relid, &measured(aggregate, listed));
-        }
-    }
-    crate::verify::compare::differences(
-        function,
-        source,
-        target,
-        level,
-        passes,
+) -> CompareRequest {
+    CompareRequest {
+        call,
+        source: required(source, call, "source"),
+        target: required(target, call, "target"),
+        level: required(level, call, "level").0,
+        passes: required(passes, call, "passes"),
         slot,
-        columns,
+        columns: crate::selection::columns::given(columns),
         starts_backfill,
-        &WORKER_NODES,
-    )
+    }
+}
+
+/// The comparison of backfill_compare() and backfill_repair() (verify/compare.rs), with Citus's
+/// side handed in. A distributed source takes no column list and neither side the aggregate level.
+pub fn differences(request: CompareRequest) -> Found {
+    let aggregate = request.level == Level::Aggregate.name();
+    for (relid, listed) in [(request.source, request.columns.is_some()), (request.target, false)] {
+        rules::refuse(request.call, relid, &measured(aggregate, listed));
+    }
+    crate::verify::compare::differences(request, &WORKER_NODES)
 }
 
 /// The options of a checksum's measure, as citus/rules.rs names them: the aggregate level, a

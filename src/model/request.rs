@@ -108,3 +108,29 @@ impl StartRequest {
         .collect()
     }
 }
+
+/// backfill_compare()'s request, and backfill_repair()'s comparison: every argument present
+/// (`call` names the function, for its errors); verification checks the ranges (verify/compare.rs).
+pub struct CompareRequest {
+    pub call: &'static str,
+    pub source: pg_sys::Oid,
+    pub target: pg_sys::Oid,
+    /// count, aggregate or hash (verify/checksum.rs's Level).
+    pub level: String,
+    pub passes: i32,
+    /// None: the slot of the source's last backfill bound to one.
+    pub slot: Option<String>,
+    pub columns: Option<Vec<String>>,
+    /// backfill_repair() with confirm => true: the comparison is followed by a backfill.
+    pub starts_backfill: bool,
+}
+
+/// backfill_checksum()'s request.
+pub struct ChecksumRequest {
+    pub table: pg_sys::Oid,
+    pub ranges: Option<i32>,
+    pub level: String,
+    /// The ranges of another checksum (a JSON array of upper bounds), to compare two tables.
+    pub bounds: Option<serde_json::Value>,
+    pub columns: Option<Vec<String>>,
+}

@@ -22,6 +22,7 @@
 //! and its stream followed, on each of them, through the [`FanOut`] the SQL functions hand in
 //! (api/verify.rs: backfill_compare(), and backfill_repair()'s comparison).
 
+use crate::model::request::CompareRequest;
 use crate::pg::encoding::Text;
 use crate::pg::errors::{raise, OrInternal};
 use crate::verify::checksum::{self, Level};
@@ -69,21 +70,9 @@ pub struct Found {
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn differences(
-    function: &str,
-    source: Option<pg_sys::Oid>,
-    target: Option<pg_sys::Oid>,
-    level: Option<Text>,
-    passes: Option<i32>,
-    slot: Option<String>,
-    columns: Option<Vec<String>>,
-    starts_backfill: bool,
-    fan_out: &'static dyn FanOut,
-) -> Found {
-    let source = crate::pg::args::required(source, function, "source");
-    let target = crate::pg::args::required(target, function, "target");
-    let level = Level::parse(&crate::pg::args::required(level, function, "level").0);
-    let passes = crate::pg::args::required(passes, function, "passes");
+pub fn differences(request: CompareRequest, fan_out: &'static dyn FanOut) -> Found {
+    let CompareRequest { call: function, source, target, level, passes, slot, columns, starts_backfill } = request;
+    let level = Level::parse(&level);
     if !(1..=MAX_PASSES).contains(&passes) {
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,
