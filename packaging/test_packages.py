@@ -15,7 +15,9 @@ but not installed here: Debian 12 has no postgresql-18 package.
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -132,7 +134,9 @@ def test_installed_it_backfills_in_a_new_cluster_and_removed_it_leaves_nothing(p
         root.run("dpkg", "-r", name)
     assert root.files_named_pg_backfill() == [], "the test root holds pg_backfill files before the package"
     # The root's /tmp is the host's: dpkg reads the package there.
-    root.run("dpkg", "-i", str(packages[major]))
+    with tempfile.TemporaryDirectory(dir="/tmp") as carried:
+        deb = shutil.copy(packages[major], carried)
+        root.run("dpkg", "-i", deb)
     owned_files = [f for f in root.run("dpkg", "-L", name).stdout.split() if Path(f"{root.dir}{f}").is_file()]
     assert f"/usr/lib/postgresql/{major}/lib/pg_backfill.so" in owned_files
     try:

@@ -54,7 +54,9 @@ package() {
     doc=$tree/usr/share/doc/$name
     mkdir -p "$doc"
     copyright >"$doc/copyright"
-    chmod -R u=rwX,go=rX "$tree"
+    # Debian's modes: directories 0755, files 0644 (a shared library too).
+    find "$tree" -type d -exec chmod 0755 {} +
+    find "$tree/usr" -type f -exec chmod 0644 {} +
     cat >"$tree/DEBIAN/control" <<CONTROL
 Package: $name
 Version: $VERSION-$REVISION
