@@ -28,6 +28,11 @@ debian_root_make() {
         }
         debian_root_log "making a Debian $suite root in $dir (debootstrap, a few minutes)"
         debian_root_umount "$dir"
+        # (Never remove through a mount: the host's /tmp is bound inside.)
+        if [ -n "$(findmnt -rn -o TARGET | grep -F "$dir/" || true)" ]; then
+            echo "debian_root.sh: $dir still has mounts inside; not removing it" >&2
+            return 1
+        fi
         rm -rf "$dir"
         mkdir -p "$(dirname "$dir")"
         debootstrap --variant=minbase --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
