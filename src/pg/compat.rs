@@ -68,7 +68,7 @@ pub unsafe fn has_virtual_generated_columns(tupdesc: pg_sys::TupleDesc) -> bool 
 pub unsafe fn local_transaction_id() -> u32 {
     #[cfg(feature = "pg15")]
     return (*pg_sys::MyProc).lxid;
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
     return (*pg_sys::MyProc).vxid.lxid;
 }
 
