@@ -21,7 +21,7 @@ import psycopg2
 import psycopg2.extras
 import pytest
 
-from conftest import PG_BIN, PG_MAJOR, error_of, extra_cluster, readme_grants, wait_for, wait_until_ended
+from conftest import PG_BIN, PG_MAJOR, PG_ROOT, error_of, extra_cluster, readme_grants, wait_for, wait_until_ended
 
 pytestmark = pytest.mark.cluster
 
@@ -31,7 +31,7 @@ ROWS = 20_000  # even ids 2..40000; writers insert odd ids, so no key is ever re
 
 def citus_installed() -> bool:
     pkglibdir = subprocess.run([f"{PG_BIN}/pg_config", "--pkglibdir"], capture_output=True, text=True).stdout.strip()
-    return PG_MAJOR >= 16 and (Path(pkglibdir) / "citus.so").exists()
+    return PG_MAJOR >= 16 and (Path(f"{PG_ROOT}{pkglibdir}") / "citus.so").exists()
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,8 @@ def citus(cluster):
     creates it on the workers)."""
     if not citus_installed():
         pytest.skip(f"Citus is not installed for PostgreSQL {PG_MAJOR}: it needs 16 or later, and "
-                    "scripts/build_postgres.sh builds it from ../shared/vendor/citus-*.tar.gz")
+                    "scripts/build_postgres.sh builds it (for 18) from ../shared/vendor/citus-*.tar.gz; 17's Debian 13 "
+                    "root (scripts/pg_root.sh) has none")
     nodes = [extra_cluster(cluster, name) for name in NODES]
     conf = ("shared_preload_libraries = 'citus, pg_backfill'\n"
             "citus.enable_change_data_capture = on\n"

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (PG_BIN, PG_MAJOR, ROOT, Consumer, extra_cluster, assert_each_row_read_once, backfill_messages, error_of, status, wait_for,
+from conftest import (PG_BIN, PG_MAJOR, PG_ROOT, ROOT, Consumer, extra_cluster, assert_each_row_read_once, backfill_messages, error_of, status, wait_for,
                       wait_until_ended, wal2json_changes, worker_pid)
 
 @pytest.fixture
@@ -341,11 +341,12 @@ def test_installing_a_new_library_leaves_a_running_preloaded_server_up(cluster, 
     that a process that ran its bytes would certainly fail; the real one is put back after."""
     other, backfill_id = restart_scenario(cluster, "install", preload=True)
     library = subprocess.run([f"{PG_BIN}/pg_config", "--pkglibdir"], capture_output=True, text=True, check=True).stdout.strip()
-    installed = Path(library) / "pg_backfill.so"
+    # (The server's path; on the host under PG_ROOT, where install.sh installs.)
+    installed = Path(f"{PG_ROOT}{library}") / "pg_backfill.so"
 
     def install(source: Path):
         stage = tmp_path / source.name
-        target = stage / installed.relative_to("/")
+        target = stage / Path(library).relative_to("/") / installed.name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
         subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/install.sh' && install_package_files '{stage}'"], check=True)
@@ -354,7 +355,7 @@ def test_installing_a_new_library_leaves_a_running_preloaded_server_up(cluster, 
     saved.parent.mkdir()
     shutil.copyfile(installed, saved)
     try:
-        install(Path(library) / "pgoutput.so")
+        install(Path(f"{PG_ROOT}{library}") / "pgoutput.so")
         with other.connect() as conn:
             assert wait_until_ended(conn, backfill_id) == "done"
             assert_each_row_read_once(backfill_messages(wal2json_changes(conn, "consumer")), range(1, 60001))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (PG_BIN, PG_MAJOR, Consumer, assert_each_row_read_once, doc_block, extra_cluster, messages_with_xids, pg_major_value,
+from conftest import (PG_BIN, PG_MAJOR, PG_ROOT, Consumer, assert_each_row_read_once, doc_block, extra_cluster, messages_with_xids, pg_major_value,
                       status, wait_for, wait_until_ended)
 
 OLD_MAJOR = 15
@@ -28,8 +28,10 @@ OLD_BIN = pg_major_value(f"$(pg_bin_of {OLD_MAJOR})")
 PACKAGE = os.environ.get("BACKFILL_PG15_PACKAGE", "")
 
 pytestmark = pytest.mark.skipif(
-    PG_MAJOR == OLD_MAJOR or not Path(f"{OLD_BIN}/postgres").exists() or not PACKAGE,
-    reason="needs a run of a newer major, PostgreSQL 15 installed and pg_backfill's 15 package (scripts/test.sh)",
+    PG_MAJOR == OLD_MAJOR or not Path(f"{OLD_BIN}/postgres").exists() or not PACKAGE
+    or PG_ROOT != pg_major_value(f"$(pg_root_of {OLD_MAJOR})"),
+    reason="needs a run of a newer major, PostgreSQL 15 installed and pg_backfill's 15 package (scripts/test.sh), "
+           "both majors on one system (pg_upgrade runs both servers' programs; 17's run in a Debian 13 root)",
 )
 
 FINISHED_ROWS, PAUSED_ROWS = 500, 20000

@@ -7,6 +7,10 @@
 # manager writes a new file and renames it over the old one instead: processes keep the old
 # file, which disappears when the last of them exits, and new ones load the new file. These
 # functions do the same.
+#
+# Files go where PG_MAJOR's pg_config says, under PG_ROOT (pg_major.sh): for a major that runs
+# in a Debian root (17), inside that root.
+source "$(dirname "${BASH_SOURCE[0]}")/pg_major.sh"
 
 # install_extension PG_CONFIG [cargo pgrx package options...]: builds the extension (release)
 # into a package directory, then moves each of its files into place by rename.
@@ -22,11 +26,11 @@ install_extension() {
 }
 
 # install_package_files DIR: every file under DIR (a `cargo pgrx package` tree) to its place
-# under /, each written beside its destination and renamed over it.
+# under PG_ROOT (/ on the host), each written beside its destination and renamed over it.
 install_package_files() {
     local stage=$1 file destination
     while IFS= read -r -d '' file; do
-        destination=/${file#"$stage"/}
+        destination=$PG_ROOT/${file#"$stage"/}
         mkdir -p "$(dirname "$destination")"
         cp "$file" "$destination.new.$$"
         chmod 0644 "$destination.new.$$"
@@ -38,7 +42,7 @@ install_package_files() {
 # copies a new one in place (`cargo pgrx test`) writes a new file, not the mapped one.
 retire_installed_library() {
     local library
-    library="$("$1" --pkglibdir)/pg_backfill.so"
+    library="$PG_ROOT$("$1" --pkglibdir)/pg_backfill.so"
     if [ -f "$library" ]; then
         mv -f "$library" "$library.retired.$$"
         rm -f "$library.retired.$$"

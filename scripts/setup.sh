@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing pg_backfill needs on Debian 12, as root, for PostgreSQL
 # PG_MAJOR (15 unless set; see pg_major.sh). Debian's 15 is always installed: it is the default,
-# and the 18 suite upgrades a 15 cluster. Idempotent: every step skips what is already there.
+# and the 18 suite upgrades a 15 cluster. 17 is Debian 13's, in a Debian 13 root (pg_root.sh);
+# 18 is built from source (build_postgres.sh). Idempotent: every step skips what is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/pg_major.sh
@@ -9,7 +10,7 @@ source scripts/pg_major.sh
 PGRX_VERSION=0.18.1
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-wal2json
               clang libclang-dev sudo pkg-config libssl-dev build-essential)
-if [ "$PG_MAJOR" != 15 ]; then
+if [ "$PG_MAJOR" = 18 ]; then
     # What scripts/build_postgres.sh needs to build PostgreSQL from source, and Citus.
     APT_PACKAGES+=(bison flex libreadline-dev zlib1g-dev libicu-dev liblz4-dev libzstd-dev libkrb5-dev)
 fi
@@ -36,7 +37,9 @@ if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION"; then
     cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
 fi
 
-if [ "$PG_MAJOR" != 15 ]; then
+if [ -n "$PG_ROOT" ]; then
+    bash scripts/pg_root.sh "$PG_MAJOR"
+elif [ "$PG_MAJOR" != 15 ]; then
     bash scripts/build_postgres.sh "$PG_MAJOR"
 fi
 
@@ -46,7 +49,7 @@ init=()
 missing_from_config=
 for major in 15 17 18; do
     pg_config=$(pg_bin_of "$major")/pg_config
-    [ -x "$pg_config" ] || continue
+    [ -x "$pg_config" ] && "$pg_config" --version >/dev/null 2>&1 || continue
     init+=("--pg$major" "$pg_config")
     grep -qs "pg$major = \"$pg_config\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml" || missing_from_config+=" $major"
 done

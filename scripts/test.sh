@@ -7,8 +7,29 @@
 #   BACKFILL_TEST_DIR, BACKFILL_TEST_PORT  the end-to-end cluster (pg_test/conftest.py; other
 #                                          clusters take ports above it)
 #   BACKFILL_PGRX_TEST_DIR                 the unit tests' cluster
+# On 17, whose server runs in a Debian 13 root (pg_major.sh), the unit tests do not run: `cargo
+# pgrx test` starts its own server from pg_config's bindir, which only the root can run. They
+# run on 15 and 18, the end-to-end tests on all three.
+#
+#   bash scripts/test.sh --installed [pytest arguments]
+# is the installcheck: the end-to-end tests that need nothing but an installed pg_backfill (a
+# package's, a release build's), against the installation of PG_MAJOR (BACKFILL_PG_BIN: another
+# one), in a cluster it makes. It builds and installs nothing. It leaves out the tests that need
+# a build of this tree (conftest.py's NEEDS_THE_SOURCE_TREE says which and why).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = --installed ]; then
+    shift
+    source scripts/pg_major.sh
+    python3 -c "import psycopg, psycopg2, pytest, xxhash" 2>/dev/null || {
+        echo "the tests need psycopg, psycopg2, pytest and xxhash (scripts/setup.sh installs them)" >&2
+        exit 1
+    }
+    echo "== installcheck: end-to-end tests against the installed pg_backfill (PostgreSQL $PG_MAJOR, $PG_BIN) =="
+    BACKFILL_INSTALLED=1 exec python3 -m pytest pg_test -p no:cacheprovider -q "$@"
+fi
+
 bash scripts/setup.sh
 source scripts/pg_major.sh
 source scripts/install.sh
@@ -18,6 +39,8 @@ if [ $# -eq 0 ]; then
     cargo fmt --check
     cargo clippy --all-targets "${PG_FEATURES[@]}" --features test_hooks -- -D warnings
     python3 scripts/check_structure.py
+fi
+if [ $# -eq 0 ] && [ -z "$PG_ROOT" ]; then
     echo "== unit tests (cargo pgrx test pg$PG_MAJOR) =="
     # PostgreSQL refuses to run as root: the test cluster runs as the postgres OS user.
     PGDATA_DIR=${BACKFILL_PGRX_TEST_DIR:-/tmp/pg_backfill_pgrx_test}
@@ -38,8 +61,8 @@ echo "== end-to-end tests (pg_test/, PostgreSQL $PG_MAJOR) =="
 # as the demo's, keeps running; see scripts/install.sh.)
 install_extension "$PG_CONFIG" "${PG_FEATURES[@]}" --features test_hooks
 # Earlier versions' install scripts, for the upgrade tests (CREATE EXTENSION ... VERSION, then UPDATE).
-cp sql/history/pg_backfill--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
-if [ "$PG_MAJOR" != 15 ]; then
+cp sql/history/pg_backfill--*.sql "$PG_ROOT$("$PG_CONFIG" --sharedir)/extension/"
+if [ "$PG_MAJOR" != 15 ] && [ -z "$PG_ROOT" ]; then
     # test_pg_upgrade.py's PostgreSQL 15 cluster loads pg_backfill from this package directory
     # (Debian's extension_destdir): nothing is written into the system's PostgreSQL 15, whose
     # servers may be running.

@@ -1,5 +1,5 @@
 //! The one place where PostgreSQL's C API differs between the majors this crate builds for
-//! (15 and 18, chosen by the cargo feature `pg15` or `pg18`). Each difference is one small
+//! (15, 17 and 18, chosen by the cargo feature `pg15`, `pg17` or `pg18`). Each difference is one small
 //! function here with the meaning the rest of the code relies on; no other file asks which
 //! version it is built for.
 
@@ -17,7 +17,7 @@ use std::ffi::c_int;
 /// `tupdesc` is a valid tuple descriptor that outlives the slice.
 pub unsafe fn tuple_attributes<'a>(tupdesc: pg_sys::TupleDesc) -> &'a [pg_sys::FormData_pg_attribute] {
     let count = (*tupdesc).natts as usize;
-    #[cfg(feature = "pg15")]
+    #[cfg(any(feature = "pg15", feature = "pg17"))]
     let first = (*tupdesc).attrs.as_ptr();
     #[cfg(feature = "pg18")]
     let first = pg_sys::TupleDescAttr(tupdesc, 0).cast_const();
@@ -32,7 +32,7 @@ pub unsafe fn tuple_attributes<'a>(tupdesc: pg_sys::TupleDesc) -> &'a [pg_sys::F
 /// # Safety
 /// `relation` is open.
 pub unsafe fn primary_key_index(relation: pg_sys::Relation) -> pg_sys::Oid {
-    #[cfg(feature = "pg15")]
+    #[cfg(any(feature = "pg15", feature = "pg17"))]
     return pg_sys::RelationGetPrimaryKeyIndex(relation);
     #[cfg(feature = "pg18")]
     return pg_sys::RelationGetPrimaryKeyIndex(relation, false);
@@ -41,12 +41,12 @@ pub unsafe fn primary_key_index(relation: pg_sys::Relation) -> pg_sys::Oid {
 /// Whether rows of `tupdesc` have a virtual generated column: one whose value is computed when
 /// a query reads it, never stored (a stored tuple holds NULL in its place).
 ///
-/// 18 added them (`has_generated_virtual`); 15 has none.
+/// 18 added them (`has_generated_virtual`); 15 and 17 have none.
 ///
 /// # Safety
 /// `tupdesc` is a valid tuple descriptor.
 pub unsafe fn has_virtual_generated_columns(tupdesc: pg_sys::TupleDesc) -> bool {
-    #[cfg(feature = "pg15")]
+    #[cfg(any(feature = "pg15", feature = "pg17"))]
     return {
         let _ = tupdesc;
         false
@@ -68,7 +68,7 @@ pub unsafe fn has_virtual_generated_columns(tupdesc: pg_sys::TupleDesc) -> bool 
 pub unsafe fn local_transaction_id() -> u32 {
     #[cfg(feature = "pg15")]
     return (*pg_sys::MyProc).lxid;
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
     return (*pg_sys::MyProc).vxid.lxid;
 }
 
@@ -78,7 +78,7 @@ pub unsafe fn local_transaction_id() -> u32 {
 /// # Safety
 /// `handler` is safe to run in a signal handler of this process.
 pub unsafe fn set_signal_handler(signal: u32, handler: pg_sys::pqsigfunc) {
-    #[cfg(feature = "pg15")]
+    #[cfg(any(feature = "pg15", feature = "pg17"))]
     pg_sys::pqsignal(signal as i32, handler);
     #[cfg(feature = "pg18")]
     pg_sys::pqsignal_be(signal as c_int, handler);
@@ -94,7 +94,7 @@ pub fn may_act_as(member: pg_sys::Oid, role: pg_sys::Oid) -> bool {
     #[cfg(feature = "pg15")]
     // SAFETY: catalog lookups of two role ids, inside a transaction.
     return unsafe { pg_sys::is_member_of_role(member, role) };
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
     // SAFETY: catalog lookups of two role ids, inside a transaction.
     return unsafe { pg_sys::has_privs_of_role(member, role) || pg_sys::member_can_set_role(member, role) };
 }
@@ -113,7 +113,7 @@ pub fn exit_process(code: i32) -> ! {
 unsafe extern "C-unwind" {
     #[cfg(feature = "pg15")]
     fn LogLogicalMessage(prefix: *const c_char, message: *const c_char, size: usize, transactional: bool) -> u64;
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
     fn LogLogicalMessage(
         prefix: *const c_char,
         message: *const c_char,
@@ -135,7 +135,7 @@ unsafe extern "C-unwind" {
 pub unsafe fn log_transactional_message(prefix: *const c_char, message: *const c_char, size: usize) -> u64 {
     #[cfg(feature = "pg15")]
     return LogLogicalMessage(prefix, message, size, true);
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
     return LogLogicalMessage(prefix, message, size, true, false);
 }
 
@@ -143,7 +143,7 @@ pub unsafe fn log_transactional_message(prefix: *const c_char, message: *const c
 /// publishes a table's stored generated columns when it has no column list for the table, as
 /// pgoutput sends them.
 ///
-/// 15 never does: its pgoutput skips every generated column, though its
+/// 15 and 17 never do: their pgoutput skips every generated column, though their
 /// `pg_publication_tables.attnames` lists them. 18 does when the publication says
 /// `publish_generated_columns = stored` (`pubgencols` 's'); a virtual one never goes.
 pub fn publishes_stored_generated_columns(publication: &str) -> String {

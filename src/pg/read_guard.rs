@@ -70,7 +70,8 @@ pub fn reading<R>(relid: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
 }
 
 /// Counts the executor's depth around the next hook (or the standard `ExecutorRun`).
-#[cfg(feature = "pg15")]
+/// (18 dropped `execute_once`.)
+#[cfg(any(feature = "pg15", feature = "pg17"))]
 #[pg_guard]
 unsafe extern "C-unwind" fn executor_run(
     query: *mut pg_sys::QueryDesc,
@@ -132,7 +133,7 @@ unsafe extern "C-unwind" fn check_permissions(range_table: *mut pg_sys::List, re
     }
 }
 
-#[cfg(feature = "pg18")]
+#[cfg(any(feature = "pg17", feature = "pg18"))]
 #[pg_guard]
 unsafe extern "C-unwind" fn check_permissions(
     range_table: *mut pg_sys::List,

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs PostgreSQL MAJOR from Debian's packages into a root of the Debian release that ships
+# them, and makes the directory of programs the other scripts use for it (pg_bin_of MAJOR, see
+# pg_major.sh): as root. Today: 17, Debian 13's (trixie), whose binaries need glibc 2.38 where
+# this Debian 12 host has 2.36. Idempotent: later runs reuse the root and only remount it.
+#
+#   bash scripts/pg_root.sh 17
+#
+# How it runs:
+# - The server and every client program run inside the root: each program of the bin directory
+#   is a wrapper that enters the root with `unshare --root` (a chroot) in the caller's working
+#   directory, as the calling user. Root enters with the right it has; any other user (the
+#   postgres OS user, which runs the server, since PostgreSQL refuses root) enters through an
+#   unprivileged user namespace that maps only its own uid and gid, so that no one gains a
+#   privilege and every file is written with the caller's ids. The root's postgres user has the
+#   host's ids (debian_root.sh).
+# - The host's /tmp is bind-mounted at the root's /tmp: the tests' cluster directories, sockets
+#   and files (/tmp/pg_backfill_test17...) are the same paths on both sides. TCP is shared (a
+#   chroot has no network of its own), so clients on the host reach the server on 127.0.0.1.
+# - pgrx builds on the host against the root's headers: the wrapper pg_config answers as the
+#   root's, except that the include directories (what bindgen and pgrx's C shim read on the host)
+#   carry the root's prefix. Every other path stays the root's own (/usr/lib/postgresql/17/lib),
+#   so that `cargo pgrx package` lays out the files as Debian does and install.sh installs them
+#   under PG_ROOT. The host's toolchain builds the library; built against glibc 2.36, it loads
+#   in the root's 2.38 (glibc keeps old symbol versions).
+# - `cargo pgrx test`, which starts its own server through pg_config's bindir, is not run for
+#   this major: the unit tests run on 15 and 18 (see .ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/debian_root.sh
+PG_MAJOR=${1:?usage: pg_root.sh MAJOR}
+source scripts/pg_major.sh
+
+root=$(pg_root_of "$PG_MAJOR")
+bin=$(pg_bin_of "$PG_MAJOR")
+suite=$(pg_root_suite_of "$PG_MAJOR")
+[ -n "$root" ] && [ -n "$suite" ] || { echo "pg_root.sh: PostgreSQL $PG_MAJOR runs on the host" >&2; exit 2; }
+inside=/usr/lib/postgresql/$PG_MAJOR/bin
+
+# The server with its headers, and wal2json (the tests' decoder), from Debian's packages.
+debian_root_make "$root" "$suite" "postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR" \
+    "postgresql-$PG_MAJOR-wal2json"
+debian_root_mount "$root"
+
+debian_root_programs "$root" "$PG_MAJOR" "$bin"
+"$PG_CONFIG" --version >/dev/null
+printf '\033[1m[pg_root %s]\033[0m %s in %s, programs in %s\n' "$PG_MAJOR" "$("$PG_CONFIG" --version)" "$root" "$bin"
