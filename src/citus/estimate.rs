@@ -20,7 +20,7 @@ pub fn estimate(relid: pg_sys::Oid, batch_size: i32) -> Option<Result<Distribute
         return None;
     }
     let by_node = nodes::group_by_node(&nodes::placements(relid));
-    let schema = nodes::extension_schema();
+    let schema = crate::pg::spi::extension_schema();
     let commands: Vec<(Node, String)> = by_node
         .iter()
         .map(|(node, shards)| {

@@ -111,7 +111,7 @@ fn look(backfill_id: i64) -> bool {
         control_on_nodes(backfill_id, by_node.keys(), "backfill_cancel", &["running", "paused"]);
         return false;
     }
-    let schema = nodes::extension_schema();
+    let schema = crate::pg::spi::extension_schema();
     let commands: Vec<(Node, String)> =
         by_node.iter().map(|((node, id), shards)| (node.clone(), question(&schema, *id, shards))).collect();
     let answers = nodes::run(&commands);

@@ -171,12 +171,6 @@ pub fn literal(value: &str) -> String {
     pgrx::spi::quote_literal(value)
 }
 
-/// The schema pg_backfill is installed in (the same on every node: Citus creates the extension
-/// on the nodes as on the coordinator), quoted.
-pub fn extension_schema() -> String {
-    crate::pg::spi::extension_schema()
-}
-
 /// Whether shard `shard_id` still has an active placement on `node`, by the coordinator's metadata.
 pub fn placed_on(shard_id: i64, node: &Node) -> bool {
     crate::pg::spi::select_one::<bool>(
@@ -196,7 +190,8 @@ pub fn placed_on(shard_id: i64, node: &Node) -> bool {
 /// answers how many it called. Its operators and types are pg_catalog's, whatever the node
 /// session's search_path (the node database's owner may set it).
 pub fn control_statement(function: &str, arguments: &str, node_id: i64, from: &[&str]) -> String {
-    let schema = extension_schema();
+    // (The same on every node: Citus creates the extension on the nodes as on the coordinator.)
+    let schema = crate::pg::spi::extension_schema();
     let states: Vec<String> = from.iter().map(|state| literal(state)).collect();
     format!(
         "SELECT pg_catalog.count({schema}.{function}(id{arguments}))::pg_catalog.text FROM {schema}.backfill_status \

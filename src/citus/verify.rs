@@ -52,7 +52,7 @@ impl FanOut for WorkerNodes {
     fn range_sums(&self, relid: pg_sys::Oid, bounds: &[serde_json::Value], level: Level) -> Vec<(i64, Option<String>)> {
         let name = crate::model::table::relation_name(relid);
         let bounds_literal = literal(&serde_json::Value::Array(bounds.to_vec()).to_string());
-        let schema = nodes::extension_schema();
+        let schema = crate::pg::spi::extension_schema();
         let by_node = nodes::group_by_node(&nodes::placements(relid));
         // Each node sums its shards range by range: (range, rows, sum of hashes as text).
         let commands: Vec<(Node, String)> = by_node

@@ -176,14 +176,19 @@ pub fn with_fresh_snapshot<R>(read: impl FnOnce() -> R) -> R {
     result
 }
 
-/// The schema pg_backfill is installed in, quoted: where its views and public functions are.
-pub fn extension_schema() -> String {
-    select_one::<String>(
+/// The schema extension `name` is installed in, quoted; None where it is not installed.
+pub fn schema_of_extension(name: &str) -> Option<String> {
+    select_one::<crate::pg::encoding::Text>(
         "SELECT pg_catalog.quote_ident(n.nspname::pg_catalog.text) FROM pg_catalog.pg_extension e
            JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
-          WHERE e.extname OPERATOR(pg_catalog.=) 'pg_backfill'",
-        &[],
+          WHERE e.extname OPERATOR(pg_catalog.=) $1",
+        &[name.into()],
     )
-    .or_internal("read pg_backfill's schema")
-    .unwrap_or_else(|| "public".into())
+    .or_internal("read an extension's schema")
+    .map(|schema| schema.0)
+}
+
+/// The schema pg_backfill is installed in, quoted: where its views and public functions are.
+pub fn extension_schema() -> String {
+    schema_of_extension("pg_backfill").unwrap_or_else(|| "public".into())
 }

@@ -282,15 +282,7 @@ const CONNECTION: &str = "pg_backfill_compare";
 
 /// A dblink connection to the foreign table's server, as its user mapping says.
 fn connect(target: pg_sys::Oid, target_name: &str) -> Side {
-    let dblink = crate::pg::spi::select_one::<Text>(
-        "SELECT pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_extension e
-           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
-          WHERE e.extname OPERATOR(pg_catalog.=) 'dblink'",
-        &[],
-    )
-    .or_internal("look for dblink")
-    .map(|t| t.0)
-    .unwrap_or_else(|| {
+    let dblink = crate::pg::spi::schema_of_extension("dblink").unwrap_or_else(|| {
         raise(
             ERRCODE_FEATURE_NOT_SUPPORTED,
             format!("comparing with foreign table {target_name} needs the dblink extension"),
