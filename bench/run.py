@@ -333,7 +333,9 @@ def load_signal(conn, seconds, repeat, thresholds):
     backfills of that table started with no option (the gentle default) and unpaced, and under
     backfills held back by max_active_sessions at
     each threshold: the scenarios take turns in each round; medians over the rounds, and each
-    TPS as a share of the same round's TPS alone."""
+    TPS as a share of the same round's TPS alone. Each round first times a whole backfill of the
+    table on the idle server, the default and unpaced in turn: their speeds, and the default's as
+    a share of unpaced."""
     subprocess.run([PGBENCH, "-i", "-q", "-s", "10", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     conn.execute("VACUUM ANALYZE pgbench_accounts")
@@ -344,13 +346,27 @@ def load_signal(conn, seconds, repeat, thresholds):
                  ("unpaced backfill", "SELECT backfill_start('pgbench_accounts', confirm => true, max_active_sessions => 0)")]
     scenarios += [(f"max_active_sessions {n}",
                    f"SELECT backfill_start('pgbench_accounts', confirm => true, max_active_sessions => {n})") for n in thresholds]
-    rounds = []
-    for _ in range(repeat):
+    rounds, idle = [], {"default backfill": [], "unpaced backfill": []}
+    for round_number in range(repeat):
+        # The idle server first: a whole backfill of pgbench_accounts with nothing else running,
+        # the default and unpaced taking turns, each first in every other round (the default
+        # must not slow a backfill on an idle server). VACUUM first: the first scan after
+        # pgbench's updates would otherwise prune pages and set hint bits for the second.
+        for label in sorted(idle, reverse=round_number % 2 == 1):
+            conn.execute("VACUUM pgbench_accounts")
+            conn.execute("CHECKPOINT")
+            start = dict(scenarios)[label]
+            started = time.perf_counter()
+            backfill = conn.execute(start).fetchone()[0]
+            conn.execute("SELECT backfill_wait(%s)", [backfill])
+            elapsed = time.perf_counter() - started
+            rows = conn.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill]).fetchone()[0]
+            idle[label].append(rows / elapsed)
         figures = {}
         for label, start in scenarios:
             conn.execute("CHECKPOINT")
             bench = subprocess.Popen([PGBENCH, "-c", "4", "-j", "2", "-T", str(seconds), "-h", "127.0.0.1", "-p", str(PORT),
-                                      "-U", "postgres", "postgres"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                      "-U", "postgres", "postgres"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             active = None
             if start:
                 ids = backfills_while(conn, bench, start)
@@ -358,7 +374,10 @@ def load_signal(conn, seconds, repeat, thresholds):
                 ids, active = [], active_sessions_while(conn, bench)
             backfilled = conn.execute("SELECT coalesce(sum(rows_done), 0)::bigint FROM backfill_status WHERE id = ANY (%s)",
                                       [ids]).fetchone()[0]
-            tps = float(next(l for l in bench.stdout.read().splitlines() if l.startswith("tps")).split()[2])
+            out = bench.stdout.read()
+            tps = next((float(l.split()[2]) for l in out.splitlines() if l.startswith("tps")), None)
+            if tps is None:
+                raise RuntimeError(f"pgbench failed during {label!r}:\n{out}")
             figures[label] = {"tps": tps, "rows_backfilled_per_second": backfilled / seconds, "active_sessions": active}
         for f in figures.values():
             f["share_of_tps_alone"] = f["tps"] / figures["no backfill"]["tps"]
@@ -369,6 +388,13 @@ def load_signal(conn, seconds, repeat, thresholds):
         med = {k: statistics.median(r[label][k] for r in rounds) for k in ("tps", "share_of_tps_alone", "rows_backfilled_per_second")}
         results.append({"scenario": label, **med, "rounds": [r[label] for r in rounds]})
         print(f"{label:28} {med['tps']:>8.0f} {med['share_of_tps_alone']:>8.2f} {med['rows_backfilled_per_second']:>16.0f}")
+    print(f"\n{'idle server, one backfill':28} {'rows/s':>8} {'x unpaced':>10}   (medians of {repeat})")
+    unpaced = statistics.median(idle["unpaced backfill"])
+    for label, speeds in idle.items():
+        speed = statistics.median(speeds)
+        results.append({"scenario": f"idle server, {label}", "rows_backfilled_per_second": speed,
+                        "share_of_unpaced_speed": speed / unpaced, "rounds": speeds})
+        print(f"{label:28} {speed:>8.0f} {speed / unpaced:>10.2f}")
     alone = [r["no backfill"]["active_sessions"] for r in rounds]
     print(f"active client sessions, pgbench alone (mean of 50 ms samples): {statistics.median(alone):.2f}")
     return results
@@ -423,13 +449,17 @@ def spilled(conn, slot):
                             [slot]).fetchone()[0] or 0)
 
 
-def e2e_backfill(rows_per_message, batch_size=1000):
+def e2e_backfill(rows_per_message, batch_size=1000, pipeline=False):
     """pg_backfill until every row is delivered: from backfill_start to the walsender having sent
-    the last page's transaction."""
+    the last page's transaction. A pipeline's backfill names the consumer's slot and publication,
+    as the README's worked example does: it waits on the consumer's feedback, and each page checks
+    the publication still holds the table."""
     def run(conn, table, slot):
         started = time.perf_counter()
-        backfill_id = conn.execute("SELECT backfill_start(%s::regclass, confirm => true, rows_per_message => %s,"
-                                   " batch_size => %s)", [table, rows_per_message, batch_size]).fetchone()[0]
+        bound = ", slot => %s, publication => 'e2e_pub'" if pipeline else ""
+        backfill_id = conn.execute(f"SELECT backfill_start(%s::regclass, confirm => true, rows_per_message => %s,"
+                                   f" batch_size => %s{bound})",
+                                   [table, rows_per_message, batch_size] + ([slot] if pipeline else [])).fetchone()[0]
         while conn.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "running":
             time.sleep(0.005)
         source_seconds = time.perf_counter() - started
@@ -479,9 +509,10 @@ def end_to_end(conn, shapes, sizes, repeat, batched):
     a pgoutput slot (messages on) that pg_recvlogical streams; the same rows as ordinary changes
     through the same slot; native tablesync until ready. The methods take turns in each round;
     medians (and best) of the rounds. Also the slot's spill_bytes per method."""
-    methods = {"per-row, delivered": e2e_backfill(1)}
+    methods = {"per-row, delivered": e2e_backfill(1), "pipeline per-row": e2e_backfill(1, pipeline=True)}
     for n in batched:
         methods[f"batched {n}, delivered"] = e2e_backfill(n)
+        methods[f"pipeline batched {n}"] = e2e_backfill(n, pipeline=True)
     methods["ordinary changes"] = e2e_changes
     methods["tablesync, ready"] = e2e_tablesync
     conn.execute("CREATE TABLE e2e_flush (n int)")
@@ -498,7 +529,8 @@ def end_to_end(conn, shapes, sizes, repeat, batched):
             for lo in range(1, size + 1, 500_000):
                 conn.execute(fill.format(t=table, lo=lo, hi=min(size, lo + 499_999)))
             conn.execute(f"VACUUM (FREEZE, ANALYZE) {table}")
-            conn.execute(f"CREATE PUBLICATION e2e_pub FOR TABLE {table}_changes")
+            # The stream's publication holds the backfilled table too: a pipeline's backfill names it.
+            conn.execute(f"CREATE PUBLICATION e2e_pub FOR TABLE {table}_changes, {table}")
             conn.execute(f"CREATE PUBLICATION e2e_copy_pub FOR TABLE {table}")
             runs = {m: [] for m in methods}
             for _ in range(repeat):
@@ -540,6 +572,55 @@ def end_to_end(conn, shapes, sizes, repeat, batched):
                 sys.stdout.flush()
             conn.execute("DROP PUBLICATION e2e_pub, e2e_copy_pub")
             conn.execute(f"DROP TABLE {table}, {table}_changes")
+    return results
+
+
+def many_tables(conn, repeat, tables=200, rows_each=5000):
+    """A schema of many small tables against one large table of as many rows, backfilled as a
+    pipeline's (slot and publication named, batches of 1,000 rows) with one and two workers,
+    until the consumer (pg_recvlogical, status every second) was sent every row. The
+    configurations take turns in each round; medians of the rounds."""
+    total = tables * rows_each
+    create, fill = SHAPES["narrow"]
+    names = [f"many_{i:03}" for i in range(tables)]
+    for name in names:
+        conn.execute(create.format(t=name))
+        conn.execute(fill.format(t=name, lo=1, hi=rows_each))
+    conn.execute(create.format(t="many_one"))
+    for lo in range(1, total + 1, 500_000):
+        conn.execute(fill.format(t="many_one", lo=lo, hi=min(total, lo + 499_999)))
+    conn.execute("VACUUM (FREEZE, ANALYZE)")
+    conn.execute("CREATE TABLE e2e_flush (n int)")
+    conn.execute("CREATE PUBLICATION many_pub FOR TABLE " + ", ".join(names + ["many_one"]))
+    configurations = {f"{label}, parallel {parallel}": (regclasses, parallel)
+                      for label, regclasses in [("1 table", ["many_one"]), (f"{tables} tables", names)]
+                      for parallel in (1, 2)}
+    seconds = {c: [] for c in configurations}
+    for _ in range(repeat):
+        for configuration, (regclasses, parallel) in configurations.items():
+            conn.execute("CHECKPOINT")
+            conn.execute("SELECT pg_create_logical_replication_slot('many_slot', 'pgoutput')")
+            receiver = Receiver("many_slot", "many_pub")
+            try:
+                while not conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = 'many_slot'").fetchone()[0]:
+                    time.sleep(0.01)
+                started = time.perf_counter()
+                backfill_id = conn.execute(
+                    "SELECT backfill_start(%s::regclass[], confirm => true, slot => 'many_slot', publication => 'many_pub',"
+                    " rows_per_message => 1000, parallel => %s)", [regclasses, parallel]).fetchone()[0]
+                conn.execute("SELECT backfill_wait(%s)", [backfill_id])
+                seconds[configuration].append(sent_past(conn, "many_slot", flushed_lsn(conn), started))
+            finally:
+                receiver.stop()
+            conn.execute("SELECT pg_drop_replication_slot('many_slot')")
+    one_table = statistics.median(seconds["1 table, parallel 1"])
+    results = []
+    print(f"\n{'many tables (' + str(total) + ' rows)':28} {'median s':>9} {'rows/s':>9} {'x 1 table':>10}   (medians of {repeat})")
+    for configuration, samples in seconds.items():
+        median = statistics.median(samples)
+        results.append({"configuration": configuration, "rows": total, "seconds": median, "rows_per_second": total / median,
+                        "ratio_to_one_table_parallel_1": one_table / median, "samples": samples})
+        print(f"{configuration:28} {median:>9.2f} {total / median:>9.0f} {one_table / median:>10.2f}")
     return results
 
 
@@ -701,8 +782,12 @@ def main():
     parser.add_argument("--load-signal", default="",
                         help="only the application's TPS under backfills held back by these max_active_sessions (e.g. 2,3)")
     parser.add_argument("--end-to-end", action="store_true",
-                        help="only until a consumer holds every row: per-row and batched backfills until delivered, "
+                        help="only until a consumer holds every row: per-row and batched backfills until delivered, unbound and "
+                             "as a pipeline's (slot and publication named), "
                              "ordinary changes, native tablesync until ready")
+    parser.add_argument("--many-tables", action="store_true",
+                        help="only 200 tables of 5,000 rows against one table of 1M rows, as a pipeline's backfill, "
+                             "with one and two workers")
     parser.add_argument("--batched", default="1000", help="rows_per_message of the batched backfills of --end-to-end")
     parser.add_argument("--spill", default="",
                         help="only the walsender's spill for backfills of this many wide rows, at several batch sizes")
@@ -739,6 +824,8 @@ def main():
             results, load = checksum_costs(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat), []
         elif args.load_signal:
             load = load_signal(conn, args.pgbench_seconds, args.repeat, [int(n) for n in args.load_signal.split(",")])
+        elif args.many_tables:
+            results, load = many_tables(conn, args.repeat), []
         elif args.source_cost:
             cost = source_cost(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat)
             load = []
@@ -754,7 +841,7 @@ def main():
                     print(f"{'lock_mode ' + r['lock_mode']:24} {r['tps']:>8.0f} {r['p99_latency_ms']:>8.2f} "
                           f"{r['rows_backfilled_per_second']:>16.0f} {r['share_of_pages_table_locked']:>19.0%}")
             results = cost
-        only = args.source_cost or args.load_signal or args.checksum or args.end_to_end or args.spill
+        only = args.source_cost or args.load_signal or args.checksum or args.end_to_end or args.spill or args.many_tables
         for shape in ([] if only else args.shapes.split(",")):
             for size in map(int, args.sizes.split(",")):
                 table = f"bench_{shape}_{size}"

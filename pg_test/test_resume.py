@@ -6,7 +6,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import (assert_each_row_read_once, backfill_messages, status, wait_for, wait_until_ended, wal2json_changes,
+from conftest import (as_reads, assert_each_row_read_once, backfill_messages, status, wait_for, wait_until_ended, wal2json_changes,
                       worker_pid)
 
 ROWS = 60_000
@@ -195,3 +195,53 @@ def test_every_failure_is_kept_in_backfill_errors(db, roles):
     # A role that did not start it sees nothing of it.
     other = roles.connect(roles.create("other"))
     assert other.execute("SELECT count(*) FROM backfill_errors").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("rows_per_message", [1, 200])
+def test_parallel_workers_share_many_tables_and_read_each_row_once_across_terminations(db, rows_per_message):
+    """A backfill of one large table and twelve small ones with two workers: the large table is
+    split between them, each small one is scanned whole by one of them, and both get small ones,
+    so the two scan different tables at once. Each worker is terminated once mid-run: every row
+    of every table is still read exactly once, and each table has one start marker before its
+    reads and one end marker after them."""
+    db.execute("""CREATE TABLE big (id bigint PRIMARY KEY, body text NOT NULL);
+                  INSERT INTO big SELECT g, repeat('x', 50) FROM generate_series(1, 60000) g;""")
+    small = [f"small{i:02}" for i in range(12)]
+    for i, name in enumerate(small):
+        db.execute(f"""CREATE TABLE {name} (id bigint PRIMARY KEY, body text NOT NULL);
+                       INSERT INTO {name} SELECT g, repeat('y', 50) FROM generate_series(1, {2000 + 500 * i}) g;""")
+    db.execute("ANALYZE")
+    db.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
+    tables = ["big"] + small
+    backfill_id = db.execute(
+        "SELECT backfill_start(%s::regclass[], confirm => true, batch_size => 500, parallel => 2, rows_per_second => 20000,"
+        " rows_per_message => %s)",
+        [tables, rows_per_message],
+    ).fetchone()[0]
+    workers = dict(db.execute(
+        "SELECT relid::regclass::text, array_agg(worker ORDER BY part) FROM backfill.job_table WHERE job_id = %s GROUP BY 1",
+        [backfill_id]).fetchall())
+    assert workers["big"] == [0, 1], workers
+    assert {tuple(workers[name]) for name in small} == {(0,), (1,)}, workers
+    terminated, tables_at_once = set(), 0
+    deadline = time.monotonic() + 120
+    while status(db, backfill_id, "state") == "running" and time.monotonic() < deadline:
+        for name in (f"pg_backfill {backfill_id}", f"pg_backfill {backfill_id}/1"):
+            row = db.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [name]).fetchone()
+            if row and name not in terminated and status(db, backfill_id, "rows_done") > 5000:
+                db.execute("SELECT pg_terminate_backend(%s)", [row[0]])
+                terminated.add(name)
+        tables_at_once = max(tables_at_once, db.execute(
+            "SELECT count(DISTINCT relid) FROM backfill.job_table WHERE job_id = %s AND state = 'running'",
+            [backfill_id]).fetchone()[0])
+        time.sleep(0.05)
+    assert len(terminated) == 2
+    assert wait_until_ended(db, backfill_id) == "done"
+    assert tables_at_once == 2
+    messages = as_reads(delivered(db))
+    for table in tables:
+        of_table = [m for m in messages if m["table"] == table]
+        rows = db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        assert_each_row_read_once(of_table, range(1, rows + 1))
+        ops = [m["op"] for m in of_table]
+        assert ops[0] == "table_start" and ops[-1] == "table_end", (table, ops[:3], ops[-3:])

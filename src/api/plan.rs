@@ -145,7 +145,7 @@ fn sample(table: &Table, prefix_len: usize, filtered_rows: Option<f64>) -> Estim
 /// one-column key, of a block sample of whole key tuples for a composite key. A table with
 /// neither (a one-column key without statistics, too few sampled keys) is scanned whole.
 pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<job_table::NewRange> {
-    let whole = || vec![job_table::NewRange { part: 0, lower_bound: None, upper_bound: None, rows_estimated: rows }];
+    let whole = || vec![whole_table(rows)];
     if parallel == 1 {
         return whole();
     }
@@ -172,11 +172,27 @@ pub fn key_ranges(table: &Table, rows: i64, parallel: i32) -> Vec<job_table::New
     (0..parallel as usize)
         .map(|part| job_table::NewRange {
             part: part as i32,
+            worker: part as i32,
             lower_bound: part.checked_sub(1).map(|p| splits[p].clone()),
             upper_bound: splits.get(part).cloned(),
             rows_estimated: rows / i64::from(parallel),
         })
         .collect()
+}
+
+/// A table scanned whole, by one worker (the first, until the plan spreads its tables).
+pub fn whole_table(rows: i64) -> job_table::NewRange {
+    job_table::NewRange { part: 0, worker: 0, lower_bound: None, upper_bound: None, rows_estimated: rows }
+}
+
+/// Whether a table of a backfill of several is split among its workers, rather than scanned
+/// whole by one: when it holds more than a 1/(2 x parallel) share of the backfill's rows. The
+/// tables scanned whole then go, largest first, to the worker with the fewest rows so far,
+/// which keeps every worker within half a worker's share of the others: a backfill of hundreds
+/// of small tables keeps its workers busy across tables, without paying each table's start and
+/// end once per worker.
+pub fn splits(rows: i64, total_rows: i64, parallel: i32) -> bool {
+    parallel > 1 && rows.saturating_mul(2 * i64::from(parallel)) > total_rows
 }
 
 /// The one-column key's histogram bounds, in key order, each a key.

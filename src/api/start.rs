@@ -220,7 +220,8 @@ impl LocalPlan {
         if let Some(publication) = &request.publication {
             tables.iter().for_each(|table| pipeline::require_published(publication, table));
         }
-        let tables = tables.into_iter().map(|table| PlannedTable::of(request, table)).collect();
+        let mut tables: Vec<PlannedTable> = tables.into_iter().map(|table| PlannedTable::of(request, table)).collect();
+        spread_over_workers(&mut tables, request.parallel);
         let plan = LocalPlan { tables, lock_mode };
         if let Some(keys) = &request.keys {
             return plan.with_keys(keys.clone(), request.filter.is_some());
@@ -285,8 +286,35 @@ impl PlannedTable {
         let publication_filter = publication.and_then(|p| crate::selection::published::published(p, &table).row_filter);
         let filter = plan::backfill_filter(&table, request.filter.as_deref(), publication_filter.as_deref());
         let estimate = plan::estimate(&table, settings::message_prefix().len(), filter.as_deref());
-        let ranges = plan::key_ranges(&table, estimate.rows, request.parallel);
+        let ranges = vec![plan::whole_table(estimate.rows)];
         PlannedTable { table, publication_filter, estimate, ranges, keys: None }
+    }
+}
+
+/// Which worker scans which range (plan::splits): the large tables split among all of them,
+/// the others whole, each to the worker with the fewest rows so far, largest first.
+fn spread_over_workers(tables: &mut [PlannedTable], parallel: i32) {
+    let total_rows: i64 = tables.iter().map(|t| t.estimate.rows).sum();
+    // (rows, tables) per worker: of equal rows (empty tables), the one with fewer tables.
+    let mut rows_of_worker = vec![(0_i64, 0_usize); parallel.max(1) as usize];
+    let mut whole: Vec<&mut PlannedTable> = Vec::new();
+    for planned in tables.iter_mut() {
+        if plan::splits(planned.estimate.rows, total_rows, parallel) {
+            planned.ranges = plan::key_ranges(&planned.table, planned.estimate.rows, parallel);
+            for range in &planned.ranges {
+                let load = &mut rows_of_worker[range.worker as usize];
+                *load = (load.0 + range.rows_estimated, load.1 + 1);
+            }
+        } else {
+            whole.push(planned);
+        }
+    }
+    whole.sort_by_key(|planned| std::cmp::Reverse(planned.estimate.rows));
+    for planned in whole {
+        let least_busy = (0..rows_of_worker.len()).min_by_key(|worker| rows_of_worker[*worker]).unwrap_or(0);
+        planned.ranges[0].worker = least_busy as i32;
+        let load = &mut rows_of_worker[least_busy];
+        *load = (load.0 + planned.estimate.rows, load.1 + 1);
     }
 }
 

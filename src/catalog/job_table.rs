@@ -40,6 +40,8 @@ pub struct NewTable<'a> {
 #[derive(Clone)]
 pub struct NewRange {
     pub part: i32,
+    /// The worker that scans it (0 to parallel - 1).
+    pub worker: i32,
     pub lower_bound: Option<Vec<KeyText>>,
     pub upper_bound: Option<Vec<KeyText>>,
     pub rows_estimated: i64,
@@ -156,11 +158,11 @@ pub fn insert_job_table(backfill_id: i64, position: i32, table: &NewTable, range
         optional.push(("publication_filter", Text::from(filter).into()));
     }
     let names: String = optional.iter().map(|(column, _)| format!(", {column}")).collect();
-    let values: String = (9..9 + optional.len()).map(|i| format!(", ${i}")).collect();
+    let values: String = (10..10 + optional.len()).map(|i| format!(", ${i}")).collect();
     let sql = format!(
         "INSERT INTO backfill.job_table (job_id, position, relid, part, worker, key_columns, lower_bound, cursor,
                                          upper_bound, rows_estimated{names})
-         VALUES ($1, $2, $3::pg_catalog.oid::pg_catalog.regclass, $4, $4, $5::pg_catalog.name[], $6, $6, $7, $8{values})"
+         VALUES ($1, $2, $3::pg_catalog.oid::pg_catalog.regclass, $4, $9, $5::pg_catalog.name[], $6, $6, $7, $8{values})"
     );
     let mut args: Vec<DatumWithOid> = vec![
         backfill_id.into(),
@@ -171,6 +173,7 @@ pub fn insert_job_table(backfill_id: i64, position: i32, table: &NewTable, range
         range.lower_bound.into(),
         range.upper_bound.into(),
         range.rows_estimated.into(),
+        range.worker.into(),
     ];
     args.extend(optional.into_iter().map(|(_, value)| value));
     Spi::run_with_args(&sql, &args).or_internal("record the backfill's tables")

@@ -204,7 +204,8 @@ fn record_node_backfills(
             for placement in shards {
                 position += 1;
                 let keys = options.keys.and_then(|keys| keys.get(&placement.shard_id)).map_or(0, Vec::len);
-                let range = NewRange { part: 0, lower_bound: None, upper_bound: None, rows_estimated: keys as i64 };
+                let range =
+                    NewRange { part: 0, worker: 0, lower_bound: None, upper_bound: None, rows_estimated: keys as i64 };
                 job_table::insert_job_table(backfill_id, position, &record, range);
                 job_shard::insert(
                     backfill_id,

@@ -2,6 +2,7 @@
 //! argument checks, a query's rows to Rust as they are produced, and what Citus's metadata says of a table.
 
 pub(crate) mod args;
+pub(crate) mod catalog_changes;
 pub(crate) mod citus;
 pub(crate) mod compat;
 pub(crate) mod encoding;

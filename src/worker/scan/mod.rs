@@ -61,6 +61,9 @@ pub struct TableScan<'a> {
     shape: ReadShape,
     throttle: Throttle,
     progress: progress::ProgressLog,
+    /// The catalog's publication generation (pg/catalog_changes.rs) when a page last found the
+    /// table published as it was at the start: until it moves, the publication need not be read.
+    published_as_of: Option<u64>,
 }
 
 /// What a scan is for, fixed when it opens.
@@ -152,6 +155,7 @@ impl<'a> TableScan<'a> {
             },
             throttle: Throttle::new(job, partitioned),
             progress: progress::ProgressLog::new(),
+            published_as_of: None,
             shape,
         })
     }
@@ -196,6 +200,8 @@ impl<'a> TableScan<'a> {
 
     /// One page, inside its own transaction.
     pub fn page(&mut self) -> Page {
+        // First, before any lock is taken (see publication_generation()).
+        let catalog_generation = crate::pg::catalog_changes::publication_generation();
         let job = match self.refresh() {
             Ok(job) => job,
             Err(state) => return Page::Stopped(state),
@@ -215,7 +221,7 @@ impl<'a> TableScan<'a> {
             )
         };
         self.report_doing(&job, &progress);
-        let same_columns = self.recheck(&job);
+        let same_columns = self.recheck(&job, catalog_generation);
         let signer = Signer::for_this_transaction(job::signing_key());
         if progress.state == RangeState::Pending {
             return self.start_scan(&progress, &signer);
@@ -245,7 +251,7 @@ impl<'a> TableScan<'a> {
     /// The table as the page finds it: its owner now, the starter's rights on it, and the
     /// pipeline's publication still holding it, with the columns and rows the scan sends.
     /// Whether its columns are still the scan's.
-    fn recheck(&mut self, job: &Job) -> bool {
+    fn recheck(&mut self, job: &Job, catalog_generation: u64) -> bool {
         let row = &self.shape.row;
         // SAFETY: the descriptor is the open relation's.
         let found = self.shape.table.recheck(|descriptor| unsafe { row.describes(descriptor) });
@@ -258,8 +264,10 @@ impl<'a> TableScan<'a> {
             job.slot_name.as_deref(),
         );
         // A table dropped from the pipeline's publication mid-run: its consumer no longer wants
-        // it, though pgoutput would still pass its messages on.
-        if let Some(publication) = &job.publication_name {
+        // it, though pgoutput would still pass its messages on. Read again only when the catalog
+        // may have changed since a page last found it unchanged.
+        let publication_unchanged = self.published_as_of == Some(catalog_generation);
+        if let (Some(publication), false) = (&job.publication_name, publication_unchanged) {
             pipeline::require_published(publication, table);
             let published = crate::selection::published::published(publication, table);
             crate::selection::columns::require_still_published(publication, table, published.columns.as_deref());
@@ -269,6 +277,7 @@ impl<'a> TableScan<'a> {
                 self.context.published_filter.as_deref(),
                 published.row_filter.as_deref(),
             );
+            self.published_as_of = Some(catalog_generation);
         }
         found.same_columns
     }
