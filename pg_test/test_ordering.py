@@ -103,7 +103,7 @@ def replay(changes, prefix="backfill"):
         elif action == "M" and change["prefix"] == prefix:
             # A batch (rows_per_message > 1) is applied as its rows, in order.
             for message in as_reads(backfill_messages([change], prefix)):
-                if message["op"] != "read":
+                if message["op"] != "read" or message["table"] != "items":
                     continue
                 row = message["data"]
                 if row["id"] in deleted:
@@ -114,9 +114,12 @@ def replay(changes, prefix="backfill"):
     return state, violations
 
 
-def run_scenario(cluster, db, skip_row_locks, parallel=1, lock_mode="auto", rows_per_message=1, row_filter=None):
+def run_scenario(cluster, db, skip_row_locks, parallel=1, lock_mode="auto", rows_per_message=1, row_filter=None,
+                 other_tables=0):
     """With `row_filter` (pg_test/test_filter.py): rows start with v = id / 2 % 2, and the filter
-    keeps even v, so that every update flips a row into or out of it."""
+    keeps even v, so that every update flips a row into or out of it. With `other_tables`, the
+    backfill has that many small tables besides items, each scanned whole by one worker, while
+    the workers share items."""
     dbname = db.info.dbname
     db.execute(f"SET backfill.lock_mode = '{lock_mode}'")
     if skip_row_locks:
@@ -126,11 +129,16 @@ def run_scenario(cluster, db, skip_row_locks, parallel=1, lock_mode="auto", rows
            INSERT INTO items SELECT 2 * g, %s, md5(g::text) FROM generate_series(1, %s) g;
            ANALYZE items;""" % ("g % 2" if row_filter else "0", ROWS)
     )
+    others = [f"other{i}" for i in range(other_tables)]
+    for name in others:
+        db.execute(f"""CREATE TABLE {name} (id bigint PRIMARY KEY, v int NOT NULL DEFAULT 0, payload text NOT NULL);
+                       INSERT INTO {name} SELECT g, 0, md5(g::text) FROM generate_series(1, 2000) g;
+                       ANALYZE {name};""")
     db.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
     backfill_id = db.execute(
-        "SELECT backfill_start('items', confirm => true, batch_size => %s, rows_per_second => 10000, parallel => %s,"
+        "SELECT backfill_start(%s::regclass[], confirm => true, batch_size => %s, rows_per_second => 10000, parallel => %s,"
         " rows_per_message => %s, filter => %s)",
-        [BATCH, parallel, rows_per_message, row_filter],
+        [["items"] + others, BATCH, parallel, rows_per_message, row_filter],
     ).fetchone()[0]
     with Writers(cluster, dbname, backfill_id) as writers:
         assert wait_until_ended(db, backfill_id) == "done"
@@ -171,6 +179,21 @@ def test_reads_stay_ordered_with_concurrent_writes(cluster, db, parallel, lock_m
     assert {"rows": table_locked == 0 and row_locked > 0, "table": row_locked == 0 and table_locked > 0}.get(
         lock_mode, table_locked + row_locked > 0
     ), (table_locked, row_locked)
+
+
+def test_reads_stay_ordered_while_the_workers_also_scan_other_tables(cluster, db):
+    """Two workers share items while each also scans small tables of its own (many tables at
+    once): the same guarantees for items, and every other table read whole."""
+    writers, violations, mismatched, _ = run_scenario(cluster, db, skip_row_locks=False, parallel=2, other_tables=6)
+    assert writers.errors == []
+    assert writers.ops > 1000, "the writers barely ran: the scenario proves nothing"
+    assert violations == []
+    assert mismatched == set()
+    workers = db.execute("SELECT array_agg(DISTINCT worker ORDER BY worker) FROM backfill.job_table"
+                         " WHERE relid::regclass::text LIKE 'other%'").fetchone()[0]
+    assert workers == [0, 1]
+    others = db.execute("SELECT table_name::text, state, rows_done FROM backfill_tables WHERE table_name::text LIKE 'other%'").fetchall()
+    assert sorted(others) == [(f"other{i}", "done", 2000) for i in range(6)]
 
 
 @pytest.mark.parametrize("rows_per_message", [1, 30])
