@@ -49,6 +49,12 @@ SHAPES = {
         " jsonb_build_object('g', g, 'tags', jsonb_build_array('a', 'b', g % 10)), now()"
         " FROM generate_series({lo}, {hi}) g",
     ),
+    # Eight columns of mixed types, the verification cost's shape of issue 36.
+    "mixed8": (
+        "CREATE TABLE {t} (id bigint PRIMARY KEY, n numeric(12,2), t text, ts timestamptz, f float8, j jsonb, b bool, u uuid)",
+        "INSERT INTO {t} SELECT g, g * 0.25, 'text ' || g, timestamptz '2024-01-01' + g * interval '1 second', g / 7.0,"
+        " jsonb_build_object('g', g, 'even', g % 2 = 0), g % 3 = 0, md5(g::text)::uuid FROM generate_series({lo}, {hi}) g",
+    ),
     # narrow's columns under a composite key (16 regions): parallel => 2 splits it at sampled
     # key tuples (0.8.0), a one-column key at its histogram.
     "composite": (
@@ -685,6 +691,8 @@ def data_diff_timestamp(value, precision=6):
 DATA_DIFF_COLUMNS = {
     "narrow": ["id::varchar", "a::varchar", "b::varchar", "c::decimal(38, 2)::varchar"],
     "wide": ["id::varchar", "title::varchar", "body::varchar", "attrs::text", data_diff_timestamp("created")],
+    "mixed8": ["id::varchar", "n::decimal(38, 2)::varchar", "t::varchar", data_diff_timestamp("ts"), "f::varchar",
+               "j::text", "b::varchar", "u::varchar"],
 }
 
 
@@ -718,7 +726,7 @@ def checksum_costs(conn, shapes, sizes, repeat):
             levels = {f"checksum {level}, 1024 ranges": (
                 "SELECT * FROM backfill_checksum(%s, level => %s, bounds => %s::jsonb)", [table, level, bounds_text])
                 for level in ("count", "aggregate", "hash")}
-            last_column = {"narrow": "c", "wide": "created"}[shape]
+            last_column = {"narrow": "c", "wide": "created", "mixed8": "u"}[shape]
             methods = {
                 "count(*)": (f"SELECT count(*) FROM {table}", None),
                 # What reading every column of every row costs, hashing nothing: a floor.
