@@ -58,20 +58,6 @@ pub unsafe fn has_virtual_generated_columns(tupdesc: pg_sys::TupleDesc) -> bool 
     };
 }
 
-/// This backend's local transaction id: a new one for each top-level transaction, whether or
-/// not it is assigned a transaction id.
-///
-/// 17 moved it into `PGPROC.vxid`.
-///
-/// # Safety
-/// In a backend (`MyProc` set).
-pub unsafe fn local_transaction_id() -> u32 {
-    #[cfg(feature = "pg15")]
-    return (*pg_sys::MyProc).lxid;
-    #[cfg(any(feature = "pg17", feature = "pg18"))]
-    return (*pg_sys::MyProc).vxid.lxid;
-}
-
 /// Installs a backend's handler for a signal (`pqsignal`, which 18's headers map to
 /// `pqsignal_be` inside the server).
 ///
