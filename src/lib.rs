@@ -10,8 +10,9 @@
 //!   arguments (`args.rs`), node trees and lists (`nodes.rs`), a query's rows handed to Rust as
 //!   the executor produces them (`receiver.rs`), a read that reaches only the table it checked
 //!   (`read_guard.rs`), where PostgreSQL's C API differs between the majors built for, one shim
-//!   per difference (`compat.rs`), and what Citus's metadata says of a table: a shard's
-//!   distributed table, a table's distribution (`citus.rs`).
+//!   per difference (`compat.rs`), whether the catalog a publication is read from may have
+//!   changed, from PostgreSQL's invalidations (`catalog_changes.rs`), and what Citus's metadata
+//!   says of a table: a shard's distributed table, a table's distribution (`citus.rs`).
 //! - `model/`: a table as a backfill sees it, its key and columns (`table.rs`); the states
 //!   and modes of backfills and their ranges (`state.rs`); what a caller asks of a backfill,
 //!   one typed request per verb (`request.rs`).

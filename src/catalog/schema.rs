@@ -63,7 +63,8 @@ impl Capabilities {
             let name = std::ffi::CString::new(name).ok()?;
             let oid = pg_sys::get_relname_relid(name.as_ptr(), schema);
             let kind = pg_sys::get_rel_relkind(oid) as u8;
-            (schema != pg_sys::InvalidOid && oid != pg_sys::InvalidOid && matches!(kind, b'r' | b'p' | b'v')).then_some(oid)
+            (schema != pg_sys::InvalidOid && oid != pg_sys::InvalidOid && matches!(kind, b'r' | b'p' | b'v'))
+                .then_some(oid)
         };
         Self::from_schema(
             |table, column| {
@@ -140,7 +141,11 @@ fn watch_catalog() {
         unsafe {
             pg_sys::CacheRegisterRelcacheCallback(Some(forget_on_relcache_change), pg_sys::Datum::from(0));
             for cache in [pg_sys::SysCacheIdentifier::RELNAMENSP, pg_sys::SysCacheIdentifier::ATTNAME] {
-                pg_sys::CacheRegisterSyscacheCallback(cache as _, Some(forget_on_syscache_change), pg_sys::Datum::from(0));
+                pg_sys::CacheRegisterSyscacheCallback(
+                    cache as _,
+                    Some(forget_on_syscache_change),
+                    pg_sys::Datum::from(0),
+                );
             }
         }
     }
