@@ -10,8 +10,10 @@ LSN), and ends with an exact copy of the table, every row read once, no stale re
 """
 
 import json
+import random
 import subprocess
 import tempfile
+import threading
 from collections import Counter
 
 import pytest
@@ -101,6 +103,42 @@ def make_standby(primary, standby):
     standby.pg_ctl("start")
 
 
+class WritersAfterPromotion:
+    """Updates on the promoted server while its backfill carries on, most just ahead of a
+    cursor (the rows its next page reads), and deletes: the reads that follow must not be stale.
+    (test_ordering's Writers insert fresh ids that its writers on the old primary took already.)"""
+
+    def __init__(self, server, backfill_id):
+        self.server, self.backfill_id = server, backfill_id
+        self.stop, self.errors, self.updates = threading.Event(), [], 0
+        self.thread = threading.Thread(target=self.run)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+    def run(self):
+        rng = random.Random(7)
+        try:
+            with self.server.connect("app") as conn:
+                while not self.stop.is_set():
+                    cursor = conn.execute(
+                        "SELECT coalesce(max(cursor[1]::bigint), 0) FROM backfill_tables WHERE backfill_id = %s",
+                        [self.backfill_id],
+                    ).fetchone()[0]
+                    if rng.random() < 0.9:
+                        conn.execute("UPDATE items SET v = v + 1 WHERE id = %s", [cursor + 2 * rng.randint(1, 200)])
+                        self.updates += 1
+                    else:
+                        conn.execute("DELETE FROM items WHERE id = %s", [2 * rng.randint(1, ROWS)])
+        except Exception as e:  # a writer must never fail because of the backfill
+            self.errors.append(repr(e))
+
+
 def backfill_processes(conn):
     return conn.execute(
         "SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE backend_type LIKE 'pg_backfill%'"
@@ -161,8 +199,10 @@ def test_a_backfill_carries_on_after_a_failover_exactly_once(cluster, rows_per_m
             assert promoted.execute("SELECT pg_is_in_recovery()").fetchone()[0] is False
             consumers.append(StreamingConsumer(standby, "app", "pipe"))
             # By itself, with no call: the launcher resumes it once recovery has finished.
-            assert wait_until_ended(promoted, backfill_id, timeout=TIMEOUT) == "done", \
-                status(promoted, backfill_id, "last_error")
+            with WritersAfterPromotion(standby, backfill_id) as writers:
+                assert wait_until_ended(promoted, backfill_id, timeout=TIMEOUT) == "done", \
+                    status(promoted, backfill_id, "last_error")
+            assert writers.errors == [] and writers.updates > 0
             wait_for(lambda: status(promoted, backfill_id, "delivered"), timeout=TIMEOUT,
                      what="the consumer to confirm the whole backfill")
             consumers[1].stop()
