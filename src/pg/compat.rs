@@ -139,3 +139,16 @@ pub fn publishes_stored_generated_columns(publication: &str) -> String {
         "false".into()
     }
 }
+
+/// SQL: whether the `pg_catalog.pg_replication_slots` row (unaliased) is a standby's copy of
+/// its primary's failover slot, made by the slotsync worker (`sync_replication_slots`) and kept,
+/// `synced` still true, when the standby was promoted.
+///
+/// 17 added failover slots and their synchronization; 15 has none.
+pub fn slot_is_synchronized_copy() -> &'static str {
+    if cfg!(feature = "pg15") {
+        "false"
+    } else {
+        "(synced AND failover)"
+    }
+}

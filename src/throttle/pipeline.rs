@@ -113,6 +113,16 @@ pub fn slot_identity(slot: &str) -> Option<String> {
 
 /// Why the backfill must wait for its slot's consumer now, if it must; an error if the slot is
 /// gone, is another slot of the same name, or was invalidated.
+///
+/// After a failover the slot is the promoted standby's copy of the one the backfill was started
+/// for, in a directory of its own: another identity, yet the same slot, whose consumer carries on
+/// from it (docs/operations.md, "Failover"). Only the slotsync worker makes a slot `synced` (a
+/// standby's slot cannot be created, dropped or used by hand), and a slot created on the
+/// promoted server is not: a synchronized copy is accepted for the slot of its name, any other
+/// slot of a new identity refused. What this cannot tell apart: a slot dropped and created again
+/// on the old primary, with `failover`, while that primary's workers did not read it (the
+/// backfill paused by backfill_pause(), or between their last page and the crash), then copied
+/// to the standby: PostgreSQL keeps no trace of a slot's creation that the copy would carry.
 pub fn blocker(job: &Job) -> Option<WaitReason> {
     let slot = job.slot_name.as_deref()?;
     // The lag from the WAL inserted, not written: the worker commits asynchronously, and on a
@@ -120,9 +130,12 @@ pub fn blocker(job: &Job) -> Option<WaitReason> {
     // run stopped 370 kB past its limit, measured from the written position).
     let row = Spi::connect(|client| {
         let rows = client.select(
-            "SELECT active, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(), confirmed_flush_lsn)::bigint,
-                    wal_status
-               FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1",
+            &format!(
+                "SELECT active, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(), confirmed_flush_lsn)::bigint,
+                        wal_status, {synchronized_copy}
+                   FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1",
+                synchronized_copy = crate::pg::compat::slot_is_synchronized_copy(),
+            ),
             None,
             &[slot.into()],
         )?;
@@ -130,10 +143,15 @@ pub fn blocker(job: &Job) -> Option<WaitReason> {
             return Ok::<_, spi::Error>(None);
         }
         let row = rows.first();
-        Ok(Some((row.get::<bool>(1)?.unwrap_or(false), row.get::<i64>(2)?.unwrap_or(0), row.get::<String>(3)?)))
+        Ok(Some((
+            row.get::<bool>(1)?.unwrap_or(false),
+            row.get::<i64>(2)?.unwrap_or(0),
+            row.get::<String>(3)?,
+            row.get::<bool>(4)?.unwrap_or(false),
+        )))
     })
     .or_internal("read the slot");
-    let Some((active, lag, wal_status)) = row else {
+    let Some((active, lag, wal_status, synchronized_copy)) = row else {
         raise(
             ERRCODE_UNDEFINED_OBJECT,
             format!("replication slot \"{slot}\" no longer exists"),
@@ -141,7 +159,7 @@ pub fn blocker(job: &Job) -> Option<WaitReason> {
             Some("Start a new backfill for the pipeline's current slot.".into()),
         );
     };
-    if job.slot_identity.is_some() && slot_identity(slot) != job.slot_identity {
+    if job.slot_identity.is_some() && slot_identity(slot) != job.slot_identity && !synchronized_copy {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("replication slot \"{slot}\" was dropped and created again"),
