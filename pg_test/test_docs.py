@@ -47,7 +47,7 @@ UPDATE = os.environ.get("BACKFILL_DOCS_UPDATE") == "1"
 MARKER = re.compile(r"^<!-- example(?P<not_run> not run)?:(?P<args>.*)-->\s*$")
 PROMPT = re.compile(r"^(?P<prompt>\w+[=-]# )(?P<rest>.*)$")
 # A block shows output when it has a psql prompt, a result's frame, or a server message.
-OUTPUT = re.compile(r"^\s*(\w+=# |-\[ RECORD|(ERROR|NOTICE|LOG|DEBUG|WARNING):  |\(\d+ rows?\)$)", re.M)
+OUTPUT = re.compile(r"^\s*(\w+=# |-\[ RECORD|(ERROR|NOTICE|LOG|DEBUG|WARNING):  |\(\d+ rows?\)$|-+(\+-+)+$)|\"auth\":\"", re.M)
 BOUNDARY = "@@docs-example-boundary@@"
 
 
@@ -95,7 +95,7 @@ def examples():
             indent = len(lines[i]) - len(lines[i].lstrip())
             block = "\n".join(line[indent:] for line in lines[i + 1 : end])
             marker = MARKER.match(lines[i - 1].strip()) if i > 0 else None
-            if marker or OUTPUT.search(block):
+            if marker or (OUTPUT.search(block) and fence[1] not in ("python", "sh")):
                 example = Example(doc, i + 1, block, lang=fence[1])
                 if marker and marker["not_run"]:
                     example.not_run = marker["args"].strip() or "?"
@@ -170,6 +170,18 @@ def shop_publication(conn):
     conn.execute("CREATE PUBLICATION shop FOR TABLE orders")
 
 
+def a_backfill_waiting_for_its_consumer(conn):
+    """The README's worked example: orders' backfill for the slot of a pgoutput consumer that is not
+    streaming yet, paced at 20,000 rows/s; returns once its worker waits for the consumer."""
+    orders(conn)
+    slot("search_index", "pgoutput")(conn)
+    shop_publication(conn)
+    conn.execute("SELECT backfill_start('orders', confirm => true, slot => 'search_index', publication => 'shop',"
+                 " rows_per_second => 20000)")
+    wait_for(lambda: conn.execute("SELECT waiting_kind = 'consumer_away' FROM backfill_status WHERE id = 1").fetchone()[0],
+             what="the backfill to wait for its consumer")
+
+
 SETUPS = {
     "orders": orders,
     "orders_1m": lambda conn: orders(conn, rows=1000000),
@@ -179,6 +191,7 @@ SETUPS = {
     "demo_slot": slot("demo_slot", "test_decoding"),  # the demo's slot (scripts/demo.sh)
     "search_index": slot("search_index", "pgoutput"),  # the worked example's consumer's slot...
     "shop": shop_publication,  # ...and its publication
+    "waiting_backfill": a_backfill_waiting_for_its_consumer,
 }
 
 
@@ -188,7 +201,7 @@ def first_message(conn, op, where=""):
     """The content of the first backfill message of `op` in demo_slot, as JSON text."""
     row = conn.execute(
         "SELECT substring(data from 'content:(.*)') FROM pg_catalog.pg_logical_slot_peek_changes('demo_slot', NULL, NULL)"
-        " WHERE data LIKE %s ORDER BY pg_catalog.length(data) LIMIT 1",
+        " WHERE data LIKE %s LIMIT 1",
         [f'%"op":"{op}"%{where}%'],
     ).fetchone()
     return row[0]
@@ -196,7 +209,8 @@ def first_message(conn, op, where=""):
 
 def a_read_message(conn, cluster):
     """The README's and consumers.md's read: row 42 of the demo's orders."""
-    conn.execute("SELECT backfill_start('orders', confirm => true); SELECT backfill_wait(1)")
+    conn.execute("SELECT backfill_start('orders', confirm => true)")
+    conn.execute("SELECT backfill_wait(1)")
     return pretty_message(first_message(conn, "read", '"key":{"id":42}'))
 
 
@@ -209,38 +223,43 @@ def a_batch_message(conn, cluster):
 
 
 def pretty_message(content: str) -> str:
-    """A message as the docs print it: its JSON cut before `"data"`/`"rows"` entries and `"commit_lsn"`."""
-    text = re.sub(r',("data"|"rows"|"commit_lsn")', r',\n \1', content)
-    return re.sub(r'\},\{"key"', '},\n        {"key"', text)
+    """A message as the docs print it: a line for its envelope, one for `"data"` (for a batch, one
+    for each of its rows) and one for `"commit_lsn"` and `"auth"`."""
+    text = re.sub(r',("rows"|"commit_lsn")', r',\n \1', content)
+    if '"op":"reads"' in content:
+        return re.sub(r'\},\{"key"', '},\n        {"key"', text)
+    return re.sub(r',"data"', ',\n "data"', text, count=1)
 
 
-def server_log_lines(cluster, since: int, pattern: str):
-    log = Path(cluster.dir, "server.log").read_bytes()[since:].decode(errors="replace")
-    return [re.sub(r"^.*? (LOG|WARNING|ERROR):  ", r"\1:  ", line) for line in log.split("\n") if re.search(pattern, line)]
+def pgoutput_consumer(cluster, dbname):
+    """A streaming consumer of search_index for publication shop (pg_recvlogical, confirming every second)."""
+    return subprocess.Popen(
+        [f"{PG_BIN}/pg_recvlogical", "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres", "-d", dbname,
+         "--slot", "search_index", "--start", "-s", "1", "-F", "1", "-o", "proto_version=1",
+         "-o", "publication_names=shop", "-o", "messages=true", "-f", "/dev/null"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
 
 
 def log_lines_of_a_backfill_for_a_slot(conn, cluster):
-    """operations.md's log lines: a backfill whose slot's consumer connects after it started."""
-    since = Path(cluster.dir, "server.log").stat().st_size
-    conn.execute("SELECT backfill_start('orders', confirm => true, slot => 'search_index', publication => 'shop')")
-    wait_for(lambda: conn.execute("SELECT waiting_kind = 'consumer_away' FROM backfill_status WHERE id = 1").fetchone()[0],
-             what="the backfill to wait for its consumer")
-    consumer = Consumer(cluster, conn.info.dbname, "demo_slot")
+    """operations.md's log lines: the worked example's backfill, whose consumer starts streaming
+    once it waits for it, to its end. (Lines of the worker, without the server's prefix.)"""
+    log = Path(cluster.dir, "server.log")
+    since = log.stat().st_size
+    a_backfill_waiting_for_its_consumer(conn)
+    consumer = pgoutput_consumer(cluster, conn.info.dbname)
     try:
-        # (demo_slot is a test_decoding slot: what matters here is a consumer of search_index.)
-        subprocess.run([f"{PG_BIN}/pg_recvlogical", "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres",
-                        "-d", conn.info.dbname, "--slot", "search_index", "--start", "-o", "proto_version=1",
-                        "-o", "publication_names=shop", "-o", "messages=true", "-f", "/dev/null",
-                        "--endpos", conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]],
-                       check=False, capture_output=True, timeout=30)
+        conn.execute("SELECT backfill_wait(1)")
     finally:
-        consumer.stop()
-    conn.execute("SELECT backfill_cancel(1)")
-    time.sleep(0.5)
-    return "\n".join(server_log_lines(cluster, since, r"pg_backfill \d+ in database"))
+        consumer.terminate()
+        consumer.wait(10)
+    wait_for(lambda: re.search(rb'": done\n', log.read_bytes()[since:]), what="the worker's last log line")
+    lines = log.read_bytes()[since:].decode(errors="replace").split("\n")
+    return "\n".join(re.sub(r"^.*? LOG:  ", "LOG:  ", line) for line in lines if " LOG:  pg_backfill " in line)
 
 
 SCENARIOS = {
+    "log_lines": log_lines_of_a_backfill_for_a_slot,
     "a_read_message": a_read_message,
     "a_batch_message": a_batch_message,
 }
