@@ -2,7 +2,7 @@
 run's server, and its output compared with the one the docs show (as pg_regress's expected files
 do for pg_cron's and pg_search's SQL tests).
 
-The convention, for whoever writes an example (docs/README.md says it for readers too):
+The convention, for whoever writes an example (pg_test/README.md says it for readers too):
 
 - A fenced block that shows output (a psql session, query results, an error, a NOTICE, log
   lines, a message) is preceded by a marker line, an HTML comment that GitHub does not render:
@@ -29,18 +29,15 @@ output differs with what the run printed (a block with `...` is rewritten whole:
 elisions back), for the lead to review with `git diff` after a change of the product.
 """
 
-import json
 import os
 import re
 import subprocess
-import time
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from conftest import PG_BIN, ROOT, Consumer, wait_for
+from conftest import PG_BIN, ROOT, wait_for
 
 DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 UPDATE = os.environ.get("BACKFILL_DOCS_UPDATE") == "1"
@@ -292,7 +289,7 @@ def run_session(conn, cluster, block: str) -> str:
     psql = subprocess.run(
         [f"{PG_BIN}/psql", "-X", "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres", "-d", conn.info.dbname,
          "-f", "-"],
-        input=script, capture_output=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
+        input=script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
     )
     outputs = re.sub(r"^psql:<stdin>:\d+: ", "", psql.stdout, flags=re.M).split(BOUNDARY + "\n")
     rendered = []
@@ -369,16 +366,14 @@ def rewrite(example: Example, actual: str) -> None:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
 def test_the_docs_example_shows_what_the_product_prints(cluster, db, example):
-    with ExitStack():
-        for name in example.setup:
-            assert name in SETUPS, f"{example.id}: setup={name} is not one of {sorted(SETUPS)}"
-            SETUPS[name](db)
-        if example.run:
-            assert example.run in SCENARIOS, f"{example.id}: run={example.run} is not one of {sorted(SCENARIOS)}"
-            actual = SCENARIOS[example.run](db, cluster)
-        else:
-            actual = run_session(db, cluster, example.block)
-        db.execute("SELECT backfill_cancel(id) FROM backfill_status WHERE state IN ('running', 'paused')")
+    for name in example.setup:
+        assert name in SETUPS, f"{example.id}: setup={name} is not one of {sorted(SETUPS)}"
+        SETUPS[name](db)
+    if example.run:
+        assert example.run in SCENARIOS, f"{example.id}: run={example.run} is not one of {sorted(SCENARIOS)}"
+        actual = SCENARIOS[example.run](db, cluster)
+    else:
+        actual = run_session(db, cluster, example.block)
     expected_lines, actual_lines = normalized(example.block, example), normalized(actual, example)
     if matches(expected_lines, actual_lines):
         return
