@@ -252,7 +252,9 @@ def log_lines_of_a_backfill_for_a_slot(conn, cluster):
         consumer.wait(10)
     wait_for(lambda: re.search(rb'": done\n', log.read_bytes()[since:]), what="the worker's last log line")
     lines = log.read_bytes()[since:].decode(errors="replace").split("\n")
-    return "\n".join(re.sub(r"^.*? LOG:  ", "LOG:  ", line) for line in lines if " LOG:  pg_backfill " in line)
+    # (This database's workers' lines only: an earlier example's database may be dropping.)
+    ours = f' LOG:  pg_backfill 1 in database "{conn.info.dbname}": '
+    return "\n".join(re.sub(r"^.*? LOG:  ", "LOG:  ", line) for line in lines if ours in line)
 
 
 SCENARIOS = {
