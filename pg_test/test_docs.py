@@ -192,6 +192,20 @@ SETUPS = {
 }
 
 
+def a_streaming_consumer(conn, cluster):
+    """A consumer of search_index that streams (for publication shop); stopped after the example."""
+    consumer = pgoutput_consumer(cluster, conn.info.dbname)
+
+    def stop():
+        consumer.terminate()
+        consumer.wait(10)
+    return stop
+
+
+# Set-ups that also need the cluster; each returns what stops what it started.
+CLUSTER_SETUPS = {"consumer": a_streaming_consumer}
+
+
 # --- scenarios: the text of a block that is not a psql session ----------------------------------------
 
 def first_message(conn, op, where=""):
@@ -368,14 +382,21 @@ def rewrite(example: Example, actual: str) -> None:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
 def test_the_docs_example_shows_what_the_product_prints(cluster, db, example):
-    for name in example.setup:
-        assert name in SETUPS, f"{example.id}: setup={name} is not one of {sorted(SETUPS)}"
-        SETUPS[name](db)
-    if example.run:
-        assert example.run in SCENARIOS, f"{example.id}: run={example.run} is not one of {sorted(SCENARIOS)}"
-        actual = SCENARIOS[example.run](db, cluster)
-    else:
-        actual = run_session(db, cluster, example.block)
+    cleanups = []
+    try:
+        for name in example.setup:
+            assert name in SETUPS or name in CLUSTER_SETUPS, \
+                f"{example.id}: setup={name} is not one of {sorted([*SETUPS, *CLUSTER_SETUPS])}"
+            cleanups.append(CLUSTER_SETUPS[name](db, cluster) if name in CLUSTER_SETUPS else SETUPS[name](db))
+        if example.run:
+            assert example.run in SCENARIOS, f"{example.id}: run={example.run} is not one of {sorted(SCENARIOS)}"
+            actual = SCENARIOS[example.run](db, cluster)
+        else:
+            actual = run_session(db, cluster, example.block)
+    finally:
+        for cleanup in reversed(cleanups):
+            if cleanup:
+                cleanup()
     expected_lines, actual_lines = normalized(example.block, example), normalized(actual, example)
     if matches(expected_lines, actual_lines):
         return
