@@ -116,17 +116,17 @@ def test_every_example_with_output_is_marked():
 
 # --- set-ups: what exists before an example's session starts ------------------------------------------
 
-def orders(conn, rows=50000, name="orders"):
+def orders(conn, rows=50000):
     """The demo's table (scripts/demo.sh): 50,000 orders."""
     conn.execute(f"""
-        CREATE TABLE {name} (id bigint PRIMARY KEY, customer_id integer NOT NULL, status text NOT NULL,
+        CREATE TABLE orders (id bigint PRIMARY KEY, customer_id integer NOT NULL, status text NOT NULL,
                              amount numeric(10,2) NOT NULL, items jsonb NOT NULL, created_at timestamptz NOT NULL);
-        INSERT INTO {name}
+        INSERT INTO orders
         SELECT g, 1 + g % 5000, (ARRAY['new', 'paid', 'shipped'])[1 + g % 3], round((g % 997) * 1.37, 2),
                jsonb_build_array(jsonb_build_object('sku', 'SKU-' || g % 100, 'qty', 1 + g % 4)),
                timestamptz '2024-01-01' + g * interval '1 minute'
           FROM generate_series(1, {rows}) g;
-        ANALYZE {name};""")
+        ANALYZE orders;""")
 
 
 def orders_copy(conn):
