@@ -788,6 +788,21 @@ def test_security_check_flags_emit_message_for_public_until_revoked(db):
     assert ok is True
 
 
+
+def test_security_check_fix_for_public_starts_revokes_the_start_alone_and_the_views_keep_working(db, roles):
+    """Issue 35, point 12: its fix once revoked every function of schema backfill from PUBLIC,
+    the views' helpers with them, so that a role's SELECT of backfill_status failed after it."""
+    check = "SELECT ok, fix FROM backfill_security_check() WHERE item = 'backfills cannot be started by PUBLIC'"
+    assert db.execute(check).fetchone()[0] is True
+    db.execute("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill TO PUBLIC")
+    [(ok, fix)] = db.execute(check).fetchall()
+    assert ok is False and fix.startswith("REVOKE EXECUTE ON FUNCTION backfill.start(")
+    db.execute(fix)
+    assert db.execute(check).fetchone()[0] is True
+    viewer = roles.connect(roles.create("viewer"))
+    assert viewer.execute("SELECT count(*) FROM backfill_status").fetchone()[0] == 0
+    assert viewer.execute("SELECT count(*) FROM backfill_tables").fetchone()[0] == 0
+
 # --- 10b. the message keys reach no decoded stream (issue 31, finding 15) ----------------------
 
 def key_forms(key: bytes) -> list:

@@ -392,9 +392,9 @@ LANGUAGE sql STABLE
 AS $$
 -- Whatever signatures the server has: (boolean, text, text) and (boolean, text, bytea), to
 -- which PostgreSQL 17 added a fourth argument, flush.
-SELECT 'pg_logical_emit_message is executable by PUBLIC',
+SELECT 'pg_logical_emit_message is not executable by PUBLIC',
        NOT pg_catalog.bool_or(pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')),
-       'Any role can write a message with pg_backfill''s prefix into every consumer''s stream; only consumers that check each message''s auth tag tell it from a genuine one.',
+       'Otherwise any role can write a message with pg_backfill''s prefix into every consumer''s stream; only consumers that check each message''s auth tag tell it from a genuine one. The privilege is per database: run the fix in every database, and in template1 for the databases created later.',
        pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC;',
                          pg_catalog.string_agg(pg_catalog.format('pg_catalog.pg_logical_emit_message(%s)', pg_catalog.oidvectortypes(p.proargtypes)),
                                                ', ' ORDER BY p.oid))
@@ -402,16 +402,16 @@ SELECT 'pg_logical_emit_message is executable by PUBLIC',
  WHERE p.proname OPERATOR(pg_catalog.=) 'pg_logical_emit_message'
    AND p.pronamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace
 UNION ALL
-SELECT 'the message key is readable by PUBLIC',
+SELECT 'the message key is not readable by PUBLIC',
        NOT pg_catalog.has_table_privilege('public', 'backfill.message_key', 'SELECT'),
-       'A role that can read the key can forge messages that verify.',
+       'Otherwise any role can read the key, and forge messages that verify.',
        'REVOKE ALL ON backfill.message_key FROM PUBLIC; SELECT backfill_rotate_key(retire_old_keys => true);'
 UNION ALL
 -- The keys' bytes are in sequences of schema backfill that only their owner may read (a role
 -- with SELECT or USAGE on one reads a part of a key; with UPDATE or USAGE it changes it).
-SELECT 'pg_backfill''s sequences are accessible to other roles than their owner',
+SELECT 'pg_backfill''s sequences are accessible to their owner only',
        pg_catalog.count(*) OPERATOR(pg_catalog.=) 0,
-       'The message keys are kept in sequences of schema backfill: a role that can read them can forge messages that verify.',
+       'The message keys are kept in sequences of schema backfill: another role that can read them can forge messages that verify.',
        CASE WHEN pg_catalog.count(*) OPERATOR(pg_catalog.>) 0 THEN
        pg_catalog.format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA backfill FROM %s; SELECT backfill_rotate_key(retire_old_keys => true);',
                          pg_catalog.string_agg(DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END, ', '))
@@ -420,13 +420,13 @@ SELECT 'pg_backfill''s sequences are accessible to other roles than their owner'
  WHERE c.relnamespace OPERATOR(pg_catalog.=) 'backfill'::pg_catalog.regnamespace
    AND c.relkind OPERATOR(pg_catalog.=) 'S' AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
 UNION ALL
-SELECT 'backfills can be started by PUBLIC',
+SELECT 'backfills cannot be started by PUBLIC',
        NOT pg_catalog.has_function_privilege('public', 'backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, bigint, bigint, integer, pg_catalog.jsonb, integer, pg_catalog.text, pg_catalog.text[])', 'EXECUTE'),
-       'Every role could start backfills of the tables it may update, and take background workers.',
-       'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
+       'backfill_start() is a wrapper of backfill.start(), which does the work and checks no grant of its own: a role that may execute backfill.start() starts backfills of the tables it may update, and takes background workers, whatever its grants on backfill_start(). (The other functions of schema backfill that PUBLIC may execute are the views'' helpers, which start nothing.)',
+       'REVOKE EXECUTE ON FUNCTION backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, bigint, bigint, integer, pg_catalog.jsonb, integer, pg_catalog.text, pg_catalog.text[]) FROM PUBLIC;'
 $$;
 COMMENT ON FUNCTION backfill_security_check() IS
-'Checks the privileges that keep the message stream trustworthy; each row that is not ok has the statement that fixes it.';
+'Checks the privileges that keep the message stream trustworthy: each row states what should hold, ok says whether it does, and a row that is not ok has the statement that fixes it.';
 
 -- DROP EXTENSION while backfills run would leave their workers failing on missing tables and
 -- start ids again at 1 under consumers that hold the old ids: it is refused until they end.

@@ -559,3 +559,49 @@ CREATE OR REPLACE FUNCTION backfill_set(id bigint, batch_size integer DEFAULT NU
 RETURNS boolean
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.set(id, batch_size, rows_per_second, max_lag, max_replica_lag, max_retained_wal, max_active_sessions) $$;
+
+-- Issue 35, point 12 (helper docs): backfill_security_check()'s items state what should hold, so
+-- that ok = t reads the right way round; its details say why (the REVOKE of
+-- pg_logical_emit_message is per database; backfill.start() is what backfill_start() wraps), and
+-- the fix for PUBLIC's start revokes backfill.start() alone, leaving the views' helpers.
+CREATE OR REPLACE FUNCTION backfill_security_check()
+RETURNS TABLE (item text, ok boolean, detail text, fix text)
+LANGUAGE sql STABLE
+AS $$
+-- Whatever signatures the server has: (boolean, text, text) and (boolean, text, bytea), to
+-- which PostgreSQL 17 added a fourth argument, flush.
+SELECT 'pg_logical_emit_message is not executable by PUBLIC',
+       NOT pg_catalog.bool_or(pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')),
+       'Otherwise any role can write a message with pg_backfill''s prefix into every consumer''s stream; only consumers that check each message''s auth tag tell it from a genuine one. The privilege is per database: run the fix in every database, and in template1 for the databases created later.',
+       pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC;',
+                         pg_catalog.string_agg(pg_catalog.format('pg_catalog.pg_logical_emit_message(%s)', pg_catalog.oidvectortypes(p.proargtypes)),
+                                               ', ' ORDER BY p.oid))
+  FROM pg_catalog.pg_proc p
+ WHERE p.proname OPERATOR(pg_catalog.=) 'pg_logical_emit_message'
+   AND p.pronamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace
+UNION ALL
+SELECT 'the message key is not readable by PUBLIC',
+       NOT pg_catalog.has_table_privilege('public', 'backfill.message_key', 'SELECT'),
+       'Otherwise any role can read the key, and forge messages that verify.',
+       'REVOKE ALL ON backfill.message_key FROM PUBLIC; SELECT backfill_rotate_key(retire_old_keys => true);'
+UNION ALL
+-- The keys' bytes are in sequences of schema backfill that only their owner may read (a role
+-- with SELECT or USAGE on one reads a part of a key; with UPDATE or USAGE it changes it).
+SELECT 'pg_backfill''s sequences are accessible to their owner only',
+       pg_catalog.count(*) OPERATOR(pg_catalog.=) 0,
+       'The message keys are kept in sequences of schema backfill: another role that can read them can forge messages that verify.',
+       CASE WHEN pg_catalog.count(*) OPERATOR(pg_catalog.>) 0 THEN
+       pg_catalog.format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA backfill FROM %s; SELECT backfill_rotate_key(retire_old_keys => true);',
+                         pg_catalog.string_agg(DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END, ', '))
+       END
+  FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+ WHERE c.relnamespace OPERATOR(pg_catalog.=) 'backfill'::pg_catalog.regnamespace
+   AND c.relkind OPERATOR(pg_catalog.=) 'S' AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+UNION ALL
+SELECT 'backfills cannot be started by PUBLIC',
+       NOT pg_catalog.has_function_privilege('public', 'backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, bigint, bigint, integer, pg_catalog.jsonb, integer, pg_catalog.text, pg_catalog.text[])', 'EXECUTE'),
+       'backfill_start() is a wrapper of backfill.start(), which does the work and checks no grant of its own: a role that may execute backfill.start() starts backfills of the tables it may update, and takes background workers, whatever its grants on backfill_start(). (The other functions of schema backfill that PUBLIC may execute are the views'' helpers, which start nothing.)',
+       'REVOKE EXECUTE ON FUNCTION backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, bigint, bigint, integer, pg_catalog.jsonb, integer, pg_catalog.text, pg_catalog.text[]) FROM PUBLIC;'
+$$;
+COMMENT ON FUNCTION backfill_security_check() IS
+'Checks the privileges that keep the message stream trustworthy: each row states what should hold, ok says whether it does, and a row that is not ok has the statement that fixes it.';
