@@ -91,6 +91,8 @@ pub extern "C-unwind" fn _PG_init() {
     // SAFETY: a flag PostgreSQL sets while it loads shared_preload_libraries.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         api::views::PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+        // And keeps each running worker's progress in shared memory, for backfill_progress.
+        worker::shared_progress::install();
         worker::launcher::register_launcher();
     }
 }
