@@ -267,6 +267,8 @@ pub fn set_range(relid: pg_sys::Oid, position: i32, rows_done: i64, rows_estimat
         slot.position.store(position, Ordering::Relaxed);
         slot.rows_done.store(rows_done, Ordering::Relaxed);
         slot.rows_total.store(rows_estimated.max(rows_done), Ordering::Relaxed);
+        slot.bytes_done.store(0, Ordering::Relaxed);
+        slot.pages_done.store(0, Ordering::Relaxed);
     });
 }
 
