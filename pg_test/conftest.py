@@ -87,7 +87,7 @@ class Cluster:
 # plus 100 plus its place here (clear of the demo's, 15440, and of another major's run, 1,000 or more above).
 EXTRA_CLUSTERS = ["replica", "standby1", "preload", "nopreload", "install", "huge", "pmdeath", "standby", "resumer",
                   "upgrade_old", "upgrade_new", "csub_primary", "csub_standby",
-                  "citus_coordinator", "citus_worker1", "citus_worker2", "key_standby"]
+                  "citus_coordinator", "citus_worker1", "citus_worker2", "key_standby", "monitoring"]
 
 
 def extra_cluster(cluster: "Cluster", name: str, major: int = PG_MAJOR) -> Cluster:
