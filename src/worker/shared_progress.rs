@@ -162,8 +162,8 @@ unsafe extern "C-unwind" fn start_board() {
         pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
         let count = slot_count();
         let mut found = false;
-        let board =
-            pg_sys::ShmemInitStruct(BOARD_NAME.as_ptr(), count * std::mem::size_of::<Slot>(), &mut found).cast::<Slot>();
+        let board = pg_sys::ShmemInitStruct(BOARD_NAME.as_ptr(), count * std::mem::size_of::<Slot>(), &mut found)
+            .cast::<Slot>();
         if !found {
             // All zeros is a free slot in every field (atomics are plain integers in memory).
             std::ptr::write_bytes(board, 0, count);
