@@ -581,6 +581,8 @@ CREATE FUNCTION backfill."progress"() RETURNS TABLE (
 STRICT VOLATILE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'progress_wrapper';
+-- As a fresh install has it: revoked from PUBLIC with every function of the schema, then granted.
+REVOKE EXECUTE ON FUNCTION backfill.progress() FROM PUBLIC;
 CREATE VIEW backfill_progress AS
 SELECT p.pid,
        p.datid,
