@@ -172,6 +172,15 @@ def test_a_worker_killed_with_sigkill_leaves_no_row_after_the_server_restarts(pr
     old = scanning(a, backfill_id)["pid"]
     os.kill(old, signal.SIGKILL)  # the postmaster restarts every process and resets shared memory
 
+    def crashed():
+        try:
+            a.execute("SELECT 1")
+        except psycopg.OperationalError:
+            return True  # terminated by the postmaster's reset
+        return False
+
+    wait_for(crashed, what="the postmaster to reset the server")
+
     def reconnected():
         with suppress(psycopg.Error):
             return preloaded.connect("b")
