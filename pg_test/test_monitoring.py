@@ -156,6 +156,8 @@ def test_its_row_goes_when_the_backfill_is_done_or_cancelled(a, b):
 def test_a_terminated_workers_row_goes_and_its_restarted_worker_shows(a, b):
     backfill_id = paced(a)
     old = scanning(b, backfill_id)["pid"]
+    # (The view counts a page as it writes its cursor, before it commits: wait for a commit.)
+    wait_for(lambda: status(a, backfill_id, "rows_done") >= 1, what="a page committed")
     b.execute("SELECT pg_terminate_backend(%s)", [old])
     wait_for(lambda: old not in [r["pid"] for r in progress(b)], what="the terminated worker's row to go")
     delivered = status(a, backfill_id, "rows_done")  # by the terminated worker, committed
