@@ -605,3 +605,65 @@ SELECT 'backfills cannot be started by PUBLIC',
 $$;
 COMMENT ON FUNCTION backfill_security_check() IS
 'Checks the privileges that keep the message stream trustworthy: each row states what should hold, ok says whether it does, and a row that is not ok has the statement that fixes it.';
+
+-- Issue 34, "Progress, PostgreSQL's way": backfill_progress, one row per running backfill worker
+-- of the cluster, from shared memory (the library keeps it when preloaded), with its function.
+CREATE FUNCTION backfill."progress"() RETURNS TABLE (
+	"pid" INT,  /* i32 */
+	"datid" oid,  /* pg_sys :: Oid */
+	"backfill_id" bigint,  /* i64 */
+	"worker" INT,  /* i32 */
+	"relid" oid,  /* Option < pg_sys :: Oid > */
+	"position" INT,  /* Option < i32 > */
+	"phase" TEXT,  /* & '_ str */
+	"rows_total" bigint,  /* i64 */
+	"rows_done" bigint,  /* i64 */
+	"bytes_done" bigint,  /* i64 */
+	"pages_done" bigint,  /* i64 */
+	"started_by" TEXT,  /* Option < String > */
+	"started_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"phase_since" timestamp with time zone  /* Option < TimestampWithTimeZone > */
+)
+STRICT VOLATILE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'progress_wrapper';
+-- As a fresh install has it: revoked from PUBLIC with every function of the schema, then granted.
+REVOKE EXECUTE ON FUNCTION backfill.progress() FROM PUBLIC;
+CREATE VIEW backfill_progress AS
+SELECT p.pid,
+       p.datid,
+       d.datname,
+       p.backfill_id,
+       p.worker,
+       p.relid,
+       p.position,
+       p.phase,
+       p.rows_total,
+       p.rows_done,
+       p.bytes_done,
+       p.pages_done,
+       p.started_by,
+       p.started_at,
+       p.phase_since
+  FROM backfill.progress() p
+  LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) p.datid;
+COMMENT ON VIEW backfill_progress IS 'One row per running backfill worker of the cluster, of every database, as PostgreSQL''s progress views show theirs (needs pg_backfill in shared_preload_libraries)';
+COMMENT ON COLUMN backfill_progress.pid IS 'Process id of the worker';
+COMMENT ON COLUMN backfill_progress.datid IS 'OID of the database of the backfill';
+COMMENT ON COLUMN backfill_progress.datname IS 'Name of the database of the backfill';
+COMMENT ON COLUMN backfill_progress.backfill_id IS 'The backfill (backfill_status.id in its database)';
+COMMENT ON COLUMN backfill_progress.worker IS 'The worker''s number among the backfill''s parallel workers (0 for the first)';
+COMMENT ON COLUMN backfill_progress.relid IS 'OID of the table the worker scans now; NULL before its first';
+COMMENT ON COLUMN backfill_progress.position IS 'The range it scans now (backfill_tables.position); NULL before its first';
+COMMENT ON COLUMN backfill_progress.phase IS 'starting, scanning, waiting for consumer, waiting for source, waiting for load or finishing';
+COMMENT ON COLUMN backfill_progress.rows_total IS 'Rows of the range it scans: the planner''s estimate, raised to rows_done once they pass it';
+COMMENT ON COLUMN backfill_progress.rows_done IS 'Rows of the range delivered, before this worker too (the range''s cursor count)';
+COMMENT ON COLUMN backfill_progress.bytes_done IS 'Bytes of message payload this worker process has delivered of the range';
+COMMENT ON COLUMN backfill_progress.pages_done IS 'Pages (transactions) this worker process has delivered of the range';
+COMMENT ON COLUMN backfill_progress.started_by IS 'Role that started the backfill';
+COMMENT ON COLUMN backfill_progress.started_at IS 'When this worker process started working on the backfill';
+COMMENT ON COLUMN backfill_progress.phase_since IS 'When the worker entered its phase';
+GRANT SELECT ON backfill_progress TO PUBLIC;
+COMMENT ON FUNCTION backfill.progress() IS 'Every running backfill worker of the cluster the caller may see, from shared memory, for backfill_progress';
+-- Executable by all, as the other views' helpers: it shows only what backfill_progress shows.
+GRANT EXECUTE ON FUNCTION backfill.progress() TO PUBLIC;

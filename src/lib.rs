@@ -47,7 +47,8 @@
 //!   `scan/`: the scan of one table, one page per transaction, where the cursor is advanced
 //!   (`mod.rs`: `TableScan` and `page()`), its start and end markers (`markers.rs`), pages of
 //!   a key range (`range_page.rs`) and of given keys (`keyed_page.rs`), what holds its pages
-//!   back and their size (`throttle.rs`), progress samples and log lines (`progress.rs`).
+//!   back and their size (`throttle.rs`), progress samples and log lines (`progress.rs`); each
+//!   running worker's progress in shared memory, for backfill_progress (`shared_progress.rs`).
 //! - `citus/`: Citus's coordinator side: talking to the worker nodes, as the calling role
 //!   (`nodes.rs`), a distributed table's backfill started on its nodes (`coordinator.rs`), the
 //!   options such a table refuses, one table of rules (`rules.rs`), control passed on to the
@@ -92,6 +93,8 @@ pub extern "C-unwind" fn _PG_init() {
     // SAFETY: a flag PostgreSQL sets while it loads shared_preload_libraries.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         api::views::PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+        // And keeps each running worker's progress in shared memory, for backfill_progress.
+        worker::shared_progress::install();
         worker::launcher::register_launcher();
     }
 }

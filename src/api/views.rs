@@ -1,10 +1,14 @@
 //! Helpers of the monitoring views that must work for every role (the views themselves are in
 //! `sql/api.sql`).
 
+use crate::pg::compat;
 use crate::pg::encoding::Text;
+use crate::pg::errors::raise;
 use crate::pg::privilege;
 use crate::worker::activity::{WAITING_FOR_OF_ACTIVITY, WAITING_KIND_OF_ACTIVITY, WORKERS_OF_BACKFILL};
+use crate::worker::shared_progress;
 use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Set in the postmaster when the library is preloaded; backends inherit it.
@@ -89,4 +93,90 @@ fn waiting(backfill_id: i64, row_lock: &str, reported: &str) -> Option<Text> {
     })
     .ok()
     .flatten()
+}
+
+/// backfill_progress: every running backfill worker of the cluster, from shared memory
+/// (worker/shared_progress.rs), as the caller may see them. As backfill_status decides: a
+/// superuser or a member of pg_monitor sees every worker; any other role the workers of the
+/// backfills started by a role it may act as, in the databases it may CONNECT to. (Checked
+/// here, not in the view: the function is executable by all.)
+#[pg_extern(schema = "backfill", volatile)]
+#[allow(clippy::type_complexity)]
+fn progress() -> TableIterator<
+    'static,
+    (
+        name!(pid, i32),
+        name!(datid, pg_sys::Oid),
+        name!(backfill_id, i64),
+        name!(worker, i32),
+        name!(relid, Option<pg_sys::Oid>),
+        name!(position, Option<i32>),
+        name!(phase, &'static str),
+        name!(rows_total, i64),
+        name!(rows_done, i64),
+        name!(bytes_done, i64),
+        name!(pages_done, i64),
+        name!(started_by, Option<String>),
+        name!(started_at, Option<TimestampWithTimeZone>),
+        name!(phase_since, Option<TimestampWithTimeZone>),
+    ),
+> {
+    let Some(workers) = shared_progress::snapshot() else {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "backfill_progress needs pg_backfill in shared_preload_libraries",
+            "It reads each running worker's progress from shared memory, which only a preloaded library sets up. \
+             backfill_status and backfill_tables show this database's backfills without it.",
+            Some("Add pg_backfill to shared_preload_libraries and restart the server.".into()),
+        )
+    };
+    // SAFETY: the current user's id, and whether it is a superuser.
+    let (caller, superuser) = unsafe { (pg_sys::GetUserId(), pg_sys::superuser()) };
+    let sees_all = superuser || compat::may_act_as(caller, pg_sys::Oid::from(pg_sys::ROLE_PG_MONITOR));
+    let visible: Vec<_> = workers
+        .into_iter()
+        .filter(|w| sees_all || (compat::may_act_as(caller, w.role) && may_connect(w.database)))
+        .map(|w| {
+            let ran = w.relid != pg_sys::InvalidOid;
+            (
+                w.pid,
+                w.database,
+                w.backfill_id,
+                w.worker,
+                ran.then_some(w.relid),
+                ran.then_some(w.position),
+                w.phase.name(),
+                w.rows_total,
+                w.rows_done,
+                w.bytes_done,
+                w.pages_done,
+                role_name(w.role),
+                TimestampWithTimeZone::try_from(w.started_at).ok(),
+                TimestampWithTimeZone::try_from(w.phase_since).ok(),
+            )
+        })
+        .collect();
+    TableIterator::new(visible)
+}
+
+/// Whether the current user may connect to the database (`has_database_privilege`); false for
+/// one dropped meanwhile.
+fn may_connect(database: pg_sys::Oid) -> bool {
+    crate::pg::spi::select_one::<bool>(
+        "SELECT pg_catalog.has_database_privilege(d.oid, 'CONNECT')
+           FROM pg_catalog.pg_database d WHERE d.oid OPERATOR(pg_catalog.=) $1",
+        &[database.into()],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(false)
+}
+
+/// A role's name; None for one dropped since.
+fn role_name(role: pg_sys::Oid) -> Option<String> {
+    // SAFETY: a catalog lookup; with noerr true it returns null for a missing role, and the
+    // palloc'd name is copied at once.
+    let name = unsafe { pg_sys::GetUserNameFromId(role, true) };
+    // SAFETY: a NUL-terminated string when not null.
+    (!name.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned())
 }

@@ -5,4 +5,5 @@ pub(crate) mod admit;
 pub(crate) mod launcher;
 pub(crate) mod process;
 pub(crate) mod scan;
+pub(crate) mod shared_progress;
 pub(crate) mod xact;

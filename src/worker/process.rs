@@ -9,11 +9,13 @@ use crate::model::state::{JobState, RangeState};
 use crate::model::table;
 use crate::pg::compat;
 use crate::pg::errors::OrInternal;
+use crate::pg::privilege;
 use crate::pg::settings;
 use crate::throttle::pacing;
 use crate::worker::activity::{self, worker_name};
 use crate::worker::launcher::{self, admit_within_cap, Entry};
 use crate::worker::scan::{Page, TableScan};
+use crate::worker::shared_progress::{self, Phase};
 use crate::worker::xact::{in_transaction, in_transaction_retried, who, PageError};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
@@ -198,8 +200,13 @@ fn wait_for_starter(starter_xid: u64) -> bool {
 /// worker to finish marks the backfill done. Every way out leaves the backfill's state saying
 /// why: done, failed with the error, or the state that stopped it (paused, cancelled).
 fn run(backfill_id: i64, worker: i32) {
-    let loaded = in_transaction_retried(|| job::job(backfill_id).map(|job| (job, job_table::job_tables(backfill_id))));
-    let (job, tables) = match loaded {
+    let loaded = in_transaction_retried(|| {
+        job::job(backfill_id).map(|job| {
+            let starter = privilege::role_named(&job.started_by).unwrap_or(pg_sys::InvalidOid);
+            (job, job_table::job_tables(backfill_id), starter)
+        })
+    });
+    let (job, tables, starter) = match loaded {
         Ok(Some(loaded)) => loaded,
         Ok(None) => return log!("{}: no longer exists, its worker exits", who(backfill_id)),
         Err(e) => return record_failure(backfill_id, None, &e),
@@ -207,8 +214,12 @@ fn run(backfill_id: i64, worker: i32) {
     if job.state != JobState::Running {
         return log!("{}: {}, its worker exits", who(backfill_id), job.state);
     }
+    // SAFETY: this backend's database, set when it connected.
+    shared_progress::claim(unsafe { pg_sys::MyDatabaseId }, starter, backfill_id, worker);
     let prefix = CString::new(job.message_prefix.clone()).unwrap_or_else(|_| c"backfill".into());
     for table in tables.iter().filter(|t| t.state != RangeState::Done && t.worker == worker) {
+        shared_progress::set_phase(Phase::Starting);
+        shared_progress::set_range(table.relid, table.position, table.rows_done, table.rows_estimated);
         let mut scan = match TableScan::open(backfill_id, &job, table, &prefix) {
             Ok(scan) => scan,
             Err(e) => return record_failure(backfill_id, Some(table), &e),
@@ -219,6 +230,7 @@ fn run(backfill_id: i64, worker: i32) {
             return;
         }
     }
+    shared_progress::set_phase(Phase::Finishing);
     let finished = in_transaction_retried(|| {
         wait_for_flush_at_commit();
         job_table::all_ranges_done(backfill_id)

@@ -19,6 +19,7 @@ use crate::pg::privilege;
 use crate::stream::message;
 use crate::stream::sign::Signer;
 use crate::throttle::lock::Locking;
+use crate::worker::shared_progress;
 use pgrx::datum::DatumWithOid;
 
 impl TableScan<'_> {
@@ -74,6 +75,7 @@ impl TableScan<'_> {
         self.throttle.delivered(read + absent.len() as i64, bytes);
         let counted = self.context.counts_lock_paths.then_some(locking == Locking::Table);
         job_table::advance_cursor(backfill_id, position, last.text.clone(), keys.len() as i64, bytes, counted);
+        shared_progress::delivered(progress.rows_done + keys.len() as i64, bytes);
         Page::More
     }
 }

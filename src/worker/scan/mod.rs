@@ -30,6 +30,7 @@ use crate::stream::scan::{RowLocks, ScanQueries};
 use crate::stream::sign::Signer;
 use crate::throttle::pipeline;
 use crate::worker::activity;
+use crate::worker::shared_progress::{self, Phase};
 use crate::worker::xact::{in_transaction, in_transaction_retried, who, PageError};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
@@ -241,11 +242,15 @@ impl<'a> TableScan<'a> {
     /// Every page that does not wait says what it does (and so that it no longer waits), or
     /// what slows it down.
     fn report_doing(&mut self, job: &Job, progress: &JobTable) {
-        let doing = match self.throttle.slowed_by_load(job, self.context.backfill_id) {
-            Some(reason) => activity::waiting(&reason),
-            None => activity::scanning(self.context.backfill_id, &self.shape.table, progress.cursor.as_deref()),
+        let (doing, phase) = match self.throttle.slowed_by_load(job, self.context.backfill_id) {
+            Some(reason) => (activity::waiting(&reason), Phase::waiting_for(reason.kind())),
+            None => (
+                activity::scanning(self.context.backfill_id, &self.shape.table, progress.cursor.as_deref()),
+                Phase::Scanning,
+            ),
         };
         activity::report(&doing);
+        shared_progress::set_phase(phase);
     }
 
     /// The table as the page finds it: its owner now, the starter's rights on it, and the

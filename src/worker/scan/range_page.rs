@@ -10,6 +10,7 @@ use crate::pg::settings;
 use crate::stream::delivery;
 use crate::stream::sign::Signer;
 use crate::throttle::lock::Locking;
+use crate::worker::shared_progress;
 use pgrx::PgSqlErrorCode::*;
 use std::time::Instant;
 
@@ -33,9 +34,11 @@ impl TableScan<'_> {
             // other end and start: always in the same order, so workers never deadlock.
             let ranges = self.lock_table_ranges();
             job_table::advance_cursor(backfill_id, position, page_end, rows, bytes, counted);
+            shared_progress::delivered(progress.rows_done + rows, bytes);
             return self.end_scan_locked(progress.rows_done + rows, &ranges, signer);
         }
         job_table::advance_cursor(backfill_id, position, page_end.clone(), rows, bytes, counted);
+        shared_progress::delivered(progress.rows_done + rows, bytes);
         self.report_progress(&page_end, progress, upper_bound, progress.rows_done + rows);
         if table_locked {
             self.throttle.table_page_took(rows as i32, locked_at.elapsed());

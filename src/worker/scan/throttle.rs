@@ -10,6 +10,7 @@ use crate::throttle::pacing::{self, Pacer};
 use crate::throttle::pipeline;
 use crate::throttle::wait::WaitReason;
 use crate::worker::activity;
+use crate::worker::shared_progress::{self, Phase};
 use crate::worker::xact::who;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -101,6 +102,7 @@ impl Throttle {
             log!("{}: waits for {reason}", who(backfill_id));
         }
         activity::report(&activity::waiting(&reason));
+        shared_progress::set_phase(Phase::waiting_for(reason.kind()));
         self.waiting = Some(reason.kind());
         true
     }
