@@ -71,7 +71,8 @@ def test_public_may_execute_no_function_but_those_the_views_call(db):
                   AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pg_backfill')
                   AND p.oid NOT IN (SELECT v.refobjid FROM pg_depend v JOIN pg_rewrite r ON r.oid = v.objid
                                      WHERE v.classid = 'pg_rewrite'::regclass AND v.refclassid = 'pg_proc'::regclass
-                                       AND r.ev_class IN ('backfill_status'::regclass, 'backfill_tables'::regclass))"""
+                                       AND r.ev_class IN ('backfill_status'::regclass, 'backfill_tables'::regclass,
+                                                      'backfill_progress'::regclass))"""
         ).fetchall()
     )
     for name in ("backfill_start(", "backfill.start(", "backfill_estimate(", "backfill_cancel(", "backfill_key("):
