@@ -1,6 +1,8 @@
 """The SQL API: estimates, the confirm step, the views, and every error a user can cause."""
 
+import re
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -130,7 +132,7 @@ def test_start_is_all_or_nothing(orders):
         ("", "SELECT backfill_start('pg_class', confirm => true)", "42809", "system"),
         ("", "SELECT backfill_start('orders', confirm => true, batch_size => 0)", "22023", "batch_size"),
         ("", "SELECT backfill_start('orders', confirm => true, batch_size => 1000000)", "22023", "batch_size"),
-        ("", "SELECT backfill_start('orders', confirm => true, rows_per_second => 0)", "22023", "rows_per_second"),
+        ("", "SELECT backfill_start('orders', confirm => true, rows_per_second => -1)", "22023", "rows_per_second"),
         ("", "SELECT backfill_start('orders', confirm => true, parallel => 0)", "22023", "parallel"),
         ("", "SELECT backfill_start('orders', confirm => true, parallel => 17)", "22023", "parallel"),
         ("", "SELECT backfill_start(ARRAY[]::regclass[], confirm => true)", "22023", "no table"),
@@ -232,6 +234,9 @@ def test_wal_level_must_be_logical(cluster):
             assert e.sqlstate == "55000"
             assert "replica" in e.diag.message_detail
             assert "wal_level = logical" in e.diag.message_hint
+            # The estimate, a dry run, says so too, as a reason: it raises no error a script would stop on.
+            eligible, reason = conn.execute("SELECT eligible, reason FROM backfill_estimate('t')").fetchone()
+            assert eligible is False and "wal_level" in reason and "replica" in reason, reason
     finally:
         replica.stop()
 
@@ -319,3 +324,72 @@ def test_the_confirm_hint_is_the_callers_command_with_confirm(orders, call):
         "FROM backfill_status WHERE id = %s", [expected_id]).fetchone()
     orders.execute("ROLLBACK")
     assert asked == given, (command, asked, given)
+
+
+@pytest.mark.parametrize("setting, bad, good", [
+    ("backfill.lock_mode", "bogus", "table"),
+    ("backfill.message_prefix", "", "etl"),
+    ("backfill.message_prefix", "x" * 65, "x" * 64),
+    ("backfill.message_prefix", "caf\u00e9", "cafe"),
+])
+def test_an_invalid_setting_is_refused_when_set(orders, setting, bad, good):
+    """A setting with a set of valid values refuses any other when it is set (SET, ALTER SYSTEM,
+    postgresql.conf), not at the next backfill_start()."""
+    orders.execute("LOAD 'pg_backfill'")
+    e = error_of(orders, f"SET {setting} = %s", [bad])
+    assert e.sqlstate == "22023", e
+    assert setting in e.diag.message_primary, e
+    orders.execute(f"SET {setting} = %s", [good])
+    assert orders.execute(f"SHOW {setting}").fetchone()[0] == good
+    e = error_of(orders, f"ALTER SYSTEM SET {setting} = %s", [bad])
+    assert e.sqlstate == "22023", e
+
+
+def test_rows_per_second_0_means_no_limit_at_start_as_in_backfill_set(orders):
+    """rows_per_second => 0 removes the rate limit in backfill_set(); it means the same in
+    backfill_start() (before, it was refused there as out of range)."""
+    started = orders.execute("SELECT backfill_start('orders', confirm => true, rows_per_second => 0)").fetchone()[0]
+    assert status(orders, started, "rows_per_second") is None
+    assert wait_until_ended(orders, started) == "done"
+    paced = orders.execute("SELECT backfill_start('orders', confirm => true, rows_per_second => 10)").fetchone()[0]
+    orders.execute("SELECT backfill_set(%s, rows_per_second => 0)", [paced])
+    assert status(orders, paced, "rows_per_second") is None
+    assert wait_until_ended(orders, paced) == "done"
+
+
+def test_a_paced_start_shows_rows_and_a_rate_from_its_first_page_and_time_left_follows_the_rate(cluster, orders):
+    """At rows_per_second => 2000, the first page is a tenth of a second of the rate (not a whole
+    batch, half a second), and the first rows the view shows come with a rate and a time left:
+    the worker samples its progress before its first page. time_left is the rows left at the
+    recent rate: the start does not drag it down."""
+    orders.execute("INSERT INTO orders SELECT g, 'c', 1 FROM generate_series(5001, 40000) g; ANALYZE orders")
+    orders.execute("ALTER SYSTEM SET backfill.log_interval = 1")
+    orders.execute("SELECT pg_reload_conf()")
+    backfill_id = orders.execute("SELECT backfill_start('orders', confirm => true, rows_per_second => 2000)").fetchone()[0]
+    started = time.monotonic()
+    query = ("SELECT rows_done, rows_per_second_last_minute, extract(epoch FROM time_left), rows_estimated "
+             "FROM backfill_status WHERE id = %s AND rows_done > 0")
+    first = wait_for(lambda: orders.execute(query, [backfill_id]).fetchone(), what="the first rows")
+    print(f"first rows after {time.monotonic() - started:.2f} s: {first}")
+    assert first[1] is not None and first[2] is not None, first
+    first_page = orders.execute("SELECT min(rows_done) FROM backfill.job_progress WHERE job_id = %s AND rows_done > 0",
+                                [backfill_id]).fetchone()[0]
+    assert first_page <= 200, first_page
+    # The rate the test sees over two seconds, 4 s in, against the time left the view shows then.
+    time.sleep(max(0.0, started + 4 - time.monotonic()))
+    rows_before, at_before = status(orders, backfill_id, "rows_done"), time.monotonic()
+    time.sleep(2)
+    rows, _, time_left, expected = orders.execute(query, [backfill_id]).fetchone()
+    rate = (rows - rows_before) / (time.monotonic() - at_before)
+    print(f"rate {rate:.0f} rows/s, {expected - rows} rows left, time_left {time_left} s")
+    assert abs(float(time_left) - (expected - rows) / rate) < 0.25 * (expected - rows) / rate, (time_left, rate)
+    orders.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    orders.execute("ALTER SYSTEM RESET backfill.log_interval")
+    orders.execute("SELECT pg_reload_conf()")
+    # The log counts rows, as the view does: the percentage of rows done, not of the key range.
+    lines = [line for line in (Path(cluster.dir) / "server.log").read_text().splitlines()
+             if f"pg_backfill {backfill_id} " in line and "of about" in line]
+    assert lines, "no progress line"
+    for line in lines:
+        percent, done, about = re.search(r"([0-9.]+)% \(([0-9]+) of about ([0-9]+) rows\)", line).groups()
+        assert float(percent) == int(1000 * int(done) / int(about)) / 10, line

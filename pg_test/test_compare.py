@@ -547,13 +547,12 @@ def test_inheritance_children_hide_no_difference_on_either_side(cluster, db, scr
 
 
 def test_a_repair_checks_the_slots_right_before_comparing(db, roles):
-    """backfill_repair() binds its backfill to the slot of the table's last backfill: a role
+    """backfill_repair() binds its backfill to the slot of the table's running backfill: a role
     without REPLICATION is refused at once, not after a comparison that waits for that slot."""
     make_pair(db, 500)
     db.execute("DELETE FROM dst WHERE id = 7")
     db.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
     first = db.execute("SELECT backfill_start('src', confirm => true, slot => 's')").fetchone()[0]
-    db.execute("SELECT backfill_cancel(%s)", [first])
     db.execute("UPDATE src SET i = i + 1 WHERE id = 1")  # WAL past the slot's confirmed position
     operator = roles.create("operator", "operator")
     db.execute(f"GRANT SELECT, UPDATE ON src TO {operator}")
@@ -562,3 +561,45 @@ def test_a_repair_checks_the_slots_right_before_comparing(db, roles):
     error = error_of(roles.connect(operator), "SELECT backfill_repair('src', 'dst', confirm => true)")
     assert error.sqlstate == "42501" and '"s"' in error.diag.message_primary, error
     assert time.monotonic() - started < 10, "the right was checked only after the comparison waited for the slot"
+    db.execute("SELECT backfill_cancel(%s)", [first])
+
+
+def notices_of(conn):
+    """The NOTICEs the server sends `conn` from now on, as a list that fills."""
+    notices = []
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+    return notices
+
+
+def test_compare_and_repair_never_wait_on_the_slot_of_a_cancelled_backfill_and_say_what_they_follow(db):
+    """With no slot, a comparison follows the slot of the table's latest backfill that is running,
+    paused or done, never one that was cancelled or failed (its consumer may be long gone: each
+    pass would wait a minute for it, then call real differences unsettled). A NOTICE names the
+    slot followed, or says none is; slot => '' asks for none whatever the backfills."""
+    make_pair(db, 500)
+    db.execute("DELETE FROM dst WHERE id = 7")
+    db.execute("SELECT pg_create_logical_replication_slot('s', 'wal2json')")
+    cancelled = db.execute("SELECT backfill_start('src', confirm => true, slot => 's')").fetchone()[0]
+    db.execute("SELECT backfill_cancel(%s)", [cancelled])
+    assert wait_until_ended(db, cancelled) == "cancelled"
+    db.execute("UPDATE src SET i = i + 1 WHERE id = 1; UPDATE dst SET i = i + 1 WHERE id = 1")  # WAL past the slot
+    notices = notices_of(db)
+    db.execute("SET statement_timeout = '30s'")  # following the slot, each pass would wait 60 s
+    assert compared(db) == {7: "missing"}
+    assert any("follows no replication slot" in n for n in notices), notices
+    repaired = db.execute("SELECT backfill_repair('src', 'dst', confirm => true)").fetchone()[0]
+    assert db.execute("SELECT slot_name FROM backfill_status WHERE id = %s", [repaired]).fetchone()[0] is None
+    assert wait_until_ended(db, repaired) == "done"
+
+    # A running backfill's slot is followed, and named; slot => '' follows none.
+    running = db.execute("SELECT backfill_start('src', confirm => true, slot => 's')").fetchone()[0]
+    notices.clear()
+    db.execute("SET statement_timeout = '2s'")
+    error = error_of(db, "SELECT * FROM backfill_compare('src', 'dst')")
+    assert error.sqlstate == "57014"  # waited on the slot's consumer, which is away
+    assert any('replication slot "s"' in n and f"backfill {running}" in n for n in notices), notices
+    db.execute("SET statement_timeout = '30s'")
+    notices.clear()
+    assert compared(db, slot="") == {7: "missing"}
+    assert any("follows no replication slot" in n for n in notices), notices
+    db.execute("SELECT backfill_cancel(%s)", [running])

@@ -418,3 +418,29 @@ def test_a_filter_names_no_temporary_collation_and_reads_text_search_with_a_fixe
     ).fetchone()[0]
     assert wait_until_ended(orders, backfill_id) == "done"
     assert status(orders, backfill_id, "rows_done") == 1000
+
+
+# Filters refused for different reasons: what the error's message says, and the words of its hint.
+KINDS = [
+    ("id", "42804", "of type bigint, not boolean", "condition"),
+    ("amount + 1", "42804", "of type numeric, not boolean", "condition"),
+    ("\"Amount\" > 0", "42703", "column", "quote"),
+    ("my_function(id)", "42883", "function", "schema"),
+    ("tenant =", "42601", "syntax", "quote"),
+    ("id IN (SELECT 1)", "0A000", "subquery", "keys =>"),
+    ("random() < 0.5", "0A000", "volatile", "stable"),
+    ("true) OR (true", "42601", "one expression", "parenthes"),
+]
+
+
+@pytest.mark.parametrize("bad, sqlstate, says, hint", KINDS)
+def test_each_kind_of_invalid_filter_has_its_own_message_and_hint(orders, bad, sqlstate, says, hint):
+    """A filter error names what is wrong with the filter, never the query pg_backfill wraps it in
+    (filter => 'id' said "argument of AND must be type boolean"), and its hint fits that kind of
+    error: the advice to quote names only where a name was not found, or the text did not parse."""
+    e = error_of(orders, "SELECT backfill_start('orders', confirm => true, filter => %s)", [bad])
+    assert e.sqlstate == sqlstate, (e.sqlstate, e.diag.message_primary)
+    assert says in e.diag.message_primary and "AND" not in e.diag.message_primary, e.diag.message_primary
+    assert hint in e.diag.message_hint, e.diag.message_hint
+    quoting = "quote" in e.diag.message_hint.lower()
+    assert quoting == (sqlstate in ("42703", "42601") and "parenthes" not in hint), e.diag.message_hint

@@ -245,3 +245,51 @@ def test_parallel_workers_share_many_tables_and_read_each_row_once_across_termin
         assert_each_row_read_once(of_table, range(1, rows + 1))
         ops = [m["op"] for m in of_table]
         assert ops[0] == "table_start" and ops[-1] == "table_end", (table, ops[:3], ops[-3:])
+
+
+def test_a_failed_backfill_whose_slot_is_gone_is_ended_by_cancel_as_the_resume_error_says(db):
+    """A backfill for a slot fails once the slot is dropped. backfill_resume() then refuses at
+    once (a new worker would fail again), with a hint to cancel it; backfill_cancel() ends a
+    failed backfill."""
+    make_table(db, rows=5000)
+    db.execute("SELECT pg_create_logical_replication_slot('gone', 'wal2json')")
+    backfill_id = db.execute(
+        "SELECT backfill_start('events', confirm => true, batch_size => 100, rows_per_second => 500, slot => 'gone')"
+    ).fetchone()[0]
+    db.execute("SELECT pg_drop_replication_slot('gone')")
+    assert wait_until_ended(db, backfill_id) == "failed"
+    with pytest.raises(psycopg.Error) as caught:
+        db.execute("SELECT backfill_resume(%s)", [backfill_id])
+    e = caught.value
+    assert e.sqlstate == "55000", e
+    assert '"gone"' in e.diag.message_primary and e.diag.message_detail, e
+    assert f"SELECT backfill_cancel({backfill_id});" in e.diag.message_hint and "resume" not in e.diag.message_hint, e
+    assert status(db, backfill_id, "state") == "failed"
+    assert db.execute("SELECT backfill_cancel(%s)", [backfill_id]).fetchone()[0] is True
+    assert status(db, backfill_id, "state") == "cancelled"
+
+
+def test_purge_removes_the_ended_backfills_older_than_the_age_given_that_the_caller_controls(db, roles):
+    """backfill_purge(older_than) deletes the done and cancelled backfills that ended more than
+    older_than ago, with their tables, keys, progress and errors, among those the caller may
+    control; running, paused and failed ones stay. It returns how many it deleted."""
+    make_table(db, rows=1000)
+    done = db.execute("SELECT backfill_start('events', confirm => true)").fetchone()[0]
+    assert wait_until_ended(db, done) == "done"
+    cancelled = db.execute("SELECT backfill_start('events', confirm => true, rows_per_second => 10)").fetchone()[0]
+    db.execute("SELECT backfill_cancel(%s)", [cancelled])
+    assert wait_until_ended(db, cancelled) == "cancelled"
+    db.execute("CREATE TABLE other (id int PRIMARY KEY); INSERT INTO other SELECT generate_series(1, 100)")
+    paused = db.execute("SELECT backfill_start('other', confirm => true, rows_per_second => 10)").fetchone()[0]
+    db.execute("SELECT backfill_pause(%s)", [paused])
+    operator = roles.create("purger", "operator")
+    assert roles.connect(operator).execute("SELECT backfill_purge(interval '0')").fetchone()[0] == 0  # none of its own
+    assert db.execute("SELECT backfill_purge(interval '1 hour')").fetchone()[0] == 0  # too recent
+    assert db.execute("SELECT backfill_purge(older_than => interval '0')").fetchone()[0] == 2
+    assert [r for r, in db.execute("SELECT id FROM backfill_status ORDER BY id")] == [paused]
+    assert db.execute("SELECT count(*) FROM backfill.job_table WHERE job_id IN (%s, %s)", [done, cancelled]).fetchone()[0] == 0
+    for bad, sqlstate in [("NULL", "22004"), ("interval '-1 day'", "22023")]:
+        with pytest.raises(psycopg.Error) as caught:
+            db.execute(f"SELECT backfill_purge({bad})")
+        assert caught.value.sqlstate == sqlstate and caught.value.diag.message_hint, caught.value
+    db.execute("SELECT backfill_cancel(%s)", [paused])

@@ -475,6 +475,7 @@ def test_max_workers_caps_the_workers_that_run_at_once(db):
         e = error_of(db, "SELECT backfill_start('c', confirm => true)")
         assert e.sqlstate == "53400"
         assert "backfill.max_workers" in f"{e.diag.message_detail} {e.diag.message_hint}"
+        assert e.diag.message_hint.startswith("Wait for a running backfill to end"), e.diag.message_hint
         for _ in range(5):
             workers()
             time.sleep(0.2)
@@ -484,11 +485,29 @@ def test_max_workers_caps_the_workers_that_run_at_once(db):
         wait_for(lambda: workers() == 0, what="the cancelled workers to exit")
         e = error_of(db, "SELECT backfill_start('d', confirm => true, parallel => 3)")
         assert e.sqlstate == "53400"
+        assert "can never" in e.diag.message_detail and "Wait" not in e.diag.message_hint, e.diag.message_hint
         assert workers() == 0
         assert max(samples) == 2, samples
     finally:
         db.execute("ALTER SYSTEM RESET backfill.max_workers")
         db.execute("SELECT pg_reload_conf()")
+
+
+def test_a_request_for_more_workers_than_max_workers_allows_says_it_can_never_fit(db, roles):
+    """parallel beyond backfill.max_workers (less the workers kept for superusers, for a role that
+    is not one) can never start, however long one waits: the 53400 error says so and names the
+    setting, instead of "wait for a backfill to finish"."""
+    make_table(db, "a", 100)
+    e = error_of(db, "SELECT backfill_start('a', confirm => true, parallel => 5)")
+    assert e.sqlstate == "53400", e
+    assert "can never" in e.diag.message_detail and "backfill.max_workers (4)" in e.diag.message_detail, e.diag.message_detail
+    assert "parallel => 4" in e.diag.message_hint and "Wait" not in e.diag.message_hint, e.diag.message_hint
+    operator = roles.create("many", "operator")
+    db.execute(f"GRANT SELECT, UPDATE ON a TO {operator}")
+    e = error_of(roles.connect(operator), "SELECT backfill_start('a', confirm => true, parallel => 4)")
+    assert e.sqlstate == "53400", e
+    assert "can never" in e.diag.message_detail and "backfill.superuser_reserved_workers (1)" in e.diag.message_detail, e
+    assert "parallel => 3" in e.diag.message_hint and "Wait" not in e.diag.message_hint, e.diag.message_hint
 
 
 def test_max_workers_counts_a_worker_that_is_still_starting(db, cluster):

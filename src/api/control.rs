@@ -8,7 +8,7 @@ use crate::catalog::job;
 use crate::catalog::job::SourceOptions;
 use crate::citus::control::{NodeBackfills, Verb};
 use crate::model::state::JobState::{self, *};
-use crate::pg::args::{check_batch_size, require_primary, required};
+use crate::pg::args::{check_batch_size, check_rate, require_primary, required};
 use crate::pg::errors::raise;
 use crate::pg::privilege::{self, as_extension_owner};
 use crate::worker::launcher;
@@ -96,15 +96,14 @@ fn change(id: Option<i64>, pacing: Pacing, source: SourceOptions) -> bool {
     if let Some(batch_size) = pacing.batch_size {
         check_batch_size(batch_size);
     }
-    for (name, value) in [("rows_per_second", pacing.rows_per_second.map(i64::from)), ("max_lag", pacing.max_lag)] {
-        if let Some(value) = value.filter(|v| *v < 0) {
-            raise(
-                ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("{name} {value} is out of range"),
-                format!("{name} must be positive, or 0 to remove the limit."),
-                None,
-            );
-        }
+    check_rate(pacing.rows_per_second);
+    if let Some(lag) = pacing.max_lag.filter(|lag| *lag < 0) {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("max_lag {lag} is out of range"),
+            "max_lag is in bytes: positive, or 0 to follow backfill.max_slot_lag again.",
+            Some("Pass 0 for the setting's lag, or a positive number of bytes such as max_lag => 104857600.".into()),
+        );
     }
     check_source_limits(&source);
     let job = control(id, "change", &[Running, Paused], None, None);

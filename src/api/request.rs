@@ -42,7 +42,8 @@ pub fn start_request(args: StartArgs) -> StartRequest {
         tables: table_list(args.tables),
         confirm: required(args.confirm, CALL, "confirm"),
         batch_size: required(args.batch_size, CALL, "batch_size"),
-        rows_per_second: args.rows_per_second,
+        // 0: no limit, as in backfill_set() (check_rate refuses a negative rate below).
+        rows_per_second: args.rows_per_second.filter(|rate| *rate != 0),
         // Text, not String: names in the database's encoding, converted (see encoding.rs).
         slot: args.slot.map(|t| t.0),
         publication: args.publication.map(|t| t.0),
@@ -60,7 +61,7 @@ pub fn start_request(args: StartArgs) -> StartRequest {
     };
     check_batch_size(request.batch_size);
     check_parallel(request.parallel);
-    check_rate(request.rows_per_second);
+    check_rate(args.rows_per_second);
     if let Some(rows_per_message) = request.rows_per_message {
         check_rows_per_message(rows_per_message);
     }
@@ -160,17 +161,23 @@ pub fn table_list(tables: Option<Vec<Option<pg_sys::Oid>>>) -> Vec<pg_sys::Oid> 
     relids
 }
 
-/// Read messages are only ever decoded when the server writes logical WAL.
-fn require_logical_decoding() {
+/// Why no backfill can run on this server, if none can: read messages are only ever decoded
+/// when the server writes logical WAL. (backfill_estimate() gives it as every table's reason.)
+pub fn logical_decoding_missing() -> Option<String> {
     let wal_level = crate::pg::spi::select_one::<String>("SELECT pg_catalog.current_setting('wal_level')", &[])
         .ok()
         .flatten()
         .unwrap_or_default();
-    if wal_level != "logical" {
+    (wal_level != "logical")
+        .then(|| format!("wal_level is \"{wal_level}\": the backfill's messages would never reach a decoder."))
+}
+
+fn require_logical_decoding() {
+    if let Some(why) = logical_decoding_missing() {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             "logical decoding is not enabled on this server",
-            format!("wal_level is \"{wal_level}\": the backfill's messages would never reach a decoder."),
+            why,
             Some("Set wal_level = logical in postgresql.conf and restart the server.".into()),
         );
     }

@@ -50,15 +50,16 @@ pub fn check_batch_size(batch_size: i32) {
     }
 }
 
-/// rows_per_second of backfill_start(): a positive rate, or none (NULL).
+/// rows_per_second of backfill_start() and backfill_set(): a positive rate, or 0 for no limit
+/// (as in both functions: backfill_set() needs a value that lifts the limit, NULL keeping it).
 #[track_caller]
 pub fn check_rate(rows_per_second: Option<i32>) {
-    if let Some(rate) = rows_per_second.filter(|r| *r <= 0) {
+    if let Some(rate) = rows_per_second.filter(|r| *r < 0) {
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,
             format!("rows_per_second {rate} is out of range"),
-            "rows_per_second is the most rows the backfill delivers per second and must be positive.",
-            Some("Pass NULL (the default) for no limit.".into()),
+            "rows_per_second is the most rows the backfill delivers per second: positive, or 0 for no limit.",
+            Some("Pass 0 for no limit, or a positive rate such as rows_per_second => 5000.".into()),
         );
     }
 }

@@ -2,11 +2,10 @@
 //! read through an accessor that returns what the code needs (a `Duration`, bytes, a count),
 //! so that no call site converts units.
 
-use crate::pg::errors::raise;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
-use pgrx::pg_sys;
-use pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
-use std::ffi::CString;
+use pgrx::prelude::*;
+use pgrx::{pg_sys, PostgresGucEnum};
+use std::ffi::{CStr, CString};
 use std::time::Duration;
 
 /// Prefix of every logical decoding message; recorded per backfill when it starts.
@@ -15,8 +14,20 @@ static MESSAGE_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString
 /// How long a one-row page waits for a row lock held by a writer before it gives up and retries.
 static LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
 
+/// backfill.lock_mode's values: an enum setting, so that PostgreSQL refuses any other when it is
+/// set (the catalog's LockMode, model/state.rs, is what a backfill records).
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum LockModeSetting {
+    #[name = c"auto"]
+    Auto,
+    #[name = c"rows"]
+    Rows,
+    #[name = c"table"]
+    Table,
+}
+
 /// backfill.lock_mode: how a new backfill's pages lock (see lock.rs); recorded per backfill.
-static LOCK_MODE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"auto"));
+static LOCK_MODE: GucSetting<LockModeSetting> = GucSetting::<LockModeSetting>::new(LockModeSetting::Auto);
 
 /// backfill.table_lock_max_ms: how long a page holding its table in SHARE mode may hold up writers.
 static TABLE_LOCK_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
@@ -86,14 +97,21 @@ static SUPERUSER_RESERVED_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
 static TEST_SKIP_ROW_LOCKS: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 pub fn define() {
-    GucRegistry::define_string_guc(
-        c"backfill.message_prefix",
-        c"Prefix of the logical decoding messages a new backfill emits.",
-        c"Consumers filter messages by prefix. Recorded per backfill when it starts.",
-        &MESSAGE_PREFIX,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
+    // SAFETY: the check hook is guarded against panics (#[pg_guard]) and only reads its value.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"backfill.message_prefix",
+            c"Prefix of the logical decoding messages a new backfill emits.",
+            c"Consumers filter messages by prefix. Recorded per backfill when it starts. 1 to 64 printable \
+              ASCII characters.",
+            &MESSAGE_PREFIX,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_message_prefix),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"backfill.compare_max_keys",
         c"The most differing keys a comparison keeps (in the memory of the backend that runs it).",
@@ -129,7 +147,7 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
-    GucRegistry::define_string_guc(
+    GucRegistry::define_enum_guc(
         c"backfill.lock_mode",
         c"How a new backfill's pages lock what they read: auto, rows or table.",
         c"rows: FOR SHARE of the page's rows (written into every row read). table: the table in \
@@ -315,11 +333,10 @@ pub fn skip_row_locks() -> bool {
 /// Longest message prefix: a prefix is written into every message's WAL record.
 const MAX_PREFIX_LEN: usize = 64;
 
-/// The message prefix in force. Consumers filter by it and it is repeated in every record, so
-/// it must be 1 to 64 printable ASCII characters.
-pub fn message_prefix() -> String {
-    let prefix = MESSAGE_PREFIX.get().map(|c| c.to_bytes().to_vec()).unwrap_or_default();
-    let problem = if prefix.is_empty() {
+/// What is wrong with a message prefix, if anything. Consumers filter by it and it is repeated
+/// in every record, so it must be 1 to 64 printable ASCII characters.
+fn prefix_problem(prefix: &[u8]) -> Option<String> {
+    if prefix.is_empty() {
         Some("it is empty".to_string())
     } else if prefix.len() > MAX_PREFIX_LEN {
         Some(format!("it is {} bytes long", prefix.len()))
@@ -328,16 +345,36 @@ pub fn message_prefix() -> String {
             .iter()
             .position(|b| !(0x20..=0x7e).contains(b))
             .map(|at| format!("byte {} is not printable ASCII", at + 1))
-    };
-    if let Some(problem) = problem {
-        raise(
-            ERRCODE_INVALID_PARAMETER_VALUE,
-            "invalid value for backfill.message_prefix",
-            format!("The prefix must be 1 to {MAX_PREFIX_LEN} printable ASCII characters; {problem}."),
-            Some("SET backfill.message_prefix = 'backfill';".into()),
-        );
     }
-    String::from_utf8(prefix).expect("printable ASCII is UTF-8")
+}
+
+/// backfill.message_prefix's check hook: PostgreSQL refuses (22023) a prefix that is not 1 to 64
+/// printable ASCII characters when it is set (SET, ALTER SYSTEM, postgresql.conf), not at the
+/// next backfill_start().
+#[pg_guard]
+unsafe extern "C-unwind" fn check_message_prefix(
+    newval: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes the new value, a NUL-terminated string or NULL.
+    let prefix = unsafe { if newval.is_null() || (*newval).is_null() { c"" } else { CStr::from_ptr(*newval) } };
+    let Some(problem) = prefix_problem(prefix.to_bytes()) else { return true };
+    let detail = format!("The prefix must be 1 to {MAX_PREFIX_LEN} printable ASCII characters; {problem}.");
+    let detail = CString::new(detail).unwrap_or_default();
+    // SAFETY: the detail and hint are copied into the current memory context, where PostgreSQL
+    // reads them when it reports the refusal.
+    unsafe {
+        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
+        pg_sys::GUC_check_errhint_string =
+            pg_sys::pstrdup(c"Consumers filter messages by it: for example SET backfill.message_prefix = 'backfill';".as_ptr());
+    }
+    false
+}
+
+/// The message prefix in force (its check hook admits only a valid one).
+pub fn message_prefix() -> String {
+    MESSAGE_PREFIX.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 /// The slot lag past which a backfill for a slot waits, in bytes (backfill.max_slot_lag); also
@@ -353,9 +390,9 @@ pub fn lock_timeout() -> Duration {
     Duration::from_millis(LOCK_TIMEOUT_MS.get().max(0) as u64)
 }
 
-/// backfill.lock_mode as set (lock.rs checks it).
-pub fn lock_mode_name() -> String {
-    LOCK_MODE.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+/// backfill.lock_mode as set.
+pub fn lock_mode() -> LockModeSetting {
+    LOCK_MODE.get()
 }
 
 /// How long a page holding its table in SHARE mode may hold up writers (backfill.table_lock_max_ms).

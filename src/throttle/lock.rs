@@ -52,22 +52,18 @@
 //!   (their fixed cost, such as a long filter's check, is near it) locks rows from then on.
 
 use crate::model::state::LockMode;
-use crate::pg::settings;
+use crate::pg::settings::{self, LockModeSetting};
 use crate::stream::scan::RowLocks;
 use pgrx::pg_sys;
 use std::time::{Duration, Instant};
 
-/// backfill.lock_mode as a backfill records it when it starts (22023 if it is none of the modes).
+/// backfill.lock_mode as a backfill records it when it starts.
 pub fn lock_mode() -> LockMode {
-    let mode = settings::lock_mode_name();
-    LockMode::parse(&mode).unwrap_or_else(|| {
-        crate::pg::errors::raise(
-            pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            "invalid value for backfill.lock_mode",
-            format!("backfill.lock_mode is {mode:?}; it must be auto, rows or table."),
-            Some("SET backfill.lock_mode = 'auto';".into()),
-        )
-    })
+    match settings::lock_mode() {
+        LockModeSetting::Auto => LockMode::Auto,
+        LockModeSetting::Rows => LockMode::Rows,
+        LockModeSetting::Table => LockMode::Table,
+    }
 }
 
 /// How one page's rows are locked.

@@ -174,17 +174,68 @@ fn backfill_workers(starting: bool) -> i32 {
     .unwrap_or(0)
 }
 
-fn too_many_workers(running: i32, needed: i32) -> ! {
-    let cap = settings::max_workers();
+/// The workers a backfill may take, as backfill.max_workers limits them: for every role, or for
+/// one that is not a superuser, less backfill.superuser_reserved_workers.
+#[derive(Clone, Copy)]
+enum WorkerCap {
+    All,
+    ForNonSuperusers,
+}
+
+impl WorkerCap {
+    fn workers(self) -> i32 {
+        match self {
+            WorkerCap::All => settings::max_workers(),
+            WorkerCap::ForNonSuperusers => settings::max_workers() - settings::superuser_reserved_workers(),
+        }
+    }
+
+    /// The settings that make the cap, as a DBA reads them in the error.
+    fn described(self) -> String {
+        match self {
+            WorkerCap::All => format!("backfill.max_workers ({})", settings::max_workers()),
+            WorkerCap::ForNonSuperusers => format!(
+                "backfill.max_workers ({}) less backfill.superuser_reserved_workers ({}), kept for superusers",
+                settings::max_workers(),
+                settings::superuser_reserved_workers()
+            ),
+        }
+    }
+}
+
+/// 53400: `needed` more workers do not fit `cap` with `running` already taken. A request larger
+/// than the cap itself can never fit, however long one waits: the hint says what fits instead.
+fn too_many_workers(cap: WorkerCap, running: i32, needed: i32) -> ! {
+    let (workers, described) = (cap.workers(), cap.described());
+    let message = match cap {
+        WorkerCap::All => "too many backfill workers",
+        WorkerCap::ForNonSuperusers => "too many backfill workers for a role that is not a superuser",
+    };
+    if needed > workers {
+        raise(
+            ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            message,
+            format!("This backfill needs {needed} workers, which can never fit {described}: {workers} at most."),
+            Some(match workers {
+                1.. => format!(
+                    "Start it with parallel => {workers} or fewer, or raise backfill.max_workers in postgresql.conf \
+                     and reload (it keeps background workers free for parallel query and logical replication)."
+                ),
+                _ => "Raise backfill.max_workers, or lower backfill.superuser_reserved_workers, in postgresql.conf and reload."
+                    .into(),
+            }),
+        );
+    }
     raise(
         ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
-        "too many backfill workers",
+        message,
         format!(
-            "{running} backfill worker(s) run or are starting now and this backfill needs {needed} more; backfill.max_workers is {cap}."
+            "{running} backfill worker(s) run or are starting now and this backfill needs {needed} more; {described} \
+             allow {workers}."
         ),
         Some(
-            "Wait for a backfill to finish, use fewer parallel workers, or raise backfill.max_workers \
-             (it keeps background workers free for parallel query and logical replication)."
+            "Wait for a running backfill to end (SELECT id, workers_running FROM backfill_status WHERE state = 'running';), \
+             use fewer parallel workers, or raise backfill.max_workers in postgresql.conf and reload."
                 .into(),
         ),
     )
@@ -198,22 +249,19 @@ fn too_many_workers(running: i32, needed: i32) -> ! {
 /// A role that is not a superuser leaves backfill.superuser_reserved_workers of them free.
 pub fn require_worker_slots(needed: i32) {
     let running = privilege::as_extension_owner(|| backfill_workers(true));
-    if running + needed > settings::max_workers() {
-        too_many_workers(running, needed);
-    }
-    let reserved = settings::superuser_reserved_workers();
     // SAFETY: reads whether the current role is a superuser.
-    if running + needed > settings::max_workers() - reserved && !unsafe { pg_sys::superuser() } {
-        raise(
-            ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
-            "too many backfill workers for a role that is not a superuser",
-            format!(
-                "{running} backfill worker(s) run or are starting now and this backfill needs {needed} more; \
-                 of backfill.max_workers ({}), backfill.superuser_reserved_workers ({reserved}) are kept for superusers.",
-                settings::max_workers()
-            ),
-            Some("Wait for a backfill to finish, or ask a superuser to cancel one or to raise backfill.max_workers.".into()),
-        );
+    let superuser = unsafe { pg_sys::superuser() };
+    let caps: &[WorkerCap] = if superuser { &[WorkerCap::All] } else { &[WorkerCap::All, WorkerCap::ForNonSuperusers] };
+    // (A request larger than a cap is refused as such first, whoever runs.)
+    for cap in caps.iter().copied() {
+        if needed > cap.workers() {
+            too_many_workers(cap, running, needed);
+        }
+    }
+    for cap in caps.iter().copied() {
+        if running + needed > cap.workers() {
+            too_many_workers(cap, running, needed);
+        }
     }
 }
 
@@ -234,7 +282,7 @@ pub fn admit_within_cap() {
     // (Not those still starting: two starting at once would each count the other and both stop.)
     let running = backfill_workers(false);
     if running >= settings::max_workers() {
-        too_many_workers(running, 1);
+        too_many_workers(WorkerCap::All, running, 1);
     }
 }
 
