@@ -91,7 +91,7 @@ RETURNS TABLE (key jsonb, status text)
 LANGUAGE sql VOLATILE
 AS $$ SELECT * FROM backfill.compare(source::pg_catalog.oid, target::pg_catalog.oid, level, passes, slot::pg_catalog.text, columns) $$;
 COMMENT ON FUNCTION backfill_compare(regclass, regclass, text, integer, name, text[]) IS
-'The keys whose rows differ between source and target (a local table, or a postgres_fdw foreign table with pg_backfill on its server, through dblink): missing, extra, different, or unsettled (still changing on the source at the last pass). Re-checks each difference after the stream has caught up (the slot''s confirmed position). columns => compares only those columns'' values (a copy made with a column list).';
+'The keys whose rows differ between source and target (a local table, or a postgres_fdw foreign table with pg_backfill on its server, through dblink): missing, extra, different, or unsettled (still changing on the source at the last pass). Re-checks each difference after the stream has caught up (the slot''s confirmed position): slot => NULL follows the slot of the source''s latest running, paused or done backfill, if one has a slot, slot => '''' none; a NOTICE names the slot followed. columns => compares only those columns'' values (a copy made with a column list).';
 
 CREATE FUNCTION backfill_repair(source regclass, target regclass, confirm boolean DEFAULT false,
                                 level text DEFAULT 'hash', passes integer DEFAULT 3, slot name DEFAULT NULL,
@@ -100,14 +100,14 @@ RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.repair(source::pg_catalog.oid, target::pg_catalog.oid, confirm, level, passes, slot::pg_catalog.text, batch_size, columns) $$;
 COMMENT ON FUNCTION backfill_repair(regclass, regclass, boolean, text, integer, name, integer, text[]) IS
-'Compares source and target (backfill_compare()) and starts one backfill of exactly the differing keys of the source, through the slot; returns its id, or NULL when nothing differs. Without confirm => true it starts nothing and reports what differs. columns => compares those columns and re-delivers them only.';
+'Compares source and target (backfill_compare()) and starts one backfill of exactly the differing keys of the source, through the slot the comparison followed (none with slot => ''''); returns its id, or NULL when nothing differs. Without confirm => true it starts nothing and reports what differs. columns => compares those columns and re-delivers them only.';
 
 CREATE FUNCTION backfill_cancel(id bigint)
 RETURNS boolean
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.cancel(id) $$;
 COMMENT ON FUNCTION backfill_cancel(bigint) IS
-'Stops a running backfill at its next page; what it delivered stays delivered, its state becomes cancelled.';
+'Stops a running or paused backfill at its next page, or ends a failed one; what it delivered stays delivered, its state becomes cancelled.';
 
 CREATE FUNCTION backfill_pause(id bigint)
 RETURNS boolean
@@ -121,7 +121,7 @@ RETURNS boolean
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.resume(id) $$;
 COMMENT ON FUNCTION backfill_resume(bigint) IS
-'Continues a paused or failed backfill from its cursor, with a new worker.';
+'Continues a paused or failed backfill from its cursor, with a new worker (refused when its slot is gone: cancel it).';
 
 CREATE FUNCTION backfill_set(id bigint, batch_size integer DEFAULT NULL, rows_per_second integer DEFAULT NULL,
                              max_lag bigint DEFAULT NULL, max_replica_lag bigint DEFAULT NULL,
@@ -138,6 +138,13 @@ LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.wait(id, extract(epoch FROM timeout)::pg_catalog.float8 OPERATOR(pg_catalog.*) 1000) $$;
 COMMENT ON FUNCTION backfill_wait(bigint, interval) IS
 'Waits until the backfill is done and, with a slot, delivered (true) or the timeout passes (false); an error if it fails or is cancelled.';
+
+CREATE FUNCTION backfill_purge(older_than interval)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.purge(older_than) $$;
+COMMENT ON FUNCTION backfill_purge(interval) IS
+'Deletes the backfills that ended (done or cancelled) more than older_than ago, among those the caller may control, with their tables, keys, progress and errors; returns how many. Failed ones stay until resumed or cancelled.';
 
 CREATE FUNCTION backfill.visible(started_by name)
 RETURNS boolean
@@ -444,7 +451,8 @@ BEGIN
     IF running IS NOT NULL THEN
         RAISE EXCEPTION 'cannot drop extension pg_backfill while backfills run'
             USING ERRCODE = 'object_in_use',
-                  DETAIL = format('Backfills %s are running or paused.', array_to_string(running, ', ')),
+                  DETAIL = CASE WHEN cardinality(running) = 1 THEN format('Backfill %s is running or paused.', running[1])
+                                ELSE format('Backfills %s are running or paused.', array_to_string(running, ', ')) END,
                   HINT = 'Cancel them first: SELECT backfill_cancel(id) FROM backfill_status WHERE state IN (''running'', ''paused'');';
     END IF;
 END
@@ -457,7 +465,7 @@ REVOKE EXECUTE ON FUNCTION
     backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
     backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
     backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
-    backfill_cancel(bigint), backfill_pause(bigint), backfill_resume(bigint),
+    backfill_cancel(bigint), backfill_pause(bigint), backfill_resume(bigint), backfill_purge(interval),
     backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
     backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_security_check(),
     backfill_checksum(regclass, integer, text, jsonb, text[]), backfill_compare(regclass, regclass, text, integer, name, text[]),
@@ -476,6 +484,7 @@ COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, i
 COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';
 COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
 COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';
+COMMENT ON FUNCTION backfill.purge(interval) IS 'Entry point of backfill_purge()';
 COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint, bigint, bigint, integer) IS 'Entry point of backfill_set(): every option, one call';
 COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint) IS 'Entry point of backfill_set() in 0.9.0 and before (pacing; its SQL chains backfill.set_source_limits()): that SQL calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) IS 'The back-pressure options of backfill_start() and backfill_set() in the SQL of 0.9.0 and before, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';

@@ -667,3 +667,49 @@ GRANT SELECT ON backfill_progress TO PUBLIC;
 COMMENT ON FUNCTION backfill.progress() IS 'Every running backfill worker of the cluster the caller may see, from shared memory, for backfill_progress';
 -- Executable by all, as the other views' helpers: it shows only what backfill_progress shows.
 GRANT EXECUTE ON FUNCTION backfill.progress() TO PUBLIC;
+
+-- Issue 35 (a DBA's pass), helper dba's part: backfill_purge(); backfill_cancel() of a failed
+-- backfill; backfill_compare() and backfill_repair() with slot => '' (none), never the slot of a
+-- cancelled or failed backfill; "Backfill 12 is running" for one.
+CREATE  FUNCTION backfill."purge"(
+	"older_than" interval /* core::option::Option<pgrx::datum::interval::Interval> */
+) RETURNS bigint /* i64 */
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'purge_wrapper';
+
+CREATE FUNCTION backfill_purge(older_than interval)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.purge(older_than) $$;
+COMMENT ON FUNCTION backfill_purge(interval) IS
+'Deletes the backfills that ended (done or cancelled) more than older_than ago, among those the caller may control, with their tables, keys, progress and errors; returns how many. Failed ones stay until resumed or cancelled.';
+REVOKE EXECUTE ON FUNCTION backfill.purge(interval), backfill_purge(interval) FROM PUBLIC;
+COMMENT ON FUNCTION backfill.purge(interval) IS 'Entry point of backfill_purge()';
+COMMENT ON FUNCTION backfill_compare(regclass, regclass, text, integer, name, text[]) IS
+'The keys whose rows differ between source and target (a local table, or a postgres_fdw foreign table with pg_backfill on its server, through dblink): missing, extra, different, or unsettled (still changing on the source at the last pass). Re-checks each difference after the stream has caught up (the slot''s confirmed position): slot => NULL follows the slot of the source''s latest running, paused or done backfill, if one has a slot, slot => '''' none; a NOTICE names the slot followed. columns => compares only those columns'' values (a copy made with a column list).';
+COMMENT ON FUNCTION backfill_repair(regclass, regclass, boolean, text, integer, name, integer, text[]) IS
+'Compares source and target (backfill_compare()) and starts one backfill of exactly the differing keys of the source, through the slot the comparison followed (none with slot => ''''); returns its id, or NULL when nothing differs. Without confirm => true it starts nothing and reports what differs. columns => compares those columns and re-delivers them only.';
+COMMENT ON FUNCTION backfill_cancel(bigint) IS
+'Stops a running or paused backfill at its next page, or ends a failed one; what it delivered stays delivered, its state becomes cancelled.';
+COMMENT ON FUNCTION backfill_resume(bigint) IS
+'Continues a paused or failed backfill from its cursor, with a new worker (refused when its slot is gone: cancel it).';
+CREATE OR REPLACE FUNCTION backfill.refuse_drop_while_running()
+RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    running bigint[];
+BEGIN
+    IF current_query() !~* 'drop\s+extension\s.*\mpg_backfill\M' THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(id ORDER BY id) INTO running FROM backfill.job WHERE state IN ('running', 'paused');
+    IF running IS NOT NULL THEN
+        RAISE EXCEPTION 'cannot drop extension pg_backfill while backfills run'
+            USING ERRCODE = 'object_in_use',
+                  DETAIL = CASE WHEN cardinality(running) = 1 THEN format('Backfill %s is running or paused.', running[1])
+                                ELSE format('Backfills %s are running or paused.', array_to_string(running, ', ')) END,
+                  HINT = 'Cancel them first: SELECT backfill_cancel(id) FROM backfill_status WHERE state IN (''running'', ''paused'');';
+    END IF;
+END
+$$;

@@ -15,18 +15,17 @@ use crate::worker::launcher;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
-/// backfill_cancel(): stops a running or paused backfill at its next page. What it delivered
+/// backfill_cancel(): stops a running or paused backfill at its next page, or ends a failed one
+/// for good (one that cannot be resumed: its slot dropped, its table changed). What it delivered
 /// stays delivered; its state becomes cancelled. A distributed backfill that failed (on one of
-/// its nodes, which paused the others: citus/follower.rs) can be cancelled too: its nodes'
-/// backfills still running or paused are.
+/// its nodes, which paused the others: citus/follower.rs) has its nodes' backfills still running
+/// or paused cancelled too.
 #[pg_extern(schema = "backfill", name = "cancel")]
 fn cancel(id: Option<i64>) -> bool {
     require_primary("cancel a backfill");
     let id = required(id, "backfill_cancel", "id");
-    let nodes = NodeBackfills::of(id);
-    let from: &[JobState] = if nodes.is_empty() { &[Running, Paused] } else { &[Running, Paused, Failed] };
-    control(id, "cancel", from, Some(Cancelled), None);
-    nodes.forward(&Verb::Cancel);
+    control(id, "cancel", &[Running, Paused, Failed], Some(Cancelled), None);
+    NodeBackfills::of(id).forward(&Verb::Cancel);
     true
 }
 
@@ -49,12 +48,80 @@ fn resume(id: Option<i64>) -> bool {
     let lost = as_extension_owner(|| job::worker_lost_to_restart(id));
     let from: &[JobState] = if lost { &[Paused, Failed, Running] } else { &[Paused, Failed] };
     let job = control(id, "resume", from, Some(Running), None);
+    let nodes = NodeBackfills::of(id);
+    if nodes.is_empty() {
+        // (A distributed backfill's slots are its nodes': each node's backfill checks its own.)
+        // (Refused, the error undoes the move to running.)
+        require_slot_to_resume(id, job.slot_name.as_deref());
+    }
     launcher::require_worker_slots(job.parallel);
     for worker in 0..job.parallel {
         launcher::launch_in_this_transaction(id, worker);
     }
-    NodeBackfills::of(id).forward(&Verb::Resume);
+    nodes.forward(&Verb::Resume);
     true
+}
+
+/// A backfill for a slot that is gone can never deliver again: resuming it would only fail
+/// again. Refused, with the way to end it.
+fn require_slot_to_resume(id: i64, slot: Option<&str>) {
+    let Some(slot) = slot else { return };
+    if as_extension_owner(|| crate::pg::spi::select_one::<bool>(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1)",
+        &[slot.into()],
+    ))
+    .ok()
+    .flatten()
+    .unwrap_or(false)
+    {
+        return;
+    }
+    raise(
+        ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("cannot resume backfill {id}: its replication slot \"{slot}\" does not exist"),
+        format!(
+            "Backfill {id} delivers into slot \"{slot}\", which was dropped: its consumer can receive nothing more \
+             from it."
+        ),
+        Some(format!(
+            "SELECT backfill_cancel({id}); ends it. To deliver the rest, start a new backfill for the consumer's \
+             new slot."
+        )),
+    );
+}
+
+/// backfill_purge(): deletes the backfills that ended (done or cancelled) more than `older_than`
+/// ago, among those the caller may control (see [`require_controller`]: every one, for a
+/// superuser), with their rows in every table of pg_backfill; returns how many. A failed backfill
+/// stays until it is resumed or cancelled. On a Citus coordinator, a distributed backfill's rows
+/// here go; its nodes' backfills are each node's own, purged there.
+#[pg_extern(schema = "backfill", name = "purge")]
+fn purge(older_than: Option<pgrx::datum::Interval>) -> i64 {
+    require_primary("purge backfills");
+    let older_than = required(older_than, "backfill_purge", "older_than");
+    let negative = crate::pg::spi::select_one::<bool>(
+        "SELECT $1 OPERATOR(pg_catalog.<) pg_catalog.interval '0'",
+        &[older_than.into()],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(false);
+    if negative {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "older_than of backfill_purge must not be negative",
+            "backfill_purge deletes the backfills that ended more than older_than ago.",
+            Some("Pass an age such as interval '30 days', or interval '0' for every ended backfill.".into()),
+        );
+    }
+    let ended = as_extension_owner(|| job::ended_before(older_than));
+    let superuser = privilege::is_superuser();
+    let purged: Vec<i64> = ended
+        .into_iter()
+        .filter(|(_, started_by)| superuser || privilege::caller_may_act_as(started_by))
+        .map(|(id, _)| id)
+        .collect();
+    as_extension_owner(|| job::delete_jobs(&purged))
 }
 
 /// backfill_set() before 0.10.0: pacing only (its SQL chains the limits on the source through

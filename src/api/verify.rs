@@ -6,7 +6,7 @@
 
 use crate::citus::rules::{self, AGGREGATE_LEVEL};
 use crate::citus::verify::WORKER_NODES;
-use crate::model::request::{ChecksumRequest, CompareRequest};
+use crate::model::request::{ChecksumRequest, CompareRequest, SlotChoice};
 use crate::pg::args::required;
 use crate::pg::encoding::Text;
 use crate::verify::checksum::{self, Level};
@@ -126,7 +126,7 @@ pub fn compare_request(
         target: required(target, call, "target"),
         level: required(level, call, "level").0,
         passes: required(passes, call, "passes"),
-        slot,
+        slot: SlotChoice::of_argument(slot),
         columns: crate::selection::columns::given(columns),
         starts_backfill,
     }

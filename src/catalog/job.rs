@@ -165,6 +165,38 @@ pub fn jobs_to_resume() -> Vec<(i64, i32)> {
     jobs.or_internal("list the backfills to resume")
 }
 
+/// The backfills that ended (done or cancelled) more than `older_than` ago, with the role that
+/// started each: what backfill_purge() may delete. (A failed one is not ended: it may be resumed,
+/// or cancelled first.)
+pub fn ended_before(older_than: pgrx::datum::Interval) -> Vec<(i64, String)> {
+    let ended: SpiResult<Vec<(i64, String)>> = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT id, started_by::pg_catalog.text FROM backfill.job
+                  WHERE state OPERATOR(pg_catalog.=) ANY (ARRAY['done', 'cancelled']::pg_catalog.text[])
+                    AND finished_at OPERATOR(pg_catalog.<) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) $1)
+                  ORDER BY id",
+                None,
+                &[older_than.into()],
+            )?
+            .map(|row| Ok((row.get::<i64>(1)?.unwrap_or_default(), row.get::<String>(2)?.unwrap_or_default())))
+            .collect()
+    });
+    ended.or_internal("list the ended backfills")
+}
+
+/// Deletes backfills `ids`, with their tables, keys, shards, progress and errors (ON DELETE
+/// CASCADE); returns how many.
+pub fn delete_jobs(ids: &[i64]) -> i64 {
+    crate::pg::spi::select_one::<i64>(
+        "WITH gone AS (DELETE FROM backfill.job WHERE id OPERATOR(pg_catalog.=) ANY ($1) RETURNING id)
+         SELECT pg_catalog.count(*) FROM gone",
+        &[ids.to_vec().into()],
+    )
+    .or_internal("delete the ended backfills")
+    .unwrap_or(0)
+}
+
 pub fn set_worker_pid(backfill_id: i64, pid: Option<i32>) {
     Spi::run_with_args(
         "UPDATE backfill.job SET worker_pid = $2 WHERE id OPERATOR(pg_catalog.=) $1",

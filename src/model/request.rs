@@ -118,11 +118,33 @@ pub struct CompareRequest {
     /// count, aggregate or hash (verify/checksum.rs's Level).
     pub level: String,
     pub passes: i32,
-    /// None: the slot of the source's last backfill bound to one.
-    pub slot: Option<String>,
+    pub slot: SlotChoice,
     pub columns: Option<Vec<String>>,
     /// backfill_repair() with confirm => true: the comparison is followed by a backfill.
     pub starts_backfill: bool,
+}
+
+/// The slot whose consumer a comparison waits for, so that the copy holds every change before
+/// each pass.
+pub enum SlotChoice {
+    /// slot => NULL (the default): the slot of the source's latest backfill that is running,
+    /// paused or done, if one has a slot. Never a cancelled or failed backfill's: its consumer
+    /// may be long gone, and every pass would wait a minute for it.
+    Latest,
+    /// slot => '': none (a slot's name is never empty), whatever the source's backfills.
+    NoSlot,
+    Named(String),
+}
+
+impl SlotChoice {
+    /// The choice the SQL argument `slot` makes.
+    pub fn of_argument(slot: Option<String>) -> SlotChoice {
+        match slot {
+            None => SlotChoice::Latest,
+            Some(slot) if slot.is_empty() => SlotChoice::NoSlot,
+            Some(slot) => SlotChoice::Named(slot),
+        }
+    }
 }
 
 /// backfill_checksum()'s request.

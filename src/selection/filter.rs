@@ -19,8 +19,43 @@ use pgrx::PgSqlErrorCode::{self, *};
 const FILTER_DETAIL: &str = "A filter is one boolean SQL expression over the table's columns, evaluated as the role \
     that started the backfill, with search_path pg_catalog, pg_temp, in a security-restricted operation; \
     without subqueries and without volatile functions.";
-const FILTER_HINT: &str =
-    "Qualify functions with their schema and quote names as in SQL, e.g. filter => 'created_at > now() - interval ''30 days''';";
+/// The hints of the kinds of filter errors, each for its kind only.
+mod hints {
+    /// A name not found, or text that does not parse: how names and strings are written.
+    pub const NAMES: &str = "Quote a name as in SQL (\"CreatedAt\"), and double each quote of a string inside \
+        the filter's own: filter => 'created_at > now() - interval ''30 days''';";
+    /// A function or operator not found: the filter's search_path.
+    pub const SCHEMA: &str = "The filter is read with search_path = pg_catalog, pg_temp: qualify a function or \
+        operator of another schema with its schema, e.g. filter => 'public.is_active(id)';";
+    /// Not a condition.
+    pub const CONDITION: &str = "A filter is a condition on a row: compare a column, e.g. filter => 'id > 1000' \
+        or filter => 'archived IS NOT TRUE';";
+    pub const SUBQUERY: &str = "A filter reads only the row itself: to backfill rows chosen from another table, \
+        pass their keys instead, keys => (SELECT jsonb_agg(jsonb_build_object('id', id)) FROM chosen);";
+    pub const VOLATILE: &str = "Use stable functions (now(), current_date), not volatile ones (random(), \
+        clock_timestamp()): the filter must mean the same on every page.";
+    pub const ONE_EXPRESSION: &str = "Balance the parentheses: the filter is one expression, placed in \
+        parentheses inside the backfill's query.";
+    pub const TEMPORARY: &str = "Create the object in a permanent schema and qualify it with that schema.";
+    pub const ONE_ROW: &str = "A filter is evaluated on each row by itself: no aggregate or window function.";
+    pub const NUL: &str = "Remove the NUL character from the filter.";
+    /// Anything else PostgreSQL refuses: how to see the error for oneself.
+    pub const OTHER: &str = "Run the filter as a page would, to see the error in full: \
+        SELECT count(*) FROM <table> WHERE <filter>;";
+}
+
+/// The hint of PostgreSQL's error `code` on a filter.
+fn hint_for(code: PgSqlErrorCode) -> &'static str {
+    match code {
+        ERRCODE_UNDEFINED_COLUMN | ERRCODE_UNDEFINED_TABLE | ERRCODE_UNDEFINED_OBJECT | ERRCODE_SYNTAX_ERROR => {
+            hints::NAMES
+        }
+        ERRCODE_UNDEFINED_FUNCTION => hints::SCHEMA,
+        ERRCODE_DATATYPE_MISMATCH | ERRCODE_INVALID_TEXT_REPRESENTATION => hints::CONDITION,
+        ERRCODE_GROUPING_ERROR | ERRCODE_WINDOWING_ERROR => hints::ONE_ROW,
+        _ => hints::OTHER,
+    }
+}
 
 /// The settings a filter is read and evaluated with, at its check as on every page of its
 /// worker, on top of the worker's (privilege::run_as: search_path, TimeZone UTC, IntervalStyle,
@@ -93,7 +128,7 @@ pub fn check_again(query: &str, table: &str) {
 #[track_caller]
 fn checked(query: &str, table: &str, estimate: bool) -> f64 {
     let Ok(text) = std::ffi::CString::new(query) else {
-        refuse(ERRCODE_SYNTAX_ERROR, table, "it contains a NUL character")
+        refuse(ERRCODE_SYNTAX_ERROR, table, "it contains a NUL character", hints::NUL)
     };
     // The statements pg_backfill writes are ASCII in a database that is neither UTF-8 nor
     // SQL_ASCII (encoding.rs); a filter's text is UTF-8 here, which the parser would misread.
@@ -132,14 +167,25 @@ fn analyzed(text: &std::ffi::CStr, query: &str, table: &str, estimate: bool) -> 
     .execute();
     match checked {
         Ok(rows) => rows.unwrap_or(0.0),
-        Err(Refusal::Error(code, message)) => refuse(code, table, &message),
+        Err(Refusal::Error(code, message)) => refuse(code, table, &message, hint_for(code)),
         Err(Refusal::NotOneExpression) => refuse(
             ERRCODE_SYNTAX_ERROR,
             table,
             "it is not one expression (it reaches outside the parentheses around it)",
+            hints::ONE_EXPRESSION,
         ),
-        Err(Refusal::HasSubquery) => refuse(ERRCODE_FEATURE_NOT_SUPPORTED, table, "it contains a subquery"),
-        Err(Refusal::Volatile) => refuse(ERRCODE_FEATURE_NOT_SUPPORTED, table, "it calls a volatile function"),
+        Err(Refusal::NotBoolean(type_name)) => refuse(
+            ERRCODE_DATATYPE_MISMATCH,
+            table,
+            &format!("it is an expression of type {type_name}, not boolean"),
+            hints::CONDITION,
+        ),
+        Err(Refusal::HasSubquery) => {
+            refuse(ERRCODE_FEATURE_NOT_SUPPORTED, table, "it contains a subquery", hints::SUBQUERY)
+        }
+        Err(Refusal::Volatile) => {
+            refuse(ERRCODE_FEATURE_NOT_SUPPORTED, table, "it calls a volatile function", hints::VOLATILE)
+        }
         Err(Refusal::Untrusted { code, owner }) => raise(
             ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!(
@@ -160,17 +206,18 @@ fn analyzed(text: &std::ffi::CStr, query: &str, table: &str, estimate: bool) -> 
             ERRCODE_FEATURE_NOT_SUPPORTED,
             table,
             "it names a temporary object (pg_temp), which the backfill's worker cannot see",
+            hints::TEMPORARY,
         ),
     }
 }
 
 #[track_caller]
-fn refuse(code: PgSqlErrorCode, table: &str, why: &str) -> ! {
+fn refuse(code: PgSqlErrorCode, table: &str, why: &str, hint: &str) -> ! {
     raise(
         code,
         format!("the filter of a backfill of table {table} is not valid: {why}"),
         FILTER_DETAIL,
-        Some(FILTER_HINT.into()),
+        Some(hint.replace("<table>", table)),
     )
 }
 
@@ -179,6 +226,8 @@ enum Refusal {
     /// PostgreSQL's error: its SQLSTATE and message.
     Error(PgSqlErrorCode, String),
     NotOneExpression,
+    /// It is an expression of this type, which is not boolean (and not assignable to it).
+    NotBoolean(String),
     HasSubquery,
     Volatile,
     /// It runs code (`code`: "function f(integer)", "domain d") owned by `owner`, whom the role
@@ -203,6 +252,9 @@ fn refusal_of(query: &std::ffi::CStr, in_caller: bool) -> Option<Refusal> {
         if !is_a(select as *mut pg_sys::Node, pg_sys::NodeTag::T_SelectStmt) || !is_one_filtered_select(&*select) {
             return Some(Refusal::NotOneExpression);
         }
+        if let Some(type_name) = not_boolean(raw, query) {
+            return Some(Refusal::NotBoolean(type_name));
+        }
         let analyzed =
             pg_sys::parse_analyze_fixedparams(raw, query.as_ptr(), std::ptr::null(), 0, std::ptr::null_mut());
         if (*analyzed).hasSubLinks {
@@ -217,6 +269,41 @@ fn refusal_of(query: &std::ffi::CStr, in_caller: bool) -> Option<Refusal> {
         }
         untrusted_code_of(quals).map(|(code, owner)| Refusal::Untrusted { code, owner })
     }
+}
+
+/// The type of the filter of `raw` (a statement [`is_one_filtered_select`] accepted), if it is
+/// not one the WHERE clause takes as a condition. Analyzed alone, as the only column of a copy
+/// of the statement without its WHERE, so that the error names the filter's type rather than
+/// the AND that pg_backfill puts it in ("argument of AND must be type boolean"). A literal is
+/// left to the statement itself: there, its text is read as a boolean.
+///
+/// # Safety
+/// `raw` is the raw statement of `query`.
+unsafe fn not_boolean(raw: *mut pg_sys::RawStmt, query: &std::ffi::CStr) -> Option<String> {
+    let probe = pg_sys::copyObjectImpl(raw as *const std::ffi::c_void) as *mut pg_sys::RawStmt;
+    let select = (*probe).stmt as *mut pg_sys::SelectStmt;
+    let condition = (*select).whereClause as *mut pg_sys::BoolExpr;
+    let filter = *list_of::<pg_sys::Node>((*condition).args).get(1)?;
+    if is_a(filter, pg_sys::NodeTag::T_A_Const) {
+        return None;
+    }
+    let column = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResTarget>()) as *mut pg_sys::ResTarget;
+    (*column).type_ = pg_sys::NodeTag::T_ResTarget;
+    (*column).val = filter;
+    (*column).location = -1;
+    (*select).targetList = pg_sys::lappend(std::ptr::null_mut(), column.cast());
+    (*select).whereClause = std::ptr::null_mut();
+    let analyzed = pg_sys::parse_analyze_fixedparams(probe, query.as_ptr(), std::ptr::null(), 0, std::ptr::null_mut());
+    let entry = *list_of::<pg_sys::TargetEntry>((*analyzed).targetList).first()?;
+    let type_oid = pg_sys::exprType((*entry).expr.cast());
+    let (mut from, mut to) = (type_oid, pg_sys::BOOLOID);
+    let takes = type_oid == pg_sys::BOOLOID
+        || pg_sys::can_coerce_type(1, &mut from, &mut to, pg_sys::CoercionContext::COERCION_ASSIGNMENT);
+    if takes {
+        return None;
+    }
+    let name = pg_sys::format_type_be(type_oid);
+    Some(std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned())
 }
 
 /// What an analyzed expression runs when evaluated: the functions it calls (its operators' and

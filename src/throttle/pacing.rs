@@ -54,6 +54,13 @@ impl Pacer {
         self.rows_per_second.map_or(i32::MAX, |rate| rate.ceil().clamp(1.0, f64::from(i32::MAX)) as i32)
     }
 
+    /// The largest first page: a tenth of a second of the rate, so that a paced backfill's first
+    /// rows show at once rather than after a whole batch's worth of time (pages then double up
+    /// to the batch, as after a lock conflict).
+    pub fn first_page_limit(&self) -> i32 {
+        self.rows_per_second.map_or(i32::MAX, |rate| (rate / 10.0).ceil().clamp(1.0, f64::from(i32::MAX)) as i32)
+    }
+
     /// Whether a page of `rows` fits the rate now; if not, sleeps toward it (at most
     /// [`LONGEST_SLEEP`]) and tells whether it fits after that.
     pub fn ready_for(&mut self, rows: i32) -> bool {
@@ -91,6 +98,13 @@ mod tests {
         assert_eq!(Pacer::new(share(None, 1)).page_limit(), i32::MAX);
         assert_eq!(Pacer::new(share(Some(2), 1)).page_limit(), 2);
         assert_eq!(Pacer::new(share(Some(5000), 1)).page_limit(), 5000);
+    }
+
+    #[pg_test]
+    fn a_first_page_is_a_tenth_of_a_second_of_the_rate() {
+        assert_eq!(Pacer::new(share(None, 1)).first_page_limit(), i32::MAX);
+        assert_eq!(Pacer::new(share(Some(2000), 1)).first_page_limit(), 200);
+        assert_eq!(Pacer::new(share(Some(5), 1)).first_page_limit(), 1);
     }
 
     #[pg_test]

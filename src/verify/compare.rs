@@ -22,7 +22,7 @@
 //! and its stream followed, on each of them, through the [`FanOut`] the SQL functions hand in
 //! (api/verify.rs: backfill_compare(), and backfill_repair()'s comparison).
 
-use crate::model::request::CompareRequest;
+use crate::model::request::{CompareRequest, SlotChoice};
 use crate::pg::encoding::Text;
 use crate::pg::errors::{raise, OrInternal};
 use crate::verify::checksum::{self, Level};
@@ -96,7 +96,7 @@ pub fn differences(request: CompareRequest, fan_out: &'static dyn FanOut) -> Fou
     let columns = checksum::hashed_columns(source, &source_name, &key, columns);
     let target_side = target_side(source, target, function, columns.as_deref(), fan_out);
     let source_side = Side::here(source, fan_out);
-    let slot = slot.or_else(|| crate::pg::privilege::as_extension_owner(|| last_slot_of(source)));
+    let slot = followed_slot(function, source, &source_name, slot);
     if let Some(slot) = &slot {
         if let Side::Spread { .. } = source_side {
             // Its copy follows every server's slot of that name (the backfills there check the
@@ -123,17 +123,52 @@ pub fn differences(request: CompareRequest, fan_out: &'static dyn FanOut) -> Fou
     Found { keys, slot, columns }
 }
 
-/// The slot of the latest backfill of the table that had one, if it still exists.
-fn last_slot_of(relid: pg_sys::Oid) -> Option<String> {
+/// The slot `function` follows, as `choice` says, named in a NOTICE: a comparison that waits on
+/// a slot's consumer, perhaps for minutes, says which.
+fn followed_slot(function: &str, source: pg_sys::Oid, source_name: &str, choice: SlotChoice) -> Option<String> {
+    let (slot, why) = match choice {
+        SlotChoice::Named(slot) => (Some(slot), "as given".to_string()),
+        SlotChoice::NoSlot => (None, "slot => ''".to_string()),
+        SlotChoice::Latest => match crate::pg::privilege::as_extension_owner(|| latest_slot_of(source)) {
+            Some((slot, backfill_id)) => (
+                Some(slot),
+                format!(
+                    "that of backfill {backfill_id}, the latest running, paused or done backfill of {source_name} with \
+                     a slot; slot => '' follows none"
+                ),
+            ),
+            None => (None, format!("no running, paused or done backfill of {source_name} has one")),
+        },
+    };
+    match &slot {
+        Some(name) => notice!(
+            "{function} follows replication slot \"{name}\" ({why}): each pass waits up to a minute for its consumer \
+             to confirm the source's position"
+        ),
+        None => notice!("{function} follows no replication slot ({why}): each pass re-reads the copy after a second"),
+    }
+    slot
+}
+
+/// The slot of the latest backfill of the table that had one and is running, paused or done,
+/// if the slot still exists; with that backfill's id.
+fn latest_slot_of(relid: pg_sys::Oid) -> Option<(String, i64)> {
     crate::pg::spi::select_one::<Text>(
-        "SELECT j.slot_name::pg_catalog.text FROM backfill.job j
+        "SELECT j.slot_name::pg_catalog.text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) j.id::pg_catalog.text
+           FROM backfill.job j
            JOIN backfill.job_table t ON t.job_id OPERATOR(pg_catalog.=) j.id
            JOIN pg_catalog.pg_replication_slots s ON s.slot_name OPERATOR(pg_catalog.=) j.slot_name
-          WHERE t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid::pg_catalog.regclass ORDER BY j.id DESC LIMIT 1",
+          WHERE t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid::pg_catalog.regclass
+            AND j.state OPERATOR(pg_catalog.=) ANY (ARRAY['running', 'paused', 'done']::pg_catalog.text[])
+          ORDER BY j.id DESC LIMIT 1",
         &[relid.into()],
     )
     .or_internal("read the table's backfills")
-    .map(|t| t.0)
+    .and_then(|t| {
+        // (A slot's name has no space: lower-case letters, digits and underscores.)
+        let (slot, id) = t.0.rsplit_once(' ')?;
+        Some((slot.to_string(), id.parse().ok()?))
+    })
 }
 
 /// The publication of the latest backfill of the table through `slot`, if it had one: the

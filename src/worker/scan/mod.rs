@@ -131,6 +131,9 @@ impl<'a> TableScan<'a> {
         })?;
         let partitioned = table.partitioned;
         let (shape, counts_lock_paths, keyed, published_filter) = in_transaction(|| {
+            // A progress sample before the first page: the rate (backfill_status) shows with the
+            // first rows, from the moment the scan began, not a second later.
+            crate::catalog::job::record_progress(backfill_id);
             (
                 ReadShape::new(table, backfill_id, job.slot_name.as_deref(), job.rows_per_message),
                 crate::catalog::schema::capabilities().lock_path_counts,

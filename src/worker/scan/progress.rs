@@ -27,6 +27,13 @@ impl ProgressLog {
     }
 }
 
+/// Rows done as a percentage of those expected, as backfill_status.percent_done has it (truncated
+/// to a tenth, below 100 until the scan ends).
+fn percent_done(rows_done: i64, expected: i64) -> String {
+    let tenths = (1000 * i128::from(rows_done) / i128::from(expected.max(1))).min(999);
+    format!("{}.{}", tenths / 10, tenths % 10)
+}
+
 impl TableScan<'_> {
     /// Every few seconds: a progress sample (for the rate over the last minute) and the share
     /// of the key range scanned (for the time left); at backfill.log_interval, a log line.
@@ -60,12 +67,13 @@ impl TableScan<'_> {
         job_table::set_key_fraction(self.context.backfill_id, self.context.position, fraction);
         if settings::log_interval().is_some_and(|interval| self.progress.last_log.elapsed() >= interval) {
             self.progress.last_log = Instant::now();
-            let percent = fraction.map(|f| format!("{:.1}% of the key range, ", 100.0 * f)).unwrap_or_default();
+            // Rows, as backfill_status counts them (the key range's share is no measure of rows).
+            let expected = progress.rows_estimated.max(rows_done + 1);
             log!(
-                "{}: {} {percent}{rows_done} of about {} rows",
+                "{}: {} {}% ({rows_done} of about {expected} rows)",
                 who(self.context.backfill_id),
                 self.shape.table.qualified_name(),
-                progress.rows_estimated
+                percent_done(rows_done, expected)
             );
         }
     }

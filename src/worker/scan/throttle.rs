@@ -24,7 +24,7 @@ pub struct Throttle {
     /// The backfill's batch_size (backfill_set() may change it): the most rows of a page.
     batch_size: i32,
     /// Rows the next page may have: batch_size, what a second of the rate allows, halved after
-    /// a lock conflict, growing back twofold a page.
+    /// a lock conflict, growing back twofold a page (as from a paced backfill's small first page).
     rows_per_page: i32,
     /// Rows of the last page's size in bytes that fit settings::page_bytes_bound(): a page
     /// larger than the decoder's memory would be spilled to disk by every walsender.
@@ -37,12 +37,13 @@ pub struct Throttle {
 
 impl Throttle {
     pub(super) fn new(job: &Job, partitioned: bool) -> Self {
+        let pacer = Pacer::new(pacing::share(job.rows_per_second, i64::from(job.parallel)));
         Throttle {
-            pacer: Pacer::new(pacing::share(job.rows_per_second, i64::from(job.parallel))),
+            rows_per_page: job.batch_size.min(pacer.first_page_limit()),
+            pacer,
             load: LoadGovernor::new(),
             locks: LockPolicy::new(job.lock_mode, partitioned, job.batch_size),
             batch_size: job.batch_size,
-            rows_per_page: job.batch_size,
             rows_within_bytes: i32::MAX,
             waiting: None,
             slowed_by_load: false,
