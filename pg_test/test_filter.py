@@ -423,7 +423,7 @@ def test_a_filter_names_no_temporary_collation_and_reads_text_search_with_a_fixe
 # Filters refused for different reasons: what the error's message says, and the words of its hint.
 KINDS = [
     ("id", "42804", "of type bigint, not boolean", "condition"),
-    ("amount + 1", "42804", "of type numeric, not boolean", "condition"),
+    ("amount + 1", "42804", "of type integer, not boolean", "condition"),
     ("\"Amount\" > 0", "42703", "column", "quote"),
     ("my_function(id)", "42883", "function", "schema"),
     ("tenant =", "42601", "syntax", "quote"),

@@ -174,9 +174,11 @@ SELECT j.id,
             ELSE least(99.9, pg_catalog.trunc((100 OPERATOR(pg_catalog.*) t.rows_done)::numeric
                                               OPERATOR(pg_catalog./) nullif(t.rows_expected, 0), 1)) END AS percent_done,
        CASE WHEN v.countable THEN r.rows_per_second END AS rows_per_second_last_minute,
-       CASE WHEN v.countable AND j.state = 'running' AND r.rows_per_second OPERATOR(pg_catalog.>) 0
+       -- At the rate of the last 10 seconds, where there is one: a slow start (a worker's first
+       -- page) or a changed rate would drag the minute's average for a minute.
+       CASE WHEN v.countable AND j.state = 'running' AND coalesce(r.recent_rows_per_second, r.rows_per_second) OPERATOR(pg_catalog.>) 0
             THEN pg_catalog.make_interval(secs => pg_catalog.round((t.rows_expected OPERATOR(pg_catalog.-) t.rows_done)::numeric
-                                                                   OPERATOR(pg_catalog./) r.rows_per_second))
+                                                                   OPERATOR(pg_catalog./) coalesce(r.recent_rows_per_second, r.rows_per_second)))
        END AS time_left,
        j.slot_name,
        -- (A standby has no current WAL position of its own: it shows what it has replayed.)
@@ -227,7 +229,12 @@ SELECT j.id,
   LEFT JOIN LATERAL (
         SELECT ((pg_catalog.max(p.rows_done) OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done))
                 OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) OPERATOR(pg_catalog.-) pg_catalog.min(p.at)), 0))::bigint
-               AS rows_per_second
+               AS rows_per_second,
+               ((pg_catalog.max(p.rows_done) FILTER (WHERE p.at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '10 seconds')
+                 OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done) FILTER (WHERE p.at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '10 seconds'))
+                OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) FILTER (WHERE p.at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '10 seconds')
+                                                 OPERATOR(pg_catalog.-) pg_catalog.min(p.at) FILTER (WHERE p.at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '10 seconds')), 0))::bigint
+               AS recent_rows_per_second
           FROM backfill.job_progress p
          WHERE p.job_id = j.id AND p.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')) r ON true
   LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
@@ -237,7 +244,7 @@ COMMENT ON VIEW backfill_status IS 'One row per backfill: state, progress, who s
 COMMENT ON COLUMN backfill_status.state IS 'running (waiting_for says if it waits, and for what), paused (by backfill_pause), done, cancelled or failed';
 COMMENT ON COLUMN backfill_status.pause_reason IS 'Why it is paused: by backfill_pause()';
 COMMENT ON COLUMN backfill_status.rows_per_second_last_minute IS 'Delivery rate over the last minute';
-COMMENT ON COLUMN backfill_status.time_left IS 'The rows still expected (rows_estimated - rows_done) at the last minute''s rate';
+COMMENT ON COLUMN backfill_status.time_left IS 'The rows still expected (rows_estimated - rows_done) at the rate of the last 10 seconds (of the last minute, with one sample in those 10 seconds)';
 COMMENT ON COLUMN backfill_status.slot_lag_bytes IS 'WAL the slot''s consumer has not confirmed yet';
 COMMENT ON COLUMN backfill_status.watermark_lsn IS 'WAL position after the last page';
 COMMENT ON COLUMN backfill_status.delivered IS 'Done, and (with a slot) its consumer has confirmed past the watermark';

@@ -188,13 +188,15 @@ pub fn ended_before(older_than: pgrx::datum::Interval) -> Vec<(i64, String)> {
 /// Deletes backfills `ids`, with their tables, keys, shards, progress and errors (ON DELETE
 /// CASCADE); returns how many.
 pub fn delete_jobs(ids: &[i64]) -> i64 {
-    crate::pg::spi::select_one::<i64>(
-        "WITH gone AS (DELETE FROM backfill.job WHERE id OPERATOR(pg_catalog.=) ANY ($1) RETURNING id)
-         SELECT pg_catalog.count(*) FROM gone",
-        &[ids.to_vec().into()],
-    )
-    .or_internal("delete the ended backfills")
-    .unwrap_or(0)
+    let deleted: SpiResult<i64> = Spi::connect_mut(|client| {
+        let gone = client.update(
+            "DELETE FROM backfill.job WHERE id OPERATOR(pg_catalog.=) ANY ($1)",
+            None,
+            &[ids.to_vec().into()],
+        )?;
+        Ok(gone.len() as i64)
+    });
+    deleted.or_internal("delete the ended backfills")
 }
 
 pub fn set_worker_pid(backfill_id: i64, pid: Option<i32>) {
