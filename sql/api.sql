@@ -230,10 +230,10 @@ SELECT j.id,
         SELECT ((pg_catalog.max(p.rows_done) OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done))
                 OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) OPERATOR(pg_catalog.-) pg_catalog.min(p.at)), 0))::bigint
                AS rows_per_second,
-               ((pg_catalog.max(p.rows_done) FILTER (WHERE p.at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '10 seconds')
-                 OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done) FILTER (WHERE p.at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '10 seconds'))
-                OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) FILTER (WHERE p.at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '10 seconds')
-                                                 OPERATOR(pg_catalog.-) pg_catalog.min(p.at) FILTER (WHERE p.at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '10 seconds')), 0))::bigint
+               ((pg_catalog.max(p.rows_done) FILTER (WHERE p.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '10 seconds'))
+                 OPERATOR(pg_catalog.-) pg_catalog.min(p.rows_done) FILTER (WHERE p.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '10 seconds')))
+                OPERATOR(pg_catalog./) nullif(extract(epoch FROM pg_catalog.max(p.at) FILTER (WHERE p.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '10 seconds'))
+                                                 OPERATOR(pg_catalog.-) pg_catalog.min(p.at) FILTER (WHERE p.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '10 seconds'))), 0))::bigint
                AS recent_rows_per_second
           FROM backfill.job_progress p
          WHERE p.job_id = j.id AND p.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')) r ON true
