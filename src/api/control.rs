@@ -66,10 +66,12 @@ fn resume(id: Option<i64>) -> bool {
 /// again. Refused, with the way to end it.
 fn require_slot_to_resume(id: i64, slot: Option<&str>) {
     let Some(slot) = slot else { return };
-    if as_extension_owner(|| crate::pg::spi::select_one::<bool>(
-        "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1)",
-        &[slot.into()],
-    ))
+    if as_extension_owner(|| {
+        crate::pg::spi::select_one::<bool>(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1)",
+            &[slot.into()],
+        )
+    })
     .ok()
     .flatten()
     .unwrap_or(false)
@@ -179,7 +181,7 @@ fn change(id: Option<i64>, pacing: Pacing, source: SourceOptions) -> bool {
             ERRCODE_INVALID_PARAMETER_VALUE,
             "max_lag needs a slot",
             format!("Backfill {id} was started without a slot, so no consumer lag limits it."),
-            None,
+            Some("Pace it with rows_per_second or max_active_sessions instead; max_lag applies to a backfill started with slot => ...".into()),
         );
     }
     as_extension_owner(|| {
@@ -304,7 +306,22 @@ fn control(id: i64, verb: &str, from: &[JobState], to: Option<JobState>, pause_r
                 from.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" or "),
                 past_participle(verb)
             ),
-            None,
+            Some(match JobState::parse(state) {
+                _ if state == "changing state concurrently" => {
+                    "Try again: another session changed it at the same moment.".into()
+                }
+                Done | Cancelled => "It has ended: start a new backfill to deliver more; \
+                                     SELECT backfill_purge(interval '30 days'); removes ended backfills."
+                    .into(),
+                Running => {
+                    format!("SELECT state, waiting_for FROM backfill_status WHERE id = {id}; shows what it does now.")
+                }
+                Paused => format!("SELECT backfill_resume({id}); continues it."),
+                Failed => format!(
+                    "SELECT last_error FROM backfill_status WHERE id = {id}; says why it failed: fix that and \
+                     SELECT backfill_resume({id});, or SELECT backfill_cancel({id}); ends it."
+                ),
+            }),
         )
     };
     if !from.contains(&job.state) {

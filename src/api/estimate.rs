@@ -111,7 +111,11 @@ fn estimate_rows(request: &EstimateRequest) -> Vec<EstimateRow> {
     // dry run does not abort the script around it).
     if let Some(why) = crate::api::request::logical_decoding_missing() {
         let reason = format!("logical decoding is not enabled on this server: {why} Set wal_level = logical.");
-        return request.tables.iter().map(|relid| (*relid, false, Some(Text(reason.clone())), None, None, None, None)).collect();
+        return request
+            .tables
+            .iter()
+            .map(|relid| (*relid, false, Some(Text(reason.clone())), None, None, None, None))
+            .collect();
     }
     let prefix_len = settings::message_prefix().len();
     crate::pg::citus::with_shards_visible(|| {

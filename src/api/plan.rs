@@ -60,7 +60,14 @@ pub fn check_filter(table: &Table, filter: &str) -> f64 {
 fn table_rows(table: &Table) -> f64 {
     let relation = table.qualified_name();
     crate::pg::spi::planned_rows(&format!("SELECT * FROM {relation}"))
-        .unwrap_or_else(|| raise(ERRCODE_INTERNAL_ERROR, "could not estimate the table's rows", relation, None))
+        .unwrap_or_else(|| {
+            raise(
+                ERRCODE_INTERNAL_ERROR,
+                "could not estimate the table's rows",
+                relation,
+                Some(crate::pg::errors::BUG_HINT.into()),
+            )
+        })
         .max(0.0)
 }
 

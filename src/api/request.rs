@@ -144,7 +144,7 @@ pub fn table_list(tables: Option<Vec<Option<pg_sys::Oid>>>) -> Vec<pg_sys::Oid> 
                 ERRCODE_NULL_VALUE_NOT_ALLOWED,
                 "the list of tables contains NULL",
                 "Every element must name a table.",
-                None,
+                Some("Remove the NULL from the list, e.g. ARRAY['public.orders', 'public.lines']::regclass[].".into()),
             );
         };
         if relids.contains(&relid) {

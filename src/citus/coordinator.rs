@@ -234,7 +234,10 @@ pub fn keys_by_shard(relid: pg_sys::Oid, keys: Vec<serde_json::Value>) -> BTreeM
             ERRCODE_FEATURE_NOT_SUPPORTED,
             format!("the key of distributed table {name} does not hold its distribution column"),
             "Keys are sent to the shards that hold them, found by the distribution column's value.",
-            None,
+            Some(format!(
+                "Backfill {name} whole (backfill_start without keys), or give it a primary key that includes its \
+                 distribution column."
+            )),
         );
     };
     let value = crate::verify::key_json::key_from_json("e.v", column, type_name);

@@ -42,6 +42,9 @@ pub fn for_server(message: &str) -> Cow<'_, str> {
     Cow::Owned(escaped)
 }
 
+/// The hint of an error no user can cause.
+pub const BUG_HINT: &str = "This is a bug in pg_backfill: report it with the server log's lines around this error.";
+
 /// A call into SPI that failed with `code` (negative, SPI_ERROR_*) without raising an ERROR
 /// itself: no user can cause it. XX000, at the caller's location.
 #[track_caller]
@@ -52,7 +55,7 @@ pub fn spi_failed(doing: &str, code: i32) -> ! {
         PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
         format!("pg_backfill could not {doing}"),
         format!("SPI returned {} ({code}).", name.to_string_lossy()),
-        Some("This is a bug in pg_backfill: report it with the server log's lines around this error.".into()),
+        Some(BUG_HINT.into()),
     )
 }
 
@@ -73,7 +76,7 @@ impl<T, E: std::fmt::Display> OrInternal<T> for Result<T, E> {
                 pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
                 format!("pg_backfill could not {doing}"),
                 e.to_string(),
-                None,
+                Some(BUG_HINT.into()),
             ),
         }
     }

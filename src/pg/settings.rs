@@ -358,7 +358,13 @@ unsafe extern "C-unwind" fn check_message_prefix(
     _source: pg_sys::GucSource::Type,
 ) -> bool {
     // SAFETY: PostgreSQL passes the new value, a NUL-terminated string or NULL.
-    let prefix = unsafe { if newval.is_null() || (*newval).is_null() { c"" } else { CStr::from_ptr(*newval) } };
+    let prefix = unsafe {
+        if newval.is_null() || (*newval).is_null() {
+            c""
+        } else {
+            CStr::from_ptr(*newval)
+        }
+    };
     let Some(problem) = prefix_problem(prefix.to_bytes()) else { return true };
     let detail = format!("The prefix must be 1 to {MAX_PREFIX_LEN} printable ASCII characters; {problem}.");
     let detail = CString::new(detail).unwrap_or_default();
@@ -366,8 +372,9 @@ unsafe extern "C-unwind" fn check_message_prefix(
     // reads them when it reports the refusal.
     unsafe {
         pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
-        pg_sys::GUC_check_errhint_string =
-            pg_sys::pstrdup(c"Consumers filter messages by it: for example SET backfill.message_prefix = 'backfill';".as_ptr());
+        pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(
+            c"Consumers filter messages by it: for example SET backfill.message_prefix = 'backfill';".as_ptr(),
+        );
     }
     false
 }

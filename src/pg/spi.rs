@@ -157,7 +157,7 @@ pub fn qualified_name(relid: pg_sys::Oid) -> String {
             pgrx::PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
             format!("relation with OID {} does not exist", relid.to_u32()),
             "It was dropped.",
-            None,
+            Some("Name the table as it is now, e.g. 'public.orders'.".into()),
         )
     };
     crate::pg::encoding::quote_qualified(&schema.0, &name.0)

@@ -34,7 +34,12 @@ pub fn given(columns: Option<Vec<Option<Text>>>) -> Option<Vec<String>> {
     let mut list = Vec::with_capacity(columns.len());
     for column in columns {
         let Some(Text(name)) = column else {
-            raise(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the column list contains NULL", LIST_DETAIL, None);
+            raise(
+                ERRCODE_NULL_VALUE_NOT_ALLOWED,
+                "the column list contains NULL",
+                LIST_DETAIL,
+                Some("Remove the NULL: name every column, e.g. columns => ARRAY['id', 'amount'].".into()),
+            );
         };
         if !seen.insert(name.clone()) {
             raise(

@@ -296,9 +296,8 @@ unsafe fn not_boolean(raw: *mut pg_sys::RawStmt, query: &std::ffi::CStr) -> Opti
     let analyzed = pg_sys::parse_analyze_fixedparams(probe, query.as_ptr(), std::ptr::null(), 0, std::ptr::null_mut());
     let entry = *list_of::<pg_sys::TargetEntry>((*analyzed).targetList).first()?;
     let type_oid = pg_sys::exprType((*entry).expr.cast());
-    let (mut from, mut to) = (type_oid, pg_sys::BOOLOID);
     let takes = type_oid == pg_sys::BOOLOID
-        || pg_sys::can_coerce_type(1, &mut from, &mut to, pg_sys::CoercionContext::COERCION_ASSIGNMENT);
+        || pg_sys::can_coerce_type(1, &type_oid, &pg_sys::BOOLOID, pg_sys::CoercionContext::COERCION_ASSIGNMENT);
     if takes {
         return None;
     }

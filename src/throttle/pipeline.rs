@@ -42,7 +42,11 @@ pub fn require_slot(slot: &str) {
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("replication slot \"{slot}\" is not a logical slot"),
             "Backfill messages are only decoded by logical replication slots.",
-            None,
+            Some(
+                "Name the consumer's logical slot: SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'logical'; \
+                 lists them."
+                    .into(),
+            ),
         );
     }
     if here != Some("true") {
@@ -83,7 +87,7 @@ pub fn require_published(publication: &str, table: &Table) {
             ERRCODE_UNDEFINED_OBJECT,
             format!("publication \"{publication}\" does not exist"),
             "The publication names the tables the pipeline captures.",
-            None,
+            Some("Name the consumer's publication: SELECT pubname FROM pg_publication; lists them.".into()),
         ),
         Some(false) => raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,

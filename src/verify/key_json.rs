@@ -84,7 +84,10 @@ pub fn checked_keys(
                     "Each element is an object with a non-null value for every key column: {}.",
                     key.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
                 ),
-                None,
+                Some(format!(
+                    "Give every key column in each element, e.g. {}.",
+                    serde_json::Value::Object(key.iter().map(|(n, _)| (n.clone(), serde_json::json!(1))).collect())
+                )),
             );
         }
     }

@@ -154,7 +154,7 @@ unsafe fn encode_child(entry: u32, data: *const u8, start: usize, end: usize, ou
             ERRCODE_DATA_CORRUPTED,
             format!("jsonb entry of unknown type {other:#x}"),
             "A jsonb value's data is not in the format PostgreSQL writes.",
-            None,
+            Some(crate::pg::errors::BUG_HINT.into()),
         ),
     }
 }

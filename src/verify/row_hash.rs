@@ -36,7 +36,7 @@ fn row_hash(row: AnyElement, fcinfo: pg_sys::FunctionCallInfo) -> i64 {
                 ERRCODE_DATATYPE_MISMATCH,
                 "backfill.row_hash() takes a table's row",
                 "It hashes the columns of a row, as FROM tbl t SELECT backfill.row_hash(t) gives it.",
-                None,
+                Some("Pass a table's row: SELECT backfill.row_hash(t) FROM public.orders t;".into()),
             );
         }
         let header = pg_sys::pg_detoast_datum(row.datum().cast_mut_ptr()) as pg_sys::HeapTupleHeader;

@@ -227,7 +227,7 @@ pub fn target_side(
                 ERRCODE_DATATYPE_MISMATCH,
                 format!("{target_name} does not have the key of {source_name}"),
                 "Rows are matched by key: both tables need the same primary key (or replica identity).",
-                None,
+                Some(format!("Give {target_name} the primary key columns of {source_name}, in the same order.")),
             );
         }
         return Side::here(target, fan_out);
