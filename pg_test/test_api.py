@@ -397,24 +397,28 @@ def test_a_paced_start_shows_rows_and_a_rate_from_its_first_page_and_time_left_f
         assert float(percent) == int(1000 * int(done) / int(about)) / 10, line
 
 
+DONE = ("SELECT backfill_start('orders', confirm => true)", "SELECT backfill_wait(1)")
+
+
 @pytest.mark.parametrize("setup, call", [
-    ("", "SELECT backfill_start(ARRAY['orders', NULL]::regclass[], confirm => true)"),
-    ("", "SELECT backfill_start('orders', confirm => true, columns => ARRAY['id', NULL])"),
-    ("", "SELECT backfill_start('orders', confirm => true, publication => 'nope', slot => 's')"),
-    ("SELECT pg_create_physical_replication_slot('phys')", "SELECT backfill_start('orders', confirm => true, slot => 'phys')"),
-    ("", "SELECT backfill_start('orders', confirm => true, keys => '[{\"nope\": 1}]')"),
-    ("CREATE TABLE copy (customer text PRIMARY KEY, id bigint)", "SELECT * FROM backfill_compare('orders', 'copy', slot => '')"),
-    ("", "SELECT backfill.row_hash(1)"),
-    ("SELECT backfill_wait(backfill_start('orders', confirm => true))", "SELECT backfill_cancel(1)"),
-    ("SELECT backfill_wait(backfill_start('orders', confirm => true))", "SELECT backfill_pause(1)"),
-    ("SELECT backfill_wait(backfill_start('orders', confirm => true))", "SELECT backfill_resume(1)"),
-    ("SELECT backfill_start('orders', confirm => true, rows_per_second => 10)", "SELECT backfill_set(1, max_lag => 1000000)"),
+    ((), "SELECT backfill_start(ARRAY['orders', NULL]::regclass[], confirm => true)"),
+    ((), "SELECT backfill_start('orders', confirm => true, columns => ARRAY['id', NULL])"),
+    (("SELECT pg_create_logical_replication_slot('s', 'pgoutput')",),
+     "SELECT backfill_start('orders', confirm => true, publication => 'nope', slot => 's')"),
+    (("SELECT pg_create_physical_replication_slot('phys')",), "SELECT backfill_start('orders', confirm => true, slot => 'phys')"),
+    ((), "SELECT backfill_start('orders', confirm => true, keys => '[{\"nope\": 1}]')"),
+    (("CREATE TABLE copy (customer text PRIMARY KEY, id bigint)",), "SELECT * FROM backfill_compare('orders', 'copy', slot => '')"),
+    ((), "SELECT backfill.row_hash(1)"),
+    (DONE, "SELECT backfill_cancel(1)"),
+    (DONE, "SELECT backfill_pause(1)"),
+    (DONE, "SELECT backfill_resume(1)"),
+    (("SELECT backfill_start('orders', confirm => true, rows_per_second => 10)",), "SELECT backfill_set(1, max_lag => 1000000)"),
 ])
 def test_every_error_a_user_causes_has_a_hint(orders, setup, call):
     """The README promises a hint with every error a user can cause; these had none (issue 35)."""
-    if setup:
-        orders.execute(setup)
+    for statement in setup:
+        orders.execute(statement)
     e = error_of(orders, call)
     assert e.diag.message_detail and e.diag.message_hint, (e.sqlstate, e.diag.message_primary)
     orders.execute("SELECT backfill_cancel(id) FROM backfill_status WHERE state IN ('running', 'paused')")
-    orders.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'phys'")
+    orders.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN ('phys', 's')")
