@@ -50,8 +50,8 @@ fn resume(id: Option<i64>) -> bool {
     let job = control(id, "resume", from, Some(Running), None);
     let nodes = NodeBackfills::of(id);
     if nodes.is_empty() {
-        // (A distributed backfill's slots are its nodes': each node's backfill checks its own.)
-        // (Refused, the error undoes the move to running.)
+        // (A distributed backfill's slots are its nodes': each node's backfill checks its own. A
+        // refusal's error undoes the move to running above.)
         require_slot_to_resume(id, job.slot_name.as_deref());
     }
     launcher::require_worker_slots(job.parallel);

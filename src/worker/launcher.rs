@@ -230,8 +230,8 @@ fn too_many_workers(cap: WorkerCap, running: i32, needed: i32) -> ! {
         ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
         message,
         format!(
-            "{running} backfill worker(s) run or are starting now and this backfill needs {needed} more; {described} \
-             allow {workers}."
+            "{running} backfill worker(s) run or are starting now and this backfill needs {needed} more; {described}: \
+             {workers} at most."
         ),
         Some(
             "Wait for a running backfill to end (SELECT id, workers_running FROM backfill_status WHERE state = 'running';), \
