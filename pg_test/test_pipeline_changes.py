@@ -28,8 +28,14 @@ def test_a_slot_created_again_under_its_name_fails_the_backfill(cluster, db):
     finally:
         consumer.stop()
     wait_for(lambda: db.execute("SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'p'").fetchone()[0])
-    db.execute("SELECT pg_drop_replication_slot('p')")
-    db.execute("SELECT pg_create_logical_replication_slot('p', 'test_decoding')")
+    # No page may look between the drop and the create (it would find no slot at all, another
+    # error): the worker's next page waits for backfill.job, held meanwhile.
+    with cluster.connect(db.info.dbname) as held:
+        held.execute("BEGIN")
+        held.execute("LOCK TABLE backfill.job IN ACCESS EXCLUSIVE MODE")
+        db.execute("SELECT pg_drop_replication_slot('p')")
+        db.execute("SELECT pg_create_logical_replication_slot('p', 'test_decoding')")
+        held.execute("COMMIT")
     consumer = Consumer(cluster, db.info.dbname, "p")
     try:
         assert wait_until_ended(db, backfill_id, timeout=60) == "failed"

@@ -467,10 +467,50 @@ pub fn running_backfill_of_slot(slot: &str) -> Option<i64> {
     .or_internal("read the running backfills")
 }
 
-/// The key messages are signed with now, the newest: (id, key). Read every page (prepared), so
-/// that a rotation takes effect at the next one. Through the view backfill.message_key (a table
-/// of the same columns in older schemas), as a consumer reads it.
+/// The key messages are signed with now, the newest: (id, key). Which key is the newest is read
+/// every page (prepared), so that a rotation takes effect at the next one; its bytes only when
+/// it is another key than the last page's (a key's bytes never change: a rotation makes a new
+/// key), since reading them took a tenth of a worker's time. Through the view
+/// backfill.message_key (a table of the same columns in older schemas), as a consumer reads it.
 pub fn current_message_key() -> Option<(i32, Vec<u8>)> {
+    // The key's id and the view's oid: ids start over when the extension is dropped and created
+    // again, under a new view.
+    let newest = run_prepared(
+        "SELECT id, pg_catalog.to_regclass('backfill.message_key')::pg_catalog.oid
+           FROM backfill.message_key ORDER BY id DESC LIMIT 1",
+        false,
+        &[],
+        |rows| {
+            if rows.is_empty() {
+                return Ok(None);
+            }
+            let row = rows.first();
+            Ok(row.get::<i32>(1)?.zip(row.get::<pg_sys::Oid>(2)?))
+        },
+    )
+    .or_internal("read which message key is the newest")?;
+    if let Some(key) =
+        NEWEST_KEY.with(|cached| cached.borrow().as_ref().filter(|(of, _)| *of == newest).map(|(_, key)| key.clone()))
+    {
+        return Some(key);
+    }
+    let key = newest_message_key();
+    if let Some(key) = &key {
+        NEWEST_KEY.with(|cached| *cached.borrow_mut() = Some(((key.0, newest.1), key.clone())));
+    }
+    key
+}
+
+/// A message key as this process last read it: (its id, the view's oid) and (id, bytes).
+type ReadKey = ((i32, pg_sys::Oid), (i32, Vec<u8>));
+
+thread_local! {
+    /// The newest message key this process read.
+    static NEWEST_KEY: std::cell::RefCell<Option<ReadKey>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The newest message key, (id, bytes), read whole.
+fn newest_message_key() -> Option<(i32, Vec<u8>)> {
     run_prepared("SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1", false, &[], |rows| {
         if rows.is_empty() {
             return Ok(None);
@@ -504,7 +544,7 @@ pub fn signing_key() -> Option<(i32, Vec<u8>)> {
 /// each as a bigint's big-endian bytes; None if there is no such key. Only their owner, the
 /// extension's owner, may read the sequences.
 pub fn stored_message_key(key_id: i32) -> Option<Vec<u8>> {
-    let parts = crate::pg::spi::select_one::<Vec<Option<pg_sys::Oid>>>(
+    let parts = crate::pg::spi::select_one_prepared::<Vec<Option<pg_sys::Oid>>>(
         "SELECT key_sequences FROM backfill.message_key_store WHERE id OPERATOR(pg_catalog.=) $1",
         &[key_id.into()],
     )
@@ -532,7 +572,7 @@ pub fn stored_message_key(key_id: i32) -> Option<Vec<u8>> {
             );
         }
     }
-    let key = crate::pg::spi::select_one::<Vec<u8>>(
+    let key = crate::pg::spi::select_one_prepared::<Vec<u8>>(
         "SELECT pg_catalog.string_agg(pg_catalog.int8send(pg_catalog.pg_sequence_last_value(p.part::pg_catalog.regclass)),
                                       ''::pg_catalog.bytea ORDER BY p.n)
            FROM pg_catalog.unnest($1::pg_catalog.oid[]) WITH ORDINALITY AS p(part, n)",

@@ -147,8 +147,7 @@ pub fn key_of(relid: pg_sys::Oid) -> Result<Vec<(String, String)>, Ineligible> {
     let sql = format!(
         "SELECT k.names, k.types, k.index, k.access_method FROM pg_catalog.pg_class c {KEY_OF_TABLE} WHERE c.oid OPERATOR(pg_catalog.=) $1"
     );
-    let key = Spi::connect(|client| {
-        let rows = client.select(&sql, Some(1), &[relid.into()])?;
+    let key = crate::pg::spi::run_prepared(&sql, false, &[relid.into()], |rows| {
         if rows.is_empty() {
             return Ok::<_, spi::Error>(None);
         }
@@ -221,8 +220,8 @@ pub fn inspect(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
 }
 
 fn inspect_visible(relid: pg_sys::Oid) -> Result<Table, Ineligible> {
-    let row = Spi::connect(|client| {
-        let rows = client.select(&inspect_sql(), None, &[relid.into()])?;
+    // (Kept prepared: a backfill of many tables inspects each.)
+    let row = crate::pg::spi::run_prepared(&inspect_sql(), false, &[relid.into()], |rows| {
         if rows.is_empty() {
             return Ok(None);
         }

@@ -12,13 +12,18 @@ use pgrx::spi::{OwnedPreparedStatement, SpiResult, SpiTupleTable};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_int, CString};
+use std::rc::Rc;
 
 // Statements kept prepared for the process's lifetime, by their SQL text: the worker runs the
 // same few every page (its state updates, the page's bound, the page's rows), and parsing and
 // planning them each time would cost about as much as running them. A table whose columns
 // change gets new texts, so new plans; PostgreSQL's plan cache revalidates the others.
+//
+// A statement is shared out of the map while it runs (Rc): a statement may call a function that
+// runs another kept statement (backfill.message_key's view calls message_key_bytes()), and the
+// map must not be borrowed across the call.
 thread_local! {
-    static PREPARED: RefCell<HashMap<String, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
+    static PREPARED: RefCell<HashMap<String, Rc<OwnedPreparedStatement>>> = RefCell::new(HashMap::new());
     static KEPT_PLANS: RefCell<HashMap<String, KeptPlan>> = RefCell::new(HashMap::new());
 }
 
@@ -35,18 +40,28 @@ pub fn run_prepared<R>(
     read: impl FnOnce(SpiTupleTable) -> SpiResult<R>,
 ) -> SpiResult<R> {
     Spi::connect_mut(|client| {
-        PREPARED.with(|prepared| {
-            let mut prepared = prepared.borrow_mut();
-            if !prepared.contains_key(sql) {
+        let kept = PREPARED.with(|prepared| prepared.borrow().get(sql).cloned());
+        let statement = match kept {
+            Some(statement) => statement,
+            None => {
                 let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
-                let statement =
-                    if writes { client.prepare_mut(sql, &types)? } else { client.prepare(sql, &types)? }.keep();
-                prepared.insert(sql.to_string(), statement);
+                let statement = Rc::new(
+                    if writes { client.prepare_mut(sql, &types)? } else { client.prepare(sql, &types)? }.keep(),
+                );
+                PREPARED.with(|prepared| prepared.borrow_mut().insert(sql.to_string(), statement.clone()));
+                statement
             }
-            let statement = &prepared[sql];
-            read(if writes { client.update(statement, None, args)? } else { client.select(statement, None, args)? })
-        })
+        };
+        let statement = &*statement;
+        read(if writes { client.update(statement, None, args)? } else { client.select(statement, None, args)? })
     })
+}
+
+/// The first column of the first row of `sql`, prepared once per process as [`run_prepared`]
+/// keeps it: for a read the worker repeats every page or every table, whose parsing and
+/// planning would otherwise cost more than running it.
+pub fn select_one_prepared<T: FromDatum + IntoDatum>(sql: &str, args: &[DatumWithOid]) -> SpiResult<Option<T>> {
+    run_prepared(sql, false, args, |rows| if rows.is_empty() { Ok(None) } else { rows.first().get::<T>(1) })
 }
 
 /// `sql`'s plan, prepared once per process with parameters of the types of `args`, for

@@ -5,7 +5,6 @@ use crate::model::table::Table;
 use crate::pg::encoding::Text;
 use crate::pg::errors::{raise, OrInternal};
 use crate::pg::privilege;
-use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
 /// What a publication publishes of a table, as pgoutput sends it.
@@ -172,20 +171,19 @@ fn published_leaves(publication: &str, table: &Table) -> Vec<PublishedLeaf> {
         schema_listed = in_schema("s.relid"),
         stored = crate::pg::compat::publishes_stored_generated_columns("p"),
     );
+    // (Kept prepared: a backfill of many tables reads it for each of them.)
     let read = || {
-        Spi::connect(|client| {
-            client
-                .select(&query, None, &[Text::from(publication).into(), table.relid.into()])?
-                .map(|row| {
-                    Ok(PublishedLeaf {
-                        name: row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(),
-                        held: row.get::<bool>(2)?.unwrap_or(false),
-                        columns: row.get::<Vec<Text>>(3)?.map(crate::pg::encoding::strings).unwrap_or_default(),
-                        row_filter: row.get::<Text>(4)?.map(|t| t.0),
-                        as_ancestor: row.get::<bool>(5)?.unwrap_or(false),
-                    })
+        crate::pg::spi::run_prepared(&query, false, &[Text::from(publication).into(), table.relid.into()], |rows| {
+            rows.map(|row| {
+                Ok(PublishedLeaf {
+                    name: row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(),
+                    held: row.get::<bool>(2)?.unwrap_or(false),
+                    columns: row.get::<Vec<Text>>(3)?.map(crate::pg::encoding::strings).unwrap_or_default(),
+                    row_filter: row.get::<Text>(4)?.map(|t| t.0),
+                    as_ancestor: row.get::<bool>(5)?.unwrap_or(false),
                 })
-                .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+            })
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
         })
         .or_internal("read what the publication publishes")
     };

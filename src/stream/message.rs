@@ -386,41 +386,44 @@ impl OwnedSequence {
                       AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
                       AND d.refobjid OPERATOR(pg_catalog.=) $1 AND d.deptype IN ('a', 'i')
                     ORDER BY a.attnum, 2";
-        let text =
-            |row: &pgrx::spi::SpiHeapTupleData, i| row.get::<Text>(i).map(|t| t.map(|t| t.0).unwrap_or_default());
-        Spi::connect(|client| {
-            let rows = client.select(sql, None, &[relid.into(), Text::from(started_by).into()])?;
-            let mut sequences = Vec::new();
-            for row in rows {
-                let increment = row.get::<i64>(4)?.unwrap_or(1);
-                // A sequence dropped or renamed since this query's snapshot (its DROP waited for
-                // nothing this page held) is looked up again once locked: a dropped one is no
-                // longer the table's.
-                let Some(name) = row.get::<pg_sys::Oid>(5)?.and_then(locked_sequence) else { continue };
-                // The sequence's own row says whether its last value was handed out (is_called):
-                // after a RESTART, or before the first nextval(), the next value is last_value.
-                let (last_value, next_value) = if row.get::<bool>(3)?.unwrap_or(false) {
+        // (Kept prepared: a backfill of many tables asks at the end of each.)
+        let owned = crate::pg::spi::run_prepared(sql, false, &[relid.into(), Text::from(started_by).into()], |rows| {
+            rows.map(|row| {
+                Ok((
+                    row.get::<Text>(1)?.map(|t| t.0).unwrap_or_default(),
+                    row.get::<bool>(3)?.unwrap_or(false),
+                    row.get::<i64>(4)?.unwrap_or(1),
+                    row.get::<pg_sys::Oid>(5)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+        })
+        .or_internal("read the sequences the table owns");
+        let mut sequences = Vec::new();
+        for (column, readable, increment, oid) in owned {
+            // A sequence dropped or renamed since this query's snapshot (its DROP waited for
+            // nothing this page held) is looked up again once locked: a dropped one is no
+            // longer the table's.
+            let Some(name) = oid.and_then(locked_sequence) else { continue };
+            // The sequence's own row says whether its last value was handed out (is_called):
+            // after a RESTART, or before the first nextval(), the next value is last_value.
+            let (last_value, next_value) = if readable {
+                let state = Spi::connect(|client| {
                     let state = client.select(&format!("SELECT last_value, is_called FROM {name}"), Some(1), &[])?;
                     let state = state.first();
-                    let (last, called) = (state.get::<i64>(1)?, state.get::<bool>(2)?.unwrap_or(false));
-                    match last {
-                        Some(last) if called => (Some(last), last.checked_add(increment)),
-                        last => (None, last),
-                    }
-                } else {
-                    (None, None)
-                };
-                sequences.push(OwnedSequence {
-                    column: text(&row, 1)?,
-                    sequence: name,
-                    last_value,
-                    next_value,
-                    increment,
-                });
-            }
-            Ok::<_, pgrx::spi::Error>(sequences)
-        })
-        .or_internal("read the sequences the table owns")
+                    Ok::<_, pgrx::spi::Error>((state.get::<i64>(1)?, state.get::<bool>(2)?.unwrap_or(false)))
+                })
+                .or_internal("read a sequence the table owns");
+                match state {
+                    (Some(last), true) => (Some(last), last.checked_add(increment)),
+                    (last, _) => (None, last),
+                }
+            } else {
+                (None, None)
+            };
+            sequences.push(OwnedSequence { column, sequence: name, last_value, next_value, increment });
+        }
+        sequences
     }
 }
 

@@ -61,7 +61,6 @@ pub struct TableScan<'a> {
     context: ScanContext<'a>,
     shape: ReadShape,
     throttle: Throttle,
-    progress: progress::ProgressLog,
     /// The catalog's publication generation (pg/catalog_changes.rs) when a page last found the
     /// table published as it was at the start: until it moves, the publication need not be read.
     published_as_of: Option<u64>,
@@ -131,9 +130,12 @@ impl<'a> TableScan<'a> {
         })?;
         let partitioned = table.partitioned;
         let (shape, counts_lock_paths, keyed, published_filter) = in_transaction(|| {
-            // A progress sample before the first page: the rate (backfill_status) shows with the
-            // first rows, from the moment the scan began, not a second later.
-            crate::catalog::job::record_progress(backfill_id);
+            // A progress sample before the worker's first page: the rate (backfill_status) shows
+            // with the first rows, from the moment the scan began, not a second later. (Later
+            // tables are sampled with their pages, once a second.)
+            if progress::before_first_sample() {
+                crate::catalog::job::record_progress(backfill_id);
+            }
             (
                 ReadShape::new(table, backfill_id, job.slot_name.as_deref(), job.rows_per_message),
                 crate::catalog::schema::capabilities().lock_path_counts,
@@ -158,7 +160,6 @@ impl<'a> TableScan<'a> {
                 counts_lock_paths,
             },
             throttle: Throttle::new(job, partitioned),
-            progress: progress::ProgressLog::new(),
             published_as_of: None,
             shape,
         })
@@ -276,7 +277,7 @@ impl<'a> TableScan<'a> {
         // may have changed since a page last found it unchanged.
         let publication_unchanged = self.published_as_of == Some(catalog_generation);
         if let (Some(publication), false) = (&job.publication_name, publication_unchanged) {
-            pipeline::require_published(publication, table);
+            pipeline::require_still_published(publication, table, catalog_generation);
             let published = crate::selection::published::published(publication, table);
             crate::selection::columns::require_still_published(publication, table, published.columns.as_deref());
             crate::selection::row_filter::require_same_published_filter(
