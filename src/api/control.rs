@@ -24,8 +24,12 @@ use pgrx::PgSqlErrorCode::*;
 fn cancel(id: Option<i64>) -> bool {
     require_primary("cancel a backfill");
     let id = required(id, "backfill_cancel", "id");
-    control(id, "cancel", &[Running, Paused, Failed], Some(Cancelled), None);
+    let job = control(id, "cancel", &[Running, Paused, Failed], Some(Cancelled), None);
     NodeBackfills::of(id).forward(&Verb::Cancel);
+    // Its slot is free: a table a follow of the slot queued starts now.
+    if let Some(slot) = &job.slot_name {
+        crate::api::follow::dispatch_follows(Some(slot));
+    }
     true
 }
 

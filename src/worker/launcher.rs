@@ -334,8 +334,27 @@ pub fn override_search_path() {
     }
 }
 
+/// What starts the next table a follow has queued for a slot whose backfill ended (None: for
+/// every follow), api/follow.rs's: installed from _PG_init, since the worker layer does not
+/// import the API's.
+static FOLLOW_DISPATCH: std::sync::OnceLock<fn(Option<&str>)> = std::sync::OnceLock::new();
+
+pub fn set_follow_dispatch(dispatch: fn(Option<&str>)) {
+    let _ = FOLLOW_DISPATCH.set(dispatch);
+}
+
+/// Starts the next queued backfill of the follows into `slot` (None: of every follow), where the
+/// slot is free. Nothing on a schema without follows (before ALTER EXTENSION UPDATE). In a
+/// transaction.
+pub fn dispatch_follows(slot: Option<&str>) {
+    if let Some(dispatch) = FOLLOW_DISPATCH.get().filter(|_| schema::capabilities().follows) {
+        dispatch(slot);
+    }
+}
+
 /// After a server restart (the launcher starts one such worker per database): relaunches the
-/// workers of the database's running backfills, then exits.
+/// workers of the database's running backfills, then starts what the follows have queued for
+/// the slots that are free, and exits.
 pub fn resume_database() {
     let jobs = in_transaction(|| {
         if schema::installed() {
@@ -350,6 +369,14 @@ pub fn resume_database() {
         } else {
             warning!("{}: could not resume it: no free background worker slot", who(backfill_id));
         }
+    }
+    let dispatched = in_transaction(|| {
+        if schema::installed() {
+            dispatch_follows(None);
+        }
+    });
+    if let Err(e) = dispatched {
+        warning!("pg_backfill: could not start the follows' queued backfills after the restart: {}", e.message);
     }
 }
 

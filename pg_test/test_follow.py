@@ -1,0 +1,168 @@
+"""Follows (backfill_follow()): a table added to a followed publication is backfilled into the
+slot by itself, from the statement that added it, one backfill per slot at a time, with the
+rights of the follow's creator. A real streaming pgoutput consumer (psycopg2, with messages)
+reads the slot and applies what it receives, reads as upserts."""
+
+import random
+import threading
+
+import psycopg
+import pytest
+
+from conftest import error_of, extra_cluster, status, wait_for, wait_until_ended
+from test_citus import PgOutputStream, lsn_number
+
+ROWS = 4000  # even ids 2..8000 per table; writers insert odd ids, so no key is ever reused
+
+
+def make_table(db, name, rows=ROWS, schema="public"):
+    db.execute(f"""CREATE TABLE {schema}.{name} (id bigint PRIMARY KEY, v int NOT NULL DEFAULT 0, payload text NOT NULL);
+                   INSERT INTO {schema}.{name} SELECT 2 * g, 0, md5(g::text) FROM generate_series(1, {rows}) g;
+                   ANALYZE {schema}.{name};""")
+
+
+def follows(db, *columns):
+    """Each follow's columns of backfill_follows, by id."""
+    return db.execute(f"SELECT {', '.join(columns)} FROM backfill_follows ORDER BY id").fetchall()
+
+
+def follow_row(db, column):
+    return db.execute(f"SELECT {column} FROM backfill_follows ORDER BY id DESC LIMIT 1").fetchone()[0]
+
+
+def queue(db):
+    """(table, state, reason) of every queued table, in the order added."""
+    return db.execute("SELECT table_name, state, reason FROM backfill.follow_table ORDER BY entry").fetchall()
+
+
+def backfill_of(db, table):
+    """The backfill a follow started for `table` (schema-qualified, as the queue names it; waits
+    for the start)."""
+    return wait_for(
+        lambda: db.execute(
+            "SELECT backfill_id FROM backfill.follow_table WHERE table_name = %s AND state = 'started'", [table]
+        ).fetchone(),
+        what=f"the follow to start {table}'s backfill",
+    )[0]
+
+
+class Writers(threading.Thread):
+    """Application traffic on some tables: updates, inserts, deletes."""
+
+    def __init__(self, cluster, dbname, tables):
+        super().__init__(daemon=True)
+        self.cluster, self.dbname, self.tables = cluster, dbname, tables
+        self.stop_event, self.errors, self.ops = threading.Event(), [], 0
+
+    def run(self):
+        rng, fresh = random.Random(11), iter(range(1, 100 * ROWS, 2))
+        try:
+            with self.cluster.connect(self.dbname) as conn:
+                while not self.stop_event.is_set():
+                    self.ops += 1
+                    table, dice, target = rng.choice(self.tables), rng.random(), 2 * rng.randint(1, ROWS)
+                    if dice < 0.7:
+                        conn.execute(f"UPDATE {table} SET v = v + 1 WHERE id = %s", [target])
+                    elif dice < 0.85:
+                        conn.execute(f"INSERT INTO {table} (id, payload) VALUES (%s, 'inserted')", [next(fresh)])
+                    else:
+                        conn.execute(f"DELETE FROM {table} WHERE id = %s", [target])
+        except Exception as e:  # a writer must never fail because of the backfill
+            self.errors.append(repr(e))
+
+    def stop(self):
+        self.stop_event.set()
+        self.join(30)
+
+
+def replay(events):
+    """Applies the stream in order, reads as upserts: ({table: {id: (v, payload)}}, violations,
+    {table: [read ids]})."""
+    state, deleted, violations, reads = {}, {}, [], {}
+    for event in events:
+        if event[0] == "M":
+            _, prefix, message = event
+            if prefix != "backfill" or message["op"] != "read":
+                continue
+            table, row = message["table"], message["data"]
+            rows, gone = state.setdefault(table, {}), deleted.setdefault(table, set())
+            reads.setdefault(table, []).append(row["id"])
+            if row["id"] in gone:
+                violations.append(f"read brought back deleted row {table} {row['id']}")
+            elif row["id"] in rows and rows[row["id"]][0] > row["v"]:
+                violations.append(f"read of {table} {row['id']} at v{row['v']} after a change to v{rows[row['id']][0]}")
+            rows[row["id"]] = (row["v"], row["payload"])
+            continue
+        table = event[1]
+        rows, gone = state.setdefault(table, {}), deleted.setdefault(table, set())
+        if event[0] == "D":
+            rows.pop(int(event[2]["id"]), None)
+            gone.add(int(event[2]["id"]))
+        else:
+            _, _, new, _ = event
+            rows[int(new["id"])] = (int(new["v"]), new["payload"])
+    return state, violations, reads
+
+
+def source_rows(db, table):
+    return {row[0]: (row[1], row[2]) for row in db.execute(f"SELECT id, v, payload FROM {table}")}
+
+
+def consumer_caught_up(db, stream):
+    return stream.received_lsn >= lsn_number(db.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
+
+@pytest.fixture
+def pipeline(cluster, db):
+    """Publication shop (of table seed) and its pgoutput slot cdc, streamed by a live consumer."""
+    db.execute("CREATE TABLE seed (id int PRIMARY KEY); CREATE PUBLICATION shop FOR TABLE seed")
+    db.execute("SELECT pg_create_logical_replication_slot('cdc', 'pgoutput')")
+    stream = PgOutputStream(cluster, "cdc", "shop", dbname=db.info.dbname)
+    stream.start()
+    yield stream
+    stream.stop()
+
+
+def test_tables_added_to_a_followed_publication_reach_the_live_consumer_whole_one_after_the_other(cluster, db, pipeline):
+    """Under writes, items is added to the followed publication: its backfill starts from the
+    ALTER PUBLICATION's own transaction, and the consumer ends with exactly the table, no key read
+    twice. lines, added while items' backfill runs, waits (pending in backfill_follows) and is
+    backfilled whole after it."""
+    make_table(db, "items")
+    make_table(db, "lines", rows=1000)
+    follow_id = db.execute("SELECT backfill_follow('shop', 'cdc', batch_size => 100, rows_per_second => 4000)").fetchone()[0]
+    assert follows(db, "id", "publication", "slot", "state", "options", "pending_tables") == [
+        (follow_id, "shop", "cdc", "following", {"batch_size": 100, "rows_per_second": 4000, "parallel": 1}, None)
+    ]
+    writers = Writers(cluster, db.info.dbname, ["items", "lines"])
+    writers.start()
+    try:
+        wait_for(lambda: writers.ops > 50, what="the writers")
+        db.execute("ALTER PUBLICATION shop ADD TABLE items")
+        first = backfill_of(db, "public.items")
+        assert status(db, first, "publication_name") == "shop"
+        assert status(db, first, "slot_name") == "cdc"
+        db.execute("ALTER PUBLICATION shop ADD TABLE lines")
+        assert status(db, first, "state") == "running", "items' backfill must still run for lines to wait"
+        assert follow_row(db, "pending_tables") == ["lines"]
+        assert wait_until_ended(db, first) == "done"
+        second = backfill_of(db, "public.lines")
+        assert second > first
+        assert wait_until_ended(db, second) == "done"
+        wait_for(lambda: writers.ops > 2000, what="more writes")
+    finally:
+        writers.stop()
+    wait_for(lambda: status(db, second, "delivered"), what="the consumer to confirm the backfill")
+    wait_for(lambda: consumer_caught_up(db, pipeline), what="the consumer to catch up")
+    pipeline.stop()
+    assert pipeline.errors == [] and writers.errors == []
+    state, violations, reads = replay(pipeline.events)
+    assert violations == []
+    for table, backfill_id in (("items", first), ("lines", second)):
+        assert state[table] == source_rows(db, table), f"the consumer's {table} differs from the table"
+        assert len(reads[table]) == len(set(reads[table])), f"a key of {table} was read twice"
+        assert status(db, backfill_id, "started_by") == "postgres"
+    # lines' reads all come after items' last read: one backfill per slot, in the order added.
+    order = [m["table"] for kind, *rest in pipeline.events if kind == "M" for m in [rest[1]] if m["op"] == "read"]
+    assert order.index("lines") > len(order) - 1 - order[::-1].index("items")
+    assert follow_row(db, "last_backfill_id") == second and follow_row(db, "last_error") is None
