@@ -166,3 +166,123 @@ def test_tables_added_to_a_followed_publication_reach_the_live_consumer_whole_on
     order = [m["table"] for kind, *rest in pipeline.events if kind == "M" for m in [rest[1]] if m["op"] == "read"]
     assert order.index("lines") > len(order) - 1 - order[::-1].index("items")
     assert follow_row(db, "last_backfill_id") == second and follow_row(db, "last_error") is None
+
+
+@pytest.fixture
+def replicator(db, roles):
+    """An operator (the grants of docs/security.md) with REPLICATION: (role, connection)."""
+    role = roles.create("etl", "operator")
+    db.execute(f"ALTER ROLE {role} REPLICATION")
+    return role, roles.connect(role)
+
+
+def test_a_table_the_followers_role_may_not_backfill_is_not_started_and_the_ddl_succeeds(cluster, db, pipeline, replicator):
+    """The follow acts with its creator's rights, checked at each start as backfill_start()
+    checks them: a table it may not read is not started, the error shows in backfill_follows
+    and the queue, and the ALTER PUBLICATION that added it commits. A table it may backfill,
+    added next, still starts."""
+    role, conn = replicator
+    make_table(db, "secret", rows=100)
+    make_table(db, "open", rows=100)
+    db.execute(f"GRANT SELECT, UPDATE ON open TO {role}")
+    conn.execute("SELECT backfill_follow('shop', 'cdc')")
+    db.execute("ALTER PUBLICATION shop ADD TABLE secret")
+    assert db.execute("SELECT count(*) FROM pg_publication_tables WHERE pubname = 'shop' AND tablename = 'secret'").fetchone()[0] == 1
+    ((table, state, reason),) = queue(db)
+    assert (table, state) == ("public.secret", "failed") and reason.startswith("42501:"), reason
+    error = follow_row(conn, "last_error")
+    assert "secret" in error and "42501" in error, error
+    assert db.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+    db.execute("ALTER PUBLICATION shop ADD TABLE open")
+    backfill_id = backfill_of(db, "public.open")
+    assert wait_until_ended(db, backfill_id) == "done"
+    assert status(db, backfill_id, "started_by") == role
+    assert status(db, backfill_id, "rows_done") == 100
+
+
+def test_who_may_create_a_follow(db, pipeline, replicator, roles):
+    """Creating a follow for a slot requires REPLICATION, as binding a backfill to it does; PUBLIC
+    may not call backfill_follow() at all."""
+    role, conn = replicator
+    db.execute(f"ALTER ROLE {role} NOREPLICATION")
+    e = error_of(conn, "SELECT backfill_follow('shop', 'cdc')")
+    assert e.sqlstate == "42501" and 'replication slot "cdc"' in e.diag.message_primary, e.diag.message_primary
+    nobody = roles.connect(roles.create("nobody"))
+    e = error_of(nobody, "SELECT backfill_follow('shop', 'cdc')")
+    assert e.sqlstate == "42501" and "backfill_follow" in e.diag.message_primary
+    e = error_of(nobody, "SELECT backfill_unfollow('shop', 'cdc')")
+    assert e.sqlstate == "42501"
+    assert follows(db, "id") == []
+
+
+@pytest.mark.parametrize("call, argument", [
+    ("backfill_follow(NULL, 'cdc')", "publication"),
+    ("backfill_follow('shop', NULL)", "slot"),
+    ("backfill_follow('shop', 'cdc', batch_size => NULL)", "batch_size"),
+    ("backfill_follow('shop', 'cdc', parallel => NULL)", "parallel"),
+    ("backfill_unfollow(NULL, 'cdc')", "publication"),
+    ("backfill_unfollow('shop', NULL)", "slot"),
+])
+def test_a_null_argument_is_an_error_naming_it(db, pipeline, call, argument):
+    e = error_of(db, f"SELECT {call}")
+    assert e.sqlstate == "22004", (e.sqlstate, e.diag.message_primary)
+    assert f"argument {argument} of" in e.diag.message_primary and e.diag.message_hint
+
+
+def test_a_follow_needs_its_publication_and_slot_and_is_made_once(db, pipeline):
+    e = error_of(db, "SELECT backfill_follow('nope', 'cdc')")
+    assert e.sqlstate == "42704" and '"nope"' in e.diag.message_primary and e.diag.message_hint
+    e = error_of(db, "SELECT backfill_follow('shop', 'nope')")
+    assert e.sqlstate == "42704" and '"nope"' in e.diag.message_primary
+    e = error_of(db, "SELECT backfill_follow('shop', 'cdc', rows_per_message => 0)")
+    assert e.sqlstate == "22023" and "rows_per_message" in e.diag.message_primary
+    db.execute("SELECT backfill_follow('shop', 'cdc')")
+    e = error_of(db, "SELECT backfill_follow('shop', 'cdc')")
+    assert e.sqlstate == "42710" and "backfill_unfollow" in e.diag.message_hint
+
+
+def test_unfollow_ends_the_follow_and_nothing_is_queued_after(db, pipeline):
+    make_table(db, "items", rows=100)
+    db.execute("SELECT backfill_follow('shop', 'cdc')")
+    assert db.execute("SELECT backfill_unfollow('shop', 'cdc')").fetchone()[0] is True
+    assert follows(db, "state", "end_reason") == [("ended", "ended by backfill_unfollow()")]
+    db.execute("ALTER PUBLICATION shop ADD TABLE items")
+    assert queue(db) == [] and db.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+    e = error_of(db, "SELECT backfill_unfollow('shop', 'cdc')")
+    assert e.sqlstate == "42704"
+    # Ended, it may be made again.
+    db.execute("SELECT backfill_follow('shop', 'cdc')")
+    assert [state for state, in follows(db, "state")] == ["ended", "following"]
+
+
+def test_the_slot_dropped_ends_the_follow_with_the_reason(db):
+    db.execute("CREATE TABLE seed (id int PRIMARY KEY); CREATE PUBLICATION shop FOR TABLE seed")
+    db.execute("SELECT pg_create_logical_replication_slot('cdc', 'pgoutput')")
+    make_table(db, "items", rows=100)
+    db.execute("SELECT backfill_follow('shop', 'cdc')")
+    db.execute("SELECT pg_drop_replication_slot('cdc')")
+    assert follows(db, "state") == [("slot missing",)]
+    db.execute("ALTER PUBLICATION shop ADD TABLE items")
+    assert follows(db, "state", "end_reason") == [("ended", 'replication slot "cdc" was dropped')]
+    assert queue(db) == []
+
+
+def test_the_publication_dropped_ends_the_follow_with_the_reason(db, pipeline):
+    db.execute("SELECT backfill_follow('shop', 'cdc')")
+    db.execute("DROP PUBLICATION shop")
+    assert follows(db, "state", "end_reason") == [("ended", 'publication "shop" was dropped or renamed')]
+
+
+def test_drop_extension_leaves_nothing(db, pipeline):
+    make_table(db, "items", rows=100)
+    db.execute("SELECT backfill_follow('shop', 'cdc', rows_per_second => 10)")
+    db.execute("ALTER PUBLICATION shop ADD TABLE items")
+    backfill_id = backfill_of(db, "public.items")
+    db.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    db.execute("DROP EXTENSION pg_backfill")
+    assert db.execute("SELECT count(*) FROM pg_event_trigger WHERE evtname LIKE 'backfill%'").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'backfill'").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM pg_proc WHERE proname LIKE 'backfill%'").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM pg_class WHERE relname LIKE 'backfill%'").fetchone()[0] == 0
+    # DDL goes on as before.
+    db.execute("CREATE TABLE after (id int PRIMARY KEY); ALTER PUBLICATION shop ADD TABLE after")
