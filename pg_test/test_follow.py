@@ -286,3 +286,131 @@ def test_drop_extension_leaves_nothing(db, pipeline):
     assert db.execute("SELECT count(*) FROM pg_class WHERE relname LIKE 'backfill%'").fetchone()[0] == 0
     # DDL goes on as before.
     db.execute("CREATE TABLE after (id int PRIMARY KEY); ALTER PUBLICATION shop ADD TABLE after")
+
+
+# Each way a table joins a publication: (setup, before the follow; the statement that adds
+# `added`, 500 rows, to it; the table the backfill reads).
+WAYS_OF_ADDING = {
+    "add table": ("", "ALTER PUBLICATION shop ADD TABLE added", "public.added"),
+    "set table": ("", "ALTER PUBLICATION shop SET TABLE seed, added", "public.added"),
+    "add tables in schema": (
+        "CREATE SCHEMA sales; ALTER TABLE added SET SCHEMA sales",
+        "ALTER PUBLICATION shop ADD TABLES IN SCHEMA sales",
+        "sales.added",
+    ),
+    "set schema into a published schema": (
+        "CREATE SCHEMA sales; ALTER PUBLICATION shop ADD TABLES IN SCHEMA sales",
+        "ALTER TABLE added SET SCHEMA sales",
+        "sales.added",
+    ),
+    "attach partition": (
+        "CREATE TABLE measurements (id bigint PRIMARY KEY, v int NOT NULL DEFAULT 0, payload text NOT NULL)"
+        " PARTITION BY RANGE (id);"
+        " CREATE TABLE measurements_low PARTITION OF measurements FOR VALUES FROM (-1000000) TO (0);"
+        " ALTER PUBLICATION shop ADD TABLE measurements",
+        "ALTER TABLE measurements ATTACH PARTITION added FOR VALUES FROM (0) TO (1000000)",
+        "public.added",
+    ),
+}
+
+
+@pytest.mark.parametrize("way", list(WAYS_OF_ADDING))
+def test_each_way_of_adding_a_table_starts_its_backfill(db, pipeline, way):
+    setup, statement, table = WAYS_OF_ADDING[way]
+    make_table(db, "added", rows=500)
+    if setup:
+        db.execute(setup)
+    db.execute("SELECT backfill_follow('shop', 'cdc')")
+    db.execute(statement)
+    backfill_id = backfill_of(db, table)
+    assert wait_until_ended(db, backfill_id) == "done"
+    assert status(db, backfill_id, "rows_done") == 500
+    assert status(db, backfill_id, "publication_name") == "shop"
+    assert [state for _, state, _ in queue(db)] == ["started"]
+
+
+def test_a_partition_attached_under_a_root_published_as_itself_is_refused_unless_empty(db, pipeline):
+    """With publish_via_partition_root the publication names a partition's rows as its
+    partitioned table's: a backfill of the partition alone would name them otherwise, so the
+    attach is recorded as failed, with what to do. A new empty partition needs nothing."""
+    db.execute("""CREATE TABLE measurements (id bigint PRIMARY KEY, v int NOT NULL DEFAULT 0, payload text NOT NULL)
+                      PARTITION BY RANGE (id);
+                  CREATE TABLE measurements_low PARTITION OF measurements FOR VALUES FROM (-1000000) TO (0);
+                  ALTER PUBLICATION shop ADD TABLE measurements;
+                  ALTER PUBLICATION shop SET (publish_via_partition_root = true)""")
+    make_table(db, "added", rows=50)
+    db.execute("SELECT backfill_follow('shop', 'cdc')")
+    db.execute("ALTER TABLE measurements ATTACH PARTITION added FOR VALUES FROM (0) TO (1000000)")
+    db.execute("CREATE TABLE measurements_high PARTITION OF measurements FOR VALUES FROM (1000000) TO (2000000)")
+    (added, high) = queue(db)
+    assert added[:2] == ("public.added", "failed") and "publish_via_partition_root" in added[2], added
+    assert high == ("public.measurements_high", "skipped", "empty when added")
+    assert "public.added" in follow_row(db, "last_error")
+    assert db.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+
+
+def test_publish_via_partition_root_turned_on_backfills_nothing(db, pipeline):
+    """The publication lists the partitioned table instead of its partitions: the same rows,
+    which the consumer has."""
+    db.execute("""CREATE TABLE measurements (id bigint PRIMARY KEY, v int NOT NULL DEFAULT 0) PARTITION BY RANGE (id);
+                  CREATE TABLE measurements_low PARTITION OF measurements FOR VALUES FROM (0) TO (1000);
+                  INSERT INTO measurements SELECT g FROM generate_series(1, 100) g;
+                  ALTER PUBLICATION shop ADD TABLE measurements""")
+    db.execute("SELECT backfill_follow('shop', 'cdc')")
+    db.execute("ALTER PUBLICATION shop SET (publish_via_partition_root = true)")
+    assert queue(db) == []
+
+
+def test_backfill_start_with_a_publication_and_no_tables_backfills_every_table_it_holds(db, pipeline):
+    make_table(db, "items", rows=300)
+    make_table(db, "lines", rows=200)
+    db.execute("ALTER PUBLICATION shop ADD TABLE items, lines")
+    backfill_id = db.execute("SELECT backfill_start(publication => 'shop', slot => 'cdc', confirm => true)").fetchone()[0]
+    assert sorted(status(db, backfill_id, "tables")) == ["items", "lines", "seed"]
+    assert wait_until_ended(db, backfill_id) == "done"
+    assert status(db, backfill_id, "rows_done") == 500
+    e = error_of(db, "SELECT backfill_start(publication => 'nope', confirm => true)")
+    assert e.sqlstate == "42704" and '"nope"' in e.diag.message_primary
+    db.execute("CREATE PUBLICATION empty_pub")
+    e = error_of(db, "SELECT backfill_start(publication => 'empty_pub', confirm => true)")
+    assert e.sqlstate == "55000" and "holds no table" in e.diag.message_primary
+    e = error_of(db, "SELECT backfill_start(confirm => true)")
+    assert e.sqlstate == "22023" and "publication =>" in e.diag.message_hint
+
+
+@pytest.mark.cluster
+def test_the_queue_survives_a_server_restart(cluster):
+    """Two tables added; the server restarts while the first's backfill runs and before the
+    second starts: the first resumes (preloaded) and the second starts when it ends."""
+    server = extra_cluster(cluster, "preload")
+    server.start("shared_preload_libraries = 'pg_backfill'")
+    try:
+        db = server.connect()
+        db.execute("CREATE EXTENSION pg_backfill")
+        db.execute("CREATE TABLE seed (id int PRIMARY KEY); CREATE PUBLICATION shop FOR TABLE seed")
+        db.execute("SELECT pg_create_logical_replication_slot('cdc', 'pgoutput')")
+        make_table(db, "first", rows=1500)
+        make_table(db, "second", rows=300)
+        stream = PgOutputStream(server, "cdc", "shop")
+        stream.start()
+        db.execute("SELECT backfill_follow('shop', 'cdc', batch_size => 100, rows_per_second => 1000)")
+        db.execute("ALTER PUBLICATION shop ADD TABLE first")
+        first = backfill_of(db, "public.first")
+        db.execute("ALTER PUBLICATION shop ADD TABLE second")
+        wait_for(lambda: (status(db, first, "rows_done") or 0) > 0, what="the first pages")
+        assert follow_row(db, "pending_tables") == ["second"]
+        db.close()
+        stream.stop()
+        server.pg_ctl("restart", "-m", "fast")
+        db = server.connect()
+        assert status(db, first, "state") == "running" and follow_row(db, "pending_tables") == ["second"]
+        stream = PgOutputStream(server, "cdc", "shop")
+        stream.start()
+        assert wait_until_ended(db, first) == "done"
+        second = backfill_of(db, "public.second")
+        assert wait_until_ended(db, second) == "done"
+        assert status(db, second, "rows_done") == 300
+        stream.stop()
+        db.close()
+    finally:
+        server.stop()
