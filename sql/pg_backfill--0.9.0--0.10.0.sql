@@ -914,7 +914,9 @@ REVOKE EXECUTE ON FUNCTION backfill.follow(text, text, integer, integer, integer
 COMMENT ON FUNCTION backfill.follow(text, text, integer, integer, integer, bigint, bigint, bigint, integer, integer) IS 'Entry point of backfill_follow()';
 COMMENT ON FUNCTION backfill.unfollow(text, text) IS 'Entry point of backfill_unfollow()';
 COMMENT ON FUNCTION backfill.follow_ddl() IS 'The event trigger''s work at the end of a statement that may have changed a followed publication''s tables';
--- Executable by PUBLIC: every role's DDL runs it, through the event trigger (sql/api.sql says why).
+-- Executable by PUBLIC: every role's DDL runs it, through the event trigger (sql/api.sql says
+-- why). As a fresh install has it: revoked from PUBLIC with every function of the schema, then granted.
+REVOKE EXECUTE ON FUNCTION backfill.follow_ddl() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.follow_ddl() TO PUBLIC;
 CREATE FUNCTION backfill_follow(publication name, slot name, batch_size integer DEFAULT 1000,
                                 rows_per_second integer DEFAULT NULL, parallel integer DEFAULT 1,
