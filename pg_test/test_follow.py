@@ -414,3 +414,17 @@ def test_the_queue_survives_a_server_restart(cluster):
         db.close()
     finally:
         server.stop()
+
+
+def test_a_role_without_grants_runs_ddl_and_the_event_triggers_function_as_before(db, pipeline, roles):
+    """Every role's DDL runs the event trigger's function (executable by PUBLIC): a role with no
+    grant of pg_backfill creates and alters its tables as before, and calling the function
+    itself queues and starts nothing the publication did not gain."""
+    db.execute("SELECT backfill_follow('shop', 'cdc')")
+    role = roles.create("nogrants")
+    db.execute(f"CREATE SCHEMA own AUTHORIZATION {role}")
+    conn = roles.connect(role)
+    conn.execute("CREATE TABLE own.t (id int PRIMARY KEY); ALTER TABLE own.t ADD COLUMN v int; DROP TABLE own.t")
+    conn.execute("SELECT backfill.follow_ddl()")
+    assert queue(db) == [] and db.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+    assert follows(db, "state") == [("following",)]
