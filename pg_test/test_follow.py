@@ -410,10 +410,50 @@ def test_the_queue_survives_a_server_restart(cluster):
         second = backfill_of(db, "public.second")
         assert wait_until_ended(db, second) == "done"
         assert status(db, second, "rows_done") == 300
+        # A table queued while the slot is free, its start lost (here: the backfill holding the
+        # slot ended by hand, as if the server crashed before the end's dispatch): the resumer
+        # starts it after the restart.
+        manual = db.execute("SELECT backfill_start('first', confirm => true, slot => 'cdc', rows_per_second => 10)"
+                            ).fetchone()[0]
+        db.execute("SELECT backfill_pause(%s)", [manual])
+        make_table(db, "third", rows=200)
+        db.execute("ALTER PUBLICATION shop ADD TABLE third")
+        assert follow_row(db, "pending_tables") == ["third"]
+        db.execute("UPDATE backfill.job SET state = 'cancelled' WHERE id = %s", [manual])
+        db.close()
+        stream.stop()
+        server.pg_ctl("restart", "-m", "immediate")
+        db = server.connect()
+        stream = PgOutputStream(server, "cdc", "shop")
+        stream.start()
+        third = backfill_of(db, "public.third")
+        assert wait_until_ended(db, third) == "done"
         stream.stop()
         db.close()
     finally:
         server.stop()
+
+
+def test_the_next_table_starts_when_the_slots_backfill_is_cancelled_or_fails(db, pipeline):
+    for name in ("a", "b", "c", "d"):
+        make_table(db, name, rows=2000 if name in ("a", "c") else 100)
+    db.execute("SELECT backfill_follow('shop', 'cdc', batch_size => 50, rows_per_second => 200)")
+    db.execute("ALTER PUBLICATION shop ADD TABLE a")
+    a = backfill_of(db, "public.a")
+    db.execute("ALTER PUBLICATION shop ADD TABLE b")
+    assert follow_row(db, "pending_tables") == ["b"]
+    db.execute("SELECT backfill_cancel(%s)", [a])
+    b = backfill_of(db, "public.b")
+    assert wait_until_ended(db, b) == "done"
+    db.execute("ALTER PUBLICATION shop ADD TABLE c")
+    c = backfill_of(db, "public.c")
+    db.execute("ALTER PUBLICATION shop ADD TABLE d")
+    wait_for(lambda: (status(db, c, "rows_done") or 0) > 0, what="c's first page")
+    db.execute("DROP TABLE c")
+    assert wait_until_ended(db, c) == "failed"
+    d = backfill_of(db, "public.d")
+    assert wait_until_ended(db, d) == "done"
+    assert [state for _, state, _ in queue(db)] == ["started"] * 4
 
 
 def test_a_role_without_grants_runs_ddl_and_the_event_triggers_function_as_before(db, pipeline, roles):

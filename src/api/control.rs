@@ -24,12 +24,10 @@ use pgrx::PgSqlErrorCode::*;
 fn cancel(id: Option<i64>) -> bool {
     require_primary("cancel a backfill");
     let id = required(id, "backfill_cancel", "id");
-    let job = control(id, "cancel", &[Running, Paused, Failed], Some(Cancelled), None);
+    control(id, "cancel", &[Running, Paused, Failed], Some(Cancelled), None);
     NodeBackfills::of(id).forward(&Verb::Cancel);
     // Its slot is free: a table a follow of the slot queued starts now.
-    if let Some(slot) = &job.slot_name {
-        crate::api::follow::dispatch_follows(Some(slot));
-    }
+    crate::api::follow::dispatch_follows();
     true
 }
 

@@ -152,14 +152,10 @@ pub fn install() {
     crate::worker::launcher::set_follow_dispatch(dispatch_follows);
 }
 
-/// Starts the next queued backfill of the follows into `slot` (None: of every follow), where the
-/// slot is free: called when a backfill bound to a slot ends, and after a server restart.
-pub fn dispatch_follows(slot: Option<&str>) {
-    let follows = as_extension_owner(|| match slot {
-        Some(slot) => follow::live_follows_of_slot(slot),
-        None => follow::live_follows(),
-    });
-    for follow in follows {
+/// Starts the next queued backfill of every follow whose slot is free: called when a backfill
+/// ends (which frees its slot, or a worker a start waited for), and after a server restart.
+pub fn dispatch_follows() {
+    for follow in as_extension_owner(follow::live_follows) {
         if still_followable(&follow).is_some() {
             dispatch(&follow);
         }
@@ -273,11 +269,13 @@ fn enqueue(follow: &Follow, relid: pg_sys::Oid) {
 /// weaker lock) may gain rows from a transaction that commits before the DDL, whose changes the
 /// consumer never receives: it gets its (quick) backfill instead.
 fn empty_and_locked_here(relid: pg_sys::Oid) -> bool {
+    // (Not a table with row-level security: a policy may hide its rows from its owner, who reads it.)
     let locked = crate::pg::spi::select_one::<bool>(
         "SELECT EXISTS (SELECT FROM pg_catalog.pg_locks l
                          WHERE l.locktype OPERATOR(pg_catalog.=) 'relation' AND l.relation OPERATOR(pg_catalog.=) $1
                            AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
-                           AND l.mode OPERATOR(pg_catalog.=) 'AccessExclusiveLock' AND l.granted)",
+                           AND l.mode OPERATOR(pg_catalog.=) 'AccessExclusiveLock' AND l.granted)
+            AND NOT (SELECT c.relrowsecurity FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) $1)",
         &[relid.into()],
     )
     .or_internal("read this transaction's locks")
@@ -293,8 +291,9 @@ fn empty_and_locked_here(relid: pg_sys::Oid) -> bool {
 
 /// Starts one backfill of the follow's pending tables, oldest first, when its slot is free. All
 /// of them in one backfill; if that cannot start, each on its own in the order added, each that
-/// cannot recorded as failed, until one starts. Pending tables no longer in the publication
-/// (removed, dropped) are skipped.
+/// cannot recorded as failed, until one starts (a start that must only wait, [`must_wait`],
+/// leaves them all queued). Pending tables no longer in the publication (removed, dropped) are
+/// skipped.
 fn dispatch(follow: &Follow) {
     // Starts are serialized (as worker/admit.rs serializes them): a second dispatch for the
     // slot, as two parallel workers of one backfill end, waits here and then finds the slot taken.
@@ -321,13 +320,15 @@ fn dispatch(follow: &Follow) {
         return;
     }
     let entries: Vec<i64> = wanted.iter().map(|entry| entry.entry).collect();
-    let all = start_as_creator(follow, wanted.iter().map(|entry| entry.relid).collect());
-    if let Ok(backfill_id) = all {
-        return as_extension_owner(|| started(follow, &entries, backfill_id));
+    match start_as_creator(follow, wanted.iter().map(|entry| entry.relid).collect()) {
+        Ok(backfill_id) => return as_extension_owner(|| started(follow, &entries, backfill_id)),
+        Err(e) if must_wait(&e) => return as_extension_owner(|| waits(follow, &wanted[0].table_name, &e)),
+        Err(_) => {}
     }
     for entry in &wanted {
         match start_as_creator(follow, vec![entry.relid]) {
             Ok(backfill_id) => return as_extension_owner(|| started(follow, &[entry.entry], backfill_id)),
+            Err(e) if must_wait(&e) => return as_extension_owner(|| waits(follow, &entry.table_name, &e)),
             Err(e) => {
                 let reason = format!("{}: {}", e.sqlstate, e.message);
                 warning!(
@@ -342,6 +343,17 @@ fn dispatch(follow: &Follow) {
             }
         }
     }
+}
+
+/// A start refused for a while only: every background worker a backfill may take is in use
+/// (53400), or the table is being backfilled by another backfill (55006). The tables stay
+/// queued, in their order, for the next dispatch: when any backfill ends, or at the next DDL.
+fn must_wait(e: &PageError) -> bool {
+    matches!(e.code, ERRCODE_CONFIGURATION_LIMIT_EXCEEDED | ERRCODE_OBJECT_IN_USE)
+}
+
+fn waits(follow: &Follow, table: &str, e: &PageError) {
+    follow::record_error(follow.id, &format!("table {table} waits: {}: {}", e.sqlstate, e.message));
 }
 
 fn started(follow: &Follow, entries: &[i64], backfill_id: i64) {

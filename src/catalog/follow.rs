@@ -108,11 +108,6 @@ pub fn live_follows() -> Vec<Follow> {
     follows("true", &[])
 }
 
-/// The live follows into `slot`.
-pub fn live_follows_of_slot(slot: &str) -> Vec<Follow> {
-    follows("slot_name OPERATOR(pg_catalog.=) $1", &[Text::from(slot).into()])
-}
-
 /// The live follow of `publication` into `slot`, if there is one.
 pub fn live_follow(publication: &str, slot: &str) -> Option<i64> {
     crate::pg::spi::select_one::<i64>(

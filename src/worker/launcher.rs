@@ -334,21 +334,19 @@ pub fn override_search_path() {
     }
 }
 
-/// What starts the next table a follow has queued for a slot whose backfill ended (None: for
-/// every follow), api/follow.rs's: installed from _PG_init, since the worker layer does not
-/// import the API's.
-static FOLLOW_DISPATCH: std::sync::OnceLock<fn(Option<&str>)> = std::sync::OnceLock::new();
+/// What starts the next table each follow has queued, where its slot is free: api/follow.rs's,
+/// installed from _PG_init, since the worker layer does not import the API's.
+static FOLLOW_DISPATCH: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
 
-pub fn set_follow_dispatch(dispatch: fn(Option<&str>)) {
+pub fn set_follow_dispatch(dispatch: fn()) {
     let _ = FOLLOW_DISPATCH.set(dispatch);
 }
 
-/// Starts the next queued backfill of the follows into `slot` (None: of every follow), where the
-/// slot is free. Nothing on a schema without follows (before ALTER EXTENSION UPDATE). In a
-/// transaction.
-pub fn dispatch_follows(slot: Option<&str>) {
+/// Starts the next queued backfill of every follow whose slot is free. Nothing on a schema
+/// without follows (before ALTER EXTENSION UPDATE). In a transaction.
+pub fn dispatch_follows() {
     if let Some(dispatch) = FOLLOW_DISPATCH.get().filter(|_| schema::capabilities().follows) {
-        dispatch(slot);
+        dispatch();
     }
 }
 
@@ -372,7 +370,7 @@ pub fn resume_database() {
     }
     let dispatched = in_transaction(|| {
         if schema::installed() {
-            dispatch_follows(None);
+            dispatch_follows();
         }
     });
     if let Err(e) = dispatched {
