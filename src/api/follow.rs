@@ -295,6 +295,10 @@ fn empty_and_locked_here(relid: pg_sys::Oid) -> bool {
 /// leaves them all queued). Pending tables no longer in the publication (removed, dropped) are
 /// skipped.
 fn dispatch(follow: &Follow) {
+    // (Nothing queued, nothing to serialize: a DDL's transaction then holds no lock of ours.)
+    if as_extension_owner(|| follow::pending(follow.id)).is_empty() {
+        return;
+    }
     // Starts are serialized (as worker/admit.rs serializes them): a second dispatch for the
     // slot, as two parallel workers of one backfill end, waits here and then finds the slot taken.
     Spi::run("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pg_backfill.start'))")
