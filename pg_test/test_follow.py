@@ -468,3 +468,36 @@ def test_a_role_without_grants_runs_ddl_and_the_event_triggers_function_as_befor
     conn.execute("SELECT backfill.follow_ddl()")
     assert queue(db) == [] and db.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
     assert follows(db, "state") == [("following",)]
+
+
+def test_follows_after_an_update_from_0_9_0_and_the_new_library_under_the_old_schema(db, pipeline):
+    """Before ALTER EXTENSION UPDATE, the new library runs 0.9.0's schema, which has no follows:
+    a cancel (which looks for queued tables) works as before. After it, a follow works."""
+    db.execute("DROP EXTENSION pg_backfill")
+    db.execute("CREATE EXTENSION pg_backfill VERSION '0.9.0'")
+    make_table(db, "items", rows=200)
+    backfill_id = db.execute("SELECT backfill_start('items', confirm => true, rows_per_second => 10)").fetchone()[0]
+    assert db.execute("SELECT backfill_cancel(%s)", [backfill_id]).fetchone()[0] is True
+    assert wait_until_ended(db, backfill_id) == "cancelled"
+    db.execute("ALTER EXTENSION pg_backfill UPDATE")
+    db.execute("SELECT backfill_follow('shop', 'cdc')")
+    db.execute("ALTER PUBLICATION shop ADD TABLE items")
+    assert wait_until_ended(db, backfill_of(db, "public.items")) == "done"
+
+
+def test_a_table_removed_from_the_publication_or_dropped_before_its_turn_is_skipped(db, pipeline):
+    for name, rows in (("a", 2000), ("b", 100), ("c", 100), ("d", 100)):
+        make_table(db, name, rows=rows)
+    db.execute("SELECT backfill_follow('shop', 'cdc', batch_size => 50, rows_per_second => 500)")
+    db.execute("ALTER PUBLICATION shop ADD TABLE a")
+    a = backfill_of(db, "public.a")
+    db.execute("ALTER PUBLICATION shop ADD TABLE b, c, d")
+    assert follow_row(db, "pending_tables") == ["b", "c", "d"]
+    db.execute("ALTER PUBLICATION shop DROP TABLE b")
+    db.execute("DROP TABLE c")
+    assert follow_row(db, "pending_tables") == ["d"]
+    assert wait_until_ended(db, a) == "done"
+    d = backfill_of(db, "public.d")
+    assert status(db, d, "tables") == ["d"]
+    assert [(table, state) for table, state, _ in queue(db)] == [
+        ("public.a", "started"), ("public.b", "skipped"), ("public.c", "skipped"), ("public.d", "started")]

@@ -154,7 +154,11 @@ pub fn install() {
 
 /// Starts the next queued backfill of every follow whose slot is free: called when a backfill
 /// ends (which frees its slot, or a worker a start waited for), and after a server restart.
+/// Nothing on a schema without follows (the library replaced, before ALTER EXTENSION UPDATE).
 pub fn dispatch_follows() {
+    if !crate::catalog::schema::capabilities().follows {
+        return;
+    }
     for follow in as_extension_owner(follow::live_follows) {
         if still_followable(&follow).is_some() {
             dispatch(&follow);

@@ -342,10 +342,9 @@ pub fn set_follow_dispatch(dispatch: fn()) {
     let _ = FOLLOW_DISPATCH.set(dispatch);
 }
 
-/// Starts the next queued backfill of every follow whose slot is free. Nothing on a schema
-/// without follows (before ALTER EXTENSION UPDATE). In a transaction.
+/// Starts the next queued backfill of every follow whose slot is free. In a transaction.
 pub fn dispatch_follows() {
-    if let Some(dispatch) = FOLLOW_DISPATCH.get().filter(|_| schema::capabilities().follows) {
+    if let Some(dispatch) = FOLLOW_DISPATCH.get() {
         dispatch();
     }
 }
