@@ -329,14 +329,33 @@ SELECT e.job_id AS backfill_id,
        CASE WHEN v.readable THEN e.stopped_after_key END AS stopped_after_key,
        CASE WHEN v.countable THEN e.sqlstate END AS sqlstate,
        CASE WHEN v.readable THEN e.message END AS message,
-       CASE WHEN v.readable THEN e.detail END AS detail
+       CASE WHEN v.readable THEN e.detail END AS detail,
+       NULL::bigint AS follow_id
   FROM backfill.job_error e
   JOIN backfill.job j ON j.id = e.job_id
  CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
                        FROM (SELECT coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false)
                                     OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
- WHERE backfill.visible(j.started_by);
-COMMENT ON VIEW backfill_errors IS 'Every error that failed a backfill, oldest first: backfill_status.last_error shows the latest only, and a resume clears it';
+ WHERE backfill.visible(j.started_by)
+UNION ALL
+-- A table a follow could not start (backfill_follow()): no backfill, the follow's error.
+SELECT NULL::bigint,
+       t.settled_at,
+       t.table_name,
+       NULL::text,
+       CASE WHEN v.countable THEN t.sqlstate END,
+       CASE WHEN v.readable THEN t.reason END,
+       CASE WHEN v.readable THEN t.detail END,
+       t.follow_id
+  FROM backfill.follow_table t
+  JOIN backfill.follow f ON f.id = t.follow_id
+  LEFT JOIN pg_catalog.pg_roles o ON o.oid = f.created_by
+ CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(t.relid, 'SELECT'), false)
+                                    OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
+ WHERE t.state = 'failed' AND backfill.visible(o.rolname);
+COMMENT ON VIEW backfill_errors IS 'Every error that failed a backfill, oldest first: backfill_status.last_error shows the latest only, and a resume clears it; and every table a follow (backfill_follow()) could not start, with no backfill';
+COMMENT ON COLUMN backfill_errors.follow_id IS 'For a table a follow could not start: the follow (backfill_follows.id); backfill_id is then NULL';
 COMMENT ON COLUMN backfill_errors.backfill_id IS 'The backfill (backfill_status.id)';
 COMMENT ON COLUMN backfill_errors.occurred_at IS 'When it failed';
 COMMENT ON COLUMN backfill_errors.table_name IS 'The table it was scanning when it failed, if any';

@@ -386,7 +386,10 @@ CREATE TABLE backfill.follow_table (
     queued_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
     state       text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'started', 'skipped', 'failed')),
     backfill_id bigint,
-    reason      text
+    reason      text,
+    sqlstate    text,
+    detail      text,
+    settled_at  timestamptz
 );
 CREATE INDEX follow_table_follow_id_state_idx ON backfill.follow_table (follow_id, state);
 COMMENT ON TABLE backfill.follow_table IS 'The queue of each follow: one row per table added to its publication, in the order added';
@@ -397,7 +400,10 @@ COMMENT ON COLUMN backfill.follow_table.table_name IS 'Its name when it was adde
 COMMENT ON COLUMN backfill.follow_table.queued_at IS 'When the statement that added it ran';
 COMMENT ON COLUMN backfill.follow_table.state IS 'pending (waits for the slot), started (in backfill_id), skipped (needed none: removed from the publication or dropped before its turn, already being backfilled into the slot, or empty when added) or failed (could not be started: reason)';
 COMMENT ON COLUMN backfill.follow_table.backfill_id IS 'The backfill that delivers it, once started';
-COMMENT ON COLUMN backfill.follow_table.reason IS 'Why it was skipped or failed';
+COMMENT ON COLUMN backfill.follow_table.reason IS 'Why it was skipped, or the message of the error that failed it';
+COMMENT ON COLUMN backfill.follow_table.sqlstate IS 'SQLSTATE of the error that failed it';
+COMMENT ON COLUMN backfill.follow_table.detail IS 'The detail of that error, if any';
+COMMENT ON COLUMN backfill.follow_table.settled_at IS 'When it was started, skipped or failed';
 GRANT SELECT ON backfill.follow, backfill.follow_table TO pg_monitor;
 DO $$
 DECLARE

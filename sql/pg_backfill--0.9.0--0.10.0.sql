@@ -860,7 +860,10 @@ CREATE TABLE backfill.follow_table (
     queued_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
     state       text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'started', 'skipped', 'failed')),
     backfill_id bigint,
-    reason      text
+    reason      text,
+    sqlstate    text,
+    detail      text,
+    settled_at  timestamptz
 );
 CREATE INDEX follow_table_follow_id_state_idx ON backfill.follow_table (follow_id, state);
 COMMENT ON TABLE backfill.follow_table IS 'The queue of each follow: one row per table added to its publication, in the order added';
@@ -871,7 +874,10 @@ COMMENT ON COLUMN backfill.follow_table.table_name IS 'Its name when it was adde
 COMMENT ON COLUMN backfill.follow_table.queued_at IS 'When the statement that added it ran';
 COMMENT ON COLUMN backfill.follow_table.state IS 'pending (waits for the slot), started (in backfill_id), skipped (needed none: removed from the publication or dropped before its turn, already being backfilled into the slot, or empty when added) or failed (could not be started: reason)';
 COMMENT ON COLUMN backfill.follow_table.backfill_id IS 'The backfill that delivers it, once started';
-COMMENT ON COLUMN backfill.follow_table.reason IS 'Why it was skipped or failed';
+COMMENT ON COLUMN backfill.follow_table.reason IS 'Why it was skipped, or the message of the error that failed it';
+COMMENT ON COLUMN backfill.follow_table.sqlstate IS 'SQLSTATE of the error that failed it';
+COMMENT ON COLUMN backfill.follow_table.detail IS 'The detail of that error, if any';
+COMMENT ON COLUMN backfill.follow_table.settled_at IS 'When it was started, skipped or failed';
 GRANT SELECT ON backfill.follow, backfill.follow_table TO pg_monitor;
 DO $$
 DECLARE
@@ -996,3 +1002,39 @@ CREATE EVENT TRIGGER backfill_follow_publication_changes ON ddl_command_end
     WHEN TAG IN ('ALTER PUBLICATION', 'DROP PUBLICATION', 'ALTER TABLE', 'CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO',
                  'DROP TABLE')
     EXECUTE FUNCTION backfill.follow_publication_changes();
+
+-- A table a follow could not start shows in backfill_errors too (follow_id, no backfill_id).
+CREATE OR REPLACE VIEW backfill_errors WITH (security_barrier) AS
+SELECT e.job_id AS backfill_id,
+       e.occurred_at,
+       e.table_name,
+       CASE WHEN v.readable THEN e.stopped_after_key END AS stopped_after_key,
+       CASE WHEN v.countable THEN e.sqlstate END AS sqlstate,
+       CASE WHEN v.readable THEN e.message END AS message,
+       CASE WHEN v.readable THEN e.detail END AS detail,
+       NULL::bigint AS follow_id
+  FROM backfill.job_error e
+  JOIN backfill.job j ON j.id = e.job_id
+ CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false)
+                                    OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
+ WHERE backfill.visible(j.started_by)
+UNION ALL
+-- A table a follow could not start (backfill_follow()): no backfill, the follow's error.
+SELECT NULL::bigint,
+       t.settled_at,
+       t.table_name,
+       NULL::text,
+       CASE WHEN v.countable THEN t.sqlstate END,
+       CASE WHEN v.readable THEN t.reason END,
+       CASE WHEN v.readable THEN t.detail END,
+       t.follow_id
+  FROM backfill.follow_table t
+  JOIN backfill.follow f ON f.id = t.follow_id
+  LEFT JOIN pg_catalog.pg_roles o ON o.oid = f.created_by
+ CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(t.relid, 'SELECT'), false)
+                                    OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
+ WHERE t.state = 'failed' AND backfill.visible(o.rolname);
+COMMENT ON VIEW backfill_errors IS 'Every error that failed a backfill, oldest first: backfill_status.last_error shows the latest only, and a resume clears it; and every table a follow (backfill_follow()) could not start, with no backfill';
+COMMENT ON COLUMN backfill_errors.follow_id IS 'For a table a follow could not start: the follow (backfill_follows.id); backfill_id is then NULL';

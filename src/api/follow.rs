@@ -20,7 +20,7 @@
 
 use crate::api::request::check_options;
 use crate::api::start::start_backfill;
-use crate::catalog::follow::{self, EntryState, Follow, FollowOptions};
+use crate::catalog::follow::{self, EntryState, Follow, FollowOptions, Why};
 use crate::model::request::{SourceOptions, StartRequest};
 use crate::pg::args::{require_primary, required};
 use crate::pg::encoding::Text;
@@ -218,7 +218,7 @@ fn enqueue_added(follow: &Follow, held: &PublicationTables) {
     for (leaf, root) in held.leaves.iter().filter(|(leaf, root)| new_leaf(leaf) && follow.known_tables.contains(root)) {
         let name = crate::model::table::relation_name(*leaf);
         if empty_and_locked_here(*leaf) {
-            follow::enqueue(follow.id, *leaf, &name, EntryState::Skipped, Some("empty when added"));
+            follow::enqueue(follow.id, *leaf, &name, EntryState::Skipped, Some(&Why::skipped(EMPTY)));
         } else {
             let root = crate::model::table::relation_name(*root);
             let reason = format!(
@@ -227,8 +227,9 @@ fn enqueue_added(follow: &Follow, held: &PublicationTables) {
                  their changes; backfill {root} with backfill_start(), or publish its partitions as themselves",
                 follow.publication
             );
-            follow::enqueue(follow.id, *leaf, &name, EntryState::Failed, Some(&reason));
-            follow::record_error(follow.id, &reason);
+            let why = Why { reason: &reason, sqlstate: Some("0A000"), detail: None };
+            follow::enqueue(follow.id, *leaf, &name, EntryState::Failed, Some(&why));
+            follow::record_error(follow.id, &format!("table {name}: 0A000: {reason}"));
         }
     }
     for removed in follow.known_tables.iter().filter(|table| !held.tables.contains(table)) {
@@ -237,34 +238,35 @@ fn enqueue_added(follow: &Follow, held: &PublicationTables) {
     follow::set_known(follow.id, &held.tables, &leaves);
 }
 
+/// Why a table needs no backfill: created (or attached, or moved) empty by the statement.
+const EMPTY: &str = "empty when added";
+
 /// Queues one added relation: pending, unless it needs no backfill or can have none.
 fn enqueue(follow: &Follow, relid: pg_sys::Oid) {
     if follow::is_pending(follow.id, relid) {
         return;
     }
     let name = crate::model::table::relation_name(relid);
-    let (state, reason) = if crate::pg::citus::is_distributed(relid) {
-        (
-            EntryState::Failed,
-            Some(format!(
-                "table {name} is a Citus distributed table, which follows do not backfill yet: start its backfill on the \
-                 coordinator with SELECT backfill_start({}, confirm => true, slot => {}, publication => {});",
-                pgrx::spi::quote_literal(&name),
-                pgrx::spi::quote_literal(&follow.slot),
-                pgrx::spi::quote_literal(&follow.publication)
-            )),
-        )
-    } else if let Some(running) = crate::catalog::job::running_backfill_of_table_in_slot(relid, &follow.slot) {
-        (EntryState::Skipped, Some(format!("already being backfilled into the slot by backfill {running}")))
-    } else if empty_and_locked_here(relid) {
-        (EntryState::Skipped, Some("empty when added".to_string()))
-    } else {
-        (EntryState::Pending, None)
-    };
-    if state == EntryState::Failed {
-        follow::record_error(follow.id, reason.as_deref().unwrap_or_default());
+    if crate::pg::citus::is_distributed(relid) {
+        let reason = format!(
+            "table {name} is a Citus distributed table, which follows do not backfill yet: start its backfill on the \
+             coordinator with SELECT backfill_start({}, confirm => true, slot => {}, publication => {});",
+            pgrx::spi::quote_literal(&name),
+            pgrx::spi::quote_literal(&follow.slot),
+            pgrx::spi::quote_literal(&follow.publication)
+        );
+        follow::record_error(follow.id, &format!("table {name}: 0A000: {reason}"));
+        let why = Why { reason: &reason, sqlstate: Some("0A000"), detail: None };
+        return follow::enqueue(follow.id, relid, &name, EntryState::Failed, Some(&why));
     }
-    follow::enqueue(follow.id, relid, &name, state, reason.as_deref());
+    let skipped = match crate::catalog::job::running_backfill_of_table_in_slot(relid, &follow.slot) {
+        Some(running) => Some(format!("already being backfilled into the slot by backfill {running}")),
+        None => empty_and_locked_here(relid).then(|| EMPTY.to_string()),
+    };
+    match skipped {
+        Some(reason) => follow::enqueue(follow.id, relid, &name, EntryState::Skipped, Some(&Why::skipped(&reason))),
+        None => follow::enqueue(follow.id, relid, &name, EntryState::Pending, None),
+    }
 }
 
 /// Whether the table is empty and no other transaction can write it before this one commits:
@@ -315,14 +317,8 @@ fn dispatch(follow: &Follow) {
     let (wanted, gone): (Vec<_>, Vec<_>) = pending.into_iter().partition(|entry| held.tables.contains(&entry.relid));
     if !gone.is_empty() {
         let gone: Vec<i64> = gone.iter().map(|entry| entry.entry).collect();
-        as_extension_owner(|| {
-            follow::settle(
-                &gone,
-                EntryState::Skipped,
-                None,
-                Some("removed from the publication or dropped before its turn"),
-            )
-        });
+        let why = Why::skipped("removed from the publication or dropped before its turn");
+        as_extension_owner(|| follow::settle(&gone, EntryState::Skipped, None, Some(&why)));
     }
     if wanted.is_empty() {
         return;
@@ -345,7 +341,8 @@ fn dispatch(follow: &Follow) {
                     entry.table_name
                 );
                 as_extension_owner(|| {
-                    follow::settle(&[entry.entry], EntryState::Failed, None, Some(&reason));
+                    let why = Why { reason: &e.primary, sqlstate: Some(&e.sqlstate), detail: e.detail.as_deref() };
+                    follow::settle(&[entry.entry], EntryState::Failed, None, Some(&why));
                     follow::record_error(follow.id, &format!("table {}: {reason}", entry.table_name));
                 });
             }

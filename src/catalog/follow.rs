@@ -59,6 +59,21 @@ impl EntryState {
     }
 }
 
+/// Why an entry was skipped, or failed: its reason, and for a failure the error's SQLSTATE and
+/// detail, as backfill_errors shows them.
+#[derive(Default)]
+pub struct Why<'a> {
+    pub reason: &'a str,
+    pub sqlstate: Option<&'a str>,
+    pub detail: Option<&'a str>,
+}
+
+impl<'a> Why<'a> {
+    pub fn skipped(reason: &'a str) -> Why<'a> {
+        Why { reason, ..Default::default() }
+    }
+}
+
 /// A queued table, pending.
 pub struct Entry {
     pub entry: i64,
@@ -181,15 +196,19 @@ pub fn set_known(follow_id: i64, tables: &[pg_sys::Oid], leaves: &[pg_sys::Oid])
 
 /// Queues `relid` (named `table_name` now) for the follow, in `state` (pending, or already
 /// skipped or failed, with why).
-pub fn enqueue(follow_id: i64, relid: pg_sys::Oid, table_name: &str, state: EntryState, reason: Option<&str>) {
+pub fn enqueue(follow_id: i64, relid: pg_sys::Oid, table_name: &str, state: EntryState, why: Option<&Why>) {
     Spi::run_with_args(
-        "INSERT INTO backfill.follow_table (follow_id, relid, table_name, state, reason) VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO backfill.follow_table (follow_id, relid, table_name, state, reason, sqlstate, detail, settled_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7,
+                 CASE WHEN $4 OPERATOR(pg_catalog.<>) 'pending' THEN pg_catalog.clock_timestamp() END)",
         &[
             follow_id.into(),
             relid.into(),
             Text::from(table_name).into(),
             state.as_str().into(),
-            reason.map(Text::from).into(),
+            why.map(|why| Text::from(why.reason)).into(),
+            why.and_then(|why| why.sqlstate).into(),
+            why.and_then(|why| why.detail).map(Text::from).into(),
         ],
     )
     .or_internal("queue a table")
@@ -229,11 +248,20 @@ pub fn pending(follow_id: i64) -> Vec<Entry> {
 }
 
 /// Moves pending entries on: to `state`, with the backfill that started them or why not.
-pub fn settle(entries: &[i64], state: EntryState, backfill_id: Option<i64>, reason: Option<&str>) {
+pub fn settle(entries: &[i64], state: EntryState, backfill_id: Option<i64>, why: Option<&Why>) {
     Spi::run_with_args(
-        "UPDATE backfill.follow_table SET state = $2, backfill_id = $3, reason = $4
+        "UPDATE backfill.follow_table
+            SET state = $2, backfill_id = $3, reason = $4, sqlstate = $5, detail = $6,
+                settled_at = pg_catalog.clock_timestamp()
           WHERE entry OPERATOR(pg_catalog.=) ANY ($1) AND state OPERATOR(pg_catalog.=) 'pending'",
-        &[entries.to_vec().into(), state.as_str().into(), backfill_id.into(), reason.map(Text::from).into()],
+        &[
+            entries.to_vec().into(),
+            state.as_str().into(),
+            backfill_id.into(),
+            why.map(|why| Text::from(why.reason)).into(),
+            why.and_then(|why| why.sqlstate).into(),
+            why.and_then(|why| why.detail).map(Text::from).into(),
+        ],
     )
     .or_internal("record the follow's queue")
 }
@@ -241,7 +269,7 @@ pub fn settle(entries: &[i64], state: EntryState, backfill_id: Option<i64>, reas
 /// A pending entry of `relid` is skipped: the table left the publication, or was dropped.
 pub fn skip_pending(follow_id: i64, relid: pg_sys::Oid, reason: &str) {
     Spi::run_with_args(
-        "UPDATE backfill.follow_table SET state = 'skipped', reason = $3
+        "UPDATE backfill.follow_table SET state = 'skipped', reason = $3, settled_at = pg_catalog.clock_timestamp()
           WHERE follow_id OPERATOR(pg_catalog.=) $1 AND relid OPERATOR(pg_catalog.=) $2
             AND state OPERATOR(pg_catalog.=) 'pending'",
         &[follow_id.into(), relid.into(), Text::from(reason).into()],
@@ -281,7 +309,8 @@ pub fn end_follow(follow_id: i64, reason: &str) -> bool {
             )?
             .is_empty();
         client.update(
-            "UPDATE backfill.follow_table SET state = 'skipped', reason = 'the follow ended: ' OPERATOR(pg_catalog.||) $2
+            "UPDATE backfill.follow_table SET state = 'skipped', reason = 'the follow ended: ' OPERATOR(pg_catalog.||) $2,
+                    settled_at = pg_catalog.clock_timestamp()
               WHERE follow_id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) 'pending'",
             None,
             &[follow_id.into(), Text::from(reason).into()],
