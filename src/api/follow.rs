@@ -227,9 +227,7 @@ fn enqueue_added(follow: &Follow, held: &PublicationTables) {
                  their changes; backfill {root} with backfill_start(), or publish its partitions as themselves",
                 follow.publication
             );
-            let why = Why { reason: &reason, sqlstate: Some("0A000"), detail: None };
-            follow::enqueue(follow.id, *leaf, &name, EntryState::Failed, Some(&why));
-            follow::record_error(follow.id, &format!("table {name}: 0A000: {reason}"));
+            refuse(follow, *leaf, &name, &reason);
         }
     }
     for removed in follow.known_tables.iter().filter(|table| !held.tables.contains(table)) {
@@ -255,9 +253,7 @@ fn enqueue(follow: &Follow, relid: pg_sys::Oid) {
             pgrx::spi::quote_literal(&follow.slot),
             pgrx::spi::quote_literal(&follow.publication)
         );
-        follow::record_error(follow.id, &format!("table {name}: 0A000: {reason}"));
-        let why = Why { reason: &reason, sqlstate: Some("0A000"), detail: None };
-        return follow::enqueue(follow.id, relid, &name, EntryState::Failed, Some(&why));
+        return refuse(follow, relid, &name, &reason);
     }
     let skipped = match crate::catalog::job::running_backfill_of_table_in_slot(relid, &follow.slot) {
         Some(running) => Some(format!("already being backfilled into the slot by backfill {running}")),
@@ -267,6 +263,14 @@ fn enqueue(follow: &Follow, relid: pg_sys::Oid) {
         Some(reason) => follow::enqueue(follow.id, relid, &name, EntryState::Skipped, Some(&Why::skipped(&reason))),
         None => follow::enqueue(follow.id, relid, &name, EntryState::Pending, None),
     }
+}
+
+/// Queues a table no follow can backfill as failed (0A000), with why, which becomes the
+/// follow's last error too.
+fn refuse(follow: &Follow, relid: pg_sys::Oid, name: &str, reason: &str) {
+    follow::record_error(follow.id, &format!("table {name}: 0A000: {reason}"));
+    let why = Why { reason, sqlstate: Some("0A000"), detail: None };
+    follow::enqueue(follow.id, relid, name, EntryState::Failed, Some(&why));
 }
 
 /// Whether the table is empty and no other transaction can write it before this one commits:
