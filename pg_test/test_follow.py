@@ -471,7 +471,10 @@ def test_a_role_without_grants_runs_ddl_and_the_event_triggers_function_as_befor
     role = roles.create("nogrants")
     db.execute(f"CREATE SCHEMA own AUTHORIZATION {role}")
     conn = roles.connect(role)
+    written = db.execute("SELECT xmin::text FROM backfill.follow").fetchone()[0]
     conn.execute("CREATE TABLE own.t (id int PRIMARY KEY); ALTER TABLE own.t ADD COLUMN v int; DROP TABLE own.t")
+    # A statement that changes no followed publication writes nothing of pg_backfill's.
+    assert db.execute("SELECT xmin::text FROM backfill.follow").fetchone()[0] == written
     conn.execute("SELECT backfill.follow_ddl()")
     assert queue(db) == [] and db.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
     assert follows(db, "state") == [("following",)]

@@ -233,7 +233,15 @@ fn enqueue_added(follow: &Follow, held: &PublicationTables) {
     for removed in follow.known_tables.iter().filter(|table| !held.tables.contains(table)) {
         follow::skip_pending(follow.id, *removed, "removed from the publication before its turn");
     }
-    follow::set_known(follow.id, &held.tables, &leaves);
+    // (Most statements change no followed publication: they write nothing.)
+    let sorted = |oids: &[pg_sys::Oid]| {
+        let mut oids: Vec<u32> = oids.iter().map(|oid| oid.to_u32()).collect();
+        oids.sort_unstable();
+        oids
+    };
+    if sorted(&held.tables) != sorted(&follow.known_tables) || sorted(&leaves) != sorted(&follow.known_leaves) {
+        follow::set_known(follow.id, &held.tables, &leaves);
+    }
 }
 
 /// Why a table needs no backfill: created (or attached, or moved) empty by the statement.
