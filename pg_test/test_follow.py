@@ -511,3 +511,23 @@ def test_a_table_removed_from_the_publication_or_dropped_before_its_turn_is_skip
     assert status(db, d, "tables") == ["d"]
     assert [(table, state) for table, state, _ in queue(db)] == [
         ("public.a", "started"), ("public.b", "skipped"), ("public.c", "skipped"), ("public.d", "started")]
+
+
+def test_two_workers_ending_start_the_next_table_once(db, pipeline):
+    """With parallel => 2 a backfill's two workers end, each looking for the next queued table
+    once the backfill has ended (starts are serialized): it starts once, after both."""
+    make_table(db, "big", rows=3000)
+    make_table(db, "small", rows=100)
+    db.execute("SELECT backfill_follow('shop', 'cdc', parallel => 2, batch_size => 100, rows_per_second => 3000)")
+    db.execute("ALTER PUBLICATION shop ADD TABLE big")
+    big = backfill_of(db, "public.big")
+    assert status(db, big, "parallel") == 2
+    assert db.execute("SELECT count(DISTINCT worker) FROM backfill.job_table WHERE job_id = %s", [big]).fetchone()[0] == 2
+    db.execute("ALTER PUBLICATION shop ADD TABLE small")
+    assert wait_until_ended(db, big) == "done"
+    small = backfill_of(db, "public.small")
+    assert wait_until_ended(db, small) == "done"
+    wait_for(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_backfill'").fetchone()[0] == 0,
+             what="the workers to exit")
+    assert db.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 2
+    assert [set(t) for t, in db.execute("SELECT tables::text[] FROM backfill_status ORDER BY id")] == [{"big"}, {"small"}]
