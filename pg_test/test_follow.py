@@ -531,3 +531,20 @@ def test_two_workers_ending_start_the_next_table_once(db, pipeline):
              what="the workers to exit")
     assert db.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 2
     assert [set(t) for t, in db.execute("SELECT tables::text[] FROM backfill_status ORDER BY id")] == [{"big"}, {"small"}]
+
+
+def test_a_table_added_by_a_role_that_is_not_a_superuser_is_backfilled_as_the_follows_creator(db, pipeline, roles):
+    """The publication's owner, not a superuser, adds its own table: the event trigger runs in
+    its transaction, and the backfill is the follow creator's (here a superuser's), reading the
+    table as its owner as every backfill does."""
+    role = roles.create("shopkeeper")
+    db.execute(f"ALTER PUBLICATION shop OWNER TO {role}")
+    conn = roles.connect(role)
+    db.execute(f"CREATE SCHEMA goods_schema AUTHORIZATION {role}")
+    conn.execute("""CREATE TABLE goods_schema.goods (id int PRIMARY KEY, label text);
+                    INSERT INTO goods_schema.goods SELECT g, 'g' || g FROM generate_series(1, 300) g""")
+    db.execute("SELECT backfill_follow('shop', 'cdc')")
+    conn.execute("ALTER PUBLICATION shop ADD TABLE goods_schema.goods")
+    backfill_id = backfill_of(db, "goods_schema.goods")
+    assert wait_until_ended(db, backfill_id) == "done"
+    assert status(db, backfill_id, "started_by") == "postgres" and status(db, backfill_id, "rows_done") == 300
