@@ -548,3 +548,22 @@ def test_a_table_added_by_a_role_that_is_not_a_superuser_is_backfilled_as_the_fo
     backfill_id = backfill_of(db, "goods_schema.goods")
     assert wait_until_ended(db, backfill_id) == "done"
     assert status(db, backfill_id, "started_by") == "postgres" and status(db, backfill_id, "rows_done") == 300
+
+
+def test_a_follows_backfills_start_with_the_settings_of_the_session_that_created_it(cluster, db, pipeline):
+    """Not those of the session whose DDL starts one (its message prefix would send the reads
+    where the consumer does not look), nor the worker's."""
+    make_table(db, "a", rows=1000)
+    make_table(db, "b", rows=100)
+    db.execute("SET backfill.rows_per_message = 50")
+    db.execute("SELECT backfill_follow('shop', 'cdc', batch_size => 100, rows_per_second => 2000)")
+    db.execute("RESET backfill.rows_per_message")
+    with cluster.connect(db.info.dbname) as other:
+        other.execute("SET backfill.message_prefix = 'elsewhere'")
+        other.execute("ALTER PUBLICATION shop ADD TABLE a")
+        other.execute("ALTER PUBLICATION shop ADD TABLE b")
+    a = backfill_of(db, "public.a")
+    assert status(db, a, "message_prefix", "rows_per_message") == ("backfill", 50)
+    assert wait_until_ended(db, a) == "done"
+    b = backfill_of(db, "public.b")  # started by a's worker
+    assert status(db, b, "message_prefix", "rows_per_message") == ("backfill", 50)

@@ -344,6 +344,7 @@ CREATE TABLE backfill.follow (
     max_retained_wal_bytes bigint CHECK (max_retained_wal_bytes >= -1),
     max_active_sessions    integer CHECK (max_active_sessions >= -1),
     rows_per_message       integer CHECK (rows_per_message BETWEEN 1 AND 100000),
+    settings               jsonb NOT NULL DEFAULT '{}',
     known_tables           oid[] NOT NULL DEFAULT '{}',
     known_leaves           oid[] NOT NULL DEFAULT '{}',
     last_started_at        timestamptz,
@@ -369,6 +370,7 @@ COMMENT ON COLUMN backfill.follow.max_replica_lag_bytes IS 'max_replica_lag of t
 COMMENT ON COLUMN backfill.follow.max_retained_wal_bytes IS 'max_retained_wal of the backfills it starts; NULL: the setting';
 COMMENT ON COLUMN backfill.follow.max_active_sessions IS 'max_active_sessions of the backfills it starts; NULL: the setting';
 COMMENT ON COLUMN backfill.follow.rows_per_message IS 'rows_per_message of the backfills it starts; NULL: backfill.rows_per_message';
+COMMENT ON COLUMN backfill.follow.settings IS 'The settings a start reads from its session (backfill.message_prefix, lock_mode, rows_per_message, default_max_active_sessions) as the session that created the follow had them: every backfill it starts, from whichever session or worker, starts with them';
 COMMENT ON COLUMN backfill.follow.known_tables IS 'The relations the publication listed (pg_publication_tables) when the follow last looked';
 COMMENT ON COLUMN backfill.follow.known_leaves IS 'Their leaves (a plain table is its own): a partition attached to a listed partitioned table is a new leaf';
 COMMENT ON COLUMN backfill.follow.last_started_at IS 'When it last started a backfill';

@@ -31,6 +31,18 @@ use crate::throttle::pipeline;
 use crate::worker::xact::{in_subtransaction, PageError};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
+use std::ffi::{CStr, CString};
+
+/// The settings a start reads from its session (pg/settings.rs): a follow's backfills start with
+/// those of the session that created the follow, never those of whichever session's DDL, or
+/// worker, starts them: a DDL user's `SET backfill.message_prefix` would send a follow's reads
+/// where its consumer does not look.
+const START_SETTINGS: [&str; 4] = [
+    "backfill.message_prefix",
+    "backfill.lock_mode",
+    "backfill.rows_per_message",
+    "backfill.default_max_active_sessions",
+];
 
 /// backfill_follow(): every table later added to `publication` is backfilled into `slot`, with
 /// these options. Returns the follow's id.
@@ -89,10 +101,19 @@ fn follow_publication(
             )),
         );
     }
+    let settings = crate::pg::spi::select_one::<pgrx::JsonB>(
+        "SELECT pg_catalog.jsonb_object_agg(name, pg_catalog.current_setting(name))
+           FROM pg_catalog.unnest($1::pg_catalog.text[]) name",
+        &[START_SETTINGS.iter().map(|name| name.to_string()).collect::<Vec<String>>().into()],
+    )
+    .or_internal("read the settings of a start")
+    .unwrap_or(pgrx::JsonB(serde_json::Value::Null));
     // SAFETY: the current user's id.
     let role = unsafe { pg_sys::GetUserId() };
     let leaves: Vec<pg_sys::Oid> = held.leaves.iter().map(|(leaf, _)| *leaf).collect();
-    as_extension_owner(|| follow::insert_follow(&publication, &slot, role, &options, (&held.tables, &leaves)))
+    as_extension_owner(|| {
+        follow::insert_follow(&publication, &slot, role, &options, &settings, (&held.tables, &leaves))
+    })
 }
 
 /// backfill_unfollow(): ends the follow of `publication` into `slot`; its pending tables are
@@ -382,9 +403,16 @@ fn started(follow: &Follow, entries: &[i64], backfill_id: i64) {
 /// as that call checks a caller's), in a subtransaction: an error is returned, not raised.
 fn start_as_creator(follow: &Follow, tables: Vec<pg_sys::Oid>) -> Result<i64, PageError> {
     let request = request_of(&follow.publication, &follow.slot, &follow.options, tables);
+    let settings: Vec<(CString, CString)> = follow
+        .settings
+        .iter()
+        .filter_map(|(name, value)| Some((CString::new(name.as_str()).ok()?, CString::new(value.as_str()).ok()?)))
+        .collect();
+    let settings: Vec<(&CStr, &CStr)> =
+        settings.iter().map(|(name, value)| (name.as_c_str(), value.as_c_str())).collect();
     in_subtransaction(|| {
         require_role_exists(follow);
-        privilege::run_as(follow.role, || start_backfill(&request))
+        crate::pg::settings::with_settings(&settings, || privilege::run_as(follow.role, || start_backfill(&request)))
     })
 }
 

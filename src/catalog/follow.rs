@@ -30,6 +30,9 @@ pub struct Follow {
     /// The role that created it, whose rights every backfill it starts has.
     pub role: pg_sys::Oid,
     pub options: FollowOptions,
+    /// The settings a start reads from its session, as the session that created the follow had
+    /// them: (name, value).
+    pub settings: Vec<(String, String)>,
     /// The relations the publication listed when the follow last looked
     /// (pg_publication_tables), and their leaves (a plain table is its own leaf).
     pub known_tables: Vec<pg_sys::Oid>,
@@ -83,7 +86,7 @@ pub struct Entry {
 
 const FOLLOW_COLUMNS: &str = "id, publication_name::pg_catalog.text, slot_name::pg_catalog.text, created_by,
        batch_size, rows_per_second, parallel, max_lag_bytes, max_replica_lag_bytes, max_retained_wal_bytes,
-       max_active_sessions, rows_per_message, known_tables, known_leaves";
+       max_active_sessions, rows_per_message, known_tables, known_leaves, settings";
 
 fn follows(condition: &str, args: &[pgrx::datum::DatumWithOid]) -> Vec<Follow> {
     let sql =
@@ -111,11 +114,18 @@ fn follows(condition: &str, args: &[pgrx::datum::DatumWithOid]) -> Vec<Follow> {
                     },
                     known_tables: row.get(13)?.unwrap_or_default(),
                     known_leaves: row.get(14)?.unwrap_or_default(),
+                    settings: settings_of(row.get::<pgrx::JsonB>(15)?),
                 })
             })
             .collect()
     });
     read.or_internal("read the follows")
+}
+
+/// A follow's recorded settings, as (name, value) pairs.
+fn settings_of(recorded: Option<pgrx::JsonB>) -> Vec<(String, String)> {
+    let Some(pgrx::JsonB(serde_json::Value::Object(settings))) = recorded else { return Vec::new() };
+    settings.into_iter().filter_map(|(name, value)| Some((name, value.as_str()?.to_string()))).collect()
 }
 
 /// Every live follow of this database.
@@ -158,13 +168,14 @@ pub fn insert_follow(
     slot: &str,
     role: pg_sys::Oid,
     options: &FollowOptions,
+    settings: &pgrx::JsonB,
     known: (&[pg_sys::Oid], &[pg_sys::Oid]),
 ) -> i64 {
     Spi::get_one_with_args::<i64>(
         "INSERT INTO backfill.follow (publication_name, slot_name, created_by, batch_size, rows_per_second, parallel,
                                       max_lag_bytes, max_replica_lag_bytes, max_retained_wal_bytes, max_active_sessions,
-                                      rows_per_message, known_tables, known_leaves)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING id",
+                                      rows_per_message, known_tables, known_leaves, settings)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id",
         &[
             Text::from(publication).into(),
             Text::from(slot).into(),
@@ -179,6 +190,7 @@ pub fn insert_follow(
             options.rows_per_message.into(),
             known.0.to_vec().into(),
             known.1.to_vec().into(),
+            pgrx::JsonB(settings.0.clone()).into(),
         ],
     )
     .map(|id| id.unwrap_or_default())
