@@ -103,16 +103,16 @@ class PgOutputStream(threading.Thread):
     capture), with messages: it records the node's stream in order, as events
     ("I"/"U"/"D", table, row or key) and ("M", prefix, content), and confirms what it received."""
 
-    def __init__(self, node, slot, publication="orders_pub"):
+    def __init__(self, node, slot, publication="orders_pub", dbname="postgres"):
         super().__init__(daemon=True)
-        self.node, self.slot, self.publication = node, slot, publication
+        self.node, self.slot, self.publication, self.dbname = node, slot, publication, dbname
         self.events, self.relations, self.errors = [], {}, []
         self.stop_event = threading.Event()
         self.received_lsn = 0
 
     def run(self):
         try:
-            conn = psycopg2.connect(host="127.0.0.1", port=self.node.port, user="postgres", dbname="postgres",
+            conn = psycopg2.connect(host="127.0.0.1", port=self.node.port, user="postgres", dbname=self.dbname,
                                     connection_factory=psycopg2.extras.LogicalReplicationConnection)
             cursor = conn.cursor()
             cursor.start_replication(slot_name=self.slot, decode=False, options={

@@ -39,6 +39,10 @@ SELECT 'trigger', t.tgrelid::regclass::text || ' ' || t.tgname, pg_get_triggerde
   FROM pg_trigger t JOIN member m ON m.classid = 'pg_class'::regclass AND m.objid = t.tgrelid
  WHERE NOT t.tgisinternal
 UNION ALL
+SELECT 'event trigger', e.evtname, e.evtevent || ' ' || coalesce(array_to_string(e.evttags, ','), '') || ' ' || e.evtfoid::regprocedure::text,
+       e.evtenabled::text
+  FROM pg_event_trigger e JOIN member m ON m.classid = 'pg_event_trigger'::regclass AND m.objid = e.oid
+UNION ALL
 SELECT 'schema', n.nspname, '', coalesce(n.nspacl::text, '')
   FROM pg_namespace n JOIN member m ON m.classid = 'pg_namespace'::regclass AND m.objid = n.oid
 ORDER BY 1, 2, 3

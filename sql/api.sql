@@ -31,7 +31,7 @@ LANGUAGE sql VOLATILE
 AS $$ SELECT * FROM @extschema@.backfill_estimate(ARRAY[table_name::pg_catalog.regclass], batch_size, filter, columns) $$;
 COMMENT ON FUNCTION backfill_estimate(text, integer, text, text[]) IS 'backfill_estimate() of one table, by name';
 
-CREATE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+CREATE FUNCTION backfill_start(tables regclass[] DEFAULT NULL, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
                                publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
                                parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
@@ -329,14 +329,33 @@ SELECT e.job_id AS backfill_id,
        CASE WHEN v.readable THEN e.stopped_after_key END AS stopped_after_key,
        CASE WHEN v.countable THEN e.sqlstate END AS sqlstate,
        CASE WHEN v.readable THEN e.message END AS message,
-       CASE WHEN v.readable THEN e.detail END AS detail
+       CASE WHEN v.readable THEN e.detail END AS detail,
+       NULL::bigint AS follow_id
   FROM backfill.job_error e
   JOIN backfill.job j ON j.id = e.job_id
  CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
                        FROM (SELECT coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false)
                                     OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
- WHERE backfill.visible(j.started_by);
-COMMENT ON VIEW backfill_errors IS 'Every error that failed a backfill, oldest first: backfill_status.last_error shows the latest only, and a resume clears it';
+ WHERE backfill.visible(j.started_by)
+UNION ALL
+-- A table a follow could not start (backfill_follow()): no backfill, the follow's error.
+SELECT NULL::bigint,
+       t.settled_at,
+       t.table_name,
+       NULL::text,
+       CASE WHEN v.countable THEN t.sqlstate END,
+       CASE WHEN v.readable THEN t.reason END,
+       CASE WHEN v.readable THEN t.detail END,
+       t.follow_id
+  FROM backfill.follow_table t
+  JOIN backfill.follow f ON f.id = t.follow_id
+  LEFT JOIN pg_catalog.pg_roles o ON o.oid = f.created_by
+ CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(t.relid, 'SELECT'), false)
+                                    OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
+ WHERE t.state = 'failed' AND backfill.visible(o.rolname);
+COMMENT ON VIEW backfill_errors IS 'Every error that failed a backfill, oldest first: backfill_status.last_error shows the latest only, and a resume clears it; and every table a follow (backfill_follow()) could not start, with no backfill';
+COMMENT ON COLUMN backfill_errors.follow_id IS 'For a table a follow could not start: the follow (backfill_follows.id); backfill_id is then NULL';
 COMMENT ON COLUMN backfill_errors.backfill_id IS 'The backfill (backfill_status.id)';
 COMMENT ON COLUMN backfill_errors.occurred_at IS 'When it failed';
 COMMENT ON COLUMN backfill_errors.table_name IS 'The table it was scanning when it failed, if any';
@@ -467,6 +486,82 @@ $$;
 COMMENT ON FUNCTION backfill.refuse_drop_while_running() IS 'Event trigger: refuses DROP EXTENSION pg_backfill while backfills run or are paused';
 CREATE EVENT TRIGGER backfill_refuse_drop_while_running ON ddl_command_start WHEN TAG IN ('DROP EXTENSION')
     EXECUTE FUNCTION backfill.refuse_drop_while_running();
+-- Follows (issue 37): every table added to a publication is backfilled into a slot by itself.
+CREATE FUNCTION backfill_follow(publication name, slot name, batch_size integer DEFAULT 1000,
+                                rows_per_second integer DEFAULT NULL, parallel integer DEFAULT 1,
+                                max_lag bigint DEFAULT NULL, max_replica_lag bigint DEFAULT NULL,
+                                max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                                rows_per_message integer DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.follow(publication::pg_catalog.text, slot::pg_catalog.text, batch_size, rows_per_second, parallel,
+                             max_lag, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message) $$;
+COMMENT ON FUNCTION backfill_follow(name, name, integer, integer, integer, bigint, bigint, bigint, integer, integer) IS
+'Follows a publication into a slot: from now on every table added to the publication (ADD TABLE, SET TABLE, ADD TABLES IN SCHEMA, a table moved into a published schema, a partition attached) is backfilled into the slot, once, with these options, as backfill_start(..., slot => slot, publication => publication) would start it, as the role that calls this. One backfill per slot at a time: tables added meanwhile wait, in the order added. Returns the follow''s id.';
+
+CREATE FUNCTION backfill_unfollow(publication name, slot name)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.unfollow(publication::pg_catalog.text, slot::pg_catalog.text) $$;
+COMMENT ON FUNCTION backfill_unfollow(name, name) IS
+'Ends the follow of the publication into the slot: tables still waiting are skipped; a backfill it started runs on.';
+
+CREATE VIEW backfill_follows WITH (security_barrier) AS
+SELECT f.id,
+       f.publication_name AS publication,
+       f.slot_name AS slot,
+       CASE WHEN f.ended_at IS NOT NULL THEN 'ended'
+            WHEN s.slot_name IS NULL THEN 'slot missing'
+            ELSE 'following' END AS state,
+       pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
+           'batch_size', f.batch_size, 'rows_per_second', f.rows_per_second, 'parallel', f.parallel,
+           'max_lag', f.max_lag_bytes, 'max_replica_lag', f.max_replica_lag_bytes,
+           'max_retained_wal', f.max_retained_wal_bytes, 'max_active_sessions', f.max_active_sessions,
+           'rows_per_message', f.rows_per_message)) AS options,
+       r.rolname AS created_by,
+       f.created_at,
+       f.last_started_at,
+       f.last_backfill_id,
+       q.pending_tables,
+       f.last_error,
+       f.last_error_at,
+       f.ended_at,
+       f.end_reason
+  FROM backfill.follow f
+  LEFT JOIN pg_catalog.pg_roles r ON r.oid = f.created_by
+  LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = f.slot_name
+ CROSS JOIN LATERAL (SELECT pg_catalog.array_agg(t.relid::pg_catalog.regclass ORDER BY t.entry) AS pending_tables
+                       FROM backfill.follow_table t
+                      WHERE t.follow_id = f.id AND t.state = 'pending') q
+ WHERE backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR backfill.may_act_as(CURRENT_USER, r.rolname);
+COMMENT ON VIEW backfill_follows IS 'One row per follow (backfill_follow()), shown to the role that created it, its members, superusers and pg_monitor';
+COMMENT ON COLUMN backfill_follows.id IS 'Follow id, returned by backfill_follow()';
+COMMENT ON COLUMN backfill_follows.publication IS 'The publication followed';
+COMMENT ON COLUMN backfill_follows.slot IS 'The slot its backfills are bound to';
+COMMENT ON COLUMN backfill_follows.state IS 'following; slot missing (the slot is gone: the follow ends when it next acts); ended';
+COMMENT ON COLUMN backfill_follows.options IS 'The options of the backfills it starts, as backfill_start() names them (those given)';
+COMMENT ON COLUMN backfill_follows.created_by IS 'The role that created it: its backfills are started as this role, with its rights';
+COMMENT ON COLUMN backfill_follows.created_at IS 'When backfill_follow() was called';
+COMMENT ON COLUMN backfill_follows.last_started_at IS 'When it last started a backfill';
+COMMENT ON COLUMN backfill_follows.last_backfill_id IS 'The backfill it last started (backfill_status.id)';
+COMMENT ON COLUMN backfill_follows.pending_tables IS 'Tables added to the publication that wait for the slot, in the order added';
+COMMENT ON COLUMN backfill_follows.last_error IS 'Why it last could not start a table''s backfill (the table, SQLSTATE and message)';
+COMMENT ON COLUMN backfill_follows.last_error_at IS 'When';
+COMMENT ON COLUMN backfill_follows.ended_at IS 'When it ended';
+COMMENT ON COLUMN backfill_follows.end_reason IS 'Why it ended: backfill_unfollow(), or its publication or slot dropped';
+GRANT SELECT ON backfill_follows TO PUBLIC;
+
+-- At the end of every statement that can add tables to a publication (or drop one, or a table),
+-- each live follow's queue is brought up to the catalog, in the statement's transaction.
+CREATE FUNCTION backfill.follow_publication_changes()
+RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN PERFORM backfill.follow_ddl(); END $$;
+COMMENT ON FUNCTION backfill.follow_publication_changes() IS 'Event trigger: queues the tables a statement added to a followed publication, and starts what a free slot can take';
+CREATE EVENT TRIGGER backfill_follow_publication_changes ON ddl_command_end
+    WHEN TAG IN ('ALTER PUBLICATION', 'DROP PUBLICATION', 'ALTER TABLE', 'CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO',
+                 'DROP TABLE')
+    EXECUTE FUNCTION backfill.follow_publication_changes();
 REVOKE EXECUTE ON FUNCTION
     backfill_estimate(regclass[], integer, text, text[]), backfill_estimate(regclass, integer, text, text[]), backfill_estimate(text, integer, text, text[]),
     backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
@@ -476,7 +571,9 @@ REVOKE EXECUTE ON FUNCTION
     backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
     backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_security_check(),
     backfill_checksum(regclass, integer, text, jsonb, text[]), backfill_compare(regclass, regclass, text, integer, name, text[]),
-    backfill_repair(regclass, regclass, boolean, text, integer, name, integer, text[])
+    backfill_repair(regclass, regclass, boolean, text, integer, name, integer, text[]),
+    backfill_follow(name, name, integer, integer, integer, bigint, bigint, bigint, integer, integer),
+    backfill_unfollow(name, name)
   FROM PUBLIC;
 
 -- The entry points the wrappers above call, and the views' helpers.
@@ -489,6 +586,9 @@ COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text,
 COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer) IS 'Entry point of backfill_start() before 0.8.0 (no filter): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) IS 'Part of backfill_start() in 0.9.0: refuses the options a backfill of a Citus distributed table does not pass on to its nodes; returns the tables';
 COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';
+COMMENT ON FUNCTION backfill.follow(text, text, integer, integer, integer, bigint, bigint, bigint, integer, integer) IS 'Entry point of backfill_follow()';
+COMMENT ON FUNCTION backfill.unfollow(text, text) IS 'Entry point of backfill_unfollow()';
+COMMENT ON FUNCTION backfill.follow_ddl() IS 'The event trigger''s work at the end of a statement that may have changed a followed publication''s tables';
 COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
 COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';
 COMMENT ON FUNCTION backfill.purge(interval) IS 'Entry point of backfill_purge()';
@@ -529,6 +629,9 @@ GRANT EXECUTE ON FUNCTION backfill.row_hash(anyelement) TO PUBLIC;
 -- backfill.message_key_bytes() too: it reads a key only for a caller that may SELECT
 -- backfill.message_key, whose column key it is.
 GRANT EXECUTE ON FUNCTION backfill.message_key_bytes(integer) TO PUBLIC;
+-- backfill.follow_ddl() too: every role's DDL runs it, through the event trigger. It only brings
+-- the follows' queues up to the catalog, and starts what their creators may start, as them.
+GRANT EXECUTE ON FUNCTION backfill.follow_ddl() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
                           backfill.waiting_for(bigint), backfill.waiting_kind(bigint), backfill.visible(name),
                           backfill.source_limit(text, bigint), backfill.may_act_as(text, text) TO PUBLIC;
@@ -590,8 +693,7 @@ DECLARE
     detail text;
     hint text;
 BEGIN
-    started := @extschema@.backfill_start(tables, confirm, batch_size, rows_per_second, slot, publication,
-                                          max_lag, parallel);
+    -- The keys' shape first: an argument error before any start, or any wait for a worker.
     IF shard_keys IS NOT NULL
        -- (In parentheses: IF would take the CASE's THEN for its own.)
        AND (CASE WHEN jsonb_typeof(shard_keys) = 'array' THEN jsonb_array_length(shard_keys) END
@@ -601,6 +703,8 @@ BEGIN
                   DETAIL = format('%s tables were given; their keys are given in the same order.', cardinality(tables)),
                   HINT = 'backfill_repair() on the coordinator passes them: run that there.';
     END IF;
+    started := @extschema@.backfill_start(tables, confirm, batch_size, rows_per_second, slot, publication,
+                                          max_lag, parallel);
     FOR i IN 1 .. CASE WHEN shard_keys IS NULL THEN 0 ELSE cardinality(tables) END LOOP
         PERFORM backfill.set_keys_of(started, tables[i], shard_keys -> (i - 1));
     END LOOP;

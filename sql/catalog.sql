@@ -326,3 +326,96 @@ GRANT SELECT ON backfill.job_shard TO pg_monitor;
 CREATE TRIGGER discard_replicated_row BEFORE INSERT OR UPDATE OR DELETE ON backfill.job_shard
     FOR EACH ROW EXECUTE FUNCTION backfill.discard_replicated_row();
 ALTER TABLE backfill.job_shard ENABLE REPLICA TRIGGER discard_replicated_row;
+
+-- Follows (backfill_follow()): a publication followed into a slot, so that every table added to
+-- the publication is backfilled into the slot by itself, and its queue. Not dumped, as the
+-- backfills are not: a follow names a slot, which a dump does not carry either.
+CREATE TABLE backfill.follow (
+    id                     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    publication_name       name NOT NULL,
+    slot_name              name NOT NULL,
+    created_by             oid NOT NULL,
+    created_at             timestamptz NOT NULL DEFAULT clock_timestamp(),
+    batch_size             integer NOT NULL CHECK (batch_size BETWEEN 1 AND 100000),
+    rows_per_second        integer CHECK (rows_per_second > 0),
+    parallel               integer NOT NULL DEFAULT 1 CHECK (parallel BETWEEN 1 AND 16),
+    max_lag_bytes          bigint CHECK (max_lag_bytes > 0),
+    max_replica_lag_bytes  bigint CHECK (max_replica_lag_bytes >= -1),
+    max_retained_wal_bytes bigint CHECK (max_retained_wal_bytes >= -1),
+    max_active_sessions    integer CHECK (max_active_sessions >= -1),
+    rows_per_message       integer CHECK (rows_per_message BETWEEN 1 AND 100000),
+    settings               jsonb NOT NULL DEFAULT '{}',
+    known_tables           oid[] NOT NULL DEFAULT '{}',
+    known_leaves           oid[] NOT NULL DEFAULT '{}',
+    last_started_at        timestamptz,
+    last_backfill_id       bigint,
+    last_error             text,
+    last_error_at          timestamptz,
+    ended_at               timestamptz,
+    end_reason             text
+);
+-- One live follow per publication and slot.
+CREATE UNIQUE INDEX follow_live_idx ON backfill.follow (publication_name, slot_name) WHERE ended_at IS NULL;
+COMMENT ON TABLE backfill.follow IS 'One row per follow (backfill_follow()): every table added to the publication is backfilled into the slot';
+COMMENT ON COLUMN backfill.follow.id IS 'Follow id, returned by backfill_follow()';
+COMMENT ON COLUMN backfill.follow.publication_name IS 'The publication followed';
+COMMENT ON COLUMN backfill.follow.slot_name IS 'The slot its backfills are bound to, one at a time';
+COMMENT ON COLUMN backfill.follow.created_by IS 'The role that created it (its oid): every backfill it starts is started as this role, with its rights';
+COMMENT ON COLUMN backfill.follow.created_at IS 'When backfill_follow() was called';
+COMMENT ON COLUMN backfill.follow.batch_size IS 'batch_size of the backfills it starts';
+COMMENT ON COLUMN backfill.follow.rows_per_second IS 'rows_per_second of the backfills it starts; NULL for none';
+COMMENT ON COLUMN backfill.follow.parallel IS 'parallel of the backfills it starts';
+COMMENT ON COLUMN backfill.follow.max_lag_bytes IS 'max_lag of the backfills it starts; NULL: backfill.max_slot_lag';
+COMMENT ON COLUMN backfill.follow.max_replica_lag_bytes IS 'max_replica_lag of the backfills it starts; NULL: the setting';
+COMMENT ON COLUMN backfill.follow.max_retained_wal_bytes IS 'max_retained_wal of the backfills it starts; NULL: the setting';
+COMMENT ON COLUMN backfill.follow.max_active_sessions IS 'max_active_sessions of the backfills it starts; NULL: the setting';
+COMMENT ON COLUMN backfill.follow.rows_per_message IS 'rows_per_message of the backfills it starts; NULL: backfill.rows_per_message';
+COMMENT ON COLUMN backfill.follow.settings IS 'The settings a start reads from its session (backfill.message_prefix, lock_mode, rows_per_message, default_max_active_sessions) as the session that created the follow had them: every backfill it starts, from whichever session or worker, starts with them';
+COMMENT ON COLUMN backfill.follow.known_tables IS 'The relations the publication listed (pg_publication_tables) when the follow last looked';
+COMMENT ON COLUMN backfill.follow.known_leaves IS 'Their leaves (a plain table is its own): a partition attached to a listed partitioned table is a new leaf';
+COMMENT ON COLUMN backfill.follow.last_started_at IS 'When it last started a backfill';
+COMMENT ON COLUMN backfill.follow.last_backfill_id IS 'The backfill it last started';
+COMMENT ON COLUMN backfill.follow.last_error IS 'Why it last could not start a table''s backfill';
+COMMENT ON COLUMN backfill.follow.last_error_at IS 'When';
+COMMENT ON COLUMN backfill.follow.ended_at IS 'When it ended: backfill_unfollow(), or its publication or slot dropped';
+COMMENT ON COLUMN backfill.follow.end_reason IS 'Why it ended';
+
+CREATE TABLE backfill.follow_table (
+    entry       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    follow_id   bigint NOT NULL REFERENCES backfill.follow (id) ON DELETE CASCADE,
+    relid       oid NOT NULL,
+    table_name  text NOT NULL,
+    queued_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    state       text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'started', 'skipped', 'failed')),
+    backfill_id bigint,
+    reason      text,
+    sqlstate    text,
+    detail      text,
+    settled_at  timestamptz
+);
+CREATE INDEX follow_table_follow_id_state_idx ON backfill.follow_table (follow_id, state);
+COMMENT ON TABLE backfill.follow_table IS 'The queue of each follow: one row per table added to its publication, in the order added';
+COMMENT ON COLUMN backfill.follow_table.entry IS 'Its place in the queue: the order added';
+COMMENT ON COLUMN backfill.follow_table.follow_id IS 'The follow (backfill.follow.id)';
+COMMENT ON COLUMN backfill.follow_table.relid IS 'The table added (its oid: a dropped table''s entry is skipped)';
+COMMENT ON COLUMN backfill.follow_table.table_name IS 'Its name when it was added';
+COMMENT ON COLUMN backfill.follow_table.queued_at IS 'When the statement that added it ran';
+COMMENT ON COLUMN backfill.follow_table.state IS 'pending (waits for the slot), started (in backfill_id), skipped (needed none: removed from the publication or dropped before its turn, already being backfilled into the slot, or empty when added) or failed (could not be started: reason)';
+COMMENT ON COLUMN backfill.follow_table.backfill_id IS 'The backfill that delivers it, once started';
+COMMENT ON COLUMN backfill.follow_table.reason IS 'Why it was skipped, or the message of the error that failed it';
+COMMENT ON COLUMN backfill.follow_table.sqlstate IS 'SQLSTATE of the error that failed it';
+COMMENT ON COLUMN backfill.follow_table.detail IS 'The detail of that error, if any';
+COMMENT ON COLUMN backfill.follow_table.settled_at IS 'When it was started, skipped or failed';
+GRANT SELECT ON backfill.follow, backfill.follow_table TO pg_monitor;
+DO $$
+DECLARE
+    state_table text;
+BEGIN
+    FOREACH state_table IN ARRAY ARRAY['follow', 'follow_table'] LOOP
+        EXECUTE pg_catalog.format(
+            'CREATE TRIGGER discard_replicated_row BEFORE INSERT OR UPDATE OR DELETE ON backfill.%I
+                 FOR EACH ROW EXECUTE FUNCTION backfill.discard_replicated_row()', state_table);
+        EXECUTE pg_catalog.format('ALTER TABLE backfill.%I ENABLE REPLICA TRIGGER discard_replicated_row', state_table);
+    END LOOP;
+END
+$$;

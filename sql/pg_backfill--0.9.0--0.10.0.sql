@@ -515,7 +515,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION backfill_start(tables regclass[], confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
+CREATE OR REPLACE FUNCTION backfill_start(tables regclass[] DEFAULT NULL, confirm boolean DEFAULT false, batch_size integer DEFAULT 1000,
                                rows_per_second integer DEFAULT NULL, slot name DEFAULT NULL,
                                publication name DEFAULT NULL, max_lag bigint DEFAULT NULL,
                                parallel integer DEFAULT 1, max_replica_lag bigint DEFAULT NULL,
@@ -797,3 +797,284 @@ SELECT j.id,
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = j.worker_pid AND j.state IN ('running', 'paused')
  WHERE backfill.visible(j.started_by);
 COMMENT ON COLUMN backfill_status.time_left IS 'The rows still expected (rows_estimated - rows_done) at the rate of the last 10 seconds (of the last minute, with one sample in those 10 seconds)';
+
+-- Issue 37: follows. backfill_follow() and backfill_unfollow(), their state tables, the view
+-- backfill_follows and the event trigger that queues the tables added to a followed publication;
+-- backfill_start() with no tables takes every table of its publication (tables DEFAULT NULL).
+-- Follows (backfill_follow()): a publication followed into a slot, so that every table added to
+-- the publication is backfilled into the slot by itself, and its queue. Not dumped, as the
+-- backfills are not: a follow names a slot, which a dump does not carry either.
+CREATE TABLE backfill.follow (
+    id                     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    publication_name       name NOT NULL,
+    slot_name              name NOT NULL,
+    created_by             oid NOT NULL,
+    created_at             timestamptz NOT NULL DEFAULT clock_timestamp(),
+    batch_size             integer NOT NULL CHECK (batch_size BETWEEN 1 AND 100000),
+    rows_per_second        integer CHECK (rows_per_second > 0),
+    parallel               integer NOT NULL DEFAULT 1 CHECK (parallel BETWEEN 1 AND 16),
+    max_lag_bytes          bigint CHECK (max_lag_bytes > 0),
+    max_replica_lag_bytes  bigint CHECK (max_replica_lag_bytes >= -1),
+    max_retained_wal_bytes bigint CHECK (max_retained_wal_bytes >= -1),
+    max_active_sessions    integer CHECK (max_active_sessions >= -1),
+    rows_per_message       integer CHECK (rows_per_message BETWEEN 1 AND 100000),
+    settings               jsonb NOT NULL DEFAULT '{}',
+    known_tables           oid[] NOT NULL DEFAULT '{}',
+    known_leaves           oid[] NOT NULL DEFAULT '{}',
+    last_started_at        timestamptz,
+    last_backfill_id       bigint,
+    last_error             text,
+    last_error_at          timestamptz,
+    ended_at               timestamptz,
+    end_reason             text
+);
+-- One live follow per publication and slot.
+CREATE UNIQUE INDEX follow_live_idx ON backfill.follow (publication_name, slot_name) WHERE ended_at IS NULL;
+COMMENT ON TABLE backfill.follow IS 'One row per follow (backfill_follow()): every table added to the publication is backfilled into the slot';
+COMMENT ON COLUMN backfill.follow.id IS 'Follow id, returned by backfill_follow()';
+COMMENT ON COLUMN backfill.follow.publication_name IS 'The publication followed';
+COMMENT ON COLUMN backfill.follow.slot_name IS 'The slot its backfills are bound to, one at a time';
+COMMENT ON COLUMN backfill.follow.created_by IS 'The role that created it (its oid): every backfill it starts is started as this role, with its rights';
+COMMENT ON COLUMN backfill.follow.created_at IS 'When backfill_follow() was called';
+COMMENT ON COLUMN backfill.follow.batch_size IS 'batch_size of the backfills it starts';
+COMMENT ON COLUMN backfill.follow.rows_per_second IS 'rows_per_second of the backfills it starts; NULL for none';
+COMMENT ON COLUMN backfill.follow.parallel IS 'parallel of the backfills it starts';
+COMMENT ON COLUMN backfill.follow.max_lag_bytes IS 'max_lag of the backfills it starts; NULL: backfill.max_slot_lag';
+COMMENT ON COLUMN backfill.follow.max_replica_lag_bytes IS 'max_replica_lag of the backfills it starts; NULL: the setting';
+COMMENT ON COLUMN backfill.follow.max_retained_wal_bytes IS 'max_retained_wal of the backfills it starts; NULL: the setting';
+COMMENT ON COLUMN backfill.follow.max_active_sessions IS 'max_active_sessions of the backfills it starts; NULL: the setting';
+COMMENT ON COLUMN backfill.follow.rows_per_message IS 'rows_per_message of the backfills it starts; NULL: backfill.rows_per_message';
+COMMENT ON COLUMN backfill.follow.settings IS 'The settings a start reads from its session (backfill.message_prefix, lock_mode, rows_per_message, default_max_active_sessions) as the session that created the follow had them: every backfill it starts, from whichever session or worker, starts with them';
+COMMENT ON COLUMN backfill.follow.known_tables IS 'The relations the publication listed (pg_publication_tables) when the follow last looked';
+COMMENT ON COLUMN backfill.follow.known_leaves IS 'Their leaves (a plain table is its own): a partition attached to a listed partitioned table is a new leaf';
+COMMENT ON COLUMN backfill.follow.last_started_at IS 'When it last started a backfill';
+COMMENT ON COLUMN backfill.follow.last_backfill_id IS 'The backfill it last started';
+COMMENT ON COLUMN backfill.follow.last_error IS 'Why it last could not start a table''s backfill';
+COMMENT ON COLUMN backfill.follow.last_error_at IS 'When';
+COMMENT ON COLUMN backfill.follow.ended_at IS 'When it ended: backfill_unfollow(), or its publication or slot dropped';
+COMMENT ON COLUMN backfill.follow.end_reason IS 'Why it ended';
+
+CREATE TABLE backfill.follow_table (
+    entry       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    follow_id   bigint NOT NULL REFERENCES backfill.follow (id) ON DELETE CASCADE,
+    relid       oid NOT NULL,
+    table_name  text NOT NULL,
+    queued_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    state       text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'started', 'skipped', 'failed')),
+    backfill_id bigint,
+    reason      text,
+    sqlstate    text,
+    detail      text,
+    settled_at  timestamptz
+);
+CREATE INDEX follow_table_follow_id_state_idx ON backfill.follow_table (follow_id, state);
+COMMENT ON TABLE backfill.follow_table IS 'The queue of each follow: one row per table added to its publication, in the order added';
+COMMENT ON COLUMN backfill.follow_table.entry IS 'Its place in the queue: the order added';
+COMMENT ON COLUMN backfill.follow_table.follow_id IS 'The follow (backfill.follow.id)';
+COMMENT ON COLUMN backfill.follow_table.relid IS 'The table added (its oid: a dropped table''s entry is skipped)';
+COMMENT ON COLUMN backfill.follow_table.table_name IS 'Its name when it was added';
+COMMENT ON COLUMN backfill.follow_table.queued_at IS 'When the statement that added it ran';
+COMMENT ON COLUMN backfill.follow_table.state IS 'pending (waits for the slot), started (in backfill_id), skipped (needed none: removed from the publication or dropped before its turn, already being backfilled into the slot, or empty when added) or failed (could not be started: reason)';
+COMMENT ON COLUMN backfill.follow_table.backfill_id IS 'The backfill that delivers it, once started';
+COMMENT ON COLUMN backfill.follow_table.reason IS 'Why it was skipped, or the message of the error that failed it';
+COMMENT ON COLUMN backfill.follow_table.sqlstate IS 'SQLSTATE of the error that failed it';
+COMMENT ON COLUMN backfill.follow_table.detail IS 'The detail of that error, if any';
+COMMENT ON COLUMN backfill.follow_table.settled_at IS 'When it was started, skipped or failed';
+GRANT SELECT ON backfill.follow, backfill.follow_table TO pg_monitor;
+DO $$
+DECLARE
+    state_table text;
+BEGIN
+    FOREACH state_table IN ARRAY ARRAY['follow', 'follow_table'] LOOP
+        EXECUTE pg_catalog.format(
+            'CREATE TRIGGER discard_replicated_row BEFORE INSERT OR UPDATE OR DELETE ON backfill.%I
+                 FOR EACH ROW EXECUTE FUNCTION backfill.discard_replicated_row()', state_table);
+        EXECUTE pg_catalog.format('ALTER TABLE backfill.%I ENABLE REPLICA TRIGGER discard_replicated_row', state_table);
+    END LOOP;
+END
+$$;
+CREATE  FUNCTION backfill."follow"(
+	"publication" text, /* Option < Text > */
+	"slot" text, /* Option < Text > */
+	"batch_size" INT, /* Option < i32 > */
+	"rows_per_second" INT, /* Option < i32 > */
+	"parallel" INT, /* Option < i32 > */
+	"max_lag" bigint, /* Option < i64 > */
+	"max_replica_lag" bigint, /* Option < i64 > */
+	"max_retained_wal" bigint, /* Option < i64 > */
+	"max_active_sessions" INT, /* Option < i32 > */
+	"rows_per_message" INT /* Option < i32 > */
+) RETURNS bigint /* i64 */
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'follow_publication_wrapper';
+CREATE  FUNCTION backfill."unfollow"(
+	"publication" text, /* Option < Text > */
+	"slot" text /* Option < Text > */
+) RETURNS bool /* bool */
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'unfollow_wrapper';
+CREATE  FUNCTION backfill."follow_ddl"() RETURNS void
+STRICT
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'follow_ddl_wrapper';
+REVOKE EXECUTE ON FUNCTION backfill.follow(text, text, integer, integer, integer, bigint, bigint, bigint, integer, integer),
+                           backfill.unfollow(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION backfill.follow(text, text, integer, integer, integer, bigint, bigint, bigint, integer, integer) IS 'Entry point of backfill_follow()';
+COMMENT ON FUNCTION backfill.unfollow(text, text) IS 'Entry point of backfill_unfollow()';
+COMMENT ON FUNCTION backfill.follow_ddl() IS 'The event trigger''s work at the end of a statement that may have changed a followed publication''s tables';
+-- Executable by PUBLIC: every role's DDL runs it, through the event trigger (sql/api.sql says
+-- why). As a fresh install has it: revoked from PUBLIC with every function of the schema, then granted.
+REVOKE EXECUTE ON FUNCTION backfill.follow_ddl() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION backfill.follow_ddl() TO PUBLIC;
+CREATE FUNCTION backfill_follow(publication name, slot name, batch_size integer DEFAULT 1000,
+                                rows_per_second integer DEFAULT NULL, parallel integer DEFAULT 1,
+                                max_lag bigint DEFAULT NULL, max_replica_lag bigint DEFAULT NULL,
+                                max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                                rows_per_message integer DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.follow(publication::pg_catalog.text, slot::pg_catalog.text, batch_size, rows_per_second, parallel,
+                             max_lag, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message) $$;
+COMMENT ON FUNCTION backfill_follow(name, name, integer, integer, integer, bigint, bigint, bigint, integer, integer) IS
+'Follows a publication into a slot: from now on every table added to the publication (ADD TABLE, SET TABLE, ADD TABLES IN SCHEMA, a table moved into a published schema, a partition attached) is backfilled into the slot, once, with these options, as backfill_start(..., slot => slot, publication => publication) would start it, as the role that calls this. One backfill per slot at a time: tables added meanwhile wait, in the order added. Returns the follow''s id.';
+
+CREATE FUNCTION backfill_unfollow(publication name, slot name)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.unfollow(publication::pg_catalog.text, slot::pg_catalog.text) $$;
+COMMENT ON FUNCTION backfill_unfollow(name, name) IS
+'Ends the follow of the publication into the slot: tables still waiting are skipped; a backfill it started runs on.';
+
+CREATE VIEW backfill_follows WITH (security_barrier) AS
+SELECT f.id,
+       f.publication_name AS publication,
+       f.slot_name AS slot,
+       CASE WHEN f.ended_at IS NOT NULL THEN 'ended'
+            WHEN s.slot_name IS NULL THEN 'slot missing'
+            ELSE 'following' END AS state,
+       pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
+           'batch_size', f.batch_size, 'rows_per_second', f.rows_per_second, 'parallel', f.parallel,
+           'max_lag', f.max_lag_bytes, 'max_replica_lag', f.max_replica_lag_bytes,
+           'max_retained_wal', f.max_retained_wal_bytes, 'max_active_sessions', f.max_active_sessions,
+           'rows_per_message', f.rows_per_message)) AS options,
+       r.rolname AS created_by,
+       f.created_at,
+       f.last_started_at,
+       f.last_backfill_id,
+       q.pending_tables,
+       f.last_error,
+       f.last_error_at,
+       f.ended_at,
+       f.end_reason
+  FROM backfill.follow f
+  LEFT JOIN pg_catalog.pg_roles r ON r.oid = f.created_by
+  LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = f.slot_name
+ CROSS JOIN LATERAL (SELECT pg_catalog.array_agg(t.relid::pg_catalog.regclass ORDER BY t.entry) AS pending_tables
+                       FROM backfill.follow_table t
+                      WHERE t.follow_id = f.id AND t.state = 'pending') q
+ WHERE backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR backfill.may_act_as(CURRENT_USER, r.rolname);
+COMMENT ON VIEW backfill_follows IS 'One row per follow (backfill_follow()), shown to the role that created it, its members, superusers and pg_monitor';
+COMMENT ON COLUMN backfill_follows.id IS 'Follow id, returned by backfill_follow()';
+COMMENT ON COLUMN backfill_follows.publication IS 'The publication followed';
+COMMENT ON COLUMN backfill_follows.slot IS 'The slot its backfills are bound to';
+COMMENT ON COLUMN backfill_follows.state IS 'following; slot missing (the slot is gone: the follow ends when it next acts); ended';
+COMMENT ON COLUMN backfill_follows.options IS 'The options of the backfills it starts, as backfill_start() names them (those given)';
+COMMENT ON COLUMN backfill_follows.created_by IS 'The role that created it: its backfills are started as this role, with its rights';
+COMMENT ON COLUMN backfill_follows.created_at IS 'When backfill_follow() was called';
+COMMENT ON COLUMN backfill_follows.last_started_at IS 'When it last started a backfill';
+COMMENT ON COLUMN backfill_follows.last_backfill_id IS 'The backfill it last started (backfill_status.id)';
+COMMENT ON COLUMN backfill_follows.pending_tables IS 'Tables added to the publication that wait for the slot, in the order added';
+COMMENT ON COLUMN backfill_follows.last_error IS 'Why it last could not start a table''s backfill (the table, SQLSTATE and message)';
+COMMENT ON COLUMN backfill_follows.last_error_at IS 'When';
+COMMENT ON COLUMN backfill_follows.ended_at IS 'When it ended';
+COMMENT ON COLUMN backfill_follows.end_reason IS 'Why it ended: backfill_unfollow(), or its publication or slot dropped';
+GRANT SELECT ON backfill_follows TO PUBLIC;
+REVOKE EXECUTE ON FUNCTION backfill_follow(name, name, integer, integer, integer, bigint, bigint, bigint, integer, integer),
+                           backfill_unfollow(name, name) FROM PUBLIC;
+
+-- At the end of every statement that can add tables to a publication (or drop one, or a table),
+-- each live follow's queue is brought up to the catalog, in the statement's transaction.
+CREATE FUNCTION backfill.follow_publication_changes()
+RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN PERFORM backfill.follow_ddl(); END $$;
+REVOKE EXECUTE ON FUNCTION backfill.follow_publication_changes() FROM PUBLIC;
+COMMENT ON FUNCTION backfill.follow_publication_changes() IS 'Event trigger: queues the tables a statement added to a followed publication, and starts what a free slot can take';
+CREATE EVENT TRIGGER backfill_follow_publication_changes ON ddl_command_end
+    WHEN TAG IN ('ALTER PUBLICATION', 'DROP PUBLICATION', 'ALTER TABLE', 'CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO',
+                 'DROP TABLE')
+    EXECUTE FUNCTION backfill.follow_publication_changes();
+
+-- A table a follow could not start shows in backfill_errors too (follow_id, no backfill_id).
+CREATE OR REPLACE VIEW backfill_errors WITH (security_barrier) AS
+SELECT e.job_id AS backfill_id,
+       e.occurred_at,
+       e.table_name,
+       CASE WHEN v.readable THEN e.stopped_after_key END AS stopped_after_key,
+       CASE WHEN v.countable THEN e.sqlstate END AS sqlstate,
+       CASE WHEN v.readable THEN e.message END AS message,
+       CASE WHEN v.readable THEN e.detail END AS detail,
+       NULL::bigint AS follow_id
+  FROM backfill.job_error e
+  JOIN backfill.job j ON j.id = e.job_id
+ CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(e.relid, 'SELECT'), false)
+                                    OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
+ WHERE backfill.visible(j.started_by)
+UNION ALL
+-- A table a follow could not start (backfill_follow()): no backfill, the follow's error.
+SELECT NULL::bigint,
+       t.settled_at,
+       t.table_name,
+       NULL::text,
+       CASE WHEN v.countable THEN t.sqlstate END,
+       CASE WHEN v.readable THEN t.reason END,
+       CASE WHEN v.readable THEN t.detail END,
+       t.follow_id
+  FROM backfill.follow_table t
+  JOIN backfill.follow f ON f.id = t.follow_id
+  LEFT JOIN pg_catalog.pg_roles o ON o.oid = f.created_by
+ CROSS JOIN LATERAL (SELECT r.readable, backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR r.readable AS countable
+                       FROM (SELECT coalesce(pg_catalog.has_table_privilege(t.relid, 'SELECT'), false)
+                                    OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
+ WHERE t.state = 'failed' AND backfill.visible(o.rolname);
+COMMENT ON VIEW backfill_errors IS 'Every error that failed a backfill, oldest first: backfill_status.last_error shows the latest only, and a resume clears it; and every table a follow (backfill_follow()) could not start, with no backfill';
+COMMENT ON COLUMN backfill_errors.follow_id IS 'For a table a follow could not start: the follow (backfill_follows.id); backfill_id is then NULL';
+
+-- backfill.start_on_node(): the shape of shard_keys is checked before the start, so that an
+-- argument error is never hidden by a wait for a worker (53400).
+CREATE OR REPLACE FUNCTION backfill.start_on_node(tables regclass[], confirm boolean, batch_size integer,
+                                       rows_per_second integer, slot name, publication name,
+                                       max_lag bigint, parallel integer, shard_keys jsonb DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    started bigint;
+    state text;
+    message text;
+    detail text;
+    hint text;
+BEGIN
+    -- The keys' shape first: an argument error before any start, or any wait for a worker.
+    IF shard_keys IS NOT NULL
+       -- (In parentheses: IF would take the CASE's THEN for its own.)
+       AND (CASE WHEN jsonb_typeof(shard_keys) = 'array' THEN jsonb_array_length(shard_keys) END
+            IS DISTINCT FROM cardinality(tables)) THEN
+        RAISE EXCEPTION 'shard_keys must be a JSON array of one key list per table'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = format('%s tables were given; their keys are given in the same order.', cardinality(tables)),
+                  HINT = 'backfill_repair() on the coordinator passes them: run that there.';
+    END IF;
+    started := @extschema@.backfill_start(tables, confirm, batch_size, rows_per_second, slot, publication,
+                                          max_lag, parallel);
+    FOR i IN 1 .. CASE WHEN shard_keys IS NULL THEN 0 ELSE cardinality(tables) END LOOP
+        PERFORM backfill.set_keys_of(started, tables[i], shard_keys -> (i - 1));
+    END LOOP;
+    RETURN jsonb_build_object('id', started);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
+                            detail = PG_EXCEPTION_DETAIL, hint = PG_EXCEPTION_HINT;
+    RETURN jsonb_build_object('sqlstate', state, 'message', message, 'detail', detail, 'hint', hint);
+END
+$$;

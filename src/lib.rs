@@ -23,7 +23,8 @@
 //!   and a comparison alike: `ONLY`, or a partitioned table with its partitions (`scanned.rs`).
 //! - `catalog/`: the state tables: one row per backfill and its message keys (`job.rs`), one
 //!   per table or key range with its cursor (`job_table.rs`), and for a backfill of a Citus
-//!   distributed table each shard's node and node backfill (`job_shard.rs`); which of these
+//!   distributed table each shard's node and node backfill (`job_shard.rs`); the follows of a
+//!   publication and their queues of added tables (`follow.rs`); which of these
 //!   tables and columns the installed schema has, the one place that asks (`schema.rs`).
 //! - `stream/`: what reaches the stream: the key-ordered page queries and how they lock their
 //!   rows (`scan.rs`), a row's JSON (`json.rs`), the messages (`message.rs`), their
@@ -61,7 +62,9 @@
 //!   the estimate and key ranges (`plan.rs`), pause, resume, set, wait and cancel
 //!   (`control.rs`), keys given to a backfill (`keyed.rs`), backfill_repair() (`repair.rs`),
 //!   backfill_checksum() and backfill_compare(), which hand Citus's side to verification
-//!   (`verify.rs`), the monitoring views' helpers (`views.rs`).
+//!   (`verify.rs`), the monitoring views' helpers (`views.rs`), and backfill_follow(): the tables
+//!   added to a publication queued at the DDL and backfilled into its slot one backfill at a time
+//!   (`follow.rs`).
 
 use pgrx::prelude::*;
 
@@ -89,6 +92,7 @@ mod backfill {}
 pub extern "C-unwind" fn _PG_init() {
     pg::settings::define();
     pg::read_guard::install();
+    api::follow::install();
     // Preloaded, the library also resumes running backfills after every server start.
     // SAFETY: a flag PostgreSQL sets while it loads shared_preload_libraries.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {

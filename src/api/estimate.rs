@@ -98,7 +98,7 @@ fn estimate_request(
     let batch_size = required(batch_size, "backfill_estimate", "batch_size");
     check_batch_size(batch_size);
     EstimateRequest {
-        tables: table_list(tables),
+        tables: table_list(tables, None),
         batch_size,
         filter: filter.map(|f| f.0),
         columns: columns::given(columns),

@@ -2,6 +2,7 @@
 
 pub(crate) mod control;
 pub(crate) mod estimate;
+pub(crate) mod follow;
 pub(crate) mod keyed;
 pub(crate) mod plan;
 pub(crate) mod repair;

@@ -38,15 +38,16 @@ pub struct StartArgs {
 pub fn start_request(args: StartArgs) -> StartRequest {
     const CALL: &str = "backfill_start";
     require_primary("start a backfill");
+    let publication = args.publication.map(|t| t.0);
     let request = StartRequest {
-        tables: table_list(args.tables),
+        tables: table_list(args.tables, publication.as_deref()),
         confirm: required(args.confirm, CALL, "confirm"),
         batch_size: required(args.batch_size, CALL, "batch_size"),
         // 0: no limit, as in backfill_set() (check_rate refuses a negative rate below).
         rows_per_second: args.rows_per_second.filter(|rate| *rate != 0),
         // Text, not String: names in the database's encoding, converted (see encoding.rs).
         slot: args.slot.map(|t| t.0),
-        publication: args.publication.map(|t| t.0),
+        publication,
         max_lag: args.max_lag,
         parallel: required(args.parallel, CALL, "parallel"),
         source: SourceOptions {
@@ -59,16 +60,23 @@ pub fn start_request(args: StartArgs) -> StartRequest {
         filter: args.filter.map(|t| t.0),
         columns: crate::selection::columns::given(args.columns),
     };
+    check_options(&request, args.rows_per_second);
+    request
+}
+
+/// The pacing and batching options of `request` (backfill_start()'s, or a follow's for every
+/// backfill it starts), each in its range; `rows_per_second` as given (0 is no limit); and a
+/// server that decodes them.
+pub fn check_options(request: &StartRequest, rows_per_second: Option<i32>) {
     check_batch_size(request.batch_size);
     check_parallel(request.parallel);
-    check_rate(args.rows_per_second);
+    check_rate(rows_per_second);
     if let Some(rows_per_message) = request.rows_per_message {
         check_rows_per_message(rows_per_message);
     }
     check_source_limits(&request.source);
     check_max_lag(request.max_lag, request.slot.is_some());
     require_logical_decoding();
-    request
 }
 
 fn check_parallel(parallel: i32) {
@@ -124,8 +132,13 @@ pub fn check_source_limits(options: &SourceOptions) {
     }
 }
 
-/// The tables named, each once; NULLs and an empty list are errors.
-pub fn table_list(tables: Option<Vec<Option<pg_sys::Oid>>>) -> Vec<pg_sys::Oid> {
+/// The tables named, each once; NULLs and an empty list are errors. No list at all (NULL, the
+/// default) with a publication: every table the publication holds, for a whole re-seed of its
+/// pipeline.
+pub fn table_list(tables: Option<Vec<Option<pg_sys::Oid>>>, publication: Option<&str>) -> Vec<pg_sys::Oid> {
+    if let (None, Some(publication)) = (&tables, publication) {
+        return crate::selection::published::tables_of_publication(publication);
+    }
     let tables = tables.unwrap_or_default();
     if tables.is_empty() {
         raise(
@@ -133,7 +146,10 @@ pub fn table_list(tables: Option<Vec<Option<pg_sys::Oid>>>) -> Vec<pg_sys::Oid> 
             "no table to backfill",
             "The list of tables is NULL or empty.",
             Some(
-                "Name at least one table, for example SELECT backfill_start('public.orders', confirm => true);".into(),
+                "Name at least one table, for example SELECT backfill_start('public.orders', confirm => true); \
+                 or, for every table of the pipeline's publication, leave tables out and name the publication: \
+                 SELECT backfill_start(publication => 'shop', slot => 'cdc', confirm => true);"
+                    .into(),
             ),
         );
     }

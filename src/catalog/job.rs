@@ -311,6 +311,20 @@ pub fn running_backfill_of(relid: pg_sys::Oid) -> Option<i64> {
     .or_internal("read the running backfills")
 }
 
+/// The running (or paused) backfill bound to `slot` that covers table `relid`, if any: a follow
+/// does not start that table twice.
+pub fn running_backfill_of_table_in_slot(relid: pg_sys::Oid, slot: &str) -> Option<i64> {
+    crate::pg::spi::select_one::<i64>(
+        "SELECT j.id FROM backfill.job j JOIN backfill.job_table t ON t.job_id OPERATOR(pg_catalog.=) j.id
+          WHERE j.state OPERATOR(pg_catalog.=) ANY (ARRAY['running', 'paused'])
+            AND j.slot_name OPERATOR(pg_catalog.=) $2
+            AND t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid::pg_catalog.regclass
+          LIMIT 1",
+        &[relid.into(), slot.into()],
+    )
+    .or_internal("read the running backfills")
+}
+
 /// The one way a backfill changes state: from one of `from` to `to`; false when it was in
 /// none of them (it moved meanwhile, and a final state is never overwritten). Running again
 /// counts as a launch and clears the last outcome. A final state records when, and frees the

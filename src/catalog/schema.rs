@@ -41,6 +41,8 @@ pub struct Capabilities {
     pub column_list: bool,
     /// `backfill.job_table.publication_filter` (0.10.0).
     pub publication_filter: bool,
+    /// Tables `backfill.follow` and `backfill.follow_table` (0.10.0): follows of a publication.
+    pub follows: bool,
 }
 
 impl Capabilities {
@@ -94,6 +96,7 @@ impl Capabilities {
             row_filter: has("job", "row_filter"),
             column_list: has("job_table", "column_list") && has("job_table", "column_attnums"),
             publication_filter: has("job_table", "publication_filter"),
+            follows: exists("follow") && exists("follow_table"),
         }
     }
 

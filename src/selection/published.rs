@@ -5,6 +5,7 @@ use crate::model::table::Table;
 use crate::pg::encoding::Text;
 use crate::pg::errors::{raise, OrInternal};
 use crate::pg::privilege;
+use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
 /// What a publication publishes of a table, as pgoutput sends it.
@@ -195,4 +196,93 @@ fn published_leaves(publication: &str, table: &Table) -> Vec<PublishedLeaf> {
             crate::pg::settings::with_settings(&[(c"quote_all_identifiers", c"off")], read)
         })
     })
+}
+
+/// The relations a publication holds, as pgoutput names their changes (pg_publication_tables:
+/// with `publish_via_partition_root` a partitioned table, else its partitions), each with its
+/// leaves, the tables that hold its rows (a plain table is its own leaf). pg_backfill's own
+/// tables, which a FOR ALL TABLES publication holds too, are left out: they are not the
+/// pipeline's data. None when the publication does not exist.
+pub struct PublicationTables {
+    /// In name order.
+    pub tables: Vec<pg_sys::Oid>,
+    /// (leaf, the listed relation it belongs to).
+    pub leaves: Vec<(pg_sys::Oid, pg_sys::Oid)>,
+}
+
+pub fn publication_tables(publication: &str) -> Option<PublicationTables> {
+    let rows = Spi::connect(|client| {
+        client
+            .select(
+                "WITH listed AS (
+                     SELECT c.oid AS relid, n.nspname, c.relname
+                       FROM pg_catalog.pg_publication_tables pt
+                       JOIN pg_catalog.pg_namespace n ON n.nspname OPERATOR(pg_catalog.=) pt.schemaname
+                       JOIN pg_catalog.pg_class c ON c.relnamespace OPERATOR(pg_catalog.=) n.oid
+                                                 AND c.relname OPERATOR(pg_catalog.=) pt.tablename
+                      WHERE pt.pubname OPERATOR(pg_catalog.=) $1
+                        AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d
+                                          JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+                                         WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                                           AND d.objid OPERATOR(pg_catalog.=) c.oid AND d.deptype OPERATOR(pg_catalog.=) 'e'
+                                           AND e.extname OPERATOR(pg_catalog.=) 'pg_backfill'))
+                 SELECT t.relid, l.relid
+                   FROM listed t
+                  CROSS JOIN LATERAL (SELECT p.relid::pg_catalog.oid FROM pg_catalog.pg_partition_tree(t.relid) p WHERE p.isleaf
+                                      -- (A table that is neither partitioned nor a partition has no tree.)
+                                      UNION ALL
+                                      SELECT t.relid WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_partition_tree(t.relid))) l
+                  WHERE EXISTS (SELECT FROM pg_catalog.pg_publication p WHERE p.pubname OPERATOR(pg_catalog.=) $1)
+                  ORDER BY t.nspname, t.relname, l.relid",
+                None,
+                &[Text::from(publication).into()],
+            )?
+            .map(|row| Ok((row.get::<pg_sys::Oid>(1)?, row.get::<pg_sys::Oid>(2)?)))
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+    })
+    .or_internal("read the publication's tables");
+    let exists = crate::pg::spi::select_one::<bool>(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname OPERATOR(pg_catalog.=) $1)",
+        &[Text::from(publication).into()],
+    )
+    .or_internal("read the publication")
+    .unwrap_or(false);
+    if !exists {
+        return None;
+    }
+    let mut tables: Vec<pg_sys::Oid> = Vec::new();
+    let mut leaves = Vec::new();
+    for (table, leaf) in rows {
+        let (Some(table), Some(leaf)) = (table, leaf) else { continue };
+        if tables.last() != Some(&table) {
+            tables.push(table);
+        }
+        leaves.push((leaf, table));
+    }
+    Some(PublicationTables { tables, leaves })
+}
+
+/// backfill_start(publication => ...) with no tables: every table the publication holds, as
+/// pgoutput names their changes. An error if the publication does not exist or holds none.
+pub fn tables_of_publication(publication: &str) -> Vec<pg_sys::Oid> {
+    let Some(held) = publication_tables(publication) else {
+        raise(
+            ERRCODE_UNDEFINED_OBJECT,
+            format!("publication \"{publication}\" does not exist"),
+            "Without a list of tables, the backfill is of every table the publication holds.",
+            Some("Name the consumer's publication: SELECT pubname FROM pg_publication; lists them.".into()),
+        );
+    };
+    if held.tables.is_empty() {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("publication \"{publication}\" holds no table"),
+            "Without a list of tables, the backfill is of every table the publication holds, and it holds none.",
+            Some(format!(
+                "Add the pipeline's tables first: ALTER PUBLICATION {} ADD TABLE ...;",
+                crate::pg::encoding::quote_ident(publication)
+            )),
+        );
+    }
+    held.tables
 }

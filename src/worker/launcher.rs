@@ -334,8 +334,24 @@ pub fn override_search_path() {
     }
 }
 
+/// What starts the next table each follow has queued, where its slot is free: api/follow.rs's,
+/// installed from _PG_init, since the worker layer does not import the API's.
+static FOLLOW_DISPATCH: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+pub fn set_follow_dispatch(dispatch: fn()) {
+    let _ = FOLLOW_DISPATCH.set(dispatch);
+}
+
+/// Starts the next queued backfill of every follow whose slot is free. In a transaction.
+pub fn dispatch_follows() {
+    if let Some(dispatch) = FOLLOW_DISPATCH.get() {
+        dispatch();
+    }
+}
+
 /// After a server restart (the launcher starts one such worker per database): relaunches the
-/// workers of the database's running backfills, then exits.
+/// workers of the database's running backfills, then starts what the follows have queued for
+/// the slots that are free, and exits.
 pub fn resume_database() {
     let jobs = in_transaction(|| {
         if schema::installed() {
@@ -350,6 +366,14 @@ pub fn resume_database() {
         } else {
             warning!("{}: could not resume it: no free background worker slot", who(backfill_id));
         }
+    }
+    let dispatched = in_transaction(|| {
+        if schema::installed() {
+            dispatch_follows();
+        }
+    });
+    if let Err(e) = dispatched {
+        warning!("pg_backfill: could not start the follows' queued backfills after the restart: {}", e.message);
     }
 }
 

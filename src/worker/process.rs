@@ -36,6 +36,23 @@ unsafe extern "C-unwind" {
 pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
     if let Some((backfill_id, worker)) = start(arg, Entry::Scan) {
         run(backfill_id, worker);
+        start_what_follows_queued(backfill_id);
+    }
+}
+
+/// A backfill that ended (done, failed, cancelled) frees its slot and its workers: the next
+/// table a follow has queued for a free slot starts now. (One that was paused holds its slot;
+/// one that is still running, another worker of it will end.)
+fn start_what_follows_queued(backfill_id: i64) {
+    let dispatched = in_transaction(|| {
+        let ended = job::job_state(backfill_id)
+            .is_some_and(|state| matches!(state, JobState::Done | JobState::Failed | JobState::Cancelled));
+        if ended {
+            launcher::dispatch_follows();
+        }
+    });
+    if let Err(e) = dispatched {
+        warning!("{}: could not start the next backfill its slot's follows queued: {}", who(backfill_id), e.message);
     }
 }
 

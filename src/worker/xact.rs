@@ -87,6 +87,47 @@ pub fn in_transaction<R>(body: impl FnOnce() -> R + UnwindSafe) -> Result<R, Pag
     .execute()
 }
 
+/// Runs `body` in a subtransaction of the current transaction: kept when it returns, rolled
+/// back, with the error returned, when it raises one, as PL/pgSQL's EXCEPTION block does. (A
+/// follow's start, in the transaction of the DDL that queued its table: the DDL must not fail.)
+pub fn in_subtransaction<R>(body: impl FnOnce() -> R + UnwindSafe) -> Result<R, PageError> {
+    // SAFETY: the memory context and resource owner are saved and put back after the
+    // subtransaction ends either way, as PL/pgSQL does around BeginInternalSubTransaction.
+    let (context, owner) = unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
+    // SAFETY: starts a subtransaction of the transaction in progress.
+    unsafe {
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(context);
+    }
+    let restore = move || {
+        // SAFETY: the caller's context and owner, saved above, outlive the subtransaction.
+        unsafe {
+            pg_sys::MemoryContextSwitchTo(context);
+            pg_sys::CurrentResourceOwner = owner;
+        }
+    };
+    PgTryBuilder::new(move || {
+        let result = body();
+        // SAFETY: commits the subtransaction started above, which is the current one.
+        unsafe { pg_sys::ReleaseCurrentSubTransaction() };
+        restore();
+        Ok(result)
+    })
+    .catch_others(move |e| {
+        let error = PageError::from_report(&report_of(e));
+        // SAFETY: the error was copied out (above); the subtransaction is the current one and
+        // is aborted and released, as PL/pgSQL does after an exception.
+        unsafe {
+            pg_sys::MemoryContextSwitchTo(context);
+            pg_sys::FlushErrorState();
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+        }
+        restore();
+        Err(error)
+    })
+    .execute()
+}
+
 /// A transaction of the worker's own, not a page's (loading its backfill, opening a table,
 /// finishing), retried as a page is when it fails for a transient reason: a deadlock with
 /// `ALTER EXTENSION pg_backfill UPDATE`, which locks the state tables, is one.
