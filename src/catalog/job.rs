@@ -489,20 +489,14 @@ pub fn running_backfill_of_slot(slot: &str) -> Option<i64> {
 pub fn current_message_key() -> Option<(i32, Vec<u8>)> {
     // The key's id and the view's oid: ids start over when the extension is dropped and created
     // again, under a new view.
-    let newest = run_prepared(
-        "SELECT id, pg_catalog.to_regclass('backfill.message_key')::pg_catalog.oid
-           FROM backfill.message_key ORDER BY id DESC LIMIT 1",
-        false,
-        &[],
-        |rows| {
-            if rows.is_empty() {
-                return Ok(None);
-            }
-            let row = rows.first();
-            Ok(row.get::<i32>(1)?.zip(row.get::<pg_sys::Oid>(2)?))
-        },
-    )
+    let newest_id = run_prepared("SELECT id FROM backfill.message_key ORDER BY id DESC LIMIT 1", false, &[], |rows| {
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        rows.first().get::<i32>(1)
+    })
     .or_internal("read which message key is the newest")?;
+    let newest = (newest_id, crate::catalog::schema::message_key_relation()?);
     if let Some(key) =
         NEWEST_KEY.with(|cached| cached.borrow().as_ref().filter(|(of, _)| *of == newest).map(|(_, key)| key.clone()))
     {

@@ -190,13 +190,16 @@ pub fn installed() -> bool {
 
 /// The relation `backfill.message_key` (a view, a table before 0.10.0), if there is one.
 pub fn message_key_relation() -> Option<pg_sys::Oid> {
-    crate::pg::spi::select_one::<pg_sys::Oid>(
-        "SELECT pg_catalog.to_regclass('backfill.message_key')::pg_catalog.oid",
-        &[],
-    )
-    .ok()
-    .flatten()
-    .filter(|oid| *oid != pg_sys::InvalidOid)
+    // SAFETY: catalog cache lookups, in a transaction (as every caller is); the names are
+    // NUL-terminated constants. (A cache lookup, not a query: a worker asks every page.)
+    let oid = unsafe {
+        let schema = pg_sys::get_namespace_oid(c"backfill".as_ptr(), true);
+        if schema == pg_sys::InvalidOid {
+            return None;
+        }
+        pg_sys::get_relname_relid(c"message_key".as_ptr(), schema)
+    };
+    (oid != pg_sys::InvalidOid).then_some(oid)
 }
 
 /// Waits for an `ALTER EXTENSION pg_backfill UPDATE` in progress (its scripts lock backfill.job
