@@ -153,6 +153,9 @@ def db(cluster, request):
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", [name]
         )
         for slot, in admin.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", [name]).fetchall():
+            # pg_terminate_backend() only signals: a consumer's walsender may still hold the slot.
+            admin.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s AND active_pid IS NOT NULL", [slot])
+            wait_for(lambda: admin.execute("SELECT active_pid IS NULL FROM pg_replication_slots WHERE slot_name = %s", [slot]).fetchone()[0], what="the slot's consumer to go")
             admin.execute("SELECT pg_drop_replication_slot(%s)", [slot])
         admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 

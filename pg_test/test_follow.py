@@ -567,3 +567,46 @@ def test_a_follows_backfills_start_with_the_settings_of_the_session_that_created
     assert wait_until_ended(db, a) == "done"
     b = backfill_of(db, "public.b")  # started by a's worker
     assert status(db, b, "message_prefix", "rows_per_message") == ("backfill", 50)
+
+
+def test_a_hostile_search_path_and_names_change_nothing(cluster, db):
+    """The event trigger runs in every role's session: operators planted ahead of pg_catalog in
+    that session's search_path never run, in the trigger or in backfill.follow_ddl() called by
+    hand; a publication named with quotes and spaces is followed as any other; a renamed
+    publication ends the follow, naming why; an option out of range is refused, naming it."""
+    db.execute("""CREATE TABLE trap_log (what text);
+                  CREATE SCHEMA trap;""")
+    for type_ in ("oid", "text", "name", "bigint", "integer", "regclass"):
+        db.execute(f"""CREATE FUNCTION trap.caught_{type_}(a {type_}, b {type_}) RETURNS boolean LANGUAGE plpgsql AS
+                         $$ BEGIN INSERT INTO public.trap_log VALUES ('{type_}'); RETURN a::text OPERATOR(pg_catalog.=) b::text; END $$;
+                       CREATE OPERATOR trap.= (FUNCTION = trap.caught_{type_}, LEFTARG = {type_}, RIGHTARG = {type_})""")
+    db.execute("""CREATE TABLE seed (id int PRIMARY KEY); CREATE PUBLICATION "we""ird pub" FOR TABLE seed""")
+    db.execute("SELECT pg_create_logical_replication_slot('cdc', 'pgoutput')")
+    stream = PgOutputStream(cluster, "cdc", '"we""ird pub"', dbname=db.info.dbname)
+    stream.start()
+    try:
+        hostile_session_and_names(db)
+    finally:
+        stream.stop()
+
+
+def hostile_session_and_names(db):
+    db.execute("""SELECT backfill_follow('we"ird pub', 'cdc')""")
+    make_table(db, "added", rows=300)
+    db.execute("SET search_path = trap, pg_catalog, public")
+    # The trap is live: an unqualified = in this session runs it.
+    db.execute("SELECT 'x'::text = 'x'::text")
+    db.execute("""ALTER PUBLICATION "we""ird pub" ADD TABLE public.added""")
+    assert db.execute("SELECT backfill.follow_ddl()").fetchone() is not None
+    db.execute("RESET search_path")
+    backfill_id = backfill_of(db, "public.added")
+    assert status(db, backfill_id, "publication_name") == 'we"ird pub'
+    assert wait_until_ended(db, backfill_id) == "done" and status(db, backfill_id, "rows_done") == 300
+    assert db.execute("SELECT array_agg(what) FROM trap_log").fetchone()[0] == ["text"]
+    e = error_of(db, "SELECT backfill_follow('we\"ird pub', 'cdc', rows_per_message => 2147483647)")
+    assert e.sqlstate == "22023" and "rows_per_message" in e.diag.message_primary, e
+    db.execute("""ALTER PUBLICATION "we""ird pub" RENAME TO plain""")
+    make_table(db, "later", rows=10)
+    db.execute("ALTER PUBLICATION plain ADD TABLE later")
+    assert follows(db, "state", "end_reason") == [("ended", 'publication "we"ird pub" was dropped or renamed')]
+    assert [table for table, _, _ in queue(db)] == ["public.added"]
