@@ -80,11 +80,9 @@ def test_public_may_execute_no_function_but_those_the_views_call(db):
     # Executable by all by design, granting nothing (test below): Citus's node-side start runs
     # backfill_start() as its caller, backfill_start()'s option check only refuses, and keys only
     # narrow a backfill the caller started in the same transaction; a row's hash is of a row the
-    # caller has; a message key is read only for a caller that may SELECT backfill.message_key;
-    # the follows' event trigger (every role's DDL calls it) only queues what a followed
-    # publication gained, and starts backfills as the follows' creators (test_follow.py).
+    # caller has; a message key is read only for a caller that may SELECT backfill.message_key.
+    # (The follows' event trigger runs as the extension's owner: no role needs a grant for it.)
     granting_nothing = {
-        "backfill.follow_ddl()",
         "backfill.message_key_bytes(integer)",
         "backfill.start_on_node(regclass[],boolean,integer,integer,name,name,bigint,integer,jsonb)",
         "backfill.refuse_node_options(oid[],jsonb,bigint,bigint,integer,integer)",

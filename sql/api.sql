@@ -551,16 +551,23 @@ COMMENT ON COLUMN backfill_follows.ended_at IS 'When it ended';
 COMMENT ON COLUMN backfill_follows.end_reason IS 'Why it ended: backfill_unfollow(), or its publication or slot dropped';
 GRANT SELECT ON backfill_follows TO PUBLIC;
 
--- At the end of every statement that can add tables to a publication (or drop one, or a table),
--- each live follow's queue is brought up to the catalog, in the statement's transaction.
+-- At the end of every statement that can add tables to a publication (or drop one), each
+-- live follow whose publication the statement may have changed has its queue brought up to
+-- the catalog, in the statement's transaction; a dispatcher starts the queued backfills once it
+-- commits. The function runs as the extension's owner, and calls into the library only while a
+-- follow is live: no role's DDL needs a grant of pg_backfill's, or its library, to run.
 CREATE FUNCTION backfill.follow_publication_changes()
 RETURNS event_trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
-AS $$ BEGIN PERFORM backfill.follow_ddl(); END $$;
-COMMENT ON FUNCTION backfill.follow_publication_changes() IS 'Event trigger: queues the tables a statement added to a followed publication, and starts what a free slot can take';
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN
+    IF EXISTS (SELECT FROM backfill.follow WHERE ended_at IS NULL) THEN
+        PERFORM backfill.follow_ddl(TG_TAG);
+    END IF;
+END $$;
+COMMENT ON FUNCTION backfill.follow_publication_changes() IS 'Event trigger: queues the tables a statement added to a followed publication; a dispatcher starts them once the statement commits';
 CREATE EVENT TRIGGER backfill_follow_publication_changes ON ddl_command_end
     WHEN TAG IN ('ALTER PUBLICATION', 'DROP PUBLICATION', 'ALTER TABLE', 'CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO',
-                 'DROP TABLE')
+                 'DROP TABLE', 'CREATE SCHEMA')
     EXECUTE FUNCTION backfill.follow_publication_changes();
 REVOKE EXECUTE ON FUNCTION
     backfill_estimate(regclass[], integer, text, text[]), backfill_estimate(regclass, integer, text, text[]), backfill_estimate(text, integer, text, text[]),
@@ -588,7 +595,7 @@ COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, i
 COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';
 COMMENT ON FUNCTION backfill.follow(text, text, integer, integer, integer, bigint, bigint, bigint, integer, integer) IS 'Entry point of backfill_follow()';
 COMMENT ON FUNCTION backfill.unfollow(text, text) IS 'Entry point of backfill_unfollow()';
-COMMENT ON FUNCTION backfill.follow_ddl() IS 'The event trigger''s work at the end of a statement that may have changed a followed publication''s tables';
+COMMENT ON FUNCTION backfill.follow_ddl(text) IS 'The event trigger''s work at the end of a statement (its command tag) that may have changed a followed publication''s tables';
 COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
 COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';
 COMMENT ON FUNCTION backfill.purge(interval) IS 'Entry point of backfill_purge()';
@@ -629,9 +636,6 @@ GRANT EXECUTE ON FUNCTION backfill.row_hash(anyelement) TO PUBLIC;
 -- backfill.message_key_bytes() too: it reads a key only for a caller that may SELECT
 -- backfill.message_key, whose column key it is.
 GRANT EXECUTE ON FUNCTION backfill.message_key_bytes(integer) TO PUBLIC;
--- backfill.follow_ddl() too: every role's DDL runs it, through the event trigger. It only brings
--- the follows' queues up to the catalog, and starts what their creators may start, as them.
-GRANT EXECUTE ON FUNCTION backfill.follow_ddl() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
                           backfill.waiting_for(bigint), backfill.waiting_kind(bigint), backfill.visible(name),
                           backfill.source_limit(text, bigint), backfill.may_act_as(text, text) TO PUBLIC;

@@ -26,8 +26,8 @@ fn cancel(id: Option<i64>) -> bool {
     let id = required(id, "backfill_cancel", "id");
     control(id, "cancel", &[Running, Paused, Failed], Some(Cancelled), None);
     NodeBackfills::of(id).forward(&Verb::Cancel);
-    // Its slot is free: a table a follow of the slot queued starts now.
-    crate::api::follow::dispatch_follows();
+    // Its slot is free: a table a follow of the slot queued starts once the cancel commits.
+    crate::api::follow::dispatch_when_committed();
     true
 }
 
