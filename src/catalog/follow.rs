@@ -195,14 +195,16 @@ pub fn follows_the_statement_may_change(on_a_publication: bool, created: &[pg_sy
                 "WITH command AS (
                      SELECT c.classid, c.objid FROM pg_catalog.pg_event_trigger_ddl_commands() c
                  ), touched AS (
-                     SELECT r.oid AS relid
+                     -- (Looked up relation by relation, in a subquery the planner keeps: joined,
+                     -- pg_class would be scanned for the rows it guesses the commands are.)
+                     SELECT t.relid
                        FROM command x
                       CROSS JOIN LATERAL (SELECT x.objid
                                           UNION SELECT p.relid FROM pg_catalog.pg_partition_tree(x.objid) p) t (relid)
-                       JOIN pg_catalog.pg_class r ON r.oid OPERATOR(pg_catalog.=) t.relid
                       WHERE x.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
-                        AND r.relkind OPERATOR(pg_catalog.=) ANY ('{r,p}'::\"char\"[])
-                        AND r.relpersistence OPERATOR(pg_catalog.<>) 't'
+                        AND (SELECT r.relkind OPERATOR(pg_catalog.=) ANY ('{r,p}'::\"char\"[])
+                                    AND r.relpersistence OPERATOR(pg_catalog.<>) 't'
+                               FROM pg_catalog.pg_class r WHERE r.oid OPERATOR(pg_catalog.=) t.relid)
                  )
                  SELECT f.id
                    FROM backfill.follow f
