@@ -630,6 +630,42 @@ def many_tables(conn, repeat, tables=200, rows_each=5000):
     return results
 
 
+def ddl_cost(conn, repeat, tables=30_000, statements=50):
+    """What a live follow costs DDL: an ALTER TABLE of a table it knows, and a CREATE TABLE (a
+    table it does not), with a FOR ALL TABLES publication of `tables` tables followed, against
+    the same statements with no follow. Milliseconds per statement, client-side, medians of
+    `statements` statements in each of `repeat` rounds (the configurations take turns)."""
+    for first in range(0, tables, 1000):
+        conn.execute("DO $$ BEGIN FOR i IN %s..%s LOOP EXECUTE format('CREATE TABLE ddl_%%s (id int PRIMARY KEY)', i); END LOOP; END $$"
+                     % (first, min(tables, first + 1000) - 1))
+    conn.execute("CREATE PUBLICATION ddl_everything FOR ALL TABLES")
+    conn.execute("SELECT pg_create_logical_replication_slot('ddl_slot', 'pgoutput')")
+    samples = {(statement, follow): [] for statement in ("ALTER TABLE", "CREATE TABLE") for follow in (False, True)}
+    created = 0
+    for _ in range(repeat):
+        for follow in (False, True):
+            if follow:
+                conn.execute("SELECT backfill_follow('ddl_everything', 'ddl_slot')")
+            for i in range(statements):
+                for statement in ("ALTER TABLE", "CREATE TABLE"):
+                    sql = (f"ALTER TABLE ddl_{i} ALTER COLUMN id SET STATISTICS {100 + created % 50}" if statement == "ALTER TABLE"
+                           else f"CREATE TABLE ddl_new_{created} (id int PRIMARY KEY)")
+                    started = time.perf_counter()
+                    conn.execute(sql)
+                    samples[(statement, follow)].append((time.perf_counter() - started) * 1000)
+                    created += 1
+            if follow:
+                conn.execute("SELECT backfill_unfollow('ddl_everything', 'ddl_slot')")
+    results = []
+    print(f"\n{'DDL with ' + str(tables) + ' tables':32} {'no follow ms':>13} {'FOR ALL TABLES follow ms':>25}   (medians of {repeat * statements})")
+    for statement in ("ALTER TABLE", "CREATE TABLE"):
+        without, with_follow = (statistics.median(samples[(statement, follow)]) for follow in (False, True))
+        results.append({"statement": statement, "tables": tables, "ms_without_follow": without, "ms_with_follow": with_follow})
+        print(f"{statement:32} {without:>13.2f} {with_follow:>25.2f}")
+    conn.execute("SELECT pg_drop_replication_slot('ddl_slot')")
+    return results
+
+
 def spill_probe(conn, rows, configurations):
     """The walsender's spill (pg_stat_replication_slots.spill_bytes) for backfills of wide rows at
     (batch_size, rows_per_message, parallel), each through its own pgoutput slot and
@@ -796,6 +832,8 @@ def main():
     parser.add_argument("--many-tables", action="store_true",
                         help="only 200 tables of 5,000 rows against one table of 1M rows, as a pipeline's backfill, "
                              "with one and two workers")
+    parser.add_argument("--ddl-cost", action="store_true",
+                        help="only what a live FOR ALL TABLES follow of 30,000 tables costs an ALTER TABLE and a CREATE TABLE")
     parser.add_argument("--batched", default="1000", help="rows_per_message of the batched backfills of --end-to-end")
     parser.add_argument("--spill", default="",
                         help="only the walsender's spill for backfills of this many wide rows, at several batch sizes")
@@ -834,6 +872,8 @@ def main():
             load = load_signal(conn, args.pgbench_seconds, args.repeat, [int(n) for n in args.load_signal.split(",")])
         elif args.many_tables:
             results, load = many_tables(conn, args.repeat), []
+        elif args.ddl_cost:
+            results, load = ddl_cost(conn, args.repeat), []
         elif args.source_cost:
             cost = source_cost(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat)
             load = []

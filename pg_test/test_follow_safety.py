@@ -34,19 +34,25 @@ def test_ddl_rolled_back_or_left_open_starts_no_process(db, pipeline, schema_cre
     fills the cluster's worker slots), a backfill started meanwhile starts, and the table kept
     is backfilled once the transaction commits."""
     role, conn = schema_creator
+    db.execute(f"CREATE SCHEMA mine AUTHORIZATION {role}")
     db.execute("SELECT backfill_follow('shop', 'cdc')")
     conn.execute("BEGIN")
     for i in range(40):
         conn.execute("SAVEPOINT s")
-        conn.execute(f"CREATE TABLE open.t{i} AS SELECT g::int AS id FROM generate_series(1, 10) g")
+        conn.execute(f"""CREATE TABLE mine.t{i} (id int PRIMARY KEY);
+                         INSERT INTO mine.t{i} SELECT g FROM generate_series(1, 10) g;
+                         ALTER TABLE mine.t{i} SET SCHEMA open""")
         conn.execute("ROLLBACK TO SAVEPOINT s")
-    conn.execute("CREATE TABLE open.kept AS SELECT g::int AS id FROM generate_series(1, 10) g")
-    conn.execute("ALTER TABLE open.kept ADD PRIMARY KEY (id)")
+    conn.execute("""CREATE TABLE mine.kept (id int PRIMARY KEY);
+                    INSERT INTO mine.kept SELECT g FROM generate_series(1, 10) g;
+                    ALTER TABLE mine.kept SET SCHEMA open""")
     # While the transaction is open nothing of pg_backfill's runs for it: a registered worker
     # would show within this wait (each waits, as `pg_backfill starting`, on the open transaction).
     with pytest.raises(AssertionError, match="timed out"):
         wait_for(lambda: processes_of_pg_backfill(db), timeout=3, what="a process of pg_backfill")
     make_table(db, "other", rows=100)
+    # (Before, the open transaction held the lock every start takes: this start waited for it.)
+    db.execute("SET lock_timeout = '20s'")
     other = db.execute("SELECT backfill_start('other', confirm => true)").fetchone()[0]
     assert wait_until_ended(db, other) == "done"
     conn.execute("COMMIT")
