@@ -595,6 +595,7 @@ COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, i
 COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';
 COMMENT ON FUNCTION backfill.follow(text, text, integer, integer, integer, bigint, bigint, bigint, integer, integer) IS 'Entry point of backfill_follow()';
 COMMENT ON FUNCTION backfill.unfollow(text, text) IS 'Entry point of backfill_unfollow()';
+COMMENT ON FUNCTION backfill.follow_ddl() IS 'The event trigger''s work in 0.10.0 (no command tag): the SQL of that version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.follow_ddl(text) IS 'The event trigger''s work at the end of a statement (its command tag) that may have changed a followed publication''s tables';
 COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
 COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';

@@ -19,8 +19,9 @@ CREATE EVENT TRIGGER backfill_follow_publication_changes ON ddl_command_end
     WHEN TAG IN ('ALTER PUBLICATION', 'DROP PUBLICATION', 'ALTER TABLE', 'CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO',
                  'DROP TABLE', 'CREATE SCHEMA')
     EXECUTE FUNCTION backfill.follow_publication_changes();
-DROP FUNCTION backfill.follow_ddl();
 CREATE FUNCTION backfill.follow_ddl(command_tag text) RETURNS void
-LANGUAGE c AS 'MODULE_PATHNAME', 'follow_ddl_wrapper';
+LANGUAGE c AS 'MODULE_PATHNAME', 'follow_ddl_of_wrapper';
+COMMENT ON FUNCTION backfill.follow_ddl() IS 'The event trigger''s work in 0.10.0 (no command tag): the SQL of that version calls it until ALTER EXTENSION UPDATE';
+REVOKE EXECUTE ON FUNCTION backfill.follow_ddl() FROM PUBLIC;
 COMMENT ON FUNCTION backfill.follow_ddl(text) IS 'The event trigger''s work at the end of a statement (its command tag) that may have changed a followed publication''s tables';
 REVOKE EXECUTE ON FUNCTION backfill.follow_ddl(text) FROM PUBLIC;

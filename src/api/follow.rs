@@ -160,10 +160,22 @@ fn unfollow(publication: Option<Text>, slot: Option<Text>) -> bool {
 /// Nothing here starts a backfill, takes pg_backfill's locks or runs as another role inside the
 /// DDL's transaction; the dispatcher does that in a transaction of its own.
 #[pg_extern(schema = "backfill", name = "follow_ddl")]
-fn follow_ddl(command_tag: Option<Text>) {
+fn follow_ddl_of(command_tag: Option<Text>) {
     // (ALTER PUBLICATION ... DROP TABLE reports no object among the statement's commands: a
     // statement on a publication brings every follow up to date.)
-    let on_a_publication = command_tag.is_some_and(|tag| tag.0.ends_with(" PUBLICATION"));
+    follow_statement(command_tag.is_some_and(|tag| tag.0.ends_with(" PUBLICATION")));
+}
+
+/// The event trigger's work in 0.10.0's SQL, which calls it (without the command's tag) until
+/// ALTER EXTENSION UPDATE: as for a statement on a publication.
+#[pg_extern(schema = "backfill", name = "follow_ddl")]
+fn follow_ddl() {
+    if as_extension_owner(follow::any_live_follow) {
+        follow_statement(true);
+    }
+}
+
+fn follow_statement(on_a_publication: bool) {
     let queued = as_extension_owner(|| {
         follow::skip_dropped_pending();
         let created = follow::relations_created_by_the_statement();
