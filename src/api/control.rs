@@ -70,7 +70,8 @@ fn require_slot_to_resume(id: i64, slot: Option<&str>) {
     let Some(slot) = slot else { return };
     if as_extension_owner(|| {
         crate::pg::spi::select_one::<bool>(
-            "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1)",
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots
+                             WHERE slot_name OPERATOR(pg_catalog.=) $1 AND database OPERATOR(pg_catalog.=) pg_catalog.current_database())",
             &[slot.into()],
         )
     })

@@ -120,6 +120,7 @@ pub fn outcome(id: i64) -> (JobState, bool, Option<String>) {
                         j.last_error
                    FROM backfill.job j
                    LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name OPERATOR(pg_catalog.=) j.slot_name
+                                                 AND s.database OPERATOR(pg_catalog.=) pg_catalog.current_database()
                   WHERE j.id OPERATOR(pg_catalog.=) $1",
                     None,
                     &[id.into()],

@@ -206,11 +206,15 @@ pub fn blocker(job: &Job) -> Option<WaitReason> {
     // The lag from the WAL inserted, not written: the worker commits asynchronously, and on a
     // busy server the WAL writer can be several pages behind what the backfill has emitted (a
     // run stopped 370 kB past its limit, measured from the written position).
-    // (Kept prepared: every page of a pipeline's backfill asks.)
+    // (Kept prepared: every page of a pipeline's backfill asks.) A logical slot belongs to one
+    // database: one of that name made for another database (once this one's was dropped; names
+    // are the cluster's) decodes none of the backfill's messages, a synchronized copy of one
+    // included, so it is not looked at.
     let sql = format!(
         "SELECT active, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(), confirmed_flush_lsn)::bigint,
                 wal_status, {synchronized_copy}
-           FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1",
+           FROM pg_catalog.pg_replication_slots
+          WHERE slot_name OPERATOR(pg_catalog.=) $1 AND database OPERATOR(pg_catalog.=) pg_catalog.current_database()",
         synchronized_copy = crate::pg::compat::slot_is_synchronized_copy(),
     );
     let row = crate::pg::spi::run_prepared(&sql, false, &[Text::from(slot).into()], |rows| {
@@ -230,7 +234,8 @@ pub fn blocker(job: &Job) -> Option<WaitReason> {
         raise(
             ERRCODE_UNDEFINED_OBJECT,
             format!("replication slot \"{slot}\" no longer exists"),
-            "The backfill was started for it; its messages would reach no consumer.",
+            "The backfill was started for it; its messages would reach no consumer (a slot of that name made for \
+             another database is another slot, which decodes none of them).",
             Some("Start a new backfill for the pipeline's current slot.".into()),
         );
     };
