@@ -55,6 +55,9 @@ fn resume(id: Option<i64>) -> bool {
         // (A distributed backfill's slots are its nodes': each node's backfill checks its own. A
         // refusal's error undoes the move to running above.)
         require_slot_to_resume(id, job.slot_name.as_deref());
+        if let (Paused | Failed, Some(slot), Some(recorded)) = (job.state, &job.slot_name, &job.slot_identity) {
+            crate::throttle::pipeline::require_watched_slot(id, slot, recorded);
+        }
     }
     launcher::require_worker_slots(job.parallel);
     for worker in 0..job.parallel {
