@@ -131,7 +131,7 @@ def test_a_slot_of_its_name_made_for_another_database_is_not_the_backfills(clust
     """Slot names are the cluster's: once a backfill's slot is dropped, another database may make
     one of that name, which decodes none of this database's messages. A done backfill whose
     consumer confirmed nothing is not delivered by it: backfill_status shows no lag and
-    delivered false, backfill_wait does not return true (before 0.11.0 the view found slots by
+    does not show it delivered, backfill_wait does not return true (before 0.11.0 the view found slots by
     name only, and the other database's new slot, confirmed up to its creation, delivered it)."""
     make_items(db, rows=2000)
     slot = f"p_{db.info.dbname.split('_')[0]}"
@@ -149,5 +149,6 @@ def test_a_slot_of_its_name_made_for_another_database_is_not_the_backfills(clust
     elsewhere = scratch_database(f"slots_elsewhere_{slot}")
     with cluster.connect(elsewhere) as other:
         other.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", [slot])
-    assert status(db, backfill_id, "delivered", "slot_lag_bytes") == (False, None)
+    delivered, lag = status(db, backfill_id, "delivered", "slot_lag_bytes")
+    assert not delivered and lag is None
     assert db.execute("SELECT backfill_wait(%s, '0.5 s')", [backfill_id]).fetchone()[0] is False

@@ -699,6 +699,7 @@ def test_a_database_owner_cannot_choose_the_settings_a_superusers_start_records(
 def test_a_role_granted_set_on_a_recorded_setting_sets_it_for_its_backfills(db, operator):
     """The DBA trusts an operator with a setting the PostgreSQL way: GRANT SET ON PARAMETER."""
     role, conn = operator
+    conn.execute("SELECT * FROM backfill_status")  # loads the library: its settings are defined, not placeholders
     refused = error_of(conn, "SET backfill.message_prefix = 'etl_reads'")
     assert refused.sqlstate == "42501"
     db.execute(f"GRANT SET ON PARAMETER backfill.message_prefix, backfill.lock_mode TO {role}")
