@@ -1,6 +1,10 @@
 -- pg_backfill 0.10.0 -> 0.11.0. What changed for a DBA: CHANGELOG.md, section 0.11.0.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.11.0'" to load this file. \quit
 
+-- ===== Slots of this database, and backfill_message_valid() over a peek's xid =====
+-- (The settings a start records became superuser settings in the library: nothing here. Values
+-- set per database or role before stay in force: docs/security.md says how to list them.)
+--
 -- A replication slot is looked up as a slot of this database: slot names are the cluster's, and
 -- once a backfill's (or a follow's) slot is dropped another database may make one of that name,
 -- which decodes none of this database's messages. backfill_status (slot_lag_bytes, delivered) and
