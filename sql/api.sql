@@ -386,7 +386,10 @@ COMMENT ON FUNCTION backfill_key() IS
 'The key that signs new messages, for consumers that verify them (needs SELECT on backfill.message_key).';
 
 -- The xid as decoders report it: pg_logical_slot_peek_changes() and _get_changes() return it as
--- type xid, which has no cast to bigint. (Not STRICT: a NULL xid is 22004, naming it.)
+-- type xid, which has no cast to bigint. (Not STRICT: a NULL xid is 22004, naming it.) Executable
+-- by all, granting nothing: it calls backfill_message_valid(text, bigint), which needs the
+-- consumer's grant (EXECUTE, checked for the caller when the call runs, and SELECT on the keys),
+-- so that a consumer granted before 0.11.0 uses it as it is.
 CREATE FUNCTION backfill_message_valid(content text, xid pg_catalog.xid)
 RETURNS boolean
 LANGUAGE sql STABLE
@@ -578,8 +581,7 @@ REVOKE EXECUTE ON FUNCTION
     backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
     backfill_cancel(bigint), backfill_pause(bigint), backfill_resume(bigint), backfill_purge(interval),
     backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
-    backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_message_valid(text, xid),
-    backfill_security_check(),
+    backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_security_check(),
     backfill_checksum(regclass, integer, text, jsonb, text[]), backfill_compare(regclass, regclass, text, integer, name, text[]),
     backfill_repair(regclass, regclass, boolean, text, integer, name, integer, text[]),
     backfill_follow(name, name, integer, integer, integer, bigint, bigint, bigint, integer, integer),

@@ -121,10 +121,11 @@ SELECT f.id,
  WHERE backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR backfill.may_act_as(CURRENT_USER, r.rolname);
 
 -- backfill_message_valid() takes the xid column of pg_logical_slot_peek_changes() as it is.
+-- Executable by all, granting nothing: it calls backfill_message_valid(text, bigint), which needs
+-- the consumer's grant, so that a consumer granted before 0.11.0 uses it as it is.
 CREATE FUNCTION backfill_message_valid(content text, xid pg_catalog.xid)
 RETURNS boolean
 LANGUAGE sql STABLE
 AS $$ SELECT @extschema@.backfill_message_valid(content, xid::pg_catalog.text::pg_catalog.int8) $$;
 COMMENT ON FUNCTION backfill_message_valid(text, xid) IS
 'backfill_message_valid() with the xid column of pg_logical_slot_peek_changes() as it is (type xid)';
-REVOKE EXECUTE ON FUNCTION backfill_message_valid(text, xid) FROM PUBLIC;
