@@ -275,6 +275,25 @@ def test_the_slot_dropped_ends_the_follow_with_the_reason(db):
     assert queue(db) == []
 
 
+def test_a_slot_of_its_name_made_for_another_database_is_not_the_follows(cluster, db, scratch_database):
+    """Slot names are the cluster's: the follow's slot dropped, another database makes one of
+    that name. The follow's slot is still missing (backfill_follows said following before
+    0.11.0), and the follow ends at its next statement as for any dropped slot."""
+    slot = f"cdc_{db.info.dbname.split('_')[0]}"
+    db.execute("CREATE TABLE seed (id int PRIMARY KEY); CREATE PUBLICATION shop FOR TABLE seed")
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
+    make_table(db, "items", rows=100)
+    db.execute("SELECT backfill_follow('shop', %s)", [slot])
+    db.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+    elsewhere = scratch_database(f"follow_elsewhere_{slot}")
+    with cluster.connect(elsewhere) as other:
+        other.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
+    assert follows(db, "state") == [("slot missing",)]
+    db.execute("ALTER PUBLICATION shop ADD TABLE items")
+    assert follows(db, "state", "end_reason") == [("ended", f'replication slot "{slot}" was dropped')]
+    assert queue(db) == []
+
+
 def test_the_publication_dropped_ends_the_follow_with_the_reason(db, pipeline):
     db.execute("SELECT backfill_follow('shop', 'cdc')")
     db.execute("DROP PUBLICATION shop")

@@ -237,7 +237,7 @@ SELECT j.id,
                AS recent_rows_per_second
           FROM backfill.job_progress p
          WHERE p.job_id = j.id AND p.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')) r ON true
-  LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
+  LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name AND s.database = pg_catalog.current_database()
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = j.worker_pid AND j.state IN ('running', 'paused')
  WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_status IS 'One row per backfill: state, progress, who started it and why it failed';
@@ -385,6 +385,18 @@ AS $$ SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1 $$;
 COMMENT ON FUNCTION backfill_key() IS
 'The key that signs new messages, for consumers that verify them (needs SELECT on backfill.message_key).';
 
+-- The xid as decoders report it: pg_logical_slot_peek_changes() and _get_changes() return it as
+-- type xid, which has no cast to bigint. (Not STRICT: a NULL xid is 22004, naming it.) Executable
+-- by all, granting nothing: it calls backfill_message_valid(text, bigint), which needs the
+-- consumer's grant (EXECUTE, checked for the caller when the call runs, and SELECT on the keys),
+-- so that a consumer granted before 0.11.0 uses it as it is.
+CREATE FUNCTION backfill_message_valid(content text, xid pg_catalog.xid)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$ SELECT @extschema@.backfill_message_valid(content, xid::pg_catalog.text::pg_catalog.int8) $$;
+COMMENT ON FUNCTION backfill_message_valid(text, xid) IS
+'backfill_message_valid() with the xid column of pg_logical_slot_peek_changes() as it is (type xid)';
+
 CREATE FUNCTION backfill_rotate_key(retire_old_keys boolean DEFAULT false)
 RETURNS integer
 -- (client_min_messages: on a Citus node, each ALTER EXTENSION ... ADD or DROP SEQUENCE below
@@ -529,7 +541,7 @@ SELECT f.id,
        f.end_reason
   FROM backfill.follow f
   LEFT JOIN pg_catalog.pg_roles r ON r.oid = f.created_by
-  LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = f.slot_name
+  LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = f.slot_name AND s.database = pg_catalog.current_database()
  CROSS JOIN LATERAL (SELECT pg_catalog.array_agg(t.relid::pg_catalog.regclass ORDER BY t.entry) AS pending_tables
                        FROM backfill.follow_table t
                       WHERE t.follow_id = f.id AND t.state = 'pending') q

@@ -268,7 +268,8 @@ fn still_followable(follow: &Follow) -> Option<PublicationTables> {
 
 fn slot_exists(slot: &str) -> bool {
     crate::pg::spi::select_one::<bool>(
-        "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1)",
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots
+                         WHERE slot_name OPERATOR(pg_catalog.=) $1 AND database OPERATOR(pg_catalog.=) pg_catalog.current_database())",
         &[Text::from(slot).into()],
     )
     .or_internal("read the replication slots")
