@@ -192,3 +192,32 @@ def test_an_alter_table_of_a_table_the_follow_knows_reads_no_publication(cluster
     finally:
         db.execute("SELECT backfill_unfollow('everything', 'everything_slot')")
         db.execute("SELECT pg_drop_replication_slot('everything_slot')")
+
+
+def test_backfill_follow_wait_returns_the_backfill_once_started(db, pipeline, roles):
+    """The backfill of a table added starts once the statement commits: backfill_follow_wait()
+    waits for that and names it; in the statement's own transaction it would wait for ever (55000);
+    a table queued behind a running backfill times out (57014); NULL, a follow that does not
+    exist and a role that is not its creator are refused as backfill_unfollow() refuses them."""
+    make_table(db, "a", rows=2000)
+    make_table(db, "b", rows=10)
+    db.execute("SELECT backfill_follow('shop', 'cdc', batch_size => 50, rows_per_second => 100)")
+    db.execute("ALTER PUBLICATION shop ADD TABLE a")
+    a = db.execute("SELECT backfill_follow_wait('shop', 'cdc')").fetchone()[0]
+    assert a == backfill_of(db, "public.a") and status(db, a, "tables") == ["a"]
+    with db.transaction():
+        db.execute("ALTER PUBLICATION shop ADD TABLE b")
+        e = error_of(db, "SELECT backfill_follow_wait('shop', 'cdc')")
+        assert e.sqlstate == "55000" and "commits" in e.diag.message_primary, e
+        raise psycopg.Rollback()
+    db.execute("ALTER PUBLICATION shop ADD TABLE b")
+    e = error_of(db, "SELECT backfill_follow_wait('shop', 'cdc', interval '200 milliseconds')")
+    assert e.sqlstate == "57014" and e.diag.message_hint and "1 of them" in e.diag.message_detail, e
+    assert error_of(db, "SELECT backfill_follow_wait(NULL, 'cdc')").sqlstate == "22004"
+    assert error_of(db, "SELECT backfill_follow_wait('shop', 'nope')").sqlstate == "42704"
+    role = roles.create("other", "operator")
+    e = error_of(roles.connect(role), "SELECT backfill_follow_wait('shop', 'cdc')")
+    assert e.sqlstate == "42501", e
+    db.execute("SELECT backfill_cancel(%s)", [a])
+    b = db.execute("SELECT backfill_follow_wait('shop', 'cdc')").fetchone()[0]
+    assert status(db, b, "tables") == ["b"] and wait_until_ended(db, b) == "done"

@@ -518,6 +518,14 @@ AS $$ SELECT backfill.unfollow(publication::pg_catalog.text, slot::pg_catalog.te
 COMMENT ON FUNCTION backfill_unfollow(name, name) IS
 'Ends the follow of the publication into the slot: tables still waiting are skipped; a backfill it started runs on.';
 
+CREATE FUNCTION backfill_follow_wait(publication name, slot name, timeout interval DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.follow_wait(publication::pg_catalog.text, slot::pg_catalog.text,
+                                  extract(epoch FROM timeout)::pg_catalog.float8 OPERATOR(pg_catalog.*) 1000) $$;
+COMMENT ON FUNCTION backfill_follow_wait(name, name, interval) IS
+'Waits until every table queued for the follow has been started (or skipped, or failed), and returns the follow''s last started backfill (for backfill_wait); an error after the timeout.';
+
 CREATE VIEW backfill_follows WITH (security_barrier) AS
 SELECT f.id,
        f.publication_name AS publication,
@@ -592,7 +600,7 @@ REVOKE EXECUTE ON FUNCTION
     backfill_checksum(regclass, integer, text, jsonb, text[]), backfill_compare(regclass, regclass, text, integer, name, text[]),
     backfill_repair(regclass, regclass, boolean, text, integer, name, integer, text[]),
     backfill_follow(name, name, integer, integer, integer, bigint, bigint, bigint, integer, integer),
-    backfill_unfollow(name, name)
+    backfill_unfollow(name, name), backfill_follow_wait(name, name, interval)
   FROM PUBLIC;
 
 -- The entry points the wrappers above call, and the views' helpers.
@@ -607,6 +615,7 @@ COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, i
 COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';
 COMMENT ON FUNCTION backfill.follow(text, text, integer, integer, integer, bigint, bigint, bigint, integer, integer) IS 'Entry point of backfill_follow()';
 COMMENT ON FUNCTION backfill.unfollow(text, text) IS 'Entry point of backfill_unfollow()';
+COMMENT ON FUNCTION backfill.follow_wait(text, text, double precision) IS 'Entry point of backfill_follow_wait() (timeout in milliseconds)';
 COMMENT ON FUNCTION backfill.follow_ddl() IS 'The event trigger''s work in 0.10.0 (no command tag): the SQL of that version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.follow_ddl(text) IS 'The event trigger''s work at the end of a statement (its command tag) that may have changed a followed publication''s tables';
 COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';

@@ -154,3 +154,18 @@ LANGUAGE sql STABLE
 AS $$ SELECT @extschema@.backfill_message_valid(content, xid::pg_catalog.text::pg_catalog.int8) $$;
 COMMENT ON FUNCTION backfill_message_valid(text, xid) IS
 'backfill_message_valid() with the xid column of pg_logical_slot_peek_changes() as it is (type xid)';
+
+-- Follows: backfill_follow_wait(), since a follow's backfills start once the statement that
+-- added their tables commits.
+CREATE FUNCTION backfill.follow_wait(publication text, slot text, timeout_ms double precision) RETURNS bigint
+LANGUAGE c AS 'MODULE_PATHNAME', 'follow_wait_wrapper';
+COMMENT ON FUNCTION backfill.follow_wait(text, text, double precision) IS 'Entry point of backfill_follow_wait() (timeout in milliseconds)';
+REVOKE EXECUTE ON FUNCTION backfill.follow_wait(text, text, double precision) FROM PUBLIC;
+CREATE FUNCTION backfill_follow_wait(publication name, slot name, timeout interval DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.follow_wait(publication::pg_catalog.text, slot::pg_catalog.text,
+                                  extract(epoch FROM timeout)::pg_catalog.float8 OPERATOR(pg_catalog.*) 1000) $$;
+COMMENT ON FUNCTION backfill_follow_wait(name, name, interval) IS
+'Waits until every table queued for the follow has been started (or skipped, or failed), and returns the follow''s last started backfill (for backfill_wait); an error after the timeout.';
+REVOKE EXECUTE ON FUNCTION backfill_follow_wait(name, name, interval) FROM PUBLIC;

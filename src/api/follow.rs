@@ -124,8 +124,60 @@ fn unfollow(publication: Option<Text>, slot: Option<Text>) -> bool {
     require_primary("end a follow");
     let publication = required(publication, CALL, "publication").0;
     let slot = required(slot, CALL, "slot").0;
+    let id = require_follow_of_caller(&publication, &slot, "end");
+    as_extension_owner(|| follow::end_follow(id, "ended by backfill_unfollow()"))
+}
+
+/// backfill_follow_wait(): blocks until every table queued for the follow when it was called has
+/// been started (or skipped, or failed), since a follow's backfills start once the statement
+/// that added their tables commits, in a worker of their own; returns the follow's last started
+/// backfill (NULL if it never started one), for backfill_wait(). After the timeout, an error.
+#[pg_extern(schema = "backfill", name = "follow_wait")]
+fn follow_wait(publication: Option<Text>, slot: Option<Text>, timeout_ms: Option<f64>) -> Option<i64> {
+    const CALL: &str = "backfill_follow_wait";
+    let publication = required(publication, CALL, "publication").0;
+    let slot = required(slot, CALL, "slot").0;
+    let id = require_follow_of_caller(&publication, &slot, "wait for");
+    let deadline =
+        timeout_ms.map(|ms| std::time::Instant::now() + std::time::Duration::from_secs_f64(ms.max(0.0) / 1000.0));
+    let up_to = as_extension_owner(|| follow::queue_progress(id, None)).last_entry;
+    loop {
+        let progress = as_extension_owner(|| follow::queue_progress(id, up_to));
+        if progress.waiting == 0 || progress.ended {
+            return progress.last_backfill_id;
+        }
+        if progress.queued_here {
+            raise(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("the tables queued for follow {id} cannot start before this transaction commits"),
+                "A follow's backfills start once the statement that added their tables commits; waiting in that same \
+                 transaction would never end.",
+                Some("Commit first, then wait.".into()),
+            );
+        }
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            raise(
+                ERRCODE_QUERY_CANCELED,
+                format!("the tables queued for follow {id} did not start in time"),
+                format!(
+                    "{} of them still wait for slot \"{slot}\" (one backfill per slot at a time).",
+                    progress.waiting
+                ),
+                Some(
+                    "SELECT pending_tables, last_error FROM backfill_follows; shows them, and what they wait for."
+                        .into(),
+                ),
+            );
+        }
+        crate::throttle::pacing::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The live follow of `publication` into `slot`, which the caller may act for (its creator, a
+/// member, a superuser); an error otherwise.
+fn require_follow_of_caller(publication: &str, slot: &str, verb: &str) -> i64 {
     let Some((id, creator)) = as_extension_owner(|| {
-        let id = follow::live_follow(&publication, &slot)?;
+        let id = follow::live_follow(publication, slot)?;
         Some((id, follow::creator(id)))
     }) else {
         raise(
@@ -139,15 +191,15 @@ fn unfollow(publication: Option<Text>, slot: Option<Text>) -> bool {
     if !may {
         raise(
             ERRCODE_INSUFFICIENT_PRIVILEGE,
-            format!("permission denied to end follow {id}"),
+            format!("permission denied to {verb} follow {id}"),
             format!(
-                "Follow {id} was created by role \"{}\"; only that role, its members and superusers may end it.",
+                "Follow {id} was created by role \"{}\"; only that role, its members and superusers may {verb} it.",
                 creator.unwrap_or_default()
             ),
             None,
         );
     }
-    as_extension_owner(|| follow::end_follow(id, "ended by backfill_unfollow()"))
+    id
 }
 
 /// The event trigger's work, at the end of a statement that may have added tables to a

@@ -255,6 +255,51 @@ pub fn any_live_follow() -> bool {
         .unwrap_or(false)
 }
 
+/// Where the follow's queue stands for backfill_follow_wait(), on a fresh snapshot: how many of
+/// its tables queued up to entry `up_to` (all, when None) still wait; whether one of those was
+/// queued by this transaction (its start waits for the commit); the follow's last started
+/// backfill; and whether the follow has ended.
+pub struct QueueProgress {
+    pub last_entry: Option<i64>,
+    pub waiting: i64,
+    pub queued_here: bool,
+    pub last_backfill_id: Option<i64>,
+    pub ended: bool,
+}
+
+pub fn queue_progress(follow_id: i64, up_to: Option<i64>) -> QueueProgress {
+    let read = crate::pg::spi::with_fresh_snapshot(|| {
+        Spi::connect(|client| {
+            let row = client
+                .select(
+                    "SELECT (SELECT pg_catalog.max(t.entry) FROM backfill.follow_table t WHERE t.follow_id OPERATOR(pg_catalog.=) f.id),
+                            (SELECT pg_catalog.count(*) FROM backfill.follow_table t
+                              WHERE t.follow_id OPERATOR(pg_catalog.=) f.id AND t.state OPERATOR(pg_catalog.=) 'pending'
+                                AND ($2::pg_catalog.int8 IS NULL OR t.entry OPERATOR(pg_catalog.<=) $2)),
+                            (SELECT pg_catalog.array_agg(t.xmin::pg_catalog.text::pg_catalog.int8) FROM backfill.follow_table t
+                              WHERE t.follow_id OPERATOR(pg_catalog.=) f.id AND t.state OPERATOR(pg_catalog.=) 'pending'),
+                            f.last_backfill_id, f.ended_at IS NOT NULL
+                       FROM backfill.follow f WHERE f.id OPERATOR(pg_catalog.=) $1",
+                    None,
+                    &[follow_id.into(), up_to.into()],
+                )?
+                .first();
+            let queued_by: Vec<i64> = row.get(3)?.unwrap_or_default();
+            Ok::<_, pgrx::spi::Error>(QueueProgress {
+                last_entry: row.get(1)?,
+                waiting: row.get(2)?.unwrap_or(0),
+                // SAFETY: asks whether an xid is this transaction's (or a subtransaction's); no side effect.
+                queued_here: queued_by.iter().any(|xmin| unsafe {
+                    pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(*xmin as u32))
+                }),
+                last_backfill_id: row.get(4)?,
+                ended: row.get(5)?.unwrap_or(true),
+            })
+        })
+    });
+    read.or_internal("read the follow's queue")
+}
+
 /// Records a new follow; returns its id.
 pub fn insert_follow(
     publication: &str,
