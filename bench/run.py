@@ -902,7 +902,8 @@ def main():
                     print(f"{'lock_mode ' + r['lock_mode']:24} {r['tps']:>8.0f} {r['p99_latency_ms']:>8.2f} "
                           f"{r['rows_backfilled_per_second']:>16.0f} {r['share_of_pages_table_locked']:>19.0%}")
             results = cost
-        only = args.source_cost or args.load_signal or args.checksum or args.end_to_end or args.spill or args.many_tables
+        only = (args.source_cost or args.load_signal or args.checksum or args.end_to_end or args.spill or args.many_tables
+                or args.ddl_cost)
         for shape in ([] if only else args.shapes.split(",")):
             for size in map(int, args.sizes.split(",")):
                 table = f"bench_{shape}_{size}"
