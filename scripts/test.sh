@@ -34,14 +34,17 @@ bash scripts/setup.sh
 source scripts/pg_major.sh
 source scripts/install.sh
 
-if [ $# -eq 0 ]; then
+# BACKFILL_CHECKS=1 runs the lints and unit tests below even when pytest arguments narrow the
+# end-to-end run (.ci/run does, on 15).
+checks=$([ $# -eq 0 ] || [ "${BACKFILL_CHECKS:-0}" = 1 ] && echo 1 || echo 0)
+if [ "$checks" = 1 ]; then
     echo "== formatting and lints (cargo fmt, cargo clippy; PostgreSQL $PG_MAJOR) =="
     cargo fmt --check
     cargo clippy --all-targets "${PG_FEATURES[@]}" --features test_hooks -- -D warnings
     python3 scripts/check_structure.py
 fi
 # BACKFILL_UNIT_TESTS=0 leaves them out (.ci/run runs them on 15 only, for time).
-if [ $# -eq 0 ] && [ -z "$PG_ROOT" ] && [ "${BACKFILL_UNIT_TESTS:-1}" != 0 ]; then
+if [ "$checks" = 1 ] && [ -z "$PG_ROOT" ] && [ "${BACKFILL_UNIT_TESTS:-1}" != 0 ]; then
     echo "== unit tests (cargo pgrx test pg$PG_MAJOR) =="
     # PostgreSQL refuses to run as root: the test cluster runs as the postgres OS user.
     PGDATA_DIR=${BACKFILL_PGRX_TEST_DIR:-/tmp/pg_backfill_pgrx_test}
