@@ -268,17 +268,7 @@ pub fn require_worker_slots(needed: i32) {
 /// A starting worker is admitted only while fewer than backfill.max_workers are: checked under
 /// a cluster-wide lock, held until the worker's application_name (which counts it) commits.
 pub fn admit_within_cap() {
-    // A lock tag no PostgreSQL object uses: the shared catalog pg_database, object 0.
-    const CAP_LOCK: u16 = 0x6266;
-    // SAFETY: takes a heavyweight lock, released at the end of this transaction.
-    unsafe {
-        pg_sys::LockSharedObject(
-            pg_sys::DatabaseRelationId,
-            pg_sys::InvalidOid,
-            CAP_LOCK,
-            pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
-        );
-    }
+    crate::pg::locks::lock_worker_admissions();
     // (Not those still starting: two starting at once would each count the other and both stop.)
     let running = backfill_workers(false);
     if running >= settings::max_workers() {
