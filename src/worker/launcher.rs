@@ -163,6 +163,7 @@ pub fn show_as(name: &str) {
 /// launched and not yet admitted (`pg_backfill starting 7`). The resumer is neither.
 fn backfill_workers(starting: bool) -> i32 {
     let pattern = if starting { activity::ANY_WORKER_NAME } else { activity::ADMITTED_WORKER_NAME };
+    activity::read_activity_afresh();
     crate::pg::spi::select_one::<i32>(
         "SELECT pg_catalog.count(*)::int FROM pg_catalog.pg_stat_activity
           WHERE backend_type OPERATOR(pg_catalog.=) 'pg_backfill'
@@ -280,6 +281,7 @@ pub fn admit_within_cap() {
 /// waiting for a consumer) when this transaction commits, so that a cancel, pause or new
 /// pacing takes effect at once.
 pub fn wake_workers_at_commit(backfill_id: i64) {
+    activity::read_activity_afresh();
     let pids = privilege::as_extension_owner(|| {
         Spi::connect(|client| {
             client
