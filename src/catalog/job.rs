@@ -337,16 +337,17 @@ pub fn set_lock_mode(backfill_id: i64, mode: LockMode) {
     .or_internal("record the lock mode")
 }
 
-/// The running backfill that already covers one of these tables, if any.
+/// The running backfill that already covers one of these tables, if any, as last committed: the
+/// caller holds the start lock (pg/locks.rs), and a start that committed before it took it counts
+/// even where the caller's snapshot is older (REPEATABLE READ, SERIALIZABLE).
 pub fn running_backfill_of(relid: pg_sys::Oid) -> Option<i64> {
-    crate::pg::spi::select_one::<i64>(
+    crate::pg::spi::select_id_on_latest_snapshot(
         "SELECT j.id FROM backfill.job j JOIN backfill.job_table t ON t.job_id OPERATOR(pg_catalog.=) j.id
           WHERE j.state OPERATOR(pg_catalog.=) ANY (ARRAY['running', 'paused'])
             AND t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid::pg_catalog.regclass
           LIMIT 1",
         &[relid.into()],
     )
-    .or_internal("read the running backfills")
 }
 
 /// The running (or paused) backfill bound to `slot` that covers table `relid`, if any: a follow
@@ -508,15 +509,15 @@ pub fn record_progress(backfill_id: i64) {
     .or_internal("record progress")
 }
 
-/// The running backfill that already serves this slot, if any.
+/// The running backfill that already serves this slot, if any, as last committed (see
+/// [`running_backfill_of`]).
 pub fn running_backfill_of_slot(slot: &str) -> Option<i64> {
-    crate::pg::spi::select_one::<i64>(
+    crate::pg::spi::select_id_on_latest_snapshot(
         "SELECT id FROM backfill.job
           WHERE slot_name OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) ANY (ARRAY['running', 'paused'])
           LIMIT 1",
         &[slot.into()],
     )
-    .or_internal("read the running backfills")
 }
 
 /// The key messages are signed with now, the newest: (id, key). Which key is the newest is read
