@@ -1538,7 +1538,6 @@ def test_no_role_blocks_the_starts_with_the_advisory_lock_0_10_0_took(db, roles)
     make_table(db, "t", 100)
     squatter = roles.connect(roles.create("squatter"))
     squatter.execute("SELECT pg_advisory_lock(hashtext('pg_backfill.start'))")
-    squatter.execute("SELECT pg_advisory_lock(hashtext('pg_backfill.start')::bigint)")
     # (Without the fix the start waits for the squatter: 55P03 once the lock_timeout passes.)
     db.execute("SET lock_timeout = '20s'")
     backfill_id = start(db, "t")
@@ -1555,7 +1554,8 @@ def test_no_role_holds_a_new_backfills_worker_by_taking_its_lock_ahead(db, roles
     first = next_backfill_id(db)
     for backfill_id in range(first, first + 3):
         for worker in range(2):
-            squatter.execute("SELECT pg_advisory_lock(hashtext('pg_backfill.worker') + %s, %s)", [worker, backfill_id])
+            squatter.execute("SELECT pg_advisory_lock(hashtext('pg_backfill.worker') + %s::int, %s::int)",
+                             [worker, backfill_id])
     fast = start(db, "fast")
     assert fast == first
     assert value(db, "SELECT backfill_wait(%s, 120000)", [fast]) is True
