@@ -1683,6 +1683,41 @@ def test_set_keys_of_refuses_a_backfill_another_role_started_in_the_transaction(
     assert status(db, backfill_id, "rows_done") == 1
 
 
+def test_a_role_whose_ddl_a_follow_starts_a_backfill_in_cannot_narrow_it(cluster, db, roles):
+    """The attack set_keys_of() let through: a publication's owner with no grant of pg_backfill
+    adds a table to a followed publication, and the follow starts its backfill, as its creator,
+    in the owner's transaction; the owner then narrowed it to one row of its 300. Now refused,
+    and the consumer gets every row."""
+    from test_citus import PgOutputStream
+    db.execute("CREATE TABLE seed (id int PRIMARY KEY); CREATE PUBLICATION shop FOR TABLE seed")
+    db.execute("SELECT pg_create_logical_replication_slot('cdc', 'pgoutput')")
+    stream = PgOutputStream(cluster, "cdc", "shop", dbname=db.info.dbname)
+    stream.start()
+    try:
+        owner = roles.create("shopkeeper")
+        db.execute(f"ALTER PUBLICATION shop OWNER TO {owner}")
+        db.execute(f"CREATE SCHEMA goods_schema AUTHORIZATION {owner}")
+        conn = roles.connect(owner)
+        conn.execute("""CREATE TABLE goods_schema.goods (id int PRIMARY KEY, label text);
+                        INSERT INTO goods_schema.goods SELECT g, 'g' || g FROM generate_series(1, 300) g""")
+        db.execute("SELECT backfill_follow('shop', 'cdc')")
+        expected = next_backfill_id(db)
+        conn.execute("BEGIN")
+        conn.execute("ALTER PUBLICATION shop ADD TABLE goods_schema.goods")
+        e = error_of(conn, "SELECT backfill.set_keys_of(%s, 'goods_schema.goods'::regclass, '[{\"id\": 1}]')",
+                     [expected])
+        conn.execute("ROLLBACK")
+        # (42501 while the follow starts the backfill in the DDL's transaction; 55000 if not there.)
+        assert e.sqlstate in ("42501", "55000"), e
+        conn.execute("ALTER PUBLICATION shop ADD TABLE goods_schema.goods")
+        backfill_id = wait_for(lambda: value(db, "SELECT max(id) FROM backfill.job"), what="the follow's backfill")
+        assert wait_until_ended(db, backfill_id) == "done"
+        assert status(db, backfill_id, "rows_done") == 300
+        assert value(db, "SELECT count(*) FROM backfill.job_key") == 0
+    finally:
+        stream.stop()
+
+
 @pytest.mark.parametrize("change", ["SELECT backfill_set(%s, rows_per_second => 20)",
                                     "SELECT backfill_pause(%s), backfill_resume(%s)"])
 @pytest.mark.parametrize("old_entry_point", ["SELECT backfill.set_keys(%s, '[{\"id\": 1}]')",
