@@ -1541,7 +1541,7 @@ def test_no_role_blocks_the_starts_with_the_advisory_lock_0_10_0_took(db, roles)
     # (Without the fix the start waits for the squatter: 55P03 once the lock_timeout passes.)
     db.execute("SET lock_timeout = '20s'")
     backfill_id = start(db, "t")
-    assert value(db, "SELECT backfill_wait(%s, 120000)", [backfill_id]) is True
+    assert value(db, "SELECT backfill_wait(%s, interval '2 minutes')", [backfill_id]) is True
 
 
 def test_no_role_holds_a_new_backfills_worker_by_taking_its_lock_ahead(db, roles):
@@ -1558,7 +1558,7 @@ def test_no_role_holds_a_new_backfills_worker_by_taking_its_lock_ahead(db, roles
                              [worker, backfill_id])
     fast = start(db, "fast")
     assert fast == first
-    assert value(db, "SELECT backfill_wait(%s, 120000)", [fast]) is True
+    assert value(db, "SELECT backfill_wait(%s, interval '2 minutes')", [fast]) is True
     slow = start(db, "slow", batch_size=5, rows_per_second=10)
     admitted = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
     wait_for(lambda: value(db, admitted, [f"pg_backfill {slow}"]) == 1, timeout=60, what="the worker to be admitted")
@@ -1583,7 +1583,7 @@ def test_a_transaction_that_started_a_backfill_cannot_be_prepared(db):
     assert value(db, "SELECT count(*) FROM pg_prepared_xacts") == 0
     assert value(db, "SELECT count(*) FROM backfill.job") == 0
     db.execute("SET lock_timeout = '20s'")
-    assert value(db, "SELECT backfill_wait(%s, 120000)", [start(db, "t")]) is True
+    assert value(db, "SELECT backfill_wait(%s, interval '2 minutes')", [start(db, "t")]) is True
 
 
 @pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
@@ -1602,7 +1602,7 @@ def test_a_start_sees_a_backfill_of_its_table_committed_after_its_snapshot(db, c
         e = error_of(db, "SELECT backfill_start('t', confirm => true)")
         db.execute("ROLLBACK")
         assert e.sqlstate == "55006", e
-        assert e.diag.message_primary == "table t already has a running backfill", e.diag.message_primary
+        assert e.diag.message_primary == "table public.t already has a running backfill", e.diag.message_primary
         db.execute(f"BEGIN ISOLATION LEVEL {isolation}")
         assert value(db, "SELECT count(*) FROM backfill_status WHERE state = 'running'") == 1
         e = error_of(db, "SELECT backfill_start('u', confirm => true, slot => 'busy_slot')")
@@ -1679,7 +1679,7 @@ def test_set_keys_of_refuses_a_backfill_another_role_started_in_the_transaction(
     backfill_id = start(db, "t")
     assert value(db, narrow, [backfill_id]) == backfill_id
     db.execute("COMMIT")
-    assert value(db, "SELECT backfill_wait(%s, 120000)", [backfill_id]) is True
+    assert value(db, "SELECT backfill_wait(%s, interval '2 minutes')", [backfill_id]) is True
     assert status(db, backfill_id, "rows_done") == 1
 
 
@@ -1746,7 +1746,7 @@ def test_the_old_entry_points_refuse_a_running_backfill_changed_in_the_transacti
     make_table(db, "u", 100)
     started = value(db, """SELECT backfill.set_keys(backfill.set_rows_per_message(
                                backfill_start('u', confirm => true), 10), '[{"id": 3}, {"id": 4}]')""")
-    assert value(db, "SELECT backfill_wait(%s, 120000)", [started]) is True
+    assert value(db, "SELECT backfill_wait(%s, interval '2 minutes')", [started]) is True
     assert status(db, started, "rows_done") == 2
 
 
