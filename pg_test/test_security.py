@@ -1662,7 +1662,10 @@ def test_set_keys_of_refuses_a_backfill_another_role_started_in_the_transaction(
     make_table(db, "t", 200)
     starter = roles.create("starter", "operator")
     db.execute(f"GRANT SELECT, UPDATE ON t TO {starter}")
-    intruder = roles.create("intruder")
+    # The intruder may backfill the table too (in the attack, its own): only who started the
+    # backfill stands between it and the keys.
+    intruder = roles.create("intruder", "operator")
+    db.execute(f"GRANT SELECT, UPDATE ON t TO {intruder}")
     narrow = "SELECT backfill.set_keys_of(%s, 't'::regclass, '[{\"id\": 1}]')"
     db.execute("BEGIN")
     db.execute(f"SET LOCAL ROLE {starter}")
