@@ -515,7 +515,7 @@ def test_a_request_for_more_workers_than_max_workers_allows_says_it_can_never_fi
 
 def test_max_workers_counts_a_worker_that_is_still_starting(db, cluster):
     """A worker counts from the moment it is visible, before it is admitted: here one waits for
-    its per-worker lock, which another session holds. (Counting only admitted workers let a
+    the transaction that started its backfill to commit. (Counting only admitted workers let a
     third backfill_start through while the second's worker was starting: seen once in CI.)"""
     for name in ("a", "b", "c"):
         make_table(db, name, 1000)
@@ -526,25 +526,27 @@ def test_max_workers_counts_a_worker_that_is_still_starting(db, cluster):
     wait_for(lambda: workers() == 0, what="the workers of earlier tests to exit")
     db.execute("LOAD 'pg_backfill'")
     db.execute("ALTER SYSTEM SET backfill.max_workers = 2")
-    blocker = cluster.connect(db.info.dbname)
+    starter = cluster.connect(db.info.dbname)
     try:
         db.execute("SELECT pg_reload_conf()")
         wait_for(lambda: value(db, "SHOW backfill.max_workers") == "2", what="the reload")
+        wait_for(lambda: value(starter, "SHOW backfill.max_workers") == "2", what="the reload")
         running = start(db, "a", batch_size=5, rows_per_second=10)
         wait_for(lambda: workers() == 1, what="the first worker")
-        # The next backfill's first worker takes this lock before it is admitted.
-        blocker.execute("SELECT pg_advisory_lock(hashtext('pg_backfill.worker'), %s)", [running + 1])
-        starting = start(db, "b", batch_size=5, rows_per_second=10)
-        assert starting == running + 1
+        # The next backfill's worker waits, before its admission, for this transaction to commit.
+        starter.execute("BEGIN")
+        starting = start(starter, "b", batch_size=5, rows_per_second=10)
         wait_for(lambda: workers() == 2, what="the second worker, held before its admission")
         # (A worker shows in pg_stat_activity a moment before it names itself.)
         starting_name = "SELECT application_name FROM pg_stat_activity WHERE application_name ~ '^pg_backfill starting'"
         wait_for(lambda: db.execute(starting_name).fetchone() is not None, what="the second worker to name itself")
         assert value(db, starting_name) == f"pg_backfill starting {starting}"
-        e = error_of(db, "SELECT backfill_start('c', confirm => true)")
+        starter.execute("SAVEPOINT third")
+        e = error_of(starter, "SELECT backfill_start('c', confirm => true)")
         assert e.sqlstate == "53400", e
         assert "2 backfill worker(s)" in e.diag.message_detail
-        blocker.execute("SELECT pg_advisory_unlock_all()")
+        starter.execute("ROLLBACK TO SAVEPOINT third")
+        starter.execute("COMMIT")
         admitted = f"pg_backfill {starting}"
         wait_for(
             lambda: value(db, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [admitted]) == 1,
@@ -554,7 +556,7 @@ def test_max_workers_counts_a_worker_that_is_still_starting(db, cluster):
             db.execute("SELECT backfill_cancel(%s)", [backfill_id])
             assert wait_until_ended(db, backfill_id) == "cancelled"
     finally:
-        blocker.close()
+        starter.close()
         db.execute("ALTER SYSTEM RESET backfill.max_workers")
         db.execute("SELECT pg_reload_conf()")
 
@@ -1598,3 +1600,260 @@ def test_a_database_owners_types_operators_and_functions_never_run_in_a_superuse
     finally:
         hostile.close()
         clean.close()
+
+
+# --- 11. pg_backfill's locks, snapshots and worker counts are no one else's -------------------
+
+def next_backfill_id(conn) -> int:
+    """The id the next backfill of `conn`'s database will get."""
+    return value(conn, """SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('backfill.job', 'id')::regclass)
+                                     + 1, 1)""")
+
+
+def test_no_role_blocks_the_starts_with_the_advisory_lock_0_10_0_took(db, roles):
+    """0.10.0 serialized starts with pg_advisory_xact_lock(hashtext('pg_backfill.start')): any
+    role that took that lock held every backfill_start of the database (and every DDL adding a
+    table to a followed publication). pg_backfill's locks are now tags no SQL function takes."""
+    make_table(db, "t", 100)
+    squatter = roles.connect(roles.create("squatter"))
+    squatter.execute("SELECT pg_advisory_lock(hashtext('pg_backfill.start'))")
+    # (Without the fix the start waits for the squatter: 55P03 once the lock_timeout passes.)
+    db.execute("SET lock_timeout = '20s'")
+    backfill_id = start(db, "t")
+    assert value(db, "SELECT backfill_wait(%s, interval '2 minutes')", [backfill_id]) is True
+
+
+def test_no_role_holds_a_new_backfills_worker_by_taking_its_lock_ahead(db, roles):
+    """0.10.0's worker took pg_advisory_lock(hashtext('pg_backfill.worker') + worker, id) before
+    anything else: a role that took it ahead for the next ids left those backfills starting for
+    ever, and backfill_cancel() marked one cancelled while its process stayed. Now neither."""
+    make_table(db, "fast", 100)
+    make_table(db, "slow", 1000)
+    squatter = roles.connect(roles.create("squatter"))
+    first = next_backfill_id(db)
+    for backfill_id in range(first, first + 3):
+        for worker in range(2):
+            squatter.execute("SELECT pg_advisory_lock(hashtext('pg_backfill.worker') + %s::int, %s::int)",
+                             [worker, backfill_id])
+    fast = start(db, "fast")
+    assert fast == first
+    assert value(db, "SELECT backfill_wait(%s, interval '2 minutes')", [fast]) is True
+    slow = start(db, "slow", batch_size=5, rows_per_second=10)
+    admitted = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+    wait_for(lambda: value(db, admitted, [f"pg_backfill {slow}"]) == 1, timeout=60, what="the worker to be admitted")
+    db.execute("SELECT backfill_cancel(%s)", [slow])
+    assert wait_until_ended(db, slow) == "cancelled"
+    wait_for(lambda: worker_pid(db, slow) is None, timeout=60, what="the cancelled backfill's worker to exit")
+
+
+def test_a_transaction_that_started_a_backfill_cannot_be_prepared(db):
+    """A prepared transaction keeps its locks, across restarts, until COMMIT PREPARED: one that
+    started a backfill would hold the database's start lock, and its workers would wait for it.
+    PREPARE TRANSACTION is refused first, whether or not the server allows prepared transactions
+    (the test cluster does not: then PostgreSQL's own refusal, 55000, would come after ours)."""
+    make_table(db, "t", 100)
+    db.execute("BEGIN")
+    start(db, "t")
+    e = error_of(db, "PREPARE TRANSACTION 'backfill_start'")
+    db.execute("ROLLBACK")
+    assert e.sqlstate == "0A000", e
+    assert e.diag.message_primary == "cannot PREPARE a transaction that started a backfill"
+    assert "COMMIT PREPARED" in e.diag.message_detail and e.diag.message_hint
+    assert value(db, "SELECT count(*) FROM pg_prepared_xacts") == 0
+    assert value(db, "SELECT count(*) FROM backfill.job") == 0
+    db.execute("SET lock_timeout = '20s'")
+    assert value(db, "SELECT backfill_wait(%s, interval '2 minutes')", [start(db, "t")]) is True
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_a_start_sees_a_backfill_of_its_table_committed_after_its_snapshot(db, cluster, isolation):
+    """One backfill per table and one per slot: a start checks on the latest committed state,
+    under the start lock, not on its transaction's snapshot. (0.10.0 read that snapshot: in
+    REPEATABLE READ, two backfills of one table started.)"""
+    make_table(db, "t", 1000)
+    db.execute("SELECT pg_create_logical_replication_slot('busy_slot', 'wal2json')")
+    make_table(db, "u", 100)
+    other = cluster.connect(db.info.dbname)
+    try:
+        db.execute(f"BEGIN ISOLATION LEVEL {isolation}")
+        assert value(db, "SELECT count(*) FROM backfill_status") == 0  # the snapshot, taken here
+        running = start(other, "t", batch_size=5, rows_per_second=10, slot="busy_slot")
+        e = error_of(db, "SELECT backfill_start('t', confirm => true)")
+        db.execute("ROLLBACK")
+        assert e.sqlstate == "55006", e
+        assert e.diag.message_primary == "table public.t already has a running backfill", e.diag.message_primary
+        db.execute(f"BEGIN ISOLATION LEVEL {isolation}")
+        assert value(db, "SELECT count(*) FROM backfill_status WHERE state = 'running'") == 1
+        e = error_of(db, "SELECT backfill_start('u', confirm => true, slot => 'busy_slot')")
+        db.execute("ROLLBACK")
+        assert e.sqlstate == "55006", e
+        assert e.diag.message_primary == "slot busy_slot already has a running backfill", e.diag.message_primary
+        assert value(db, "SELECT count(*) FROM backfill.job") == 1
+        db.execute("SELECT backfill_cancel(%s)", [running])
+        assert wait_until_ended(db, running) == "cancelled"
+    finally:
+        other.close()
+
+
+def test_the_worker_cap_counts_workers_started_after_the_callers_first_read_of_pg_stat_activity(db, cluster):
+    """PostgreSQL keeps a transaction's first copy of pg_stat_activity until it ends: 0.10.0
+    counted the backfill workers in it, so a transaction that had looked at pg_stat_activity
+    before started backfills past backfill.max_workers."""
+    for name in ("a", "b", "c"):
+        make_table(db, name, 1000)
+
+    def workers():
+        return value(db, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_backfill'")
+
+    wait_for(lambda: workers() == 0, what="the workers of earlier tests to exit")
+    db.execute("LOAD 'pg_backfill'")
+    db.execute("ALTER SYSTEM SET backfill.max_workers = 2")
+    late = cluster.connect(db.info.dbname)
+    try:
+        db.execute("SELECT pg_reload_conf()")
+        wait_for(lambda: value(db, "SHOW backfill.max_workers") == "2", what="the reload")
+        wait_for(lambda: value(late, "SHOW backfill.max_workers") == "2", what="the reload")
+        late.execute("BEGIN")
+        assert value(late, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_backfill'") == 0
+        running = [start(db, name, batch_size=5, rows_per_second=10) for name in ("a", "b")]
+        admitted = "SELECT count(*) FROM pg_stat_activity WHERE application_name ~ '^pg_backfill [0-9]'"
+        wait_for(lambda: value(db, admitted) == 2, timeout=60, what="two admitted workers")
+        e = error_of(late, "SELECT backfill_start('c', confirm => true)")
+        late.execute("ROLLBACK")
+        assert e.sqlstate == "53400", e
+        assert "2 backfill worker(s)" in e.diag.message_detail, e.diag.message_detail
+        for backfill_id in running:
+            db.execute("SELECT backfill_cancel(%s)", [backfill_id])
+            assert wait_until_ended(db, backfill_id) == "cancelled"
+    finally:
+        late.close()
+        db.execute("ALTER SYSTEM RESET backfill.max_workers")
+        db.execute("SELECT pg_reload_conf()")
+
+
+# --- 12. who shapes a backfill as it starts -----------------------------------------------------
+
+def test_set_keys_of_refuses_a_backfill_another_role_started_in_the_transaction(db, roles):
+    """backfill.set_keys_of() is executable by PUBLIC (a Citus worker node's start calls it): it
+    narrows only a backfill the calling role started, in this transaction. 0.10.0 took any
+    backfill this transaction recorded: a role whose DDL a follow started a backfill in, as the
+    follow's creator, narrowed it to one row and forced lock_mode table onto it."""
+    make_table(db, "t", 200)
+    starter = roles.create("starter", "operator")
+    db.execute(f"GRANT SELECT, UPDATE ON t TO {starter}")
+    # The intruder may backfill the table too (in the attack, its own): only who started the
+    # backfill stands between it and the keys.
+    intruder = roles.create("intruder", "operator")
+    db.execute(f"GRANT SELECT, UPDATE ON t TO {intruder}")
+    narrow = "SELECT backfill.set_keys_of(%s, 't'::regclass, '[{\"id\": 1}]')"
+    db.execute("BEGIN")
+    db.execute(f"SET LOCAL ROLE {starter}")
+    backfill_id = start(db, "t")
+    db.execute(f"SET LOCAL ROLE {intruder}")
+    e = error_of(db, narrow, [backfill_id])
+    db.execute("ROLLBACK")
+    assert e.sqlstate == "42501", e
+    assert e.diag.message_primary == f"permission denied to shape backfill {backfill_id}"
+    assert starter in e.diag.message_detail and intruder in e.diag.message_detail and e.diag.message_hint
+    # The role that started it still narrows it, in the same transaction.
+    db.execute("BEGIN")
+    db.execute(f"SET LOCAL ROLE {starter}")
+    backfill_id = start(db, "t")
+    assert value(db, narrow, [backfill_id]) == backfill_id
+    db.execute("COMMIT")
+    assert value(db, "SELECT backfill_wait(%s, interval '2 minutes')", [backfill_id]) is True
+    assert status(db, backfill_id, "rows_done") == 1
+
+
+def test_a_role_whose_ddl_a_follow_starts_a_backfill_in_cannot_narrow_it(cluster, db, roles):
+    """The attack set_keys_of() let through: a publication's owner with no grant of pg_backfill
+    adds a table to a followed publication, and the follow starts its backfill, as its creator,
+    in the owner's transaction; the owner then narrowed it to one row of its 300. Now refused,
+    and the consumer gets every row."""
+    from test_citus import PgOutputStream
+    db.execute("CREATE TABLE seed (id int PRIMARY KEY); CREATE PUBLICATION shop FOR TABLE seed")
+    db.execute("SELECT pg_create_logical_replication_slot('cdc', 'pgoutput')")
+    stream = PgOutputStream(cluster, "cdc", "shop", dbname=db.info.dbname)
+    stream.start()
+    try:
+        owner = roles.create("shopkeeper")
+        db.execute(f"ALTER PUBLICATION shop OWNER TO {owner}")
+        db.execute(f"CREATE SCHEMA goods_schema AUTHORIZATION {owner}")
+        conn = roles.connect(owner)
+        conn.execute("""CREATE TABLE goods_schema.goods (id int PRIMARY KEY, label text);
+                        INSERT INTO goods_schema.goods SELECT g, 'g' || g FROM generate_series(1, 300) g""")
+        db.execute("SELECT backfill_follow('shop', 'cdc')")
+        expected = next_backfill_id(db)
+        conn.execute("BEGIN")
+        conn.execute("ALTER PUBLICATION shop ADD TABLE goods_schema.goods")
+        e = error_of(conn, "SELECT backfill.set_keys_of(%s, 'goods_schema.goods'::regclass, '[{\"id\": 1}]')",
+                     [expected])
+        conn.execute("ROLLBACK")
+        # (42501 while the follow starts the backfill in the DDL's transaction; 55000 if not there.)
+        assert e.sqlstate in ("42501", "55000"), e
+        conn.execute("ALTER PUBLICATION shop ADD TABLE goods_schema.goods")
+        backfill_id = wait_for(lambda: value(db, "SELECT max(id) FROM backfill.job"), what="the follow's backfill")
+        assert wait_until_ended(db, backfill_id) == "done"
+        assert status(db, backfill_id, "rows_done") == 300
+        assert value(db, "SELECT count(*) FROM backfill.job_key") == 0
+    finally:
+        stream.stop()
+
+
+@pytest.mark.parametrize("change", ["SELECT backfill_set(%s, rows_per_second => 20)",
+                                    "SELECT backfill_pause(%s), backfill_resume(%s)"])
+@pytest.mark.parametrize("old_entry_point", ["SELECT backfill.set_keys(%s, '[{\"id\": 1}]')",
+                                             "SELECT backfill.set_rows_per_message(%s, 100)"])
+def test_the_old_entry_points_refuse_a_running_backfill_changed_in_the_transaction(db, change, old_entry_point):
+    """backfill.set_keys() and set_rows_per_message() (0.9.0's SQL calls them after
+    backfill.start(), until ALTER EXTENSION UPDATE) shape a backfill this transaction inserted.
+    0.10.0 asked whether this transaction wrote the backfill's row, which backfill_set(), pause
+    and resume do too: a running backfill then took keys, and after its worker restarted it was
+    done with 500 of 5,000 rows, or changed its batches mid-table."""
+    make_table(db, "t", 5000)
+    running = start(db, "t", batch_size=5, rows_per_second=10)
+    db.execute("BEGIN")
+    db.execute(change, [running] * change.count("%s"))
+    e = error_of(db, old_entry_point, [running])
+    db.execute("ROLLBACK")
+    assert e.sqlstate == "55000", e
+    assert e.diag.message_primary in (f"keys cannot be given to backfill {running}",
+                                      f"rows_per_message cannot be changed for backfill {running}")
+    assert e.diag.message_detail and e.diag.message_hint
+    assert value(db, "SELECT count(*) FROM backfill.job_key") == 0
+    assert value(db, "SELECT rows_per_message FROM backfill.job WHERE id = %s", [running]) == 1
+    db.execute("SELECT backfill_cancel(%s)", [running])
+    assert wait_until_ended(db, running) == "cancelled"
+    # 0.9.0's SQL, as it calls them: in the statement that starts the backfill.
+    make_table(db, "u", 100)
+    started = value(db, """SELECT backfill.set_keys(backfill.set_rows_per_message(
+                               backfill_start('u', confirm => true), 10), '[{"id": 3}, {"id": 4}]')""")
+    assert value(db, "SELECT backfill_wait(%s, interval '2 minutes')", [started]) is True
+    assert status(db, started, "rows_done") == 2
+
+
+# --- 13. the security check covers every signature -----------------------------------------------
+
+def test_the_security_check_reports_public_execute_on_every_signature_that_starts_backfills(db):
+    """0.10.0's check looked at one of backfill.start()'s four signatures: after its fixes it
+    reported ok while PUBLIC still started backfills through the 8-, 9- and 10-argument ones.
+    Every signature of backfill.start(), repair() and follow(), as pg_proc lists them, is checked."""
+    check = "SELECT ok, fix FROM backfill_security_check() WHERE item = 'backfills cannot be started by PUBLIC'"
+    signatures = [s for s, in db.execute(
+        """SELECT p.oid::regprocedure::text FROM pg_proc p
+            WHERE p.pronamespace = 'backfill'::regnamespace AND p.proname IN ('start', 'repair', 'follow')
+            ORDER BY p.proname, p.pronargs""").fetchall()]
+    assert sum(s.startswith("backfill.start(") for s in signatures) == 4, signatures
+    assert db.execute(check).fetchone()[0] is True
+    for signature in signatures:
+        db.execute(f"GRANT EXECUTE ON FUNCTION {signature} TO PUBLIC")
+        [(ok, fix)] = db.execute(check).fetchall()
+        assert ok is False, signature
+        assert fix == f"REVOKE EXECUTE ON FUNCTION {signature} FROM PUBLIC;", fix
+        db.execute(fix)
+        assert db.execute(check).fetchone()[0] is True, signature
+    db.execute(f"GRANT EXECUTE ON FUNCTION {', '.join(signatures)} TO PUBLIC")
+    [(ok, fix)] = db.execute(check).fetchall()
+    assert ok is False and all(s in fix for s in signatures), fix
+    db.execute(fix)
+    assert db.execute(check).fetchone()[0] is True

@@ -465,10 +465,21 @@ SELECT 'pg_backfill''s sequences are accessible to their owner only',
  WHERE c.relnamespace OPERATOR(pg_catalog.=) 'backfill'::pg_catalog.regnamespace
    AND c.relkind OPERATOR(pg_catalog.=) 'S' AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
 UNION ALL
+-- Every signature of every function of schema backfill that starts backfills, as pg_proc lists
+-- them: each version's SQL calls its own signature of backfill.start() (or repair()) until ALTER
+-- EXTENSION UPDATE, and the older signatures stay after it, each able to start a backfill.
 SELECT 'backfills cannot be started by PUBLIC',
-       NOT pg_catalog.has_function_privilege('public', 'backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, bigint, bigint, integer, pg_catalog.jsonb, integer, pg_catalog.text, pg_catalog.text[])', 'EXECUTE'),
-       'backfill_start() is a wrapper of backfill.start(), which does the work and checks no grant of its own: a role that may execute backfill.start() starts backfills of the tables it may update, and takes background workers, whatever its grants on backfill_start(). (The other functions of schema backfill that PUBLIC may execute are the views'' helpers, which start nothing.)',
-       'REVOKE EXECUTE ON FUNCTION backfill.start(pg_catalog.oid[], boolean, integer, integer, pg_catalog.text, pg_catalog.text, bigint, integer, bigint, bigint, integer, pg_catalog.jsonb, integer, pg_catalog.text, pg_catalog.text[]) FROM PUBLIC;'
+       pg_catalog.count(*) FILTER (WHERE pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')) OPERATOR(pg_catalog.=) 0,
+       'backfill_start(), backfill_repair() and backfill_follow() are wrappers of backfill.start(), backfill.repair() and backfill.follow(), which do the work and check no grant of their own: a role that may execute one of them, in any of its signatures, starts backfills of the tables it may update, and takes background workers, whatever its grants on the wrappers. (The other functions of schema backfill that PUBLIC may execute are the views'' helpers, which start nothing.)',
+       CASE WHEN pg_catalog.bool_or(pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')) THEN
+       pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC;',
+                         pg_catalog.string_agg(p.oid::pg_catalog.regprocedure::pg_catalog.text, ', '
+                                               ORDER BY p.proname OPERATOR(pg_catalog.<>) 'start', p.proname, p.pronargs)
+                           FILTER (WHERE pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')))
+       END
+  FROM pg_catalog.pg_proc p
+ WHERE p.pronamespace OPERATOR(pg_catalog.=) 'backfill'::pg_catalog.regnamespace
+   AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['start', 'repair', 'follow']::pg_catalog.name[])
 $$;
 COMMENT ON FUNCTION backfill_security_check() IS
 'Checks the privileges that keep the message stream trustworthy: each row states what should hold, ok says whether it does, and a row that is not ok has the statement that fixes it.';

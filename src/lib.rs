@@ -6,7 +6,8 @@
 //!
 //! - `pg/`: PostgreSQL plumbing: errors with SQLSTATE, detail and hint (`errors.rs`), the
 //!   database's encoding and UTF-8 (`encoding.rs`), reads through SPI (`spi.rs`), the
-//!   `backfill.*` settings (`settings.rs`), who runs what (`privilege.rs`), checks of SQL
+//!   `backfill.*` settings (`settings.rs`), who runs what (`privilege.rs`), pg_backfill's own
+//!   locks, on tags no SQL statement can take (`locks.rs`), checks of SQL
 //!   arguments (`args.rs`), node trees and lists (`nodes.rs`), a query's rows handed to Rust as
 //!   the executor produces them (`receiver.rs`), a read that reaches only the table it checked
 //!   (`read_guard.rs`), where PostgreSQL's C API differs between the majors built for, one shim

@@ -453,8 +453,7 @@ fn dispatch(follow: &Follow) {
     }
     // Starts are serialized (as worker/admit.rs serializes them): a second dispatch for the
     // slot, as two parallel workers of one backfill end, waits here and then finds the slot taken.
-    Spi::run("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pg_backfill.start'))")
-        .or_internal("serialize backfill starts");
+    crate::pg::locks::lock_backfill_starts();
     if as_extension_owner(|| crate::catalog::job::running_backfill_of_slot(&follow.slot)).is_some() {
         return;
     }

@@ -43,14 +43,12 @@ fn set_keys_of(id: Option<i64>, tbl: Option<pg_sys::Oid>, keys: Option<JsonB>) -
 /// `table` (see [`set_keys`]).
 pub fn record_keys(id: i64, table: Option<pg_sys::Oid>, keys: serde_json::Value) {
     // Only in the transaction that started it: its worker starts at commit and finds the keys.
-    if !as_extension_owner(|| job::recorded_in_this_transaction(id)) {
-        raise(
-            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("keys cannot be given to backfill {id}"),
-            "Keys are given when a backfill starts, in the same statement.",
-            Some("SELECT backfill_start('public.orders', confirm => true, keys => '[{\"id\": 7}]');".into()),
-        );
-    }
+    require_starting_here(
+        id,
+        format!("keys cannot be given to backfill {id}"),
+        "Keys are given when a backfill starts, in the same statement.",
+        "SELECT backfill_start('public.orders', confirm => true, keys => '[{\"id\": 7}]');",
+    );
     let mut tables = as_extension_owner(|| job_table::job_tables(id));
     if let Some(table) = table {
         tables.retain(|job_table| job_table.relid == table);
@@ -72,6 +70,34 @@ pub fn record_keys(id: i64, table: Option<pg_sys::Oid>, keys: serde_json::Value)
         store(id, job_table.position, &sorted, table.key.len());
         job::set_lock_mode(id, LockMode::Table);
     });
+}
+
+/// The entry points that shape a backfill as it starts (backfill.set_keys() and
+/// set_rows_per_message() of the SQL of 0.9.0, set_keys_of() of a Citus worker node's start):
+/// backfill `id` must have been inserted by this transaction, so that no worker has run it (a
+/// backfill this transaction only changed, by backfill_set(), pause or resume, is refused with
+/// `message`, `detail` and `hint`), and by the calling role. Whoever else holds the transaction
+/// (a role whose DDL a follow started the backfill in, a SET ROLE since) may not narrow it.
+#[track_caller]
+pub fn require_starting_here(id: i64, message: String, detail: &str, hint: &str) {
+    if !as_extension_owner(|| job::inserted_in_this_transaction(id)) {
+        raise(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, message, detail, Some(hint.into()));
+    }
+    let started_by = as_extension_owner(|| job::job(id)).map(|job| job.started_by).unwrap_or_default();
+    let caller = privilege::current_role_name();
+    if started_by != caller {
+        raise(
+            ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied to shape backfill {id}"),
+            format!(
+                "Backfill {id} was started by role {started_by} in this transaction; only that role gives its \
+                 keys and message format, as it starts it, and the caller is {caller}."
+            ),
+            Some(format!(
+                "Give them in {started_by}'s own call: backfill_start(..., keys => ..., rows_per_message => ...)."
+            )),
+        );
+    }
 }
 
 /// Keys name rows of one table, delivered by one worker: a backfill of `ranges` tables or key

@@ -329,14 +329,12 @@ fn set_rows_per_message(id: Option<i64>, rows_per_message: Option<i32>) -> Optio
     let Some(rows_per_message) = rows_per_message else { return id };
     check_rows_per_message(rows_per_message);
     let id = required(id, "backfill_start", "id");
-    if !as_extension_owner(|| crate::catalog::job::recorded_in_this_transaction(id)) {
-        raise(
-            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("rows_per_message cannot be changed for backfill {id}"),
-            "A backfill's messages keep the format it started with; rows_per_message is given when it starts.",
-            Some("Cancel it and start it again with SELECT backfill_start(..., rows_per_message => ...);".into()),
-        );
-    }
+    crate::api::keyed::require_starting_here(
+        id,
+        format!("rows_per_message cannot be changed for backfill {id}"),
+        "A backfill's messages keep the format it started with; rows_per_message is given when it starts.",
+        "Cancel it and start it again with SELECT backfill_start(..., rows_per_message => ...);",
+    );
     as_extension_owner(|| crate::catalog::job::set_rows_per_message(id, rows_per_message));
     Some(id)
 }

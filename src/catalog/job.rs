@@ -272,7 +272,45 @@ pub fn insert_job(job: &NewJob) -> i64 {
     }
     let values: Vec<String> = (1..=columns.len()).map(|i| format!("${i}")).collect();
     let sql = format!("INSERT INTO backfill.job ({}) VALUES ({}) RETURNING id", columns.join(", "), values.join(", "));
-    Spi::get_one_with_args::<i64>(&sql, &args).map(|id| id.unwrap_or_default()).or_internal("record the backfill")
+    let id =
+        Spi::get_one_with_args::<i64>(&sql, &args).map(|id| id.unwrap_or_default()).or_internal("record the backfill");
+    remember_inserted(id);
+    id
+}
+
+std::thread_local! {
+    /// The backfills this backend inserted, and the transaction that inserted them (its top
+    /// full transaction id): what [`inserted_in_this_transaction`] asks.
+    static INSERTED: std::cell::RefCell<(u64, Vec<i64>)> = const { std::cell::RefCell::new((0, Vec::new())) };
+}
+
+fn this_transaction() -> u64 {
+    // SAFETY: reads this transaction's id, if it has one; no side effect.
+    unsafe { pg_sys::GetTopFullTransactionIdIfAny() }.value
+}
+
+fn remember_inserted(id: i64) {
+    let transaction = this_transaction();
+    INSERTED.with(|inserted| {
+        let mut inserted = inserted.borrow_mut();
+        if inserted.0 != transaction {
+            *inserted = (transaction, Vec::new());
+        }
+        inserted.1.push(id);
+    });
+}
+
+/// Whether backfill `id` was inserted by this transaction (and still is: not rolled back to a
+/// savepoint), so that no worker has run it yet. Not merely changed by it: backfill_set(),
+/// pause and resume make a running backfill's row this transaction's too (its xmin), and the
+/// entry points that may only shape a backfill at its start must not reach one that runs.
+pub fn inserted_in_this_transaction(id: i64) -> bool {
+    let transaction = this_transaction();
+    let remembered = INSERTED.with(|inserted| {
+        let inserted = inserted.borrow();
+        transaction != 0 && inserted.0 == transaction && inserted.1.contains(&id)
+    });
+    remembered && recorded_in_this_transaction(id)
 }
 
 /// A backfill's rows per message (the 0.9.0 SQL's backfill.set_rows_per_message(), in the
@@ -315,17 +353,17 @@ pub fn adopt_slot_identity(backfill_id: i64, identity: &str) {
     )
     .or_internal("record the slot's identity")
 }
-
-/// The running backfill that already covers one of these tables, if any.
+/// The running backfill that already covers one of these tables, if any, as last committed: the
+/// caller holds the start lock (pg/locks.rs), and a start that committed before it took it counts
+/// even where the caller's snapshot is older (REPEATABLE READ, SERIALIZABLE).
 pub fn running_backfill_of(relid: pg_sys::Oid) -> Option<i64> {
-    crate::pg::spi::select_one::<i64>(
+    crate::pg::spi::select_id_on_latest_snapshot(
         "SELECT j.id FROM backfill.job j JOIN backfill.job_table t ON t.job_id OPERATOR(pg_catalog.=) j.id
           WHERE j.state OPERATOR(pg_catalog.=) ANY (ARRAY['running', 'paused'])
             AND t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid::pg_catalog.regclass
           LIMIT 1",
         &[relid.into()],
     )
-    .or_internal("read the running backfills")
 }
 
 /// The running (or paused) backfill bound to `slot` that covers table `relid`, if any: a follow
@@ -487,15 +525,15 @@ pub fn record_progress(backfill_id: i64) {
     .or_internal("record progress")
 }
 
-/// The running backfill that already serves this slot, if any.
+/// The running backfill that already serves this slot, if any, as last committed (see
+/// [`running_backfill_of`]).
 pub fn running_backfill_of_slot(slot: &str) -> Option<i64> {
-    crate::pg::spi::select_one::<i64>(
+    crate::pg::spi::select_id_on_latest_snapshot(
         "SELECT id FROM backfill.job
           WHERE slot_name OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) ANY (ARRAY['running', 'paused'])
           LIMIT 1",
         &[slot.into()],
     )
-    .or_internal("read the running backfills")
 }
 
 /// The key messages are signed with now, the newest: (id, key). Which key is the newest is read

@@ -7,6 +7,7 @@ pub(crate) mod citus;
 pub(crate) mod compat;
 pub(crate) mod encoding;
 pub(crate) mod errors;
+pub(crate) mod locks;
 pub(crate) mod nodes;
 pub(crate) mod privilege;
 pub(crate) mod read_guard;

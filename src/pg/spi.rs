@@ -111,6 +111,53 @@ pub fn select_one<T: FromDatum + IntoDatum>(query: &str, args: &[DatumWithOid]) 
     })
 }
 
+/// The first column (a bigint) of the first row of `sql`, read on the latest committed state
+/// whatever the transaction's isolation, as PostgreSQL's foreign-key checks read in REPEATABLE
+/// READ: a check under a lock that others hold until they commit must see what they committed,
+/// where a REPEATABLE READ or SERIALIZABLE transaction's own snapshot is from its first statement.
+pub fn select_id_on_latest_snapshot(sql: &str, args: &[DatumWithOid]) -> Option<i64> {
+    let text = CString::new(sql).expect("pg_backfill's SQL has no NUL byte");
+    let mut types: Vec<pg_sys::Oid> = args.iter().map(|a| a.oid()).collect();
+    let mut values: Vec<pg_sys::Datum> =
+        args.iter().map(|a| a.datum().map(|d| d.sans_lifetime()).unwrap_or(pg_sys::Datum::from(0))).collect();
+    let nulls: Vec<std::ffi::c_char> =
+        args.iter().map(|a| if a.datum().is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
+    // SAFETY: SPI is connected around the statement; the types, values and nulls arrays have one
+    // entry per parameter and outlive the call; the bigint is copied out (by value) before
+    // SPI_finish frees the result.
+    unsafe {
+        pg_sys::SPI_connect();
+        let plan = pg_sys::SPI_prepare(text.as_ptr(), types.len() as c_int, types.as_mut_ptr());
+        if plan.is_null() {
+            let code = std::ptr::addr_of!(pg_sys::SPI_result).read();
+            crate::pg::errors::spi_failed("prepare a check of the running backfills", code);
+        }
+        let code = pg_sys::SPI_execute_snapshot(
+            plan,
+            values.as_mut_ptr(),
+            nulls.as_ptr(),
+            pg_sys::GetLatestSnapshot(),
+            std::ptr::null_mut(),
+            false,
+            false,
+            1,
+        );
+        if code != pg_sys::SPI_OK_SELECT as i32 {
+            crate::pg::errors::spi_failed("check the running backfills", code);
+        }
+        let id = if pg_sys::SPI_processed > 0 {
+            let table = *pg_sys::SPI_tuptable;
+            let mut is_null = false;
+            let datum = pg_sys::SPI_getbinval(*table.vals, table.tupdesc, 1, &mut is_null);
+            i64::from_datum(datum, is_null)
+        } else {
+            None
+        };
+        pg_sys::SPI_finish();
+        id
+    }
+}
+
 /// The planner's estimate of the rows a query returns (`EXPLAIN`), without assigning the
 /// transaction an id as pgrx's `Spi::explain` does, so that it works on a standby too. The plan
 /// is read as text in the database's encoding (it names the table) and converted to UTF-8.

@@ -72,3 +72,13 @@ pub fn report(what: &str) {
         unsafe { pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, what.as_ptr()) };
     }
 }
+
+/// Drops this backend's copy of pg_stat_activity, so that the next read of it sees the processes
+/// as they are now. PostgreSQL copies the table at a transaction's first read and keeps the copy
+/// until the transaction ends: in a transaction that had read pg_stat_activity before, a count
+/// of the backfill workers would be of the workers of then. (A later read of the caller's in the
+/// same transaction then sees a newer copy too, as after pg_stat_clear_snapshot().)
+pub fn read_activity_afresh() {
+    // SAFETY: frees this backend's local copy of the status table; the next read makes a new one.
+    unsafe { pg_sys::pgstat_clear_backend_activity_snapshot() };
+}

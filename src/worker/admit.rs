@@ -5,7 +5,7 @@
 //! its tables) and launched at commit. Every check of the request came before.
 
 use crate::catalog::job::{self, NewJob};
-use crate::pg::errors::{raise, OrInternal};
+use crate::pg::errors::raise;
 use crate::pg::privilege::as_extension_owner;
 use crate::worker::launcher;
 use pgrx::prelude::*;
@@ -25,8 +25,7 @@ pub struct Admission<'a> {
 /// its tables (and anything started elsewhere) once its id exists. Returns the id.
 pub fn admit(admission: Admission, record_tables: impl FnOnce(i64)) -> i64 {
     // Two starts of the same table must not both pass the checks below: serialize them.
-    Spi::run("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pg_backfill.start'))")
-        .or_internal("serialize backfill starts");
+    crate::pg::locks::lock_backfill_starts();
     refuse_busy(admission.job.slot_name, &admission.tables);
     if !admission.confirm {
         let (detail, hint) = (admission.unconfirmed)();

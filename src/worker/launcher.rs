@@ -169,6 +169,7 @@ pub fn show_as(name: &str) {
 /// launched and not yet admitted (`pg_backfill starting 7`). The resumer is neither.
 fn backfill_workers(starting: bool) -> i32 {
     let pattern = if starting { activity::ANY_WORKER_NAME } else { activity::ADMITTED_WORKER_NAME };
+    activity::read_activity_afresh();
     crate::pg::spi::select_one::<i32>(
         "SELECT pg_catalog.count(*)::int FROM pg_catalog.pg_stat_activity
           WHERE backend_type OPERATOR(pg_catalog.=) 'pg_backfill'
@@ -274,17 +275,7 @@ pub fn require_worker_slots(needed: i32) {
 /// A starting worker is admitted only while fewer than backfill.max_workers are: checked under
 /// a cluster-wide lock, held until the worker's application_name (which counts it) commits.
 pub fn admit_within_cap() {
-    // A lock tag no PostgreSQL object uses: the shared catalog pg_database, object 0.
-    const CAP_LOCK: u16 = 0x6266;
-    // SAFETY: takes a heavyweight lock, released at the end of this transaction.
-    unsafe {
-        pg_sys::LockSharedObject(
-            pg_sys::DatabaseRelationId,
-            pg_sys::InvalidOid,
-            CAP_LOCK,
-            pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
-        );
-    }
+    crate::pg::locks::lock_worker_admissions();
     // (Not those still starting: two starting at once would each count the other and both stop.)
     let running = backfill_workers(false);
     if running >= settings::max_workers() {
@@ -296,6 +287,7 @@ pub fn admit_within_cap() {
 /// waiting for a consumer) when this transaction commits, so that a cancel, pause or new
 /// pacing takes effect at once.
 pub fn wake_workers_at_commit(backfill_id: i64) {
+    activity::read_activity_afresh();
     let pids = privilege::as_extension_owner(|| {
         Spi::connect(|client| {
             client

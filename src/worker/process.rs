@@ -9,6 +9,7 @@ use crate::model::state::{JobState, RangeState};
 use crate::model::table;
 use crate::pg::compat;
 use crate::pg::errors::OrInternal;
+use crate::pg::locks;
 use crate::pg::privilege;
 use crate::pg::settings;
 use crate::throttle::pacing;
@@ -124,15 +125,10 @@ pub fn start(arg: pg_sys::Datum, entry: Entry) -> Option<(i64, i32)> {
             return None;
         }
     }
+    if !wait_for_worker_lock(backfill_id, worker) {
+        return None;
+    }
     let started = in_transaction(|| {
-        // One process per worker of a backfill: one launched by backfill_resume() while the
-        // paused one is still finishing its page waits here until that one has exited.
-        Spi::run_with_args(
-            "SELECT pg_catalog.pg_advisory_lock(pg_catalog.hashtext('pg_backfill.worker') OPERATOR(pg_catalog.+) $2,
-                                                $1::pg_catalog.int4)",
-            &[backfill_id.into(), worker.into()],
-        )
-        .or_internal("take the worker's lock");
         admit_within_cap();
         configure_session(&worker_name(backfill_id, worker));
         if worker == 0 {
@@ -147,6 +143,36 @@ pub fn start(arg: pg_sys::Datum, entry: Entry) -> Option<(i64, i32)> {
             record_failure(backfill_id, None, &e);
             None
         }
+    }
+}
+
+/// One process per worker of a backfill: one launched by backfill_resume() while the paused one
+/// is still finishing its page waits here until that one has exited (the lock is held until the
+/// process exits). While it waits it looks at the backfill each time round: cancelled, paused
+/// again or ended meanwhile, it exits, since nothing is left for it to do. False then.
+fn wait_for_worker_lock(backfill_id: i64, worker: i32) -> bool {
+    loop {
+        match in_transaction(|| locks::try_lock_worker(backfill_id, worker)) {
+            Ok(true) => return true,
+            Ok(false) => {}
+            Err(e) => {
+                record_failure(backfill_id, None, &e);
+                return false;
+            }
+        }
+        // (As the worker reads it: a backfill a 0.2.0 worker paused while waiting is running.)
+        match in_transaction(|| job::job(backfill_id).map(|job| job.state)) {
+            Ok(Some(JobState::Running)) | Err(_) => {}
+            Ok(Some(state)) => {
+                log!("{}: {state} while its worker waited to start, its worker exits", who(backfill_id));
+                return false;
+            }
+            Ok(None) => {
+                log!("{}: no longer exists, its worker exits", who(backfill_id));
+                return false;
+            }
+        }
+        pacing::sleep(Duration::from_millis(100));
     }
 }
 
