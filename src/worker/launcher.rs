@@ -375,6 +375,9 @@ pub fn dispatch_at_commit() {
         }
     });
     pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Abort, || DISPATCH_ASKED.store(false, Relaxed));
+    // (A prepared transaction's queued tables wait for the next dispatch: a backfill's end, the
+    // next statement that queues one, a restart. The next transaction of this session asks anew.)
+    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Prepare, || DISPATCH_ASKED.store(false, Relaxed));
 }
 
 /// The dispatcher's work: [`dispatch_follows`], in a transaction, then it exits.
