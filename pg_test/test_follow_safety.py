@@ -221,3 +221,18 @@ def test_backfill_follow_wait_returns_the_backfill_once_started(db, pipeline, ro
     db.execute("SELECT backfill_cancel(%s)", [a])
     b = db.execute("SELECT backfill_follow_wait('shop', 'cdc')").fetchone()[0]
     assert status(db, b, "tables") == ["b"] and wait_until_ended(db, b) == "done"
+
+
+@pytest.mark.skipif(__import__("conftest").PG_MAJOR < 17, reason="interval 'infinity' is new in PostgreSQL 17")
+def test_an_infinite_or_negative_timeout_is_a_timeout_not_an_internal_error(db, pipeline):
+    """backfill_wait() and backfill_follow_wait() take interval 'infinity' as no timeout (its epoch
+    is infinite: no internal error), and a negative one as a timeout already past."""
+    make_table(db, "a", rows=10)
+    db.execute("SELECT backfill_follow('shop', 'cdc')")
+    assert db.execute("SELECT backfill_follow_wait('shop', 'cdc', 'infinity')").fetchone() == (None,)
+    db.execute("ALTER PUBLICATION shop ADD TABLE a")
+    a = db.execute("SELECT backfill_follow_wait('shop', 'cdc', 'infinity')").fetchone()[0]
+    assert db.execute("SELECT backfill_wait(%s, 'infinity')", [a]).fetchone() == (True,)
+    make_table(db, "b", rows=2000)
+    db.execute("SELECT backfill_start('b', confirm => true, rows_per_second => 100)")
+    assert db.execute("SELECT backfill_wait(id, '-1 hour') FROM backfill_status WHERE tables = '{b}'").fetchone() == (False,)

@@ -8,7 +8,7 @@ use crate::catalog::job;
 use crate::catalog::job::SourceOptions;
 use crate::citus::control::{NodeBackfills, Verb};
 use crate::model::state::JobState::{self, *};
-use crate::pg::args::{check_batch_size, check_rate, require_primary, required};
+use crate::pg::args::{check_batch_size, check_rate, deadline_after, require_primary, required};
 use crate::pg::errors::raise;
 use crate::pg::privilege::{self, as_extension_owner};
 use crate::worker::launcher;
@@ -232,8 +232,7 @@ fn set_source_limits(
 #[pg_extern(schema = "backfill", name = "wait")]
 fn wait(id: Option<i64>, timeout_ms: Option<f64>) -> bool {
     let id = required(id, "backfill_wait", "id");
-    let deadline =
-        timeout_ms.map(|ms| std::time::Instant::now() + std::time::Duration::from_secs_f64(ms.max(0.0) / 1000.0));
+    let deadline = deadline_after(timeout_ms);
     require_controller(id, "wait for");
     if as_extension_owner(|| job::recorded_in_this_transaction(id)) {
         raise(

@@ -22,7 +22,7 @@ use crate::api::request::check_options;
 use crate::api::start::start_backfill;
 use crate::catalog::follow::{self, EntryState, Follow, FollowOptions, Why};
 use crate::model::request::{SourceOptions, StartRequest};
-use crate::pg::args::{require_primary, required};
+use crate::pg::args::{deadline_after, require_primary, required};
 use crate::pg::encoding::Text;
 use crate::pg::errors::{raise, OrInternal};
 use crate::pg::privilege::{self, as_extension_owner};
@@ -138,8 +138,7 @@ fn follow_wait(publication: Option<Text>, slot: Option<Text>, timeout_ms: Option
     let publication = required(publication, CALL, "publication").0;
     let slot = required(slot, CALL, "slot").0;
     let id = require_follow_of_caller(&publication, &slot, "wait for");
-    let deadline =
-        timeout_ms.map(|ms| std::time::Instant::now() + std::time::Duration::from_secs_f64(ms.max(0.0) / 1000.0));
+    let deadline = deadline_after(timeout_ms);
     let up_to = as_extension_owner(|| follow::queue_progress(id, None)).last_entry;
     loop {
         let progress = as_extension_owner(|| follow::queue_progress(id, up_to));

@@ -107,3 +107,11 @@ mod tests {
         assert_eq!(per_message, Some((file, line + 6)));
     }
 }
+
+/// When a wait given `timeout_ms` milliseconds (a timeout interval's, as the SQL wrappers pass
+/// it) ends: None for no timeout, or one too far to be a time (`interval 'infinity'`, 17 and
+/// later: its epoch is infinite, which no Duration holds); a negative one ends at once.
+pub fn deadline_after(timeout_ms: Option<f64>) -> Option<std::time::Instant> {
+    let timeout = std::time::Duration::try_from_secs_f64(timeout_ms?.max(0.0) / 1000.0).ok()?;
+    std::time::Instant::now().checked_add(timeout)
+}
