@@ -1,11 +1,11 @@
 //! The one place where PostgreSQL's C API differs between the majors this crate builds for
-//! (15, 17 and 18, chosen by the cargo feature `pg15`, `pg17` or `pg18`). Each difference is one small
+//! (15, 17, 18 and 19, chosen by the cargo feature `pg15`, `pg17`, `pg18` or `pg19`). Each difference is one small
 //! function here with the meaning the rest of the code relies on; no other file asks which
 //! version it is built for.
 
 use pgrx::pg_sys;
 use std::ffi::c_char;
-#[cfg(feature = "pg18")]
+#[cfg(any(feature = "pg18", feature = "pg19"))]
 use std::ffi::c_int;
 
 /// The attributes of a tuple descriptor, dropped columns included, in column order.
@@ -19,7 +19,7 @@ pub unsafe fn tuple_attributes<'a>(tupdesc: pg_sys::TupleDesc) -> &'a [pg_sys::F
     let count = (*tupdesc).natts as usize;
     #[cfg(any(feature = "pg15", feature = "pg17"))]
     let first = (*tupdesc).attrs.as_ptr();
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg18", feature = "pg19"))]
     let first = pg_sys::TupleDescAttr(tupdesc, 0).cast_const();
     std::slice::from_raw_parts(first, count)
 }
@@ -34,7 +34,7 @@ pub unsafe fn tuple_attributes<'a>(tupdesc: pg_sys::TupleDesc) -> &'a [pg_sys::F
 pub unsafe fn primary_key_index(relation: pg_sys::Relation) -> pg_sys::Oid {
     #[cfg(any(feature = "pg15", feature = "pg17"))]
     return pg_sys::RelationGetPrimaryKeyIndex(relation);
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg18", feature = "pg19"))]
     return pg_sys::RelationGetPrimaryKeyIndex(relation, false);
 }
 
@@ -51,7 +51,7 @@ pub unsafe fn has_virtual_generated_columns(tupdesc: pg_sys::TupleDesc) -> bool 
         let _ = tupdesc;
         false
     };
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg18", feature = "pg19"))]
     return {
         let constraints = (*tupdesc).constr;
         !constraints.is_null() && (*constraints).has_generated_virtual
@@ -66,7 +66,7 @@ pub unsafe fn has_virtual_generated_columns(tupdesc: pg_sys::TupleDesc) -> bool 
 pub unsafe fn set_signal_handler(signal: u32, handler: pg_sys::pqsigfunc) {
     #[cfg(any(feature = "pg15", feature = "pg17"))]
     pg_sys::pqsignal(signal as i32, handler);
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg18", feature = "pg19"))]
     pg_sys::pqsignal_be(signal as c_int, handler);
 }
 
@@ -80,7 +80,7 @@ pub fn may_act_as(member: pg_sys::Oid, role: pg_sys::Oid) -> bool {
     #[cfg(feature = "pg15")]
     // SAFETY: catalog lookups of two role ids, inside a transaction.
     return unsafe { pg_sys::is_member_of_role(member, role) };
-    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    #[cfg(any(feature = "pg17", feature = "pg18", feature = "pg19"))]
     // SAFETY: catalog lookups of two role ids, inside a transaction.
     return unsafe { pg_sys::has_privs_of_role(member, role) || pg_sys::member_can_set_role(member, role) };
 }
@@ -90,7 +90,7 @@ pub fn may_act_as(member: pg_sys::Oid, role: pg_sys::Oid) -> bool {
 pub fn exit_process(code: i32) -> ! {
     // SAFETY: proc_exit runs the process's exit callbacks and never returns.
     unsafe { pg_sys::proc_exit(code) };
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg18", feature = "pg19"))]
     unreachable!("proc_exit returned")
 }
 
@@ -99,7 +99,7 @@ pub fn exit_process(code: i32) -> ! {
 unsafe extern "C-unwind" {
     #[cfg(feature = "pg15")]
     fn LogLogicalMessage(prefix: *const c_char, message: *const c_char, size: usize, transactional: bool) -> u64;
-    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    #[cfg(any(feature = "pg17", feature = "pg18", feature = "pg19"))]
     fn LogLogicalMessage(
         prefix: *const c_char,
         message: *const c_char,
@@ -121,7 +121,7 @@ unsafe extern "C-unwind" {
 pub unsafe fn log_transactional_message(prefix: *const c_char, message: *const c_char, size: usize) -> u64 {
     #[cfg(feature = "pg15")]
     return LogLogicalMessage(prefix, message, size, true);
-    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    #[cfg(any(feature = "pg17", feature = "pg18", feature = "pg19"))]
     return LogLogicalMessage(prefix, message, size, true, false);
 }
 
@@ -133,7 +133,7 @@ pub unsafe fn log_transactional_message(prefix: *const c_char, message: *const c
 /// `pg_publication_tables.attnames` lists them. 18 does when the publication says
 /// `publish_generated_columns = stored` (`pubgencols` 's'); a virtual one never goes.
 pub fn publishes_stored_generated_columns(publication: &str) -> String {
-    if cfg!(feature = "pg18") {
+    if cfg!(any(feature = "pg18", feature = "pg19")) {
         format!("({publication}.pubgencols OPERATOR(pg_catalog.=) 's')")
     } else {
         "false".into()
@@ -151,4 +151,13 @@ pub fn slot_is_synchronized_copy() -> &'static str {
     } else {
         "(synced AND failover)"
     }
+}
+
+/// Whether logical decoding turns itself on at `wal_level = replica` while a logical slot exists,
+/// so that the level in force is `effective_wal_level`'s rather than `wal_level`'s.
+///
+/// 19 does (it raises the level when the first logical slot is created, and lowers it some time
+/// after the last is dropped); before 19 only `wal_level = logical` writes logical WAL.
+pub fn logical_decoding_follows_slots() -> bool {
+    cfg!(feature = "pg19")
 }
