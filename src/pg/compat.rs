@@ -4,9 +4,7 @@
 //! version it is built for.
 
 use pgrx::pg_sys;
-use std::ffi::c_char;
-#[cfg(any(feature = "pg18", feature = "pg19"))]
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int};
 
 /// The attributes of a tuple descriptor, dropped columns included, in column order.
 ///
@@ -58,16 +56,45 @@ pub unsafe fn has_virtual_generated_columns(tupdesc: pg_sys::TupleDesc) -> bool 
     };
 }
 
-/// Installs a backend's handler for a signal (`pqsignal`, which 18's headers map to
+unsafe extern "C-unwind" {
+    /// PostgreSQL's own SIGTERM handler for backends (pgrx only wraps it as a Rust fn).
+    #[cfg(any(feature = "pg15", feature = "pg17", feature = "pg18"))]
+    #[link_name = "die"]
+    fn postgres_die(signal: c_int);
+    /// 19's handlers are given the signal's sender too (`SIGNAL_ARGS`).
+    #[cfg(feature = "pg19")]
+    #[link_name = "die"]
+    fn postgres_die(signal: c_int, info: *const pg_sys::pg_signal_info);
+}
+
+/// SIGTERM (pg_terminate_backend, shutdown) ends this process at once, as it ends any backend:
+/// PostgreSQL's own handler (`die`), installed with `pqsignal` (which 18's headers map to
 /// `pqsignal_be` inside the server).
 ///
 /// # Safety
-/// `handler` is safe to run in a signal handler of this process.
-pub unsafe fn set_signal_handler(signal: u32, handler: pg_sys::pqsigfunc) {
+/// The process is a backend or a background worker of PostgreSQL's.
+pub unsafe fn die_on_sigterm() {
     #[cfg(any(feature = "pg15", feature = "pg17"))]
-    pg_sys::pqsignal(signal as i32, handler);
+    pg_sys::pqsignal(pg_sys::SIGTERM as c_int, Some(postgres_die));
     #[cfg(any(feature = "pg18", feature = "pg19"))]
-    pg_sys::pqsignal_be(signal as c_int, handler);
+    pg_sys::pqsignal_be(pg_sys::SIGTERM as c_int, Some(postgres_die));
+}
+
+/// Joins a parallel scan of `relation` that `scan` describes (initialized by the leader).
+///
+/// 19 takes the scan's options beyond those the function sets itself (a sequential scan that may
+/// use a strategy, synchronize and read page at a time): none, as before 19.
+///
+/// # Safety
+/// `relation` is open and locked; `scan` was initialized for it.
+pub unsafe fn begin_parallel_scan(
+    relation: pg_sys::Relation,
+    scan: pg_sys::ParallelTableScanDesc,
+) -> pg_sys::TableScanDesc {
+    #[cfg(any(feature = "pg15", feature = "pg17", feature = "pg18"))]
+    return pg_sys::table_beginscan_parallel(relation, scan);
+    #[cfg(feature = "pg19")]
+    return pg_sys::table_beginscan_parallel(relation, scan, 0);
 }
 
 /// Whether `member` may act as `role`: it holds the role's privileges or may `SET ROLE` to it
