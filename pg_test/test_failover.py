@@ -23,7 +23,8 @@ from collections import Counter
 
 import pytest
 
-from conftest import PG_BIN, PG_MAJOR, as_reads, backfill_messages, extra_cluster, status, wait_for, wait_until_ended
+from conftest import (PG_BIN, PG_MAJOR, as_reads, backfill_messages, error_of, extra_cluster, status, wait_for,
+                      wait_until_ended, worker_pid)
 from test_ordering import ROWS, Writers, replay
 
 pytestmark = pytest.mark.skipif(
@@ -228,5 +229,73 @@ def test_a_backfill_carries_on_after_a_failover_exactly_once(cluster, rows_per_m
     finally:
         for consumer in consumers:
             consumer.process.kill()
+        standby.stop()
+        primary.stop()
+
+
+def synchronized(primary_conn, on_standby):
+    """Whether the standby holds a persistent synchronized copy of the primary's slot `pipe` at
+    the primary's position. (A copy persists once the primary's slot has moved past where the
+    standby could start one: a running-transactions record, then a read of the slot.)"""
+    primary_conn.execute("SELECT pg_log_standby_snapshot()")
+    primary_conn.execute("SELECT count(*) FROM pg_logical_slot_get_changes('pipe', NULL, NULL)")
+    confirmed = primary_conn.execute(
+        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'pipe'").fetchone()[0]
+    return on_standby.execute(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'pipe' AND synced AND failover AND NOT temporary"
+        " AND confirmed_flush_lsn = %s", [confirmed]).fetchone()[0]
+
+
+@pytest.mark.cluster
+def test_a_paused_backfill_does_not_take_a_promoted_copy_of_its_slot_created_again(cluster):
+    """The backfill is paused; its failover slot is dropped and created again, with failover, on
+    the primary, and the standby synchronizes the new one; the standby is promoted. Its copy looks
+    exactly like a copy of the original (PostgreSQL keeps nothing of a slot's creation that a copy
+    carries), and the backfill's workers watched neither: backfill_resume refuses it, 55000, and
+    the backfill stays paused, to be cancelled. (Before 0.11.0 it carried on into the new slot,
+    whose consumer never received what the backfill wrote before the slot was created.) The same
+    holds for a slot created again on a promoted server and synchronized to its own standby: the
+    copy is all the next promoted server sees."""
+    primary = extra_cluster(cluster, "failover_primary")
+    standby = extra_cluster(cluster, "failover_standby")
+    try:
+        primary.start("shared_preload_libraries = 'pg_backfill'")
+        with primary.connect() as admin:
+            admin.execute("SELECT pg_create_physical_replication_slot(%s, true)", [PHYSICAL_SLOT])
+            admin.execute(f"ALTER SYSTEM SET synchronized_standby_slots = '{PHYSICAL_SLOT}'")
+            admin.execute("SELECT pg_reload_conf()")
+            admin.execute("CREATE DATABASE app")
+        with primary.connect("app") as conn:
+            conn.execute("""CREATE EXTENSION pg_backfill;
+                            CREATE TABLE items (id bigint PRIMARY KEY, payload text NOT NULL);
+                            INSERT INTO items SELECT g, md5(g::text) FROM generate_series(1, 2000) g;
+                            ANALYZE items;""")
+            conn.execute("SELECT pg_create_logical_replication_slot('pipe', 'test_decoding', failover => true)")
+            make_standby(primary, standby)
+            # No consumer: the backfill waits for one, watching its slot, then is paused.
+            backfill_id = conn.execute(
+                "SELECT backfill_start('items', confirm => true, slot => 'pipe')").fetchone()[0]
+            wait_for(lambda: status(conn, backfill_id, "waiting_kind") == "consumer_away", timeout=TIMEOUT,
+                     what="the backfill to wait for the slot's consumer")
+            conn.execute("SELECT backfill_pause(%s)", [backfill_id])
+            wait_for(lambda: worker_pid(conn, backfill_id) is None, timeout=TIMEOUT,
+                     what="the paused backfill's worker to exit")
+            conn.execute("SELECT pg_drop_replication_slot('pipe')")
+            conn.execute("SELECT pg_create_logical_replication_slot('pipe', 'test_decoding', failover => true)")
+            with standby.connect("app") as on_standby:
+                wait_for(lambda: synchronized(conn, on_standby), timeout=TIMEOUT,
+                         what="the standby to synchronize the slot created again")
+        primary.pg_ctl("-m immediate stop")
+        with standby.connect("app") as promoted:
+            promoted.execute("SELECT pg_promote()")
+            assert promoted.execute("SELECT synced AND failover FROM pg_replication_slots WHERE slot_name = 'pipe'"
+                                    ).fetchone()[0] is True
+            refused = error_of(promoted, "SELECT backfill_resume(%s)", [backfill_id])
+            assert refused.sqlstate == "55000", refused
+            assert 'replication slot "pipe" may not be the slot it was started for' in refused.diag.message_primary
+            assert refused.diag.message_detail and f"backfill_cancel({backfill_id})" in refused.diag.message_hint
+            assert status(promoted, backfill_id, "state") == "paused" and worker_pid(promoted, backfill_id) is None
+            promoted.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    finally:
         standby.stop()
         primary.stop()

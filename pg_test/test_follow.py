@@ -188,7 +188,8 @@ def test_a_table_the_followers_role_may_not_backfill_is_not_started_and_the_ddl_
     conn.execute("SELECT backfill_follow('shop', 'cdc')")
     db.execute("ALTER PUBLICATION shop ADD TABLE secret")
     assert db.execute("SELECT count(*) FROM pg_publication_tables WHERE pubname = 'shop' AND tablename = 'secret'").fetchone()[0] == 1
-    ((table, state, reason),) = queue(db)
+    # (The dispatcher tries the start once the statement has committed.)
+    ((table, state, reason),) = wait_for(lambda: [e for e in queue(db) if e[1] != "pending"], what="the start tried")
     assert (table, state) == ("public.secret", "failed") and "secret" in reason, reason
     error = follow_row(conn, "last_error")
     assert "secret" in error and "42501" in error, error
@@ -271,6 +272,25 @@ def test_the_slot_dropped_ends_the_follow_with_the_reason(db):
     assert follows(db, "state") == [("slot missing",)]
     db.execute("ALTER PUBLICATION shop ADD TABLE items")
     assert follows(db, "state", "end_reason") == [("ended", 'replication slot "cdc" was dropped')]
+    assert queue(db) == []
+
+
+def test_a_slot_of_its_name_made_for_another_database_is_not_the_follows(cluster, db, scratch_database):
+    """Slot names are the cluster's: the follow's slot dropped, another database makes one of
+    that name. The follow's slot is still missing (backfill_follows said following before
+    0.11.0), and the follow ends at its next statement as for any dropped slot."""
+    slot = f"cdc_{db.info.dbname.split('_')[0]}"
+    db.execute("CREATE TABLE seed (id int PRIMARY KEY); CREATE PUBLICATION shop FOR TABLE seed")
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
+    make_table(db, "items", rows=100)
+    db.execute("SELECT backfill_follow('shop', %s)", [slot])
+    db.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+    elsewhere = scratch_database(f"follow_elsewhere_{slot}")
+    with cluster.connect(elsewhere) as other:
+        other.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
+    assert follows(db, "state") == [("slot missing",)]
+    db.execute("ALTER PUBLICATION shop ADD TABLE items")
+    assert follows(db, "state", "end_reason") == [("ended", f'replication slot "{slot}" was dropped')]
     assert queue(db) == []
 
 
@@ -464,9 +484,9 @@ def test_the_next_table_starts_when_the_slots_backfill_is_cancelled_or_fails(db,
 
 
 def test_a_role_without_grants_runs_ddl_and_the_event_triggers_function_as_before(db, pipeline, roles):
-    """Every role's DDL runs the event trigger's function (executable by PUBLIC): a role with no
-    grant of pg_backfill creates and alters its tables as before, and calling the function
-    itself queues and starts nothing the publication did not gain."""
+    """Every role's DDL runs the event trigger's function (as the extension's owner): a role
+    with no grant of pg_backfill creates and alters its tables as before, and may not call the
+    function's entry point itself."""
     db.execute("SELECT backfill_follow('shop', 'cdc')")
     role = roles.create("nogrants")
     db.execute(f"CREATE SCHEMA own AUTHORIZATION {role}")
@@ -475,7 +495,7 @@ def test_a_role_without_grants_runs_ddl_and_the_event_triggers_function_as_befor
     conn.execute("CREATE TABLE own.t (id int PRIMARY KEY); ALTER TABLE own.t ADD COLUMN v int; DROP TABLE own.t")
     # A statement that changes no followed publication writes nothing of pg_backfill's.
     assert db.execute("SELECT xmin::text FROM backfill.follow").fetchone()[0] == written
-    conn.execute("SELECT backfill.follow_ddl()")
+    assert error_of(conn, "SELECT backfill.follow_ddl('ALTER PUBLICATION')").sqlstate == "42501"
     assert queue(db) == [] and db.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
     assert follows(db, "state") == [("following",)]
 
@@ -571,8 +591,7 @@ def test_a_follows_backfills_start_with_the_settings_of_the_session_that_created
 
 def test_a_hostile_search_path_and_names_change_nothing(cluster, db):
     """The event trigger runs in every role's session: operators planted ahead of pg_catalog in
-    that session's search_path never run, in the trigger or in backfill.follow_ddl() called by
-    hand; a publication named with quotes and spaces is followed as any other; a renamed
+    that session's search_path never run, in the trigger or in the dispatcher it wakes; a publication named with quotes and spaces is followed as any other; a renamed
     publication ends the follow, naming why; an option out of range is refused, naming it."""
     db.execute("""CREATE TABLE trap_log (what text);
                   CREATE SCHEMA trap;""")
@@ -597,7 +616,8 @@ def hostile_session_and_names(db):
     # The trap is live: an unqualified = in this session runs it.
     db.execute("SELECT 'x'::text = 'x'::text")
     db.execute("""ALTER PUBLICATION "we""ird pub" ADD TABLE public.added""")
-    assert db.execute("SELECT backfill.follow_ddl()").fetchone() is not None
+    # (Called by hand, outside an event trigger, it reads no statement's commands: an error.)
+    assert error_of(db, "SELECT backfill.follow_ddl('ALTER PUBLICATION')").sqlstate == "39P03"
     db.execute("RESET search_path")
     backfill_id = backfill_of(db, "public.added")
     assert status(db, backfill_id, "publication_name") == 'we"ird pub'

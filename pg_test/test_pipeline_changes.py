@@ -2,6 +2,11 @@
 same name, its slot invalidated, its table dropped from its publication. The backfill fails
 with an error that names what changed, instead of delivering rows nobody receives."""
 
+import select
+import threading
+
+import psycopg2
+import psycopg2.extras
 import pytest
 
 from conftest import Consumer, error_of, status, wait_for, wait_until_ended
@@ -96,3 +101,54 @@ def test_a_table_dropped_from_the_publication_mid_run_fails_the_backfill(db, pub
     # (The message names the table as the scan began; moved, the detail says where it is now.)
     assert sqlstate == "55000" and 'table public.items is not in publication "pipeline"' in error, error
     assert status(db, backfill_id, "rows_done") < 20000
+
+
+class SilentConsumer:
+    """A streaming consumer of a test_decoding slot that receives everything and confirms
+    nothing: the slot is active, its confirmed position stays where it was."""
+
+    def __init__(self, cluster, dbname, slot):
+        self.conn = psycopg2.connect(host="127.0.0.1", port=cluster.port, user="postgres", dbname=dbname,
+                                     connection_factory=psycopg2.extras.LogicalReplicationConnection)
+        self.cursor = self.conn.cursor()
+        self.cursor.start_replication(slot_name=slot, decode=False)
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop_event.is_set():
+            if self.cursor.read_message() is None:
+                select.select([self.cursor], [], [], 0.05)
+
+    def stop(self):
+        self.stop_event.set()
+        self.thread.join(10)
+        self.conn.close()
+
+
+def test_a_slot_of_its_name_made_for_another_database_is_not_the_backfills(cluster, db, scratch_database):
+    """Slot names are the cluster's: once a backfill's slot is dropped, another database may make
+    one of that name, which decodes none of this database's messages. A done backfill whose
+    consumer confirmed nothing is not delivered by it: backfill_status shows no lag and
+    does not show it delivered, backfill_wait does not return true (before 0.11.0 the view found slots by
+    name only, and the other database's new slot, confirmed up to its creation, delivered it)."""
+    make_items(db, rows=2000)
+    slot = f"p_{db.info.dbname.split('_')[0]}"
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", [slot])
+    consumer = SilentConsumer(cluster, db.info.dbname, slot)
+    try:
+        backfill_id = db.execute("SELECT backfill_start('items', confirm => true, slot => %s, batch_size => 500)",
+                                 [slot]).fetchone()[0]
+        assert wait_until_ended(db, backfill_id) == "done"
+        assert status(db, backfill_id, "delivered") is False
+    finally:
+        consumer.stop()
+    wait_for(lambda: db.execute("SELECT NOT active FROM pg_replication_slots WHERE slot_name = %s", [slot]).fetchone()[0])
+    db.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+    elsewhere = scratch_database(f"slots_elsewhere_{slot}")
+    with cluster.connect(elsewhere) as other:
+        other.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", [slot])
+    delivered, lag = status(db, backfill_id, "delivered", "slot_lag_bytes")
+    assert not delivered and lag is None
+    assert db.execute("SELECT backfill_wait(%s, '0.5 s')", [backfill_id]).fetchone()[0] is False

@@ -142,7 +142,9 @@ def items(db):
         ("SELECT backfill_set(NULL, batch_size => 10)", "id"),
         ("SELECT backfill_wait(NULL)", "id"),
         ("SELECT backfill_message_valid(NULL, 1)", "content"),
-        ("SELECT backfill_message_valid('{}', NULL)", "xid"),
+        ("SELECT backfill_message_valid('{}', NULL::bigint)", "xid"),
+        ("SELECT backfill_message_valid('{}', NULL::xid)", "xid"),
+        ("SELECT backfill_message_valid(NULL, '1'::xid)", "content"),
         ("SELECT backfill_rotate_key(retire_old_keys => NULL)", "retire_old_keys"),
     ],
 )

@@ -80,16 +80,16 @@ def test_public_may_execute_no_function_but_those_the_views_call(db):
     # Executable by all by design, granting nothing (test below): Citus's node-side start runs
     # backfill_start() as its caller, backfill_start()'s option check only refuses, and keys only
     # narrow a backfill the caller started in the same transaction; a row's hash is of a row the
-    # caller has; a message key is read only for a caller that may SELECT backfill.message_key;
-    # the follows' event trigger (every role's DDL calls it) only queues what a followed
-    # publication gained, and starts backfills as the follows' creators (test_follow.py).
+    # caller has; a message key is read only for a caller that may SELECT backfill.message_key.
+    # (The follows' event trigger runs as the extension's owner: no role needs a grant for it.)
     granting_nothing = {
-        "backfill.follow_ddl()",
         "backfill.message_key_bytes(integer)",
         "backfill.start_on_node(regclass[],boolean,integer,integer,name,name,bigint,integer,jsonb)",
         "backfill.refuse_node_options(oid[],jsonb,bigint,bigint,integer,integer)",
         "backfill.set_keys_of(bigint,oid,jsonb)",
         "backfill.row_hash(anyelement)",
+        # (Calls backfill_message_valid(text,bigint), which needs the consumer's grant.)
+        "backfill_message_valid(text,xid)",
     }
     assert [f for f, public in functions.items() if public and f not in granting_nothing] == []
 
@@ -661,6 +661,58 @@ def test_message_prefix_must_be_1_to_64_printable_bytes(db):
     assert status(db, backfill_id, "message_prefix") == prefix
 
 
+# The settings a start records for the life of its backfill, and what each does to it if another
+# role chose it: the reads under a prefix the consumer does not read, pages that lock the whole
+# table, batches a consumer may not parse, pages unpaced on a shared primary.
+RECORDED_SETTINGS = [("backfill.message_prefix", "elsewhere"), ("backfill.lock_mode", "table"),
+                     ("backfill.rows_per_message", "50"), ("backfill.default_max_active_sessions", "0")]
+
+
+def test_a_database_owner_cannot_choose_the_settings_a_superusers_start_records(cluster, roles, scratch_database):
+    """The owner of a database (no superuser, no grant) could set them for its database (ALTER
+    DATABASE ... SET, or for a role of its own), and a superuser's plain backfill_start there
+    took them. They are superuser settings now: the owner's ALTER DATABASE, ALTER ROLE and SET
+    are refused (42501), and the superuser's start records the server's values."""
+    owner = roles.create("dbowner")
+    name = scratch_database(f"owned_settings_{roles.suffix}", f"OWNER {owner}")
+    with cluster.connect(name) as su:
+        su.execute("CREATE EXTENSION pg_backfill")
+        make_table(su, "t", 20)
+    with psycopg.connect(host="127.0.0.1", port=cluster.port, user=owner, dbname=name, autocommit=True) as conn:
+        conn.execute("SELECT * FROM backfill_status")  # loads the library: its settings are defined, not placeholders
+        assert value(conn, "SELECT count(*) FROM pg_settings WHERE name = 'backfill.message_prefix'") == 1
+        for setting, chosen in RECORDED_SETTINGS:
+            for statement in (f"ALTER DATABASE {name} SET {setting} = '{chosen}'",
+                              f"ALTER ROLE {owner} IN DATABASE {name} SET {setting} = '{chosen}'",
+                              f"SET {setting} = '{chosen}'"):
+                refused = error_of(conn, statement)
+                assert refused.sqlstate == "42501" and setting in refused.diag.message_primary, statement
+    with cluster.connect(name) as su:
+        assert value(su, "SELECT count(*) FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase "
+                         "WHERE d.datname = %s", [name]) == 0
+        backfill_id = start(su, "t")
+        assert wait_until_ended(su, backfill_id) == "done"
+        recorded = status(su, backfill_id, "message_prefix", "lock_mode", "rows_per_message", "max_active_sessions")
+        assert recorded == ("backfill", "auto", 1, None)  # (the test cluster's default_max_active_sessions is 0)
+
+
+def test_a_role_granted_set_on_a_recorded_setting_sets_it_for_its_backfills(db, operator):
+    """The DBA trusts an operator with a setting the PostgreSQL way: GRANT SET ON PARAMETER."""
+    role, conn = operator
+    conn.execute("SELECT * FROM backfill_status")  # loads the library: its settings are defined, not placeholders
+    refused = error_of(conn, "SET backfill.message_prefix = 'etl_reads'")
+    assert refused.sqlstate == "42501"
+    db.execute(f"GRANT SET ON PARAMETER backfill.message_prefix, backfill.lock_mode TO {role}")
+    try:
+        conn.execute("SET backfill.message_prefix = 'etl_reads'")
+        conn.execute("SET backfill.lock_mode = 'rows'")
+        backfill_id = start(conn, "t")
+        assert wait_until_ended(db, backfill_id) == "done"
+        assert status(db, backfill_id, "message_prefix", "lock_mode") == ("etl_reads", "rows")
+    finally:
+        db.execute(f"REVOKE SET ON PARAMETER backfill.message_prefix, backfill.lock_mode FROM {role}")
+
+
 # --- 10. authenticated messages ------------------------------------------------------------------
 
 AUTH = re.compile(r',"auth":"(\d+):([0-9a-f]{64})"\}$')
@@ -776,6 +828,32 @@ def test_retiring_old_keys_makes_what_they_signed_fail(db, signed):
     new_key = value(db, "SELECT backfill_rotate_key(retire_old_keys => true)")
     assert [key_id for key_id, in db.execute("SELECT id FROM backfill.message_key")] == [new_key]
     assert not any(sql_valid(db, content, xid) for xid, content in old)
+
+
+PEEKED_VALIDITY = """SELECT count(*), count(*) FILTER (WHERE backfill_message_valid(substring(data from 'content:(.*)'), xid)),
+                          count(*) FILTER (WHERE backfill_message_valid(substring(data from 'content:(.*)'),
+                                                                        (xid::text::bigint + 1)::text::xid))
+                     FROM pg_logical_slot_peek_changes(%s, NULL, NULL)
+                    WHERE data LIKE 'message: transactional: 1 prefix: backfill,%%'"""
+
+
+def test_a_message_verifies_with_the_xid_a_peek_reports_as_it_is(db, roles, signed):
+    """The xid column of pg_logical_slot_peek_changes() is of type xid, which has no cast to
+    bigint: backfill_message_valid(content, xid) takes it as it is, for a consumer granted as
+    docs/security.md says (the grant of the bigint form: the xid form calls it), and a message
+    checked against another transaction's xid fails. A role without the grant gets 42501."""
+    slot, messages = signed
+    make_table(db, "more", 30)
+    assert wait_until_ended(db, start(db, "more", batch_size=10)) == "done"
+    assert value(db, "SELECT pg_typeof(xid)::text FROM pg_logical_slot_peek_changes(%s, NULL, NULL) LIMIT 1",
+                 [slot]) == "xid"
+    assert db.execute(PEEKED_VALIDITY, [slot]).fetchone() == (32, 32, 0)
+    consumer = roles.connect(roles.create("xid_consumer", "consumer"))
+    xid, content = messages[1]
+    assert value(consumer, "SELECT backfill_message_valid(%s::text, %s::text::xid)", [content, xid]) is True
+    assert value(consumer, "SELECT backfill_message_valid(%s::text, %s::bigint)", [content, xid]) is True
+    assert error_of(roles.connect(roles.create("xid_nokey")),
+                    "SELECT backfill_message_valid(%s::text, %s::text::xid)", [content, xid]).sqlstate == "42501"
 
 
 def test_consumer_grants_allow_reading_the_key_and_verifying_and_nothing_less_does(db, roles, signed):
@@ -1502,6 +1580,7 @@ def test_a_database_owners_types_operators_and_functions_never_run_in_a_superuse
                 WHERE x.data LIKE 'message: transactional: 1 prefix: backfill,%%' LIMIT 1""").fetchall()
         content = content.split(" content:", 1)[1]
         assert call("SELECT backfill_message_valid(%s, %s)", [content, xid]) == [(True,)]
+        assert call("SELECT backfill_message_valid(%s, %s::pg_catalog.text::pg_catalog.xid)", [content, xid]) == [(True,)]
         call("SELECT backfill.row_hash(t) FROM t")
         call("SELECT backfill.start_on_node(ARRAY['t']::pg_catalog.regclass[], false, 1000, NULL, NULL, NULL, NULL, 1)")
         call("SELECT backfill.refuse_node_options(ARRAY['t'::pg_catalog.regclass::pg_catalog.oid], NULL, NULL, NULL, "

@@ -48,7 +48,7 @@ SELECT 'schema', n.nspname, '', coalesce(n.nspacl::text, '')
 ORDER BY 1, 2, 3
 """
 
-EARLIER_VERSIONS = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0"]
+EARLIER_VERSIONS = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0", "0.10.0"]
 
 
 def shape(conn):

@@ -237,7 +237,7 @@ SELECT j.id,
                AS recent_rows_per_second
           FROM backfill.job_progress p
          WHERE p.job_id = j.id AND p.at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')) r ON true
-  LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name
+  LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = j.slot_name AND s.database = pg_catalog.current_database()
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = j.worker_pid AND j.state IN ('running', 'paused')
  WHERE backfill.visible(j.started_by);
 COMMENT ON VIEW backfill_status IS 'One row per backfill: state, progress, who started it and why it failed';
@@ -385,6 +385,18 @@ AS $$ SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1 $$;
 COMMENT ON FUNCTION backfill_key() IS
 'The key that signs new messages, for consumers that verify them (needs SELECT on backfill.message_key).';
 
+-- The xid as decoders report it: pg_logical_slot_peek_changes() and _get_changes() return it as
+-- type xid, which has no cast to bigint. (Not STRICT: a NULL xid is 22004, naming it.) Executable
+-- by all, granting nothing: it calls backfill_message_valid(text, bigint), which needs the
+-- consumer's grant (EXECUTE, checked for the caller when the call runs, and SELECT on the keys),
+-- so that a consumer granted before 0.11.0 uses it as it is.
+CREATE FUNCTION backfill_message_valid(content text, xid pg_catalog.xid)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$ SELECT @extschema@.backfill_message_valid(content, xid::pg_catalog.text::pg_catalog.int8) $$;
+COMMENT ON FUNCTION backfill_message_valid(text, xid) IS
+'backfill_message_valid() with the xid column of pg_logical_slot_peek_changes() as it is (type xid)';
+
 CREATE FUNCTION backfill_rotate_key(retire_old_keys boolean DEFAULT false)
 RETURNS integer
 -- (client_min_messages: on a Citus node, each ALTER EXTENSION ... ADD or DROP SEQUENCE below
@@ -529,7 +541,7 @@ SELECT f.id,
        f.end_reason
   FROM backfill.follow f
   LEFT JOIN pg_catalog.pg_roles r ON r.oid = f.created_by
-  LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = f.slot_name
+  LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = f.slot_name AND s.database = pg_catalog.current_database()
  CROSS JOIN LATERAL (SELECT pg_catalog.array_agg(t.relid::pg_catalog.regclass ORDER BY t.entry) AS pending_tables
                        FROM backfill.follow_table t
                       WHERE t.follow_id = f.id AND t.state = 'pending') q
@@ -551,16 +563,23 @@ COMMENT ON COLUMN backfill_follows.ended_at IS 'When it ended';
 COMMENT ON COLUMN backfill_follows.end_reason IS 'Why it ended: backfill_unfollow(), or its publication or slot dropped';
 GRANT SELECT ON backfill_follows TO PUBLIC;
 
--- At the end of every statement that can add tables to a publication (or drop one, or a table),
--- each live follow's queue is brought up to the catalog, in the statement's transaction.
+-- At the end of every statement that can add tables to a publication (or drop one), each
+-- live follow whose publication the statement may have changed has its queue brought up to
+-- the catalog, in the statement's transaction; a dispatcher starts the queued backfills once it
+-- commits. The function runs as the extension's owner, and calls into the library only while a
+-- follow is live: no role's DDL needs a grant of pg_backfill's, or its library, to run.
 CREATE FUNCTION backfill.follow_publication_changes()
 RETURNS event_trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
-AS $$ BEGIN PERFORM backfill.follow_ddl(); END $$;
-COMMENT ON FUNCTION backfill.follow_publication_changes() IS 'Event trigger: queues the tables a statement added to a followed publication, and starts what a free slot can take';
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN
+    IF EXISTS (SELECT FROM backfill.follow WHERE ended_at IS NULL) THEN
+        PERFORM backfill.follow_ddl(TG_TAG);
+    END IF;
+END $$;
+COMMENT ON FUNCTION backfill.follow_publication_changes() IS 'Event trigger: queues the tables a statement added to a followed publication; a dispatcher starts them once the statement commits';
 CREATE EVENT TRIGGER backfill_follow_publication_changes ON ddl_command_end
     WHEN TAG IN ('ALTER PUBLICATION', 'DROP PUBLICATION', 'ALTER TABLE', 'CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO',
-                 'DROP TABLE')
+                 'DROP TABLE', 'CREATE SCHEMA')
     EXECUTE FUNCTION backfill.follow_publication_changes();
 REVOKE EXECUTE ON FUNCTION
     backfill_estimate(regclass[], integer, text, text[]), backfill_estimate(regclass, integer, text, text[]), backfill_estimate(text, integer, text, text[]),
@@ -588,7 +607,8 @@ COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, i
 COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';
 COMMENT ON FUNCTION backfill.follow(text, text, integer, integer, integer, bigint, bigint, bigint, integer, integer) IS 'Entry point of backfill_follow()';
 COMMENT ON FUNCTION backfill.unfollow(text, text) IS 'Entry point of backfill_unfollow()';
-COMMENT ON FUNCTION backfill.follow_ddl() IS 'The event trigger''s work at the end of a statement that may have changed a followed publication''s tables';
+COMMENT ON FUNCTION backfill.follow_ddl() IS 'The event trigger''s work in 0.10.0 (no command tag): the SQL of that version calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.follow_ddl(text) IS 'The event trigger''s work at the end of a statement (its command tag) that may have changed a followed publication''s tables';
 COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
 COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';
 COMMENT ON FUNCTION backfill.purge(interval) IS 'Entry point of backfill_purge()';
@@ -629,9 +649,6 @@ GRANT EXECUTE ON FUNCTION backfill.row_hash(anyelement) TO PUBLIC;
 -- backfill.message_key_bytes() too: it reads a key only for a caller that may SELECT
 -- backfill.message_key, whose column key it is.
 GRANT EXECUTE ON FUNCTION backfill.message_key_bytes(integer) TO PUBLIC;
--- backfill.follow_ddl() too: every role's DDL runs it, through the event trigger. It only brings
--- the follows' queues up to the catalog, and starts what their creators may start, as them.
-GRANT EXECUTE ON FUNCTION backfill.follow_ddl() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
                           backfill.waiting_for(bigint), backfill.waiting_kind(bigint), backfill.visible(name),
                           backfill.source_limit(text, bigint), backfill.may_act_as(text, text) TO PUBLIC;

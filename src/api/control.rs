@@ -26,8 +26,8 @@ fn cancel(id: Option<i64>) -> bool {
     let id = required(id, "backfill_cancel", "id");
     control(id, "cancel", &[Running, Paused, Failed], Some(Cancelled), None);
     NodeBackfills::of(id).forward(&Verb::Cancel);
-    // Its slot is free: a table a follow of the slot queued starts now.
-    crate::api::follow::dispatch_follows();
+    // Its slot is free: a table a follow of the slot queued starts once the cancel commits.
+    crate::api::follow::dispatch_when_committed();
     true
 }
 
@@ -55,6 +55,9 @@ fn resume(id: Option<i64>) -> bool {
         // (A distributed backfill's slots are its nodes': each node's backfill checks its own. A
         // refusal's error undoes the move to running above.)
         require_slot_to_resume(id, job.slot_name.as_deref());
+        if let (Paused | Failed, Some(slot), Some(recorded)) = (job.state, &job.slot_name, &job.slot_identity) {
+            crate::throttle::pipeline::require_watched_slot(id, slot, recorded);
+        }
     }
     launcher::require_worker_slots(job.parallel);
     for worker in 0..job.parallel {
@@ -70,7 +73,8 @@ fn require_slot_to_resume(id: i64, slot: Option<&str>) {
     let Some(slot) = slot else { return };
     if as_extension_owner(|| {
         crate::pg::spi::select_one::<bool>(
-            "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1)",
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots
+                             WHERE slot_name OPERATOR(pg_catalog.=) $1 AND database OPERATOR(pg_catalog.=) pg_catalog.current_database())",
             &[slot.into()],
         )
     })

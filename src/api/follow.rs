@@ -151,19 +151,82 @@ fn unfollow(publication: Option<Text>, slot: Option<Text>) -> bool {
 }
 
 /// The event trigger's work, at the end of a statement that may have added tables to a
-/// publication (sql/api.sql lists the commands): queue what each live follow's publication
-/// gained, then start what a free slot can take. Cheap when nothing is followed.
+/// publication (sql/api.sql lists the commands): queue what each followed publication gained,
+/// under the follow's lock, and have a dispatcher start what a free slot can take once the
+/// statement's transaction commits. Cheap when the statement changes no followed publication.
 ///
-/// Executable by PUBLIC, as every role's DDL calls it: it only brings the queues up to the
-/// catalog and starts what the follows' creators may start, as them.
+/// Called by the event trigger's function, which runs as the extension's owner (SECURITY
+/// DEFINER) and only while a follow is live: no role's DDL needs EXECUTE on it, or the library.
+/// Nothing here starts a backfill, takes pg_backfill's locks or runs as another role inside the
+/// DDL's transaction; the dispatcher does that in a transaction of its own.
+#[pg_extern(schema = "backfill", name = "follow_ddl")]
+fn follow_ddl_of(command_tag: Option<Text>) {
+    // (ALTER PUBLICATION ... DROP TABLE reports no object among the statement's commands: a
+    // statement on a publication brings every follow up to date.)
+    follow_statement(command_tag.is_some_and(|tag| tag.0.ends_with(" PUBLICATION")));
+}
+
+/// The event trigger's work in 0.10.0's SQL, which calls it (without the command's tag) until
+/// ALTER EXTENSION UPDATE: as for a statement on a publication.
 #[pg_extern(schema = "backfill", name = "follow_ddl")]
 fn follow_ddl() {
-    let follows = as_extension_owner(|| if follow::any_live_follow() { follow::live_follows() } else { Vec::new() });
-    for follow in follows {
-        if let Some(held) = still_followable(&follow) {
-            as_extension_owner(|| enqueue_added(&follow, &held));
-            dispatch(&follow);
+    if as_extension_owner(follow::any_live_follow) {
+        follow_statement(true);
+    }
+}
+
+fn follow_statement(on_a_publication: bool) {
+    let queued = as_extension_owner(|| {
+        follow::skip_dropped_pending();
+        let created = follow::relations_created_by_the_statement();
+        let mut queued = false;
+        for follow_id in follow::follows_the_statement_may_change(on_a_publication, &created) {
+            // Read unlocked first: most statements leave what the publication holds as the
+            // follow knows it, and then take no lock (concurrent DDL does not queue behind it).
+            // One that changed it locks the follow and looks again, on a snapshot taken after
+            // any other statement that changed it has committed.
+            let Some(unlocked) = follow::live_follow_by_id(follow_id) else { continue };
+            let Some(held) = still_followable(&unlocked) else { continue };
+            if !knows_otherwise(&new_to(unlocked, &created), &held) {
+                continue;
+            }
+            let Some(follow) = follow::lock_live_follow(follow_id) else { continue };
+            let Some(held) = still_followable(&follow) else { continue };
+            let follow = new_to(follow, &created);
+            enqueue_added(&follow, &held);
+            queued |= !follow::pending(follow.id).is_empty();
         }
+        queued
+    });
+    if queued {
+        crate::worker::launcher::dispatch_at_commit();
+    }
+}
+
+/// The follow, as knowing nothing of the relations the statement created: a new relation is
+/// new, whatever the follow may know of a dropped one whose oid it took.
+fn new_to(mut follow: Follow, created: &[pg_sys::Oid]) -> Follow {
+    follow.known_tables.retain(|table| !created.contains(table));
+    follow.known_leaves.retain(|leaf| !created.contains(leaf));
+    follow
+}
+
+/// Whether the publication holds other relations, or other leaves, than the follow knows.
+fn knows_otherwise(follow: &Follow, held: &PublicationTables) -> bool {
+    let sorted = |oids: &mut dyn Iterator<Item = pg_sys::Oid>| {
+        let mut oids: Vec<u32> = oids.map(|oid| oid.to_u32()).collect();
+        oids.sort_unstable();
+        oids
+    };
+    sorted(&mut held.tables.iter().copied()) != sorted(&mut follow.known_tables.iter().copied())
+        || sorted(&mut held.leaves.iter().map(|(leaf, _)| *leaf)) != sorted(&mut follow.known_leaves.iter().copied())
+}
+
+/// A backfill was cancelled, which frees its slot: when this transaction commits, a dispatcher
+/// starts what the slot's follows queued. Nothing on a schema without follows, or none live.
+pub fn dispatch_when_committed() {
+    if crate::catalog::schema::capabilities().follows && as_extension_owner(follow::any_live_follow) {
+        crate::worker::launcher::dispatch_at_commit();
     }
 }
 
@@ -205,7 +268,8 @@ fn still_followable(follow: &Follow) -> Option<PublicationTables> {
 
 fn slot_exists(slot: &str) -> bool {
     crate::pg::spi::select_one::<bool>(
-        "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1)",
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots
+                         WHERE slot_name OPERATOR(pg_catalog.=) $1 AND database OPERATOR(pg_catalog.=) pg_catalog.current_database())",
         &[Text::from(slot).into()],
     )
     .or_internal("read the replication slots")
@@ -224,7 +288,6 @@ fn slot_exists(slot: &str) -> bool {
 /// the partition alone can name its rows as their changes do (selection/published.rs), so it
 /// is refused, unless it was empty.
 fn enqueue_added(follow: &Follow, held: &PublicationTables) {
-    let leaves: Vec<pg_sys::Oid> = held.leaves.iter().map(|(leaf, _)| *leaf).collect();
     let new_leaf = |leaf: &pg_sys::Oid| !follow.known_leaves.contains(leaf);
     let added: Vec<pg_sys::Oid> = held
         .tables
@@ -255,12 +318,8 @@ fn enqueue_added(follow: &Follow, held: &PublicationTables) {
         follow::skip_pending(follow.id, *removed, "removed from the publication before its turn");
     }
     // (Most statements change no followed publication: they write nothing.)
-    let sorted = |oids: &[pg_sys::Oid]| {
-        let mut oids: Vec<u32> = oids.iter().map(|oid| oid.to_u32()).collect();
-        oids.sort_unstable();
-        oids
-    };
-    if sorted(&held.tables) != sorted(&follow.known_tables) || sorted(&leaves) != sorted(&follow.known_leaves) {
+    if knows_otherwise(follow, held) {
+        let leaves: Vec<pg_sys::Oid> = held.leaves.iter().map(|(leaf, _)| *leaf).collect();
         follow::set_known(follow.id, &held.tables, &leaves);
     }
 }
@@ -302,30 +361,32 @@ fn refuse(follow: &Follow, relid: pg_sys::Oid, name: &str, reason: &str) {
     follow::enqueue(follow.id, relid, name, EntryState::Failed, Some(&why));
 }
 
-/// Whether the table is empty and no other transaction can write it before this one commits:
-/// this transaction holds it in ACCESS EXCLUSIVE mode (CREATE TABLE, ATTACH PARTITION, ALTER
-/// TABLE SET SCHEMA take it). A table merely added to a publication (ALTER PUBLICATION takes a
-/// weaker lock) may gain rows from a transaction that commits before the DDL, whose changes the
-/// consumer never receives: it gets its (quick) backfill instead.
+/// Whether the relation holds no row, and none can be written to it before this transaction
+/// commits: every leaf under it (a plain table is its own) is held by this transaction in
+/// ACCESS EXCLUSIVE mode (CREATE TABLE, ATTACH PARTITION, ALTER TABLE SET SCHEMA and LOCK TABLE
+/// take it) and has no page at all. Judged by the leaves' storage, never by a read: a read
+/// would see what this transaction's snapshot sees, not what a REPEATABLE READ DDL's snapshot
+/// misses, nor a row security policy hides. A table merely added to a publication (ALTER
+/// PUBLICATION takes a weaker lock), or whose pages once held rows, gets its (quick) backfill.
 fn empty_and_locked_here(relid: pg_sys::Oid) -> bool {
-    // (Not a table with row-level security: a policy may hide its rows from its owner, who reads it.)
-    let locked = crate::pg::spi::select_one::<bool>(
-        "SELECT EXISTS (SELECT FROM pg_catalog.pg_locks l
-                         WHERE l.locktype OPERATOR(pg_catalog.=) 'relation' AND l.relation OPERATOR(pg_catalog.=) $1
-                           AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
-                           AND l.mode OPERATOR(pg_catalog.=) 'AccessExclusiveLock' AND l.granted)
-            AND NOT (SELECT c.relrowsecurity FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) $1)",
+    crate::pg::spi::select_one::<bool>(
+        "SELECT COALESCE(pg_catalog.bool_and(
+                    pg_catalog.pg_relation_size(leaf.relid) OPERATOR(pg_catalog.=) 0
+                    AND EXISTS (SELECT FROM pg_catalog.pg_locks l
+                                 WHERE l.locktype OPERATOR(pg_catalog.=) 'relation'
+                                   AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                                                           WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+                                   AND l.relation OPERATOR(pg_catalog.=) leaf.relid
+                                   AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+                                   AND l.mode OPERATOR(pg_catalog.=) 'AccessExclusiveLock' AND l.granted)), true)
+           FROM (SELECT p.relid FROM pg_catalog.pg_partition_tree($1) p WHERE p.isleaf
+                 -- (A table that is neither partitioned nor a partition has no tree.)
+                 UNION ALL
+                 SELECT $1 WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_partition_tree($1))) leaf",
         &[relid.into()],
     )
-    .or_internal("read this transaction's locks")
-    .unwrap_or(false);
-    if !locked {
-        return false;
-    }
-    let query = format!("SELECT NOT EXISTS (SELECT FROM ONLY {})", crate::pg::spi::qualified_name(relid));
-    privilege::read_as_owner(relid, || crate::pg::spi::select_one::<bool>(&query, &[]))
-        .or_internal("look whether the added table is empty")
-        .unwrap_or(false)
+    .or_internal("look whether the added table is empty")
+    .unwrap_or(false)
 }
 
 /// Starts one backfill of the follow's pending tables, oldest first, when its slot is free. All

@@ -155,7 +155,100 @@ pub fn creator(follow_id: i64) -> Option<String> {
     .map(|t| t.0)
 }
 
-/// Whether any follow is live: the cheap test every DDL statement the event trigger sees makes.
+/// Live follow `follow_id`, as this statement's snapshot has it; None if it has ended.
+pub fn live_follow_by_id(follow_id: i64) -> Option<Follow> {
+    follows("id OPERATOR(pg_catalog.=) $1", &[follow_id.into()]).pop()
+}
+
+/// Live follow `follow_id`, locked until this transaction ends (FOR UPDATE), as the newest
+/// committed version has it: what a follow knows is read and written under this lock, so that
+/// two statements that change its publication at once each see the other's update, or wait for
+/// it. None if it has ended.
+pub fn lock_live_follow(follow_id: i64) -> Option<Follow> {
+    let locked = Spi::connect_mut(|client| {
+        client
+            .update(
+                "SELECT id FROM backfill.follow WHERE id OPERATOR(pg_catalog.=) $1 AND ended_at IS NULL FOR UPDATE",
+                None,
+                &[follow_id.into()],
+            )
+            .map(|rows| !rows.is_empty())
+    })
+    .or_internal("lock the follow");
+    // (Read again by a statement of its own: in READ COMMITTED its snapshot, taken after the
+    // lock was granted, has what the statement that held the lock committed.)
+    locked.then(|| live_follow_by_id(follow_id)).flatten()
+}
+
+/// The live follows the statement now ending (in an event trigger) may have added tables to,
+/// each with the relations the statement created. A follow is among them when the statement
+/// changed a publication (its own or any publication's table or schema list), when its
+/// publication is gone, or when a permanent table or partitioned table the statement created or
+/// altered (or a partition under it) is one the follow does not know: only such a statement can
+/// have added a relation, or a leaf, to what its publication holds. Every live follow when the
+/// statement is on a publication (`on_a_publication`). Any other statement (an
+/// ALTER TABLE of a table the follow knows, a temporary table's) reads nothing more than this.
+pub fn follows_the_statement_may_change(on_a_publication: bool, created: &[pg_sys::Oid]) -> Vec<i64> {
+    let read: SpiResult<Vec<i64>> = Spi::connect(|client| {
+        client
+            .select(
+                "WITH command AS (
+                     SELECT c.classid, c.objid FROM pg_catalog.pg_event_trigger_ddl_commands() c
+                 ), touched AS (
+                     -- (Looked up relation by relation, in a subquery the planner keeps: joined,
+                     -- pg_class would be scanned for the rows it guesses the commands are.)
+                     SELECT t.relid
+                       FROM command x
+                      CROSS JOIN LATERAL (SELECT x.objid
+                                          UNION SELECT p.relid FROM pg_catalog.pg_partition_tree(x.objid) p) t (relid)
+                      WHERE x.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                        AND (SELECT r.relkind OPERATOR(pg_catalog.=) ANY ('{r,p}'::\"char\"[])
+                                    AND r.relpersistence OPERATOR(pg_catalog.<>) 't'
+                               FROM pg_catalog.pg_class r WHERE r.oid OPERATOR(pg_catalog.=) t.relid)
+                 )
+                 SELECT f.id
+                   FROM backfill.follow f
+                   LEFT JOIN pg_catalog.pg_publication p ON p.pubname OPERATOR(pg_catalog.=) f.publication_name
+                  WHERE f.ended_at IS NULL
+                    AND ($2 OR p.oid IS NULL
+                         OR EXISTS (SELECT FROM command x
+                                     WHERE x.classid OPERATOR(pg_catalog.=) ANY (ARRAY['pg_catalog.pg_publication_rel'::pg_catalog.regclass,
+                                                                                      'pg_catalog.pg_publication_namespace'::pg_catalog.regclass])
+                                        OR (x.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_publication'::pg_catalog.regclass
+                                            AND x.objid OPERATOR(pg_catalog.=) p.oid))
+                         OR EXISTS (SELECT FROM touched t
+                                     WHERE t.relid OPERATOR(pg_catalog.=) ANY ($1)
+                                        OR NOT (t.relid OPERATOR(pg_catalog.=) ANY (f.known_tables)
+                                                OR t.relid OPERATOR(pg_catalog.=) ANY (f.known_leaves))))
+                  ORDER BY f.id",
+                None,
+                &[created.to_vec().into(), on_a_publication.into()],
+            )?
+            .map(|row| Ok(row.get::<i64>(1)?.unwrap_or_default()))
+            .collect()
+    });
+    read.or_internal("read what the statement changed")
+}
+
+/// The tables the statement now ending (in an event trigger) created: new, whatever a follow
+/// may know of a dropped relation whose oid one of them took.
+pub fn relations_created_by_the_statement() -> Vec<pg_sys::Oid> {
+    let read: SpiResult<Vec<pg_sys::Oid>> = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT c.objid FROM pg_catalog.pg_event_trigger_ddl_commands() c
+                  WHERE c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                    AND c.command_tag OPERATOR(pg_catalog.=) ANY ('{CREATE TABLE,CREATE TABLE AS,SELECT INTO}'::pg_catalog.text[])",
+                None,
+                &[],
+            )?
+            .map(|row| Ok(row.get::<pg_sys::Oid>(1)?.unwrap_or(pg_sys::InvalidOid)))
+            .collect()
+    });
+    read.or_internal("read what the statement created")
+}
+
+/// Whether any follow is live.
 pub fn any_live_follow() -> bool {
     crate::pg::spi::select_one::<bool>("SELECT EXISTS (SELECT FROM backfill.follow WHERE ended_at IS NULL)", &[])
         .or_internal("read the follows")
@@ -274,6 +367,19 @@ pub fn settle(entries: &[i64], state: EntryState, backfill_id: Option<i64>, why:
             why.and_then(|why| why.sqlstate).into(),
             why.and_then(|why| why.detail).map(Text::from).into(),
         ],
+    )
+    .or_internal("record the follow's queue")
+}
+
+/// Pending entries of tables dropped since they were queued are skipped: what a DROP TABLE
+/// changes in the queues (a statement that drops a table adds none).
+pub fn skip_dropped_pending() {
+    Spi::run(
+        "UPDATE backfill.follow_table t
+            SET state = 'skipped', reason = 'removed from the publication or dropped before its turn',
+                settled_at = pg_catalog.clock_timestamp()
+          WHERE t.state OPERATOR(pg_catalog.=) 'pending'
+            AND NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t.relid)",
     )
     .or_internal("record the follow's queue")
 }

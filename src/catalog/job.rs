@@ -120,6 +120,7 @@ pub fn outcome(id: i64) -> (JobState, bool, Option<String>) {
                         j.last_error
                    FROM backfill.job j
                    LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name OPERATOR(pg_catalog.=) j.slot_name
+                                                 AND s.database OPERATOR(pg_catalog.=) pg_catalog.current_database()
                   WHERE j.id OPERATOR(pg_catalog.=) $1",
                     None,
                     &[id.into()],
@@ -297,6 +298,22 @@ pub fn set_lock_mode(backfill_id: i64, mode: LockMode) {
         &[backfill_id.into(), mode.as_str().into()],
     )
     .or_internal("record the lock mode")
+}
+
+/// After a failover, the promoted server's synchronized copy of a backfill's slot becomes the
+/// slot it knows (pipeline::blocker): from then on a slot created again under that name on this
+/// server is refused as on the first, and a pause and resume here find the slot it watched.
+/// (Only when the identity changes: once after a failover. Only on a schema that records it.)
+pub fn adopt_slot_identity(backfill_id: i64, identity: &str) {
+    if !schema::capabilities().slot_identity {
+        return;
+    }
+    Spi::run_with_args(
+        "UPDATE backfill.job SET slot_identity = $2
+          WHERE id OPERATOR(pg_catalog.=) $1 AND slot_identity OPERATOR(pg_catalog.<>) $2",
+        &[backfill_id.into(), identity.into()],
+    )
+    .or_internal("record the slot's identity")
 }
 
 /// The running backfill that already covers one of these tables, if any.

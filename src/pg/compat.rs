@@ -112,6 +112,83 @@ pub fn may_act_as(member: pg_sys::Oid, role: pg_sys::Oid) -> bool {
     return unsafe { pg_sys::has_privs_of_role(member, role) || pg_sys::member_can_set_role(member, role) };
 }
 
+/// The shared memory a parallel scan of index `index`, with no scan key and no ordering, takes
+/// (its part of a parallel context's segment) for `workers` workers.
+///
+/// 17 added the scan keys' counts; 18 the instrumentation and the workers' count.
+///
+/// # Safety
+/// `index` is open; `snapshot` is the scan's snapshot.
+pub unsafe fn index_parallel_scan_size(
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    workers: std::ffi::c_int,
+) -> usize {
+    #[cfg(feature = "pg15")]
+    return {
+        let _ = workers;
+        pg_sys::index_parallelscan_estimate(index, snapshot)
+    };
+    #[cfg(feature = "pg17")]
+    return {
+        let _ = workers;
+        pg_sys::index_parallelscan_estimate(index, 0, 0, snapshot)
+    };
+    #[cfg(feature = "pg18")]
+    return pg_sys::index_parallelscan_estimate(index, 0, 0, snapshot, false, true, workers);
+}
+
+/// Initializes, in `target` (of [`index_parallel_scan_size`]), a parallel scan of `index` of
+/// table `heap` under `snapshot`, for `workers` workers, without instrumentation.
+///
+/// # Safety
+/// As [`index_parallel_scan_size`]; `target` has the room it returned.
+pub unsafe fn index_parallel_scan_initialize(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    workers: std::ffi::c_int,
+    target: pg_sys::ParallelIndexScanDesc,
+) {
+    #[cfg(any(feature = "pg15", feature = "pg17"))]
+    {
+        let _ = workers;
+        pg_sys::index_parallelscan_initialize(heap, index, snapshot, target);
+    }
+    #[cfg(feature = "pg18")]
+    {
+        let mut no_instrumentation: *mut pg_sys::SharedIndexScanInstrumentation = std::ptr::null_mut();
+        pg_sys::index_parallelscan_initialize(
+            heap,
+            index,
+            snapshot,
+            false,
+            true,
+            workers,
+            &mut no_instrumentation,
+            target,
+        );
+    }
+}
+
+/// A participant's scan of the parallel index scan `pscan` ([`index_parallel_scan_initialize`]),
+/// with no scan key and no ordering.
+///
+/// 18 added the instrumentation (none here).
+///
+/// # Safety
+/// `heap` and `index` are open, the relations `pscan` was initialized for.
+pub unsafe fn index_begin_parallel_scan(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    pscan: pg_sys::ParallelIndexScanDesc,
+) -> pg_sys::IndexScanDesc {
+    #[cfg(any(feature = "pg15", feature = "pg17"))]
+    return pg_sys::index_beginscan_parallel(heap, index, 0, 0, pscan);
+    #[cfg(feature = "pg18")]
+    return pg_sys::index_beginscan_parallel(heap, index, std::ptr::null_mut(), 0, 0, pscan);
+}
+
 /// Ends the process with `code` (`proc_exit`). 18's headers declare it `pg_noreturn` in a way
 /// the bindings no longer see, so the shim restores the `!`.
 pub fn exit_process(code: i32) -> ! {

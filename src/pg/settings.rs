@@ -96,6 +96,15 @@ static SUPERUSER_RESERVED_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
 #[cfg(feature = "test_hooks")]
 static TEST_SKIP_ROW_LOCKS: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// The context of the settings a start reads and records for the life of a backfill
+/// (backfill.message_prefix, backfill.lock_mode, backfill.rows_per_message,
+/// backfill.default_max_active_sessions): superuser. A user-settable one may be set per database
+/// by the database's owner (`ALTER DATABASE ... SET`), and every session of that database, a
+/// superuser's included, then starts backfills with it: its reads under another prefix, where
+/// the consumer does not look, or its pages unpaced on a shared primary. A role the DBA trusts
+/// with them is granted `SET ON PARAMETER` (docs/security.md), as for PostgreSQL's own settings.
+const RECORDED_BY_A_START: GucContext = GucContext::Suset;
+
 pub fn define() {
     // SAFETY: the check hook is guarded against panics (#[pg_guard]) and only reads its value.
     unsafe {
@@ -105,7 +114,7 @@ pub fn define() {
             c"Consumers filter messages by prefix. Recorded per backfill when it starts. 1 to 64 printable \
               ASCII characters.",
             &MESSAGE_PREFIX,
-            GucContext::Userset,
+            RECORDED_BY_A_START,
             GucFlags::default(),
             Some(check_message_prefix),
             None,
@@ -154,7 +163,7 @@ pub fn define() {
           SHARE mode for the page (writers wait for it; nothing is written to the rows). auto: \
           the table when no writer is at it, else the rows. Recorded per backfill when it starts.",
         &LOCK_MODE,
-        GucContext::Userset,
+        RECORDED_BY_A_START,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
@@ -248,7 +257,7 @@ pub fn define() {
         &DEFAULT_MAX_ACTIVE_SESSIONS,
         0,
         pg_sys::MAX_BACKENDS as i32,
-        GucContext::Userset,
+        RECORDED_BY_A_START,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
@@ -285,7 +294,7 @@ pub fn define() {
         &ROWS_PER_MESSAGE,
         1,
         MAX_ROWS_PER_MESSAGE,
-        GucContext::Userset,
+        RECORDED_BY_A_START,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
@@ -494,6 +503,9 @@ pub fn superuser_reserved_workers() -> i32 {
 
 /// Runs `f` with `settings` (name, value), and every setting `f` changes undone when it returns.
 /// An error inside `f` aborts the (sub)transaction, which restores the settings by itself.
+/// The values are pg_backfill's own, or those a follow recorded from its creator's session
+/// (which could set them): set with a superuser's context, as the settings a start records are
+/// superuser's ([`RECORDED_BY_A_START`]), whoever's session this is.
 pub fn with_settings<R>(settings: &[(&std::ffi::CStr, &std::ffi::CStr)], f: impl FnOnce() -> R) -> R {
     // SAFETY: a GUC nest level opened here and closed below, once `f` has returned (nothing
     // opened inside `f` is still open then); the settings are copied by set_config_option.
@@ -503,7 +515,7 @@ pub fn with_settings<R>(settings: &[(&std::ffi::CStr, &std::ffi::CStr)], f: impl
             pg_sys::set_config_option(
                 name.as_ptr(),
                 value.as_ptr(),
-                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucContext::PGC_SUSET,
                 pg_sys::GucSource::PGC_S_SESSION,
                 pg_sys::GucAction::GUC_ACTION_SAVE,
                 true,

@@ -97,7 +97,9 @@ pub fn blocker(options: &SourceOptions, own_slot: Option<&str>) -> Option<WaitRe
         let greediest = two_columns(
             "SELECT slot_name::pg_catalog.text, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(), restart_lsn)::bigint
                FROM pg_catalog.pg_replication_slots
-              WHERE restart_lsn IS NOT NULL AND (slot_name::pg_catalog.text OPERATOR(pg_catalog.=) $1) IS NOT TRUE
+              WHERE restart_lsn IS NOT NULL
+                AND (slot_name::pg_catalog.text OPERATOR(pg_catalog.=) $1
+                     AND database OPERATOR(pg_catalog.=) pg_catalog.current_database()) IS NOT TRUE
               ORDER BY 2 DESC LIMIT 1",
             own_slot,
         );

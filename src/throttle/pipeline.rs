@@ -201,16 +201,30 @@ pub fn slot_identity(slot: &str) -> Option<String> {
 /// on the old primary, with `failover`, while that primary's workers did not read it (the
 /// backfill paused by backfill_pause(), or between their last page and the crash), then copied
 /// to the standby: PostgreSQL keeps no trace of a slot's creation that the copy would carry.
-pub fn blocker(job: &Job) -> Option<WaitReason> {
+///
+/// So a copy is taken only by workers that watched the slot up to the failover: a running
+/// backfill, resumed by the promoted server's launcher. Its first look adopts the copy's
+/// identity (job::adopt_slot_identity), so that the copy is the slot it knows from then on: one
+/// created again on this server is refused as before, and after a further failover only the
+/// next server's copy of this copy is taken the same way. A backfill that was paused or failed
+/// watched nothing: backfill_resume refuses a synchronized copy of a new identity for it
+/// ([`require_watched_slot`]), which may be a copy of a slot created again, on any server of
+/// the chain, while nobody looked (what the docs' "Failover" says). What is left: a slot created
+/// again between the running workers' last look and the failover.
+pub fn blocker(job: &Job, backfill_id: i64) -> Option<WaitReason> {
     let slot = job.slot_name.as_deref()?;
     // The lag from the WAL inserted, not written: the worker commits asynchronously, and on a
     // busy server the WAL writer can be several pages behind what the backfill has emitted (a
     // run stopped 370 kB past its limit, measured from the written position).
-    // (Kept prepared: every page of a pipeline's backfill asks.)
+    // (Kept prepared: every page of a pipeline's backfill asks.) A logical slot belongs to one
+    // database: one of that name made for another database (once this one's was dropped; names
+    // are the cluster's) decodes none of the backfill's messages, a synchronized copy of one
+    // included, so it is not looked at.
     let sql = format!(
         "SELECT active, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(), confirmed_flush_lsn)::bigint,
                 wal_status, {synchronized_copy}
-           FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1",
+           FROM pg_catalog.pg_replication_slots
+          WHERE slot_name OPERATOR(pg_catalog.=) $1 AND database OPERATOR(pg_catalog.=) pg_catalog.current_database()",
         synchronized_copy = crate::pg::compat::slot_is_synchronized_copy(),
     );
     let row = crate::pg::spi::run_prepared(&sql, false, &[Text::from(slot).into()], |rows| {
@@ -230,11 +244,17 @@ pub fn blocker(job: &Job) -> Option<WaitReason> {
         raise(
             ERRCODE_UNDEFINED_OBJECT,
             format!("replication slot \"{slot}\" no longer exists"),
-            "The backfill was started for it; its messages would reach no consumer.",
+            "The backfill was started for it; its messages would reach no consumer (a slot of that name made for \
+             another database is another slot, which decodes none of them).",
             Some("Start a new backfill for the pipeline's current slot.".into()),
         );
     };
-    if job.slot_identity.is_some() && slot_identity(slot) != job.slot_identity && !synchronized_copy {
+    let identity = slot_identity(slot);
+    if job.slot_identity.is_some() && identity != job.slot_identity && synchronized_copy {
+        if let Some(identity) = &identity {
+            crate::catalog::job::adopt_slot_identity(backfill_id, identity);
+        }
+    } else if job.slot_identity.is_some() && identity != job.slot_identity {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("replication slot \"{slot}\" was dropped and created again"),
@@ -258,4 +278,39 @@ pub fn blocker(job: &Job) -> Option<WaitReason> {
     }
     let limit = job.max_lag_bytes.unwrap_or_else(settings::max_slot_lag_bytes);
     (lag > limit).then_some(WaitReason::ConsumerLag { slot, lag, limit })
+}
+
+/// backfill_resume() of a backfill that was paused or failed, bound to `slot`, whose identity
+/// when it started (or when its workers last adopted a failover's copy) was `recorded`: a
+/// synchronized copy of another identity is refused. Its workers did not watch the slot while
+/// it was paused or failed, and a failover's copy of the slot they watched cannot be told from a
+/// copy of one dropped and created again meanwhile, with `failover`, on a primary of the chain
+/// (see [`blocker`]). A slot of a new identity that is not a copy is left to the workers, which
+/// fail the backfill naming it.
+pub fn require_watched_slot(backfill_id: i64, slot: &str, recorded: &str) {
+    let synchronized_copy = crate::pg::spi::select_one::<bool>(
+        &format!(
+            "SELECT {} FROM pg_catalog.pg_replication_slots
+              WHERE slot_name OPERATOR(pg_catalog.=) $1 AND database OPERATOR(pg_catalog.=) pg_catalog.current_database()",
+            crate::pg::compat::slot_is_synchronized_copy()
+        ),
+        &[Text::from(slot).into()],
+    )
+    .or_internal("read the slot")
+    .unwrap_or(false);
+    if !synchronized_copy || slot_identity(slot).as_deref() == Some(recorded) {
+        return;
+    }
+    raise(
+        ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("cannot resume backfill {backfill_id}: replication slot \"{slot}\" may not be the slot it was started for"),
+        format!(
+            "Slot \"{slot}\" is a standby's synchronized copy, promoted, of a slot that the backfill's workers did not \
+             watch while it was paused or failed: it cannot be told from a copy of a slot dropped and created again \
+             meanwhile, whose consumer never received what the backfill wrote before."
+        ),
+        Some(format!(
+            "SELECT backfill_cancel({backfill_id}); ends it; start a new backfill for slot \"{slot}\" to deliver its tables."
+        )),
+    );
 }

@@ -357,26 +357,25 @@ pub fn summarize(
         _ => None,
     };
     // (The parallel scan hashes whole rows: a column list's are hashed by the query.)
+    // (Counting reads the key's index where it is cheaper, else the table unless its rows are
+    // so much wider than its keys that 1,024 scans of the index beat it.)
     let in_parallel = |hash: bool| {
         if hash && columns.is_some() {
             return None;
         }
+        let heap_allowed = hash || !crate::verify::cost::rows_much_wider_than_keys(relid);
         let (rows, sums) = crate::verify::parallel_heap_scan::scan(
             relid,
             &crate::pg::spi::qualified_name(relid),
             &key[0].0,
             integer_bounds.as_ref()?,
             hash,
+            heap_allowed,
         )?;
         Some((0..=bounds.len()).map(|i| (i as i32, (rows[i], hash.then(|| sums[i].to_string())))).collect())
     };
     let found: HashMap<i32, (i64, Option<String>)> = match level {
-        Level::Count
-            if !crate::verify::cost::rows_much_wider_than_keys(relid)
-                && let Some(found) = in_parallel(false) =>
-        {
-            found
-        }
+        Level::Count if let Some(found) = in_parallel(false) => found,
         // Else each range counted by its own scan of the key's index, which reads the index
         // alone where the visibility map allows: cheaper than the table when its rows are wide.
         Level::Count => {

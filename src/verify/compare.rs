@@ -158,6 +158,7 @@ fn latest_slot_of(relid: pg_sys::Oid) -> Option<(String, i64)> {
            FROM backfill.job j
            JOIN backfill.job_table t ON t.job_id OPERATOR(pg_catalog.=) j.id
            JOIN pg_catalog.pg_replication_slots s ON s.slot_name OPERATOR(pg_catalog.=) j.slot_name
+                                                AND s.database OPERATOR(pg_catalog.=) pg_catalog.current_database()
           WHERE t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid::pg_catalog.regclass
             AND j.state OPERATOR(pg_catalog.=) ANY (ARRAY['running', 'paused', 'done']::pg_catalog.text[])
           ORDER BY j.id DESC LIMIT 1",
@@ -194,7 +195,8 @@ pub const INSERT_POSITION: &str =
 /// Whether slot $1's consumer confirmed position $2 (no row: no such slot).
 pub const SLOT_CONFIRMED: &str =
     "SELECT coalesce(s.confirmed_flush_lsn OPERATOR(pg_catalog.>=) $2::pg_catalog.pg_lsn, false)
-                           FROM pg_catalog.pg_replication_slots s WHERE s.slot_name OPERATOR(pg_catalog.=) $1";
+                           FROM pg_catalog.pg_replication_slots s
+                          WHERE s.slot_name OPERATOR(pg_catalog.=) $1 AND s.database OPERATOR(pg_catalog.=) pg_catalog.current_database()";
 
 /// Where the source's stream stands now: every change the source committed so far is before it.
 /// A spread table's changes are in the streams of the servers that hold it: a position on each.

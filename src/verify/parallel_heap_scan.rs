@@ -8,6 +8,13 @@
 //! depend on the order of the rows, so they are those of the serial queries (checksum.rs,
 //! row_hash::scan), which still serve every case this one does not take (see
 //! [`planned_workers`]).
+//!
+//! Counting needs the keys only: where the visibility map says nearly every block of the table
+//! is all-visible, the participants share a parallel scan of the key's index instead, and read
+//! the keys from it as an index-only scan does (a block not all-visible has its row looked up
+//! for the snapshot), as PostgreSQL's own count(*) does then (`Parallel Index Only Scan`). On
+//! 15, whose planner takes that plan for 1M frozen rows of eight columns, counting the table's
+//! blocks took 4 times its count(*) ([`counting_index`]).
 
 use crate::pg::compat;
 use crate::verify::row_encoding::RowHasher;
@@ -28,6 +35,8 @@ const KEY_SCAN: u64 = 4;
 #[repr(C)]
 struct Task {
     relid: pg_sys::Oid,
+    /// The key's index, when the participants read it instead of the table (InvalidOid).
+    index_relid: pg_sys::Oid,
     /// The key column's index in the table's descriptor.
     key_index: c_int,
     /// Its width in bytes: 2, 4 or 8.
@@ -50,13 +59,15 @@ struct RangeSum {
 /// Each range's row count and (with `hash`) sum of hashes of table `relid` (`name` in
 /// messages), whose key is its column `key_column`, an integer, with ranges split at `bounds`;
 /// computed by parallel workers, or None when this table, role, server or transaction is one
-/// the serial queries must read.
+/// the serial queries must read. Without `hash`, the rows are counted from the key's index where
+/// [`counting_index`] finds it cheaper; without `heap_allowed`, only from there.
 pub fn scan(
     relid: pg_sys::Oid,
     name: &str,
     key_column: &str,
     bounds: &[i64],
     hash: bool,
+    heap_allowed: bool,
 ) -> Option<(Vec<i64>, Vec<i128>)> {
     let ranges = bounds.len() + 1;
     let key_column = std::ffi::CString::new(key_column).ok()?;
@@ -76,10 +87,12 @@ pub fn scan(
         // hashed here would not be the row a query reads, which computes it (the serial query).
         let stored_rows_differ = hash && compat::has_virtual_generated_columns((*rel).rd_att);
         let workers = if key_index < 0 || snapshot.is_null() || stored_rows_differ { 0 } else { planned_workers(rel) };
-        if workers == 0 {
+        let index = if workers == 0 || hash { None } else { counting_index(rel, key_index) };
+        if workers == 0 || (index.is_none() && !heap_allowed) {
             pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
             return None;
         }
+        let index_relid = index.map_or(pg_sys::InvalidOid, |index| (*index).rd_id);
         let key_width = c_int::from((*tuple_attribute(rel, key_index as usize)).attlen);
         let participants = workers as usize + 1;
 
@@ -90,7 +103,10 @@ pub fn scan(
             std::mem::size_of::<Task>(),
             std::mem::size_of_val(bounds),
             participants * ranges * std::mem::size_of::<RangeSum>(),
-            pg_sys::table_parallelscan_estimate(rel, snapshot),
+            match index {
+                Some(index) => compat::index_parallel_scan_size(index, snapshot, workers),
+                None => pg_sys::table_parallelscan_estimate(rel, snapshot),
+            },
         ];
         for size in sizes {
             // (shm_toc_estimate_chunk and shm_toc_estimate_keys.)
@@ -105,20 +121,23 @@ pub fn scan(
             chunk
         };
         let task = allocate(KEY_TASK, sizes[0]).cast::<Task>();
-        task.write(Task { relid, key_index, key_width, bounds: bounds.len(), participants, hash });
+        task.write(Task { relid, index_relid, key_index, key_width, bounds: bounds.len(), participants, hash });
         let shared_bounds = allocate(KEY_BOUNDS, sizes[1]).cast::<i64>();
         std::ptr::copy_nonoverlapping(bounds.as_ptr(), shared_bounds, bounds.len());
         let sums = allocate(KEY_SUMS, sizes[2]).cast::<RangeSum>();
         std::slice::from_raw_parts_mut(sums, participants * ranges).fill(RangeSum { rows: 0, sum: 0 });
-        let parallel_scan = allocate(KEY_SCAN, sizes[3]).cast::<pg_sys::ParallelTableScanDescData>();
-        pg_sys::table_parallelscan_initialize(rel, parallel_scan, snapshot);
+        let parallel_scan = allocate(KEY_SCAN, sizes[3]);
+        match index {
+            Some(index) => compat::index_parallel_scan_initialize(rel, index, snapshot, workers, parallel_scan.cast()),
+            None => pg_sys::table_parallelscan_initialize(rel, parallel_scan.cast(), snapshot),
+        }
 
         pg_sys::LaunchParallelWorkers(context);
         // This backend reads blocks too, as the last participant, unless
         // parallel_leader_participation is off, as in a Gather; all of them when no worker
         // could be started.
         if pg_sys::parallel_leader_participation || (*context).nworkers_launched == 0 {
-            participate(rel, parallel_scan, &*task, bounds, sums, workers as usize);
+            participate(rel, index, parallel_scan, &*task, bounds, sums, workers as usize);
         }
         pg_sys::WaitForParallelWorkersToFinish(context);
 
@@ -133,12 +152,19 @@ pub fn scan(
         let by_workers: i64 = rows_by_participant[..workers as usize].iter().sum();
         pgrx::debug1!(
             "pg_backfill: {name} {} by {} of {workers} parallel workers ({by_workers} rows) and this backend ({} rows)",
-            if hash { "hashed" } else { "counted" },
+            match (hash, index.is_some()) {
+                (true, _) => "hashed",
+                (false, true) => "counted from its key's index",
+                (false, false) => "counted",
+            },
             (*context).nworkers_launched,
             rows_by_participant[workers as usize]
         );
         pg_sys::DestroyParallelContext(context);
         pg_sys::ExitParallelMode();
+        if let Some(index) = index {
+            pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        }
         pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
         Some((rows, hash_sums))
     }
@@ -161,27 +187,53 @@ pub unsafe extern "C-unwind" fn backfill_parallel_scan_worker(
         let bounds =
             std::slice::from_raw_parts(pg_sys::shm_toc_lookup(toc, KEY_BOUNDS, false).cast::<i64>(), task.bounds);
         let sums = pg_sys::shm_toc_lookup(toc, KEY_SUMS, false).cast::<RangeSum>();
-        let parallel_scan = pg_sys::shm_toc_lookup(toc, KEY_SCAN, false).cast::<pg_sys::ParallelTableScanDescData>();
+        let parallel_scan = pg_sys::shm_toc_lookup(toc, KEY_SCAN, false);
         let rel = pg_sys::table_open(task.relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        participate(rel, parallel_scan, task, bounds, sums, pg_sys::ParallelWorkerNumber as usize);
+        let index = (task.index_relid != pg_sys::InvalidOid)
+            .then(|| pg_sys::index_open(task.index_relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE));
+        participate(rel, index, parallel_scan, task, bounds, sums, pg_sys::ParallelWorkerNumber as usize);
+        if let Some(index) = index {
+            pg_sys::index_close(index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        }
         pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
     }
 }
 
-/// Reads blocks of the parallel scan until none is left, and writes the counts and sums of
-/// what it read into participant `participant`'s part of `sums`.
+/// Reads the parallel scan (of the table, or of `index`, the key's index) until nothing is left,
+/// and writes the counts and sums of what it read into participant `participant`'s part of `sums`.
 ///
 /// # Safety
-/// `rel` is the task's table, open; `parallel_scan` its initialized parallel scan; `sums` has
-/// room for the task's participants' ranges.
+/// `rel` is the task's table, open, and `index` its index, open, when the task reads it;
+/// `parallel_scan` their initialized parallel scan; `sums` has room for the task's
+/// participants' ranges.
 unsafe fn participate(
     rel: pg_sys::Relation,
-    parallel_scan: pg_sys::ParallelTableScanDesc,
+    index: Option<pg_sys::Relation>,
+    parallel_scan: *mut std::ffi::c_void,
     task: &Task,
     bounds: &[i64],
     sums: *mut RangeSum,
     participant: usize,
 ) {
+    let ranges = bounds.len() + 1;
+    let mine = match index {
+        Some(index) => count_from_index(rel, index, parallel_scan.cast(), task, bounds),
+        None => read_table(rel, parallel_scan.cast(), task, bounds),
+    };
+    std::ptr::copy_nonoverlapping(mine.as_ptr(), sums.add(participant * ranges), ranges);
+}
+
+/// The ranges' counts (and sums) of the rows of the blocks of the parallel table scan this
+/// participant gets.
+///
+/// # Safety
+/// As [`participate`]'s, for the table.
+unsafe fn read_table(
+    rel: pg_sys::Relation,
+    parallel_scan: pg_sys::ParallelTableScanDesc,
+    task: &Task,
+    bounds: &[i64],
+) -> Vec<RangeSum> {
     let ranges = bounds.len() + 1;
     let mut mine = vec![RangeSum { rows: 0, sum: 0 }; ranges];
     let tupdesc = (*rel).rd_att;
@@ -225,7 +277,97 @@ unsafe fn participate(
     pg_sys::ExecDropSingleTupleTableSlot(slot);
     pg_sys::table_endscan(scan);
     pg_sys::MemoryContextDelete(row_memory);
-    std::ptr::copy_nonoverlapping(mine.as_ptr(), sums.add(participant * ranges), ranges);
+    mine
+}
+
+/// The ranges' counts of the keys of the index entries of the parallel index scan this
+/// participant gets, each the key of a row the snapshot sees: as an index-only scan does, an
+/// entry whose table block is all-visible counts as it is, another only if the snapshot sees a
+/// row of its entry's chain (index_fetch_heap).
+///
+/// # Safety
+/// As [`participate`]'s, for the index; the index's first column is the task's key, an integer
+/// that is never NULL ([`counting_index`]).
+unsafe fn count_from_index(
+    rel: pg_sys::Relation,
+    index: pg_sys::Relation,
+    parallel_scan: pg_sys::ParallelIndexScanDesc,
+    task: &Task,
+    bounds: &[i64],
+) -> Vec<RangeSum> {
+    let mut mine = vec![RangeSum { rows: 0, sum: 0 }; bounds.len() + 1];
+    let scan = compat::index_begin_parallel_scan(rel, index, parallel_scan);
+    (*scan).xs_want_itup = true;
+    pg_sys::index_rescan(scan, std::ptr::null_mut(), 0, std::ptr::null_mut(), 0);
+    let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+    let mut visibility_map = pg_sys::InvalidBuffer as pg_sys::Buffer;
+    loop {
+        let tid = pg_sys::index_getnext_tid(scan, pg_sys::ScanDirection::ForwardScanDirection);
+        if tid.is_null() {
+            break;
+        }
+        pgrx::check_for_interrupts!();
+        let block = (u32::from((*tid).ip_blkid.bi_hi) << 16) | u32::from((*tid).ip_blkid.bi_lo);
+        let all_visible = pg_sys::visibilitymap_get_status(rel, block, &mut visibility_map)
+            & pg_sys::VISIBILITYMAP_ALL_VISIBLE as u8
+            != 0;
+        if !all_visible && !pg_sys::index_fetch_heap(scan, slot) {
+            continue;
+        }
+        // The entry's key: its first attribute, right after the tuple's header (no NULL
+        // bitmap: the key is never NULL), aligned to 8 bytes, which suits every integer type.
+        let entry = (*scan).xs_itup.cast::<u8>();
+        let data = entry.add(std::mem::size_of::<pg_sys::IndexTupleData>().next_multiple_of(8));
+        let key = match task.key_width {
+            2 => i64::from(data.cast::<i16>().read_unaligned()),
+            4 => i64::from(data.cast::<i32>().read_unaligned()),
+            _ => data.cast::<i64>().read_unaligned(),
+        };
+        mine[bounds.partition_point(|bound| *bound <= key)].rows += 1;
+    }
+    if visibility_map != pg_sys::InvalidBuffer as pg_sys::Buffer {
+        pg_sys::ReleaseBuffer(visibility_map);
+    }
+    pg_sys::ExecDropSingleTupleTableSlot(slot);
+    pg_sys::index_endscan(scan);
+    mine
+}
+
+/// The key's index, open, when counting reads it rather than the table: the primary key, a
+/// valid B-tree whose first column is the key (column `key_index` of the table), which
+/// PostgreSQL scans in parallel; and a table whose blocks are nearly all all-visible (90%, at its
+/// last VACUUM), so that its rows are rarely looked up. Then the index's keys cost a fraction of
+/// the table's blocks (on 1M frozen rows of eight columns, 2,745 index blocks against 16,383).
+/// Not under serializable isolation, whose predicate locks an index-only read would take on
+/// the table's blocks. None otherwise, or where no such index exists.
+///
+/// # Safety
+/// `rel` is open.
+unsafe fn counting_index(rel: pg_sys::Relation, key_index: c_int) -> Option<pg_sys::Relation> {
+    let class = &*(*rel).rd_rel;
+    let mostly_all_visible = class.relpages > 0 && i64::from(class.relallvisible) * 10 >= i64::from(class.relpages) * 9;
+    if !mostly_all_visible || pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as c_int {
+        return None;
+    }
+    let index_relid = compat::primary_key_index(rel);
+    if index_relid == pg_sys::InvalidOid {
+        return None;
+    }
+    let index = pg_sys::index_open(index_relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    let form = &*(*index).rd_index;
+    let first_column = *form.indkey.values.as_ptr();
+    let suitable = (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
+        && form.indisvalid
+        && form.indnkeyatts >= 1
+        && i32::from(first_column) == key_index + 1
+        && !(*index).rd_indam.is_null()
+        && (*(*index).rd_indam).amcanparallel;
+    if suitable {
+        Some(index)
+    } else {
+        pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        None
+    }
 }
 
 /// The parallel workers a scan of `rel` gets, as the planner gives a Parallel Seq Scan of it:

@@ -11,6 +11,10 @@ use std::ffi::CString;
 /// The application_name of the worker that relaunches a database's backfills after a restart.
 pub const RESUMER_NAME: &str = "pg_backfill resume";
 
+/// The application_name of the worker that starts the backfills the follows of a database have
+/// queued, launched when a transaction that queued one commits.
+pub const DISPATCHER_NAME: &str = "pg_backfill dispatch";
+
 /// The application_name a backfill's worker shows from the moment its process is visible
 /// until it is admitted (then it shows [`worker_name`]).
 pub fn starting_name(backfill_id: i64, worker: i32) -> String {

@@ -9,7 +9,7 @@ use crate::pg::errors::raise;
 use crate::pg::errors::OrInternal;
 use crate::pg::privilege;
 use crate::pg::settings;
-use crate::worker::activity::{self, worker_name, RESUMER_NAME, WORKERS_OF_BACKFILL};
+use crate::worker::activity::{self, worker_name, DISPATCHER_NAME, RESUMER_NAME, WORKERS_OF_BACKFILL};
 use crate::worker::xact::{in_transaction, who};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::prelude::*;
@@ -78,12 +78,17 @@ pub enum Task {
         #[serde(rename = "db")]
         database: u32,
     },
+    /// Start what the follows of a database have queued for the slots that are free.
+    Dispatch {
+        #[serde(rename = "db")]
+        database: u32,
+    },
 }
 
 impl Task {
     pub fn database(&self) -> u32 {
         match *self {
-            Task::Backfill { database, .. } | Task::Resume { database } => database,
+            Task::Backfill { database, .. } | Task::Resume { database } | Task::Dispatch { database } => database,
         }
     }
 
@@ -111,6 +116,7 @@ fn register(task: Task, entry: Entry) -> bool {
     let name = match task {
         Task::Backfill { backfill_id, worker, .. } => worker_name(backfill_id, worker),
         Task::Resume { .. } => RESUMER_NAME.into(),
+        Task::Dispatch { .. } => DISPATCHER_NAME.into(),
     };
     let extra = serde_json::to_string(&task).expect("a task serializes");
     debug_assert!(extra.len() < pg_sys::BGW_EXTRALEN as usize, "{extra}");
@@ -342,10 +348,52 @@ pub fn set_follow_dispatch(dispatch: fn()) {
     let _ = FOLLOW_DISPATCH.set(dispatch);
 }
 
-/// Starts the next queued backfill of every follow whose slot is free. In a transaction.
+/// Starts the next queued backfill of every follow whose slot is free. In a transaction of a
+/// background worker of pg_backfill's (the dispatcher, the resumer, a backfill's worker as it
+/// ends): never in a client's transaction, see [`dispatch_at_commit`].
 pub fn dispatch_follows() {
     if let Some(dispatch) = FOLLOW_DISPATCH.get() {
         dispatch();
+    }
+}
+
+/// Whether this transaction has asked for a dispatcher at its commit already.
+static DISPATCH_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// When this transaction commits, and only then, a dispatcher worker starts what the follows
+/// have queued ([`dispatch_follows`], in a transaction of its own). A client's statement (a
+/// DDL that queued a table, a cancel that freed a slot) asks for it instead of starting
+/// backfills itself: nothing it registers can outlive a rollback, or wait on a transaction its
+/// client leaves open, and no role's DDL runs a start, takes pg_backfill's locks or switches
+/// roles inside its own transaction. Once per transaction however often it is asked (a
+/// rolled-back subtransaction's request stands, and costs one dispatcher that finds nothing).
+pub fn dispatch_at_commit() {
+    use std::sync::atomic::Ordering::Relaxed;
+    if DISPATCH_ASKED.swap(true, Relaxed) {
+        return;
+    }
+    // SAFETY: this backend's database, set when it connected.
+    let database = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || {
+        DISPATCH_ASKED.store(false, Relaxed);
+        // (After the commit nothing may raise: a dispatcher that cannot be registered leaves the
+        // queue for the next backfill's end, the next DDL or the next restart.)
+        if !register(Task::Dispatch { database }, Entry::Scan) {
+            warning!("pg_backfill: no free background worker slot to start the follows' queued backfills");
+        }
+    });
+    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Abort, || DISPATCH_ASKED.store(false, Relaxed));
+}
+
+/// The dispatcher's work: [`dispatch_follows`], in a transaction, then it exits.
+pub fn dispatch_database() {
+    let dispatched = in_transaction(|| {
+        if schema::installed() {
+            dispatch_follows();
+        }
+    });
+    if let Err(e) = dispatched {
+        warning!("pg_backfill: could not start the follows' queued backfills: {}", e.message);
     }
 }
 

@@ -73,7 +73,7 @@ pub fn start(arg: pg_sys::Datum, entry: Entry) -> Option<(i64, i32)> {
     let database = task.database();
     let (backfill_id, worker, starter_xid) = match task {
         launcher::Task::Backfill { backfill_id, worker, starter_xid, .. } => (backfill_id, worker, starter_xid),
-        launcher::Task::Resume { .. } => (0, 0, 0),
+        launcher::Task::Resume { .. } | launcher::Task::Dispatch { .. } => (0, 0, 0),
     };
     // A worker of a database dropped since (DROP DATABASE ... WITH (FORCE) terminates it) would
     // fail to connect and be restarted every second for ever: it stops for good instead. Its
@@ -89,15 +89,23 @@ pub fn start(arg: pg_sys::Datum, entry: Entry) -> Option<(i64, i32)> {
     launcher::show_as(&match task {
         launcher::Task::Backfill { .. } => activity::starting_name(backfill_id, worker),
         launcher::Task::Resume { .. } => activity::RESUMER_NAME.into(),
+        launcher::Task::Dispatch { .. } => activity::DISPATCHER_NAME.into(),
     });
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
     launcher::override_search_path();
     // Log lines name the database; its name is read once, in a transaction.
     let _ = in_transaction(|| who(backfill_id));
 
-    if let launcher::Task::Resume { .. } = task {
-        launcher::resume_database();
-        return None;
+    match task {
+        launcher::Task::Resume { .. } => {
+            launcher::resume_database();
+            return None;
+        }
+        launcher::Task::Dispatch { .. } => {
+            launcher::dispatch_database();
+            return None;
+        }
+        launcher::Task::Backfill { .. } => {}
     }
     if !wait_for_starter(starter_xid) {
         return None;

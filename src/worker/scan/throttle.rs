@@ -91,7 +91,8 @@ impl Throttle {
     /// The wait gate: whether the consumer's slot or the source holds pages back now. Says so in
     /// pg_stat_activity, and in the log when the kind of what it waits for changes.
     pub(super) fn holds_back(&mut self, job: &Job, backfill_id: i64) -> bool {
-        let blocker = pipeline::blocker(job).or_else(|| backpressure::blocker(&job.source, job.slot_name.as_deref()));
+        let blocker = pipeline::blocker(job, backfill_id)
+            .or_else(|| backpressure::blocker(&job.source, job.slot_name.as_deref()));
         let Some(reason) = blocker else {
             if self.waiting.take().is_some() {
                 log!("{}: continues, what it waited for is back and caught up", who(backfill_id));
