@@ -115,7 +115,8 @@ pub fn may_act_as(member: pg_sys::Oid, role: pg_sys::Oid) -> bool {
 /// The shared memory a parallel scan of index `index`, with no scan key and no ordering, takes
 /// (its part of a parallel context's segment) for `workers` workers.
 ///
-/// 17 added the scan keys' counts; 18 the instrumentation and the workers' count.
+/// 17 added the scan keys' counts; 18 the instrumentation and the workers' count, which 19 took
+/// out again (17's signature).
 ///
 /// # Safety
 /// `index` is open; `snapshot` is the scan's snapshot.
@@ -129,7 +130,7 @@ pub unsafe fn index_parallel_scan_size(
         let _ = workers;
         pg_sys::index_parallelscan_estimate(index, snapshot)
     };
-    #[cfg(feature = "pg17")]
+    #[cfg(any(feature = "pg17", feature = "pg19"))]
     return {
         let _ = workers;
         pg_sys::index_parallelscan_estimate(index, 0, 0, snapshot)
@@ -150,7 +151,7 @@ pub unsafe fn index_parallel_scan_initialize(
     workers: std::ffi::c_int,
     target: pg_sys::ParallelIndexScanDesc,
 ) {
-    #[cfg(any(feature = "pg15", feature = "pg17"))]
+    #[cfg(any(feature = "pg15", feature = "pg17", feature = "pg19"))]
     {
         let _ = workers;
         pg_sys::index_parallelscan_initialize(heap, index, snapshot, target);
@@ -174,7 +175,8 @@ pub unsafe fn index_parallel_scan_initialize(
 /// A participant's scan of the parallel index scan `pscan` ([`index_parallel_scan_initialize`]),
 /// with no scan key and no ordering.
 ///
-/// 18 added the instrumentation (none here).
+/// 18 added the instrumentation (none here); 19 the scan's options beyond those the function
+/// sets itself (none, as before 19).
 ///
 /// # Safety
 /// `heap` and `index` are open, the relations `pscan` was initialized for.
@@ -187,6 +189,8 @@ pub unsafe fn index_begin_parallel_scan(
     return pg_sys::index_beginscan_parallel(heap, index, 0, 0, pscan);
     #[cfg(feature = "pg18")]
     return pg_sys::index_beginscan_parallel(heap, index, std::ptr::null_mut(), 0, 0, pscan);
+    #[cfg(feature = "pg19")]
+    return pg_sys::index_beginscan_parallel(heap, index, std::ptr::null_mut(), 0, 0, pscan, 0);
 }
 
 /// Ends the process with `code` (`proc_exit`). 18's headers declare it `pg_noreturn` in a way
