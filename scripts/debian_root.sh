@@ -5,6 +5,8 @@
 # install Debian 12's postgresql-15 into a bookworm root, away from the host's PostgreSQL 15.
 #
 #   debian_root_make DIR SUITE [PACKAGE...]   makes DIR once (later runs reuse it), installs PACKAGEs
+#   debian_root_source_from DIR SUITE SOURCE  DIR's apt takes the binary packages of the source
+#                                             package SOURCE from SUITE too (such as experimental)
 #   debian_root_mount DIR                     /proc, /dev, /dev/shm and the host's /tmp inside it
 #   debian_root_umount DIR
 #
@@ -61,10 +63,24 @@ debian_root_make() {
     if [ ${#missing[@]} -gt 0 ]; then
         debian_root_log "installing into $dir: ${missing[*]}"
         debian_root_mount "$dir"
+        # The Release files of a suite that moves (sid, experimental) expire a week after they
+        # are signed: a mirror that keeps a snapshot serves them expired, and apt would refuse
+        # them. (A stable release's, such as trixie's, never expire.)
+        echo 'Acquire::Check-Valid-Until "false";' >"$dir/etc/apt/apt.conf.d/99pg_backfill-snapshot"
         chroot "$dir" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
         chroot "$dir" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
             >"$dir.apt.log" 2>&1 || { tail -20 "$dir.apt.log"; return 1; }
     fi
+}
+
+debian_root_source_from() {
+    local dir=$1 suite=$2 source=$3
+    echo "deb $DEBIAN_MIRROR $suite main" >"$dir/etc/apt/sources.list.d/$suite.list"
+    # Experimental's packages are never taken unless asked for (priority 1): these are, and with
+    # them the libraries of the same source that they depend on (postgresql-client-19 needs
+    # libpq5 19), at the priority of the root's own suite, where the higher version wins.
+    printf 'Package: src:%s\nPin: release a=%s\nPin-Priority: 500\n' "$source" "$suite" \
+        >"$dir/etc/apt/preferences.d/$source"
 }
 
 debian_root_mount() {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds a Debian package of pg_backfill for each PostgreSQL major installed here (15, 17, 18; or
+# Builds a Debian package of pg_backfill for each PostgreSQL major installed here (15, 17, 18, 19; or
 # the majors given), into target/packages/:
 #
 #   target/packages/postgresql-<major>-pg-backfill_<version>-<revision>_amd64.deb
@@ -111,7 +111,7 @@ COPYRIGHT
 
 majors=("$@")
 if [ ${#majors[@]} -eq 0 ]; then
-    for major in 15 17 18; do
+    for major in 15 17 18 19; do
         pg_config=$(PG_MAJOR=$major bash -c 'source scripts/pg_major.sh && echo "$(pg_bin_of "$PG_MAJOR")/pg_config"')
         if "$pg_config" --version >/dev/null 2>&1; then majors+=("$major"); fi
     done

@@ -5,9 +5,13 @@
 #       need glibc 2.38, Debian 12 has 2.36. Its programs are reached through wrappers that run
 #       them inside the root (scripts/pg_root.sh says how and why).
 #   18  built from Debian's source package under /usr/local/pgsql-18 by scripts/build_postgres.sh
+#   19  Debian's packages of its release candidate, from Debian's experimental suite, in a Debian
+#       sid root (pg_root.sh, as 17): they need glibc 2.43. (Built from source as 18 is, it
+#       would need experimental's source package, which the archive does not serve here: its
+#       files answer 404, where experimental's binary packages download.)
 # (16 is in no Debian release: see the README's supported versions.) scripts/setup.sh installs
 # whichever is missing. Sourced, not run; sets
-#   PG_MAJOR     15, 17 or 18
+#   PG_MAJOR     15, 17, 18 or 19
 #   PG_BIN       that server's bin directory (BACKFILL_PG_BIN, if set: another installation of the
 #                same major, such as a copy of /usr/local/pgsql-18 that a second checkout installs
 #                into and tests against without touching the first's)
@@ -24,7 +28,7 @@ PG_ROOTS_DIR=/var/lib/pg_backfill
 pg_bin_of() {
     case $1 in
         15) echo /usr/lib/postgresql/15/bin ;;
-        17) echo "$PG_ROOTS_DIR/pg17/bin" ;;
+        17 | 19) echo "$PG_ROOTS_DIR/pg$1/bin" ;;
         *) echo "/usr/local/pgsql-$1/bin" ;;
     esac
 }
@@ -33,20 +37,23 @@ pg_bin_of() {
 pg_root_of() {
     case $1 in
         17) echo "$PG_ROOTS_DIR/trixie" ;;
+        19) echo "$PG_ROOTS_DIR/sid" ;;
         *) echo "" ;;
     esac
 }
 
-# pg_root_suite_of MAJOR: the Debian release whose packages make that major's root.
+# pg_root_suite_of MAJOR: the Debian release whose packages make that major's root, then, after
+# a "+", the suite that PostgreSQL's own packages come from when that release does not carry them.
 pg_root_suite_of() {
     case $1 in
         17) echo trixie ;;
+        19) echo sid+experimental ;;
     esac
 }
 
 case $PG_MAJOR in
-    15 | 17 | 18) ;;
-    *) echo "PG_MAJOR=$PG_MAJOR: pg_backfill builds for PostgreSQL 15, 17 and 18" >&2; return 2 ;;
+    15 | 17 | 18 | 19) ;;
+    *) echo "PG_MAJOR=$PG_MAJOR: pg_backfill builds for PostgreSQL 15, 17, 18 and 19" >&2; return 2 ;;
 esac
 PG_BIN=${BACKFILL_PG_BIN:-$(pg_bin_of "$PG_MAJOR")}
 PG_CONFIG=$PG_BIN/pg_config

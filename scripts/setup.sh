@@ -2,12 +2,14 @@
 # Installs what building and testing pg_backfill needs on Debian 12, as root, for PostgreSQL
 # PG_MAJOR (15 unless set; see pg_major.sh). Debian's 15 is always installed: it is the default,
 # and the 18 suite upgrades a 15 cluster. 17 is Debian 13's, in a Debian 13 root (pg_root.sh);
-# 18 is built from source (build_postgres.sh). Idempotent: every step skips what is already there.
+# 18 is built from source (build_postgres.sh); 19 is Debian experimental's, in a sid root
+# (pg_root.sh). Also the Rust toolchain that rust-toolchain.toml names and cargo-pgrx.
+# Idempotent: every step skips what is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/pg_major.sh
 
-PGRX_VERSION=0.18.1
+PGRX_VERSION=0.19.4  # the pgrx of Cargo.toml
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-wal2json
               clang libclang-dev sudo pkg-config libssl-dev build-essential)
 if [ "$PG_MAJOR" = 18 ]; then
@@ -32,6 +34,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# pgrx's Rust (rust-toolchain.toml): rustup installs a toolchain on first use only where automatic
+# installs are on, and they may be off (RUSTUP_AUTO_INSTALL=0).
+toolchain=$(sed -n 's/^channel = "\(.*\)"$/\1/p' rust-toolchain.toml)
+if ! rustup toolchain list | grep -q "^$toolchain-"; then
+    log "installing the Rust toolchain $toolchain (rustup)"
+    rustup toolchain install "$toolchain" --profile minimal -c rustfmt -c clippy
+fi
+
 if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION"; then
     log "installing cargo-pgrx $PGRX_VERSION (takes a few minutes)"
     cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
@@ -47,7 +57,7 @@ fi
 # installed, so that a run for one does not drop another.
 init=()
 missing_from_config=
-for major in 15 17 18; do
+for major in 15 17 18 19; do
     pg_config=$(pg_bin_of "$major")/pg_config
     [ -x "$pg_config" ] && "$pg_config" --version >/dev/null 2>&1 || continue
     init+=("--pg$major" "$pg_config")

@@ -7,9 +7,9 @@
 #   BACKFILL_TEST_DIR, BACKFILL_TEST_PORT  the end-to-end cluster (pg_test/conftest.py; other
 #                                          clusters take ports above it)
 #   BACKFILL_PGRX_TEST_DIR                 the unit tests' cluster
-# On 17, whose server runs in a Debian 13 root (pg_major.sh), the unit tests do not run: `cargo
-# pgrx test` starts its own server from pg_config's bindir, which only the root can run. They
-# run on 15 and 18, the end-to-end tests on all three.
+# On 17 and 19, whose servers run in Debian roots (pg_major.sh), the unit tests do not run:
+# `cargo pgrx test` starts its own server from pg_config's bindir, which only the root can run.
+# They run on 15 and 18, the end-to-end tests on all four.
 #
 #   bash scripts/test.sh --installed [pytest arguments]
 # is the installcheck: the end-to-end tests that need nothing but an installed pg_backfill (a

@@ -110,7 +110,8 @@ fn estimate_rows(request: &EstimateRequest) -> Vec<EstimateRow> {
     // As backfill_start() would refuse: no table is eligible (a reason, not an error, so that a
     // dry run does not abort the script around it).
     if let Some(why) = crate::api::request::logical_decoding_missing() {
-        let reason = format!("logical decoding is not enabled on this server: {why} Set wal_level = logical.");
+        let fix = crate::api::request::logical_decoding_fix();
+        let reason = format!("logical decoding is not enabled on this server: {why} {fix}");
         return request
             .tables
             .iter()

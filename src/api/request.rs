@@ -5,6 +5,7 @@
 use crate::model::request::{SourceOptions, StartRequest};
 use crate::model::table;
 use crate::pg::args::{check_batch_size, check_rate, check_rows_per_message, require_primary, required};
+use crate::pg::compat;
 use crate::pg::encoding::Text;
 use crate::pg::errors::raise;
 use pgrx::prelude::*;
@@ -179,13 +180,26 @@ pub fn table_list(tables: Option<Vec<Option<pg_sys::Oid>>>, publication: Option<
 
 /// Why no backfill can run on this server, if none can: read messages are only ever decoded
 /// when the server writes logical WAL. (backfill_estimate() gives it as every table's reason.)
+/// On 19 the level in force counts: at `wal_level = replica`, logical decoding is on while a
+/// logical slot exists (the consumer's, created before the backfill starts).
 pub fn logical_decoding_missing() -> Option<String> {
-    let wal_level = crate::pg::spi::select_one::<String>("SELECT pg_catalog.current_setting('wal_level')", &[])
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-    (wal_level != "logical")
-        .then(|| format!("wal_level is \"{wal_level}\": the backfill's messages would never reach a decoder."))
+    let setting = if compat::logical_decoding_follows_slots() { "effective_wal_level" } else { "wal_level" };
+    let level =
+        crate::pg::spi::select_one::<String>("SELECT pg_catalog.current_setting($1)", &[Text::from(setting).into()])
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+    (level != "logical")
+        .then(|| format!("{setting} is \"{level}\": the backfill's messages would never reach a decoder."))
+}
+
+/// What turns logical decoding on, for a hint.
+pub fn logical_decoding_fix() -> &'static str {
+    if compat::logical_decoding_follows_slots() {
+        "Create the consumer's logical replication slot first (with wal_level = replica, logical decoding is on while one exists), or set wal_level = logical in postgresql.conf and restart the server."
+    } else {
+        "Set wal_level = logical in postgresql.conf and restart the server."
+    }
 }
 
 fn require_logical_decoding() {
@@ -194,7 +208,7 @@ fn require_logical_decoding() {
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             "logical decoding is not enabled on this server",
             why,
-            Some("Set wal_level = logical in postgresql.conf and restart the server.".into()),
+            Some(logical_decoding_fix().into()),
         );
     }
 }

@@ -1,12 +1,10 @@
 //! The one place where PostgreSQL's C API differs between the majors this crate builds for
-//! (15, 17 and 18, chosen by the cargo feature `pg15`, `pg17` or `pg18`). Each difference is one small
+//! (15, 17, 18 and 19, chosen by the cargo feature `pg15`, `pg17`, `pg18` or `pg19`). Each difference is one small
 //! function here with the meaning the rest of the code relies on; no other file asks which
 //! version it is built for.
 
 use pgrx::pg_sys;
-use std::ffi::c_char;
-#[cfg(feature = "pg18")]
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int};
 
 /// The attributes of a tuple descriptor, dropped columns included, in column order.
 ///
@@ -19,7 +17,7 @@ pub unsafe fn tuple_attributes<'a>(tupdesc: pg_sys::TupleDesc) -> &'a [pg_sys::F
     let count = (*tupdesc).natts as usize;
     #[cfg(any(feature = "pg15", feature = "pg17"))]
     let first = (*tupdesc).attrs.as_ptr();
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg18", feature = "pg19"))]
     let first = pg_sys::TupleDescAttr(tupdesc, 0).cast_const();
     std::slice::from_raw_parts(first, count)
 }
@@ -34,7 +32,7 @@ pub unsafe fn tuple_attributes<'a>(tupdesc: pg_sys::TupleDesc) -> &'a [pg_sys::F
 pub unsafe fn primary_key_index(relation: pg_sys::Relation) -> pg_sys::Oid {
     #[cfg(any(feature = "pg15", feature = "pg17"))]
     return pg_sys::RelationGetPrimaryKeyIndex(relation);
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg18", feature = "pg19"))]
     return pg_sys::RelationGetPrimaryKeyIndex(relation, false);
 }
 
@@ -51,23 +49,52 @@ pub unsafe fn has_virtual_generated_columns(tupdesc: pg_sys::TupleDesc) -> bool 
         let _ = tupdesc;
         false
     };
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg18", feature = "pg19"))]
     return {
         let constraints = (*tupdesc).constr;
         !constraints.is_null() && (*constraints).has_generated_virtual
     };
 }
 
-/// Installs a backend's handler for a signal (`pqsignal`, which 18's headers map to
+unsafe extern "C-unwind" {
+    /// PostgreSQL's own SIGTERM handler for backends (pgrx only wraps it as a Rust fn).
+    #[cfg(any(feature = "pg15", feature = "pg17", feature = "pg18"))]
+    #[link_name = "die"]
+    fn postgres_die(signal: c_int);
+    /// 19's handlers are given the signal's sender too (`SIGNAL_ARGS`).
+    #[cfg(feature = "pg19")]
+    #[link_name = "die"]
+    fn postgres_die(signal: c_int, info: *const pg_sys::pg_signal_info);
+}
+
+/// SIGTERM (pg_terminate_backend, shutdown) ends this process at once, as it ends any backend:
+/// PostgreSQL's own handler (`die`), installed with `pqsignal` (which 18's headers map to
 /// `pqsignal_be` inside the server).
 ///
 /// # Safety
-/// `handler` is safe to run in a signal handler of this process.
-pub unsafe fn set_signal_handler(signal: u32, handler: pg_sys::pqsigfunc) {
+/// The process is a backend or a background worker of PostgreSQL's.
+pub unsafe fn die_on_sigterm() {
     #[cfg(any(feature = "pg15", feature = "pg17"))]
-    pg_sys::pqsignal(signal as i32, handler);
-    #[cfg(feature = "pg18")]
-    pg_sys::pqsignal_be(signal as c_int, handler);
+    pg_sys::pqsignal(pg_sys::SIGTERM as c_int, Some(postgres_die));
+    #[cfg(any(feature = "pg18", feature = "pg19"))]
+    pg_sys::pqsignal_be(pg_sys::SIGTERM as c_int, Some(postgres_die));
+}
+
+/// Joins a parallel scan of `relation` that `scan` describes (initialized by the leader).
+///
+/// 19 takes the scan's options beyond those the function sets itself (a sequential scan that may
+/// use a strategy, synchronize and read page at a time): none, as before 19.
+///
+/// # Safety
+/// `relation` is open and locked; `scan` was initialized for it.
+pub unsafe fn begin_parallel_scan(
+    relation: pg_sys::Relation,
+    scan: pg_sys::ParallelTableScanDesc,
+) -> pg_sys::TableScanDesc {
+    #[cfg(any(feature = "pg15", feature = "pg17", feature = "pg18"))]
+    return pg_sys::table_beginscan_parallel(relation, scan);
+    #[cfg(feature = "pg19")]
+    return pg_sys::table_beginscan_parallel(relation, scan, 0);
 }
 
 /// Whether `member` may act as `role`: it holds the role's privileges or may `SET ROLE` to it
@@ -80,7 +107,7 @@ pub fn may_act_as(member: pg_sys::Oid, role: pg_sys::Oid) -> bool {
     #[cfg(feature = "pg15")]
     // SAFETY: catalog lookups of two role ids, inside a transaction.
     return unsafe { pg_sys::is_member_of_role(member, role) };
-    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    #[cfg(any(feature = "pg17", feature = "pg18", feature = "pg19"))]
     // SAFETY: catalog lookups of two role ids, inside a transaction.
     return unsafe { pg_sys::has_privs_of_role(member, role) || pg_sys::member_can_set_role(member, role) };
 }
@@ -88,7 +115,8 @@ pub fn may_act_as(member: pg_sys::Oid, role: pg_sys::Oid) -> bool {
 /// The shared memory a parallel scan of index `index`, with no scan key and no ordering, takes
 /// (its part of a parallel context's segment) for `workers` workers.
 ///
-/// 17 added the scan keys' counts; 18 the instrumentation and the workers' count.
+/// 17 added the scan keys' counts; 18 the instrumentation and the workers' count, which 19 took
+/// out again (17's signature).
 ///
 /// # Safety
 /// `index` is open; `snapshot` is the scan's snapshot.
@@ -102,7 +130,7 @@ pub unsafe fn index_parallel_scan_size(
         let _ = workers;
         pg_sys::index_parallelscan_estimate(index, snapshot)
     };
-    #[cfg(feature = "pg17")]
+    #[cfg(any(feature = "pg17", feature = "pg19"))]
     return {
         let _ = workers;
         pg_sys::index_parallelscan_estimate(index, 0, 0, snapshot)
@@ -123,7 +151,7 @@ pub unsafe fn index_parallel_scan_initialize(
     workers: std::ffi::c_int,
     target: pg_sys::ParallelIndexScanDesc,
 ) {
-    #[cfg(any(feature = "pg15", feature = "pg17"))]
+    #[cfg(any(feature = "pg15", feature = "pg17", feature = "pg19"))]
     {
         let _ = workers;
         pg_sys::index_parallelscan_initialize(heap, index, snapshot, target);
@@ -147,7 +175,8 @@ pub unsafe fn index_parallel_scan_initialize(
 /// A participant's scan of the parallel index scan `pscan` ([`index_parallel_scan_initialize`]),
 /// with no scan key and no ordering.
 ///
-/// 18 added the instrumentation (none here).
+/// 18 added the instrumentation (none here); 19 the scan's options beyond those the function
+/// sets itself (none, as before 19).
 ///
 /// # Safety
 /// `heap` and `index` are open, the relations `pscan` was initialized for.
@@ -160,6 +189,8 @@ pub unsafe fn index_begin_parallel_scan(
     return pg_sys::index_beginscan_parallel(heap, index, 0, 0, pscan);
     #[cfg(feature = "pg18")]
     return pg_sys::index_beginscan_parallel(heap, index, std::ptr::null_mut(), 0, 0, pscan);
+    #[cfg(feature = "pg19")]
+    return pg_sys::index_beginscan_parallel(heap, index, std::ptr::null_mut(), 0, 0, pscan, 0);
 }
 
 /// Ends the process with `code` (`proc_exit`). 18's headers declare it `pg_noreturn` in a way
@@ -167,7 +198,7 @@ pub unsafe fn index_begin_parallel_scan(
 pub fn exit_process(code: i32) -> ! {
     // SAFETY: proc_exit runs the process's exit callbacks and never returns.
     unsafe { pg_sys::proc_exit(code) };
-    #[cfg(feature = "pg18")]
+    #[cfg(any(feature = "pg18", feature = "pg19"))]
     unreachable!("proc_exit returned")
 }
 
@@ -176,7 +207,7 @@ pub fn exit_process(code: i32) -> ! {
 unsafe extern "C-unwind" {
     #[cfg(feature = "pg15")]
     fn LogLogicalMessage(prefix: *const c_char, message: *const c_char, size: usize, transactional: bool) -> u64;
-    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    #[cfg(any(feature = "pg17", feature = "pg18", feature = "pg19"))]
     fn LogLogicalMessage(
         prefix: *const c_char,
         message: *const c_char,
@@ -198,7 +229,7 @@ unsafe extern "C-unwind" {
 pub unsafe fn log_transactional_message(prefix: *const c_char, message: *const c_char, size: usize) -> u64 {
     #[cfg(feature = "pg15")]
     return LogLogicalMessage(prefix, message, size, true);
-    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    #[cfg(any(feature = "pg17", feature = "pg18", feature = "pg19"))]
     return LogLogicalMessage(prefix, message, size, true, false);
 }
 
@@ -210,7 +241,7 @@ pub unsafe fn log_transactional_message(prefix: *const c_char, message: *const c
 /// `pg_publication_tables.attnames` lists them. 18 does when the publication says
 /// `publish_generated_columns = stored` (`pubgencols` 's'); a virtual one never goes.
 pub fn publishes_stored_generated_columns(publication: &str) -> String {
-    if cfg!(feature = "pg18") {
+    if cfg!(any(feature = "pg18", feature = "pg19")) {
         format!("({publication}.pubgencols OPERATOR(pg_catalog.=) 's')")
     } else {
         "false".into()
@@ -228,4 +259,13 @@ pub fn slot_is_synchronized_copy() -> &'static str {
     } else {
         "(synced AND failover)"
     }
+}
+
+/// Whether logical decoding turns itself on at `wal_level = replica` while a logical slot exists,
+/// so that the level in force is `effective_wal_level`'s rather than `wal_level`'s.
+///
+/// 19 does (it raises the level when the first logical slot is created, and lowers it some time
+/// after the last is dropped); before 19 only `wal_level = logical` writes logical WAL.
+pub fn logical_decoding_follows_slots() -> bool {
+    cfg!(feature = "pg19")
 }

@@ -87,7 +87,7 @@ unsafe extern "C-unwind" fn executor_run(
 }
 
 /// Counts the executor's depth around the next hook (or the standard `ExecutorRun`).
-#[cfg(feature = "pg18")]
+#[cfg(any(feature = "pg18", feature = "pg19"))]
 #[pg_guard]
 unsafe extern "C-unwind" fn executor_run(
     query: *mut pg_sys::QueryDesc,
@@ -133,7 +133,7 @@ unsafe extern "C-unwind" fn check_permissions(range_table: *mut pg_sys::List, re
     }
 }
 
-#[cfg(any(feature = "pg17", feature = "pg18"))]
+#[cfg(any(feature = "pg17", feature = "pg18", feature = "pg19"))]
 #[pg_guard]
 unsafe extern "C-unwind" fn check_permissions(
     range_table: *mut pg_sys::List,

@@ -239,7 +239,7 @@ unsafe fn read_table(
     let tupdesc = (*rel).rd_att;
     let natts = (*tupdesc).natts;
     let mut hasher = RowHasher::new(tupdesc, 0);
-    let scan = pg_sys::table_beginscan_parallel(rel, parallel_scan);
+    let scan = crate::pg::compat::begin_parallel_scan(rel, parallel_scan);
     let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
     // What hashing a row allocates (detoasted values, send formats), freed after each row.
     let row_memory = pg_sys::AllocSetContextCreateInternal(

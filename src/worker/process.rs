@@ -25,12 +25,6 @@ use std::ffi::CString;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-unsafe extern "C-unwind" {
-    /// PostgreSQL's own SIGTERM handler for backends (pgrx only wraps it as a Rust fn).
-    #[link_name = "die"]
-    fn postgres_die(signal: std::ffi::c_int);
-}
-
 /// The worker that scans a backfill's tables (and the per-database resumer after a restart).
 #[pg_guard]
 #[unsafe(no_mangle)]
@@ -68,7 +62,7 @@ pub fn start(arg: pg_sys::Datum, entry: Entry) -> Option<(i64, i32)> {
     // the open page rolls back, the process exits with code 1, and the postmaster restarts it.
     // SAFETY: installs PostgreSQL's own handler, as any backend has it.
     unsafe {
-        compat::set_signal_handler(pg_sys::SIGTERM, Some(postgres_die));
+        compat::die_on_sigterm();
     }
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
 
