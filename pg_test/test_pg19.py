@@ -130,3 +130,89 @@ def test_changed_defaults_lz4_toast_and_jit_off_are_backfilled_as_before(db):
     reads = [m for m in decoded_messages(db, "consumer") if m["op"] == "read"]
     expected = dict(db.execute("SELECT id, body FROM docs").fetchall())
     assert {m["data"]["id"]: m["data"]["body"] for m in reads} == expected
+
+
+# FOR ALL TABLES EXCEPT (TABLE ...), 19's: the tables it leaves out are not the pipeline's, by
+# every rule that asks what a publication publishes (pgoutput's: a partitioned table left out
+# takes its partitions with it).
+EXCEPT_SCHEMA = """CREATE TABLE a (id int PRIMARY KEY, v int NOT NULL DEFAULT 0);
+                   CREATE TABLE b (id int PRIMARY KEY, v int NOT NULL DEFAULT 0);
+                   CREATE TABLE pt (id int PRIMARY KEY, v int NOT NULL DEFAULT 0) PARTITION BY RANGE (id);
+                   CREATE TABLE pt1 PARTITION OF pt FOR VALUES FROM (0) TO (1000);
+                   CREATE TABLE pt2 PARTITION OF pt FOR VALUES FROM (1000) TO (100000);
+                   INSERT INTO a SELECT g FROM generate_series(1, 3000) g;
+                   INSERT INTO b SELECT g FROM generate_series(1, 200) g;
+                   INSERT INTO pt SELECT g FROM generate_series(1, 2000) g;"""
+
+
+def test_a_table_for_all_tables_except_leaves_out_is_not_backfilled_into_its_pipeline(db):
+    db.execute(EXCEPT_SCHEMA)
+    db.execute("CREATE PUBLICATION p FOR ALL TABLES EXCEPT (TABLE b, TABLE pt)")
+    db.execute("CREATE PUBLICATION p_via_root FOR ALL TABLES EXCEPT (TABLE b) WITH (publish_via_partition_root)")
+    for table in ("b", "pt", "pt1"):
+        e = error_of(db, f"SELECT backfill_start('{table}', publication => 'p', confirm => true)")
+        assert e.sqlstate == "55000" and 'is not in publication "p"' in e.diag.message_primary, e.diag.message_primary
+        assert f"public.{table}" in e.diag.message_primary
+    assert db.execute("SELECT count(*) FROM backfill.job").fetchone()[0] == 0
+    # With no table list, a start takes exactly what the publication publishes.
+    backfill_id = db.execute("SELECT backfill_start(publication => 'p', confirm => true)").fetchone()[0]
+    assert status(db, backfill_id, "tables") == ["a"]
+    assert wait_until_ended(db, backfill_id) == "done" and status(db, backfill_id, "rows_done") == 3000
+    backfill_id = db.execute("SELECT backfill_start(publication => 'p_via_root', confirm => true)").fetchone()[0]
+    assert sorted(status(db, backfill_id, "tables")) == ["a", "pt"]
+    assert wait_until_ended(db, backfill_id) == "done" and status(db, backfill_id, "rows_done") == 5000
+
+
+def test_a_table_put_in_the_except_list_mid_run_fails_its_backfill_and_no_page_follows(db):
+    """The per-page check: the pipeline stops capturing the table when the publication's EXCEPT
+    list takes it in, and the backfill stops there, as when a table is dropped from a list."""
+    db.execute(EXCEPT_SCHEMA)
+    db.execute("CREATE PUBLICATION p FOR ALL TABLES EXCEPT (TABLE b)")
+    db.execute("SELECT pg_create_logical_replication_slot('consumer', 'test_decoding')")
+    backfill_id = db.execute(
+        "SELECT backfill_start('a', publication => 'p', confirm => true, batch_size => 50, rows_per_second => 500)"
+    ).fetchone()[0]
+    wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
+    db.execute("ALTER PUBLICATION p SET ALL TABLES EXCEPT (TABLE a)")
+    assert wait_until_ended(db, backfill_id, timeout=60) == "failed"
+    sqlstate, error = status(db, backfill_id, "last_error_sqlstate", "last_error")
+    assert sqlstate == "55000" and 'table public.a is not in publication "p"' in error, error
+    rows_done = status(db, backfill_id, "rows_done")
+    assert rows_done < 3000
+    # What the consumer received is what the backfill recorded: no page after the refusal.
+    assert len(read_ids(decoded_messages(db, "consumer"))) == rows_done
+    db.execute("SELECT pg_drop_replication_slot('consumer')")
+
+
+def test_a_follow_backfills_a_table_taken_out_of_the_except_list_and_not_one_put_in(cluster, db):
+    """For a follow a table taken out of the EXCEPT list is an addition, its rows backfilled into
+    the slot; one put in is a removal: its running backfill fails, and it is never sent."""
+    from test_citus import PgOutputStream
+
+    db.execute(EXCEPT_SCHEMA)
+    db.execute("CREATE PUBLICATION p FOR ALL TABLES EXCEPT (TABLE a, TABLE b)")
+    db.execute("SELECT pg_create_logical_replication_slot('cdc', 'pgoutput')")
+    stream = PgOutputStream(cluster, "cdc", "p", dbname=db.info.dbname)
+    stream.start()
+    try:
+        db.execute("SELECT backfill_follow('p', 'cdc', batch_size => 50, rows_per_second => 1000)")
+        db.execute("ALTER PUBLICATION p SET ALL TABLES EXCEPT (TABLE a)")
+        backfill_b = wait_for(lambda: db.execute(
+            "SELECT backfill_id FROM backfill.follow_table WHERE table_name = 'public.b' AND state = 'started'").fetchone(),
+            what="the follow to start b's backfill")[0]
+        assert wait_until_ended(db, backfill_b) == "done" and status(db, backfill_b, "rows_done") == 200
+        db.execute("ALTER PUBLICATION p SET ALL TABLES")
+        backfill_a = wait_for(lambda: db.execute(
+            "SELECT backfill_id FROM backfill.follow_table WHERE table_name = 'public.a' AND state = 'started'").fetchone(),
+            what="the follow to start a's backfill")[0]
+        wait_for(lambda: (status(db, backfill_a, "rows_done") or 0) > 0, what="a's first page")
+        db.execute("ALTER PUBLICATION p SET ALL TABLES EXCEPT (TABLE a)")
+        assert wait_until_ended(db, backfill_a, timeout=60) == "failed"
+        assert 'table public.a is not in publication "p"' in status(db, backfill_a, "last_error")
+        reads = [m for kind, prefix, m in (e for e in stream.events if e[0] == "M")
+                 if prefix == "backfill" and m["op"] == "read"]
+        assert sorted(m["data"]["id"] for m in reads if m["table"] == "b") == list(range(1, 201))
+        assert len([m for m in reads if m["table"] == "a"]) <= status(db, backfill_a, "rows_done")
+        assert not stream.errors
+    finally:
+        stream.stop()

@@ -248,6 +248,38 @@ pub fn publishes_stored_generated_columns(publication: &str) -> String {
     }
 }
 
+/// SQL: whether a FOR ALL TABLES publication, the `pg_catalog.pg_publication` row `publication`
+/// (an alias), leaves out the relation `relation` (an oid expression): it, or a partitioned
+/// table it is a partition of, is in the publication's EXCEPT list.
+///
+/// 19 added `FOR ALL TABLES EXCEPT (TABLE ...)`, kept as `pg_publication_rel` rows with
+/// `prexcept` (a partitioned table there takes its partitions with it; a partition cannot be
+/// named alone). Before 19 a FOR ALL TABLES publication leaves out none.
+pub fn excepted_from_all_tables(publication: &str, relation: &str) -> String {
+    if cfg!(feature = "pg19") {
+        format!(
+            "EXISTS (SELECT FROM pg_catalog.pg_publication_rel e
+                      WHERE e.prpubid OPERATOR(pg_catalog.=) {publication}.oid AND e.prexcept
+                        AND (e.prrelid OPERATOR(pg_catalog.=) {relation}
+                             OR e.prrelid OPERATOR(pg_catalog.=) ANY (
+                                    ARRAY(SELECT a.relid FROM pg_catalog.pg_partition_ancestors({relation}) a))))"
+        )
+    } else {
+        "false".into()
+    }
+}
+
+/// SQL: whether the `pg_catalog.pg_publication_rel` row `row` (an alias) adds its relation to
+/// the publication: on 19 a row may instead be an entry of a FOR ALL TABLES publication's EXCEPT
+/// list (`prexcept`; [`excepted_from_all_tables`]).
+pub fn publication_rel_adds(row: &str) -> String {
+    if cfg!(feature = "pg19") {
+        format!("(NOT {row}.prexcept)")
+    } else {
+        "true".into()
+    }
+}
+
 /// SQL: whether the `pg_catalog.pg_replication_slots` row (unaliased) is a standby's copy of
 /// its primary's failover slot, made by the slotsync worker (`sync_replication_slots`) and kept,
 /// `synced` still true, when the standby was promoted.

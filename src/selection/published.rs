@@ -132,14 +132,19 @@ fn published_leaves(publication: &str, table: &Table) -> Vec<PublishedLeaf> {
     let lists = |rel: &str| {
         format!(
             "(EXISTS (SELECT FROM pg_catalog.pg_publication_rel r
-                       WHERE r.prpubid OPERATOR(pg_catalog.=) p.oid AND r.prrelid OPERATOR(pg_catalog.=) {rel})
+                       WHERE r.prpubid OPERATOR(pg_catalog.=) p.oid AND r.prrelid OPERATOR(pg_catalog.=) {rel}
+                         AND {adds})
               OR {})",
-            in_schema(rel)
+            in_schema(rel),
+            adds = crate::pg::compat::publication_rel_adds("r"),
         )
     };
+    // Whether the publication is FOR ALL TABLES and does not leave the relation `rel` out.
+    let all_tables =
+        |rel: &str| format!("(p.puballtables AND NOT {})", crate::pg::compat::excepted_from_all_tables("p", rel));
     let query = format!(
         "SELECT l.relid::pg_catalog.regclass::pg_catalog.text,
-                p.puballtables OR {listed} OR top.relid IS NOT NULL,
+                {all_tables} OR {listed} OR top.relid IS NOT NULL,
                 ARRAY(SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
                        WHERE a.attrelid OPERATOR(pg_catalog.=) s.relid
                          AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
@@ -160,14 +165,16 @@ fn published_leaves(publication: &str, table: &Table) -> Vec<PublishedLeaf> {
            -- Its topmost ancestor the publication holds (any, FOR ALL TABLES: its root).
            LEFT JOIN LATERAL (
                 SELECT x.relid::pg_catalog.oid FROM pg_catalog.pg_partition_ancestors(l.relid) WITH ORDINALITY x(relid, level)
-                 WHERE x.level OPERATOR(pg_catalog.>) 1 AND (p.puballtables OR {ancestor_listed})
+                 WHERE x.level OPERATOR(pg_catalog.>) 1 AND ({ancestor_in_all_tables} OR {ancestor_listed})
                  ORDER BY x.level DESC LIMIT 1) top ON true
           -- The relation it is published as.
           CROSS JOIN LATERAL (SELECT CASE WHEN p.pubviaroot AND top.relid IS NOT NULL THEN top.relid ELSE l.relid END AS relid) s
            LEFT JOIN pg_catalog.pg_publication_rel r
                   ON NOT p.puballtables AND r.prpubid OPERATOR(pg_catalog.=) p.oid AND r.prrelid OPERATOR(pg_catalog.=) s.relid
           WHERE p.pubname OPERATOR(pg_catalog.=) $1",
+        all_tables = all_tables("l.relid"),
         listed = lists("l.relid"),
+        ancestor_in_all_tables = all_tables("x.relid"),
         ancestor_listed = lists("x.relid"),
         schema_listed = in_schema("s.relid"),
         stored = crate::pg::compat::publishes_stored_generated_columns("p"),

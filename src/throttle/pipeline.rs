@@ -88,16 +88,22 @@ pub fn require_still_published(publication: &str, table: &Table, generation: u64
             }
         }
     });
-    let published =
-        tables.map(|tables| tables.all_tables || tables.names.contains(&(table.schema.clone(), table.name.clone())));
+    let published = tables.map(|tables| {
+        let listed = tables.all_tables || tables.names.contains(&(table.schema.clone(), table.name.clone()));
+        // A table that FOR ALL TABLES EXCEPT does not list by name (19) is left out, or a
+        // partition published as its root (`publish_via_partition_root`): asked as at the start.
+        listed || (tables.has_exceptions && is_published(publication, table) == Some(true))
+    });
     report_unpublished(publication, table, published);
 }
 
 /// What a publication holds, by name, as pg_publication_tables lists it.
 #[derive(Clone)]
 struct PublicationTables {
-    /// FOR ALL TABLES.
+    /// FOR ALL TABLES, leaving none out.
     all_tables: bool,
+    /// FOR ALL TABLES EXCEPT (TABLE ...), 19's: `names` lists what it holds.
+    has_exceptions: bool,
     /// (schema, table) of every table it lists.
     names: std::rc::Rc<std::collections::HashSet<(String, String)>>,
 }
@@ -111,22 +117,35 @@ thread_local! {
 /// The tables `publication` holds; None when it does not exist.
 fn publication_tables(publication: &str) -> Option<PublicationTables> {
     crate::pg::spi::run_prepared(
-        "SELECT p.puballtables, pt.schemaname::pg_catalog.text, pt.tablename::pg_catalog.text
-           FROM pg_catalog.pg_publication p
-           LEFT JOIN pg_catalog.pg_publication_tables pt ON pt.pubname OPERATOR(pg_catalog.=) p.pubname
-          WHERE p.pubname OPERATOR(pg_catalog.=) $1",
+        &format!(
+            "SELECT p.puballtables, pt.schemaname::pg_catalog.text, pt.tablename::pg_catalog.text,
+                    EXISTS (SELECT FROM pg_catalog.pg_publication_rel e
+                             WHERE e.prpubid OPERATOR(pg_catalog.=) p.oid AND NOT {adds})
+               FROM pg_catalog.pg_publication p
+               LEFT JOIN pg_catalog.pg_publication_tables pt ON pt.pubname OPERATOR(pg_catalog.=) p.pubname
+              WHERE p.pubname OPERATOR(pg_catalog.=) $1",
+            adds = crate::pg::compat::publication_rel_adds("e"),
+        ),
         false,
         &[Text::from(publication).into()],
         |rows| {
-            let mut found: Option<(bool, std::collections::HashSet<(String, String)>)> = None;
+            let mut found: Option<PublicationTables> = None;
+            let mut names = std::collections::HashSet::new();
             for row in rows {
-                let tables = found
-                    .get_or_insert_with(|| (row.get::<bool>(1).ok().flatten().unwrap_or(false), Default::default()));
+                found.get_or_insert_with(|| {
+                    let all_tables = row.get::<bool>(1).ok().flatten().unwrap_or(false);
+                    let has_exceptions = row.get::<bool>(4).ok().flatten().unwrap_or(false);
+                    PublicationTables {
+                        all_tables: all_tables && !has_exceptions,
+                        has_exceptions,
+                        names: Default::default(),
+                    }
+                });
                 if let (Some(schema), Some(name)) = (row.get::<Text>(2)?, row.get::<Text>(3)?) {
-                    tables.1.insert((schema.0, name.0));
+                    names.insert((schema.0, name.0));
                 }
             }
-            Ok(found.map(|(all_tables, names)| PublicationTables { all_tables, names: std::rc::Rc::new(names) }))
+            Ok(found.map(|tables| PublicationTables { names: std::rc::Rc::new(names), ..tables }))
         },
     )
     .or_internal("read the publication's tables")
@@ -137,9 +156,10 @@ fn publication_tables(publication: &str) -> Option<PublicationTables> {
 fn is_published(publication: &str, table: &Table) -> Option<bool> {
     crate::pg::spi::select_one_prepared::<bool>(
         // (NULL when the publication does not exist; false when it holds no table.)
+        &format!(
         "SELECT CASE WHEN pg_catalog.count(p.oid) OPERATOR(pg_catalog.>) 0 THEN coalesce(
                  pg_catalog.bool_or(pt.schemaname OPERATOR(pg_catalog.=) $2 AND pt.tablename OPERATOR(pg_catalog.=) $3)
-              OR pg_catalog.bool_or(p.puballtables)
+              OR pg_catalog.bool_or(p.puballtables AND NOT {excepted})
               OR pg_catalog.bool_or(pt.schemaname OPERATOR(pg_catalog.=) $2
                                     AND pt.tablename OPERATOR(pg_catalog.=) ANY (
                                             SELECT c.relname FROM pg_catalog.pg_partition_tree($4::pg_catalog.regclass) pt2
@@ -148,6 +168,8 @@ fn is_published(publication: &str, table: &Table) -> Option<bool> {
            FROM pg_catalog.pg_publication p
            LEFT JOIN pg_catalog.pg_publication_tables pt ON pt.pubname OPERATOR(pg_catalog.=) p.pubname
           WHERE p.pubname OPERATOR(pg_catalog.=) $1",
+            excepted = crate::pg::compat::excepted_from_all_tables("p", "$4::pg_catalog.regclass"),
+        ),
         &[Text::from(publication).into(), Text(table.schema.clone()).into(), Text(table.name.clone()).into(), table.relid.into()],
     )
     .ok()
