@@ -41,6 +41,16 @@ PG_ROOT = pg_major_value("$PG_ROOT")
 DEFAULT_SUFFIX, DEFAULT_PORT = ("", 15433) if PG_MAJOR == 15 else (str(PG_MAJOR), PG_MAJOR * 1000 + 433)
 CLUSTER_DIR = os.environ.get("BACKFILL_TEST_DIR", f"/tmp/pg_backfill_test{DEFAULT_SUFFIX}")
 PORT = int(os.environ.get("BACKFILL_TEST_PORT", str(DEFAULT_PORT)))
+# Run in parallel (scripts/test.sh, pytest-xdist), each worker has a cluster of its own, and so
+# its own directory and ports: worker k (k >= 1) sits WORKER_PORT_STEP * k below the run's port,
+# its extra clusters with it, in the part of the major's thousand nothing else takes (below 433;
+# the demo is at 440, the benchmarks at 450 and 460, the package tests at 590 and up).
+MAX_WORKERS, WORKER_PORT_STEP = 3, 150
+WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+if WORKER >= MAX_WORKERS:
+    raise pytest.UsageError(f"the end-to-end tests run on at most {MAX_WORKERS} workers (ports; see conftest.py)")
+if WORKER:
+    CLUSTER_DIR, PORT = f"{CLUSTER_DIR}_w{WORKER}", PORT - WORKER_PORT_STEP * WORKER
 _db_names = itertools.count()
 
 
@@ -100,6 +110,8 @@ def extra_cluster(cluster: "Cluster", name: str, major: int = PG_MAJOR) -> Clust
 def pytest_configure(config):
     config.addinivalue_line("markers", "cluster: starts a PostgreSQL cluster of its own (extra_cluster)")
     config.addinivalue_line("markers", "slow: takes more than about 10 seconds")
+    config.addinivalue_line("markers", "exclusive: changes the installation that every cluster of the run loads "
+                                       "(its library): runs after the parallel part, alone")
 
 
 # The installcheck (`scripts/test.sh --installed`, BACKFILL_INSTALLED=1) runs against an installed
@@ -120,7 +132,21 @@ NEEDS_THE_SOURCE_TREE = {
 INSTALLED = os.environ.get("BACKFILL_INSTALLED") == "1"
 
 
+# scripts/test.sh runs the suite in two phases: BACKFILL_TEST_PHASE=parallel (on several workers)
+# all but the exclusive tests, then BACKFILL_TEST_PHASE=exclusive those alone. Unset: all of them.
+TEST_PHASE = os.environ.get("BACKFILL_TEST_PHASE", "")
+
+
+def deselect_by_phase(config, items):
+    if TEST_PHASE not in ("parallel", "exclusive"):
+        return
+    keep = [item for item in items if (item.get_closest_marker("exclusive") is not None) == (TEST_PHASE == "exclusive")]
+    config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+    items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
+    deselect_by_phase(config, items)
     if not INSTALLED:
         return
     for item in items:

@@ -154,6 +154,7 @@ def test_ddl_needs_no_grant_of_pg_backfill(db, pipeline, roles):
     conn.execute("CREATE TEMP TABLE scratch AS SELECT 1 AS one")
 
 
+@pytest.mark.exclusive
 @pytest.mark.skipif(bool(__import__("conftest").PG_ROOT), reason="the server's library is inside its Debian root")
 def test_ddl_without_the_library_while_no_follow_is_live(db):
     """The package removed (its library gone) leaves DDL working in a database that has the

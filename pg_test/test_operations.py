@@ -339,6 +339,7 @@ def test_a_native_subscriber_of_a_for_all_tables_publication_keeps_applying(clus
             s.execute("DROP SUBSCRIPTION sub_all")
 
 
+@pytest.mark.exclusive
 @pytest.mark.cluster
 def test_installing_a_new_library_leaves_a_running_preloaded_server_up(cluster, tmp_path):
     """The scripts install as package managers do: each file written beside its destination and

@@ -67,10 +67,11 @@ if [ -n "$missing_from_config" ]; then
     log "pointing cargo-pgrx at PostgreSQL$missing_from_config"
     cargo pgrx init "${init[@]}"
 fi
-if ! python3 -c "import psycopg, psycopg2, pytest, xxhash" 2>/dev/null; then
-    # (psycopg2 for its streaming replication client: the tests' consumer that applies a stream)
-    log "installing the end-to-end test harness (psycopg, psycopg2, pytest, xxhash)"
-    python3 -m pip install -q --disable-pip-version-check "psycopg[binary]>=3.1,<4" "psycopg2-binary>=2.9,<3" "pytest>=7,<9" "xxhash>=3,<4" "pyyaml>=6,<7"
+if ! python3 -c "import psycopg, psycopg2, pytest, xdist, xxhash" 2>/dev/null; then
+    # (psycopg2 for its streaming replication client: the tests' consumer that applies a stream;
+    # pytest-xdist runs the end-to-end tests on several workers, scripts/test.sh)
+    log "installing the end-to-end test harness (psycopg, psycopg2, pytest, pytest-xdist, xxhash)"
+    python3 -m pip install -q --disable-pip-version-check "psycopg[binary]>=3.1,<4" "psycopg2-binary>=2.9,<3" "pytest>=7,<9" "pytest-xdist>=3.5,<4" "xxhash>=3,<4" "pyyaml>=6,<7"
 fi
 # The end-to-end test of a real pgoutput client (pg_test/test_node_consumer.py): node and npm's
 # pg-logical-replication, at the versions pg_test/node/package-lock.json pins.

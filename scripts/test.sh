@@ -74,4 +74,19 @@ if [ "$PG_MAJOR" != 15 ] && [ -z "$PG_ROOT" ]; then
     cargo pgrx package --no-default-features --features pg15 --pg-config "$(pg_bin_of 15)/pg_config" \
         --out-dir "$BACKFILL_PG15_PACKAGE" >/dev/null
 fi
-python3 -m pytest pg_test -p no:cacheprovider -q "$@"
+# The end-to-end tests mostly wait on their servers: they run on BACKFILL_TEST_JOBS workers
+# (pytest-xdist; 3 unless set, at most 3: conftest.py gives each a cluster and ports of its own),
+# then the few that change the installation every cluster loads run alone (their "exclusive" mark).
+jobs=${BACKFILL_TEST_JOBS:-3}
+run_pytest() {
+    local rc=0
+    python3 -m pytest pg_test -p no:cacheprovider -q "$@" || rc=$?
+    # (5: no test was selected, as when the arguments name none of a phase's tests.)
+    [ "$rc" = 0 ] || [ "$rc" = 5 ]
+}
+if [ "$jobs" -gt 1 ]; then
+    BACKFILL_TEST_PHASE=parallel run_pytest -n "$jobs" --dist worksteal "$@"
+    BACKFILL_TEST_PHASE=exclusive run_pytest "$@"
+else
+    python3 -m pytest pg_test -p no:cacheprovider -q "$@"
+fi
