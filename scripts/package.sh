@@ -11,9 +11,10 @@
 # laid out as Debian's PostgreSQL packages lay out extensions (/usr/lib/postgresql/<major>/lib,
 # /usr/share/postgresql/<major>/extension), and made as Debian's own postgresql-<major>-<extension>
 # packages are (what debhelper does for them, done here by hand): the library stripped as dh_strip
-# strips one, a Depends on Debian's postgresql-<major> and on the shared libraries dpkg-shlibdeps
-# finds, the copyright file, a Debian changelog and the upstream one (CHANGELOG.md). 15's and 17's
-# pg_config are Debian's and already name those directories; 18's, built from source under
+# strips one, a Depends on Debian's postgresql-<major> (on its minor release that added a server
+# function the library calls, if it calls one) and on the shared libraries dpkg-shlibdeps finds, the
+# copyright file, a Debian changelog and the upstream one (CHANGELOG.md). 15's and 17's pg_config
+# are Debian's and already name those directories; 18's, built from source under
 # /usr/local/pgsql-18, names its own, which the package maps to Debian's (its package is built
 # against the same major's headers but not installed by the package tests: Debian 12 has no
 # postgresql-18 package; see the README).
@@ -43,8 +44,9 @@ log() { printf '\033[1m[package]\033[0m %s\n' "$*"; }
 
 # package MAJOR: builds postgresql-MAJOR-pg-backfill into $OUT.
 package() {
-    local major=$1 pg_config name work tree doc
+    local major=$1 pg_config pg_root name work tree doc
     pg_config=$(PG_MAJOR=$major bash -c 'source scripts/pg_major.sh && echo "$(pg_bin_of "$PG_MAJOR")/pg_config"')
+    pg_root=$(PG_MAJOR=$major bash -c 'source scripts/pg_major.sh && pg_root_of "$PG_MAJOR"')
     name=postgresql-$major-pg-backfill
     work=$OUT/build/$major
     tree=$work/$name
@@ -90,6 +92,8 @@ package() {
     shlibs=$(cd "$work" && dpkg-shlibdeps -O "$name/usr/lib/postgresql/$major/lib/pg_backfill.so")
     shlibs=${shlibs#shlibs:Depends=}
     [ -n "$shlibs" ] || { echo "package.sh: dpkg-shlibdeps found no dependency" >&2; return 1; }
+    local server
+    server=$(server_dependency "$major" "$library" "$pg_root$("$pg_config" --bindir)/postgres") || return 1
     cat >"$tree/DEBIAN/control" <<CONTROL
 Package: $name
 Source: $SOURCE
@@ -97,7 +101,7 @@ Version: $VERSION-$REVISION
 Architecture: $ARCH
 Maintainer: $MAINTAINER
 Installed-Size: $(du -sk "$tree/usr" | cut -f1)
-Depends: postgresql-$major, $shlibs
+Depends: $server, $shlibs
 Section: database
 Priority: optional
 Description: backfill existing rows into a PostgreSQL $major logical decoding stream
@@ -114,6 +118,42 @@ CONTROL
     local deb=$OUT/${name}_$VERSION-${REVISION}_$ARCH.deb
     dpkg-deb --root-owner-group --build "$tree" "$deb" >/dev/null
     log "$deb"
+}
+
+# Server functions that PostgreSQL added in a minor release, each with the first release of each
+# major that has it. PostgreSQL loads a library with every symbol bound at once (RTLD_NOW): one
+# that calls such a function fails to load ("undefined symbol") on an earlier release of its
+# major, so its package depends on that release. These four came with composite datum versioning
+# (CVE-2026-6460), which pgrx's C shim calls into (heap_datum_check, through heap_getattr) when
+# built against headers that have it: absent from 15.18's postgres, in 15.20's; pgrx-bindgen
+# names 15.20, 17.12, 18.7 and 19rc2 as the releases that began it.
+MINOR_RELEASE_SYMBOLS=(
+    "heap_datum_check 15.20 17.12 18.7 19~rc2"
+    "DatumGetHeapTupleHeader 15.20 17.12 18.7 19~rc2"
+    "DatumGetHeapTupleHeaderExt 15.20 17.12 18.7 19~rc2"
+    "DatumGetHeapTupleHeaderCopy 15.20 17.12 18.7 19~rc2"
+)
+
+# server_dependency MAJOR LIBRARY POSTGRES: the Depends on MAJOR's server for LIBRARY, built
+# against the server POSTGRES: postgresql-MAJOR, versioned (>= the release) when LIBRARY calls a
+# function of MINOR_RELEASE_SYMBOLS. LIBRARY's undefined symbols with no symbol version are the
+# server's (libc's and libgcc's have one): each must be in POSTGRES.
+server_dependency() {
+    local major=$1 library=$2 postgres=$3 needed missing entry symbol candidate release minimum=
+    needed=$(nm -D --undefined-only "$library" | awk '$1 == "U" && $2 !~ /@/ { print $2 }' | sort -u)
+    missing=$(comm -23 <(echo "$needed") <(nm -D --defined-only "$postgres" | awk '{ print $3 }' | sort -u))
+    [ -z "$missing" ] || { echo "package.sh: $postgres defines none of: $missing" >&2; return 1; }
+    for entry in "${MINOR_RELEASE_SYMBOLS[@]}"; do
+        symbol=${entry%% *}
+        grep -qx "$symbol" <<<"$needed" || continue
+        release=
+        for candidate in ${entry#* }; do
+            case $candidate in "$major".* | "$major"~*) release=$candidate ;; esac
+        done
+        [ -n "$release" ] || { echo "package.sh: which release of $major added $symbol?" >&2; return 1; }
+        if [ -z "$minimum" ] || dpkg --compare-versions "$release" gt "$minimum"; then minimum=$release; fi
+    done
+    echo "postgresql-$major${minimum:+ (>= $minimum)}"
 }
 
 # lintian_overrides PACKAGE: the tags lintian should not raise for PACKAGE, each with its reason.
