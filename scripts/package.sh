@@ -13,11 +13,11 @@
 # packages are (what debhelper does for them, done here by hand): the library stripped as dh_strip
 # strips one, a Depends on Debian's postgresql-<major> (on its minor release that added a server
 # function the library calls, if it calls one) and on the shared libraries dpkg-shlibdeps finds, the
-# copyright file, a Debian changelog and the upstream one (CHANGELOG.md). 15's and 17's pg_config
-# are Debian's and already name those directories; 18's, built from source under
-# /usr/local/pgsql-18, names its own, which the package maps to Debian's (its package is built
-# against the same major's headers but not installed by the package tests: Debian 12 has no
-# postgresql-18 package; see the README).
+# copyright file, a Debian changelog and the upstream one (CHANGELOG.md). lintian then checks each
+# package: any error or warning fails the build. 15's and 17's pg_config are Debian's and already
+# name those directories; 18's, built from source under /usr/local/pgsql-18, names its own, which
+# the package maps to Debian's (its package is built against the same major's headers but not
+# installed by the package tests: Debian 12 has no postgresql-18 package; see the README).
 #
 # dpkg installs each file beside its destination and renames it over the old one, so installing
 # a newer package under a running server is safe (scripts/install.sh says why that matters).
@@ -36,7 +36,7 @@ OUT=target/packages
 # wal2json's source makes postgresql-<major>-wal2json.
 SOURCE=pg-backfill
 SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}
-for tool in dpkg-shlibdeps strip; do
+for tool in lintian dpkg-shlibdeps strip; do
     command -v "$tool" >/dev/null || { echo "package.sh: no $tool (scripts/setup.sh installs it)" >&2; exit 1; }
 done
 
@@ -117,6 +117,14 @@ CONTROL
     (cd "$tree" && find usr -type f -print0 | sort -z | xargs -0 md5sum) >"$tree/DEBIAN/md5sums"
     local deb=$OUT/${name}_$VERSION-${REVISION}_$ARCH.deb
     dpkg-deb --root-owner-group --build "$tree" "$deb" >/dev/null
+    # lintian, as Debian checks its packages: an error or a warning fails the build, and the
+    # package goes to $work, out of $OUT (info tags are in $work/lintian.log, not checked).
+    if ! lintian_check "$deb" >"$work/lintian.log" 2>&1; then
+        cat "$work/lintian.log" >&2
+        mv -f "$deb" "$work/"
+        echo "package.sh: lintian found errors or warnings in $work/${deb##*/} (lintian -i explains each)" >&2
+        return 1
+    fi
     log "$deb"
 }
 
@@ -154,6 +162,20 @@ server_dependency() {
         if [ -z "$minimum" ] || dpkg --compare-versions "$release" gt "$minimum"; then minimum=$release; fi
     done
     echo "postgresql-$major${minimum:+ (>= $minimum)}"
+}
+
+# lintian_check DEB: lintian's tags for DEB (info ones too; `lintian -i DEB` explains each),
+# failing on an error or a warning. (Its complaint at running as root, as package.sh does, is
+# left out: it only unpacks and reads this package.) The info tags it gives today:
+# hardening-no-bindnow (.cargo/config.toml links with -z lazy, as pgrx's template does;
+# PostgreSQL binds every symbol when it loads the library anyway, RTLD_NOW),
+# hardening-no-fortify-functions (_FORTIFY_SOURCE is a C compiler's; Rust's standard library
+# calls libc's read or realpath as they are) and spelling-error-in-binary ("thIk", "wTH": bytes
+# of machine code in .text that happen to read as misspelt words).
+lintian_check() {
+    lintian --display-info --tag-display-limit 0 --fail-on error,warning "$1" 2>&1 |
+        grep -v '^running with root privileges is not recommended!$'
+    return "${PIPESTATUS[0]}"
 }
 
 # lintian_overrides PACKAGE: the tags lintian should not raise for PACKAGE, each with its reason.
