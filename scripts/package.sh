@@ -7,18 +7,23 @@
 #   bash scripts/package.sh          every major installed (pg_major.sh says where each lives)
 #   bash scripts/package.sh 17       one
 #
-# Each is a release build (no test hooks) made by `cargo pgrx package` against that major's
-# headers, laid out as Debian's PostgreSQL packages lay out extensions (/usr/lib/postgresql/<major>/lib,
-# /usr/share/postgresql/<major>/extension), with a DEBIAN/control that depends on Debian's
-# postgresql-<major> and the copyright file Debian packages carry. 15's and 17's pg_config are
-# Debian's and already name those directories; 18's, built from source under
-# /usr/local/pgsql-18, names its own, which the package maps to Debian's (its package is built
-# against the same major's headers but not installed by the package tests: Debian 12 has no
-# postgresql-18 package; see the README).
+# Each is a release build (no test hooks) made by `cargo pgrx package` against that major's headers,
+# laid out as Debian's PostgreSQL packages lay out extensions (/usr/lib/postgresql/<major>/lib,
+# /usr/share/postgresql/<major>/extension), and made as Debian's own postgresql-<major>-<extension>
+# packages are (what debhelper does for them, done here by hand): the library stripped as dh_strip
+# strips one, a Depends on Debian's postgresql-<major> (on its minor release that added a server
+# function the library calls, if it calls one) and on the shared libraries dpkg-shlibdeps finds, the
+# copyright file, a Debian changelog and the upstream one (CHANGELOG.md). lintian then checks each
+# package: any error or warning fails the build. 15's and 17's pg_config are Debian's and already
+# name those directories; 18's, built from source under /usr/local/pgsql-18, names its own, which
+# the package maps to Debian's (its package is built against the same major's headers but not
+# installed by the package tests: Debian 12 has no postgresql-18 package; see the README).
 #
 # dpkg installs each file beside its destination and renames it over the old one, so installing
 # a newer package under a running server is safe (scripts/install.sh says why that matters).
-# PACKAGE_REVISION (1) is the Debian revision; PACKAGE_MAINTAINER the Maintainer field.
+# PACKAGE_REVISION (1) is the Debian revision; PACKAGE_MAINTAINER the Maintainer field (and the
+# changelog's signer). The changelog's date is SOURCE_DATE_EPOCH's, the last commit's unless set,
+# so that the same commit makes the same changelog.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,13 +32,21 @@ MAINTAINER=${PACKAGE_MAINTAINER:-pg_backfill maintainers <maintainers@users.nore
 VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
 ARCH=$(dpkg --print-architecture)
 OUT=target/packages
+# The source package Debian would build these from (a source package's name has no "_"), as
+# wal2json's source makes postgresql-<major>-wal2json.
+SOURCE=pg-backfill
+SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}
+for tool in lintian dpkg-shlibdeps strip; do
+    command -v "$tool" >/dev/null || { echo "package.sh: no $tool (scripts/setup.sh installs it)" >&2; exit 1; }
+done
 
 log() { printf '\033[1m[package]\033[0m %s\n' "$*"; }
 
 # package MAJOR: builds postgresql-MAJOR-pg-backfill into $OUT.
 package() {
-    local major=$1 pg_config name work tree doc
+    local major=$1 pg_config pg_root name work tree doc
     pg_config=$(PG_MAJOR=$major bash -c 'source scripts/pg_major.sh && echo "$(pg_bin_of "$PG_MAJOR")/pg_config"')
+    pg_root=$(PG_MAJOR=$major bash -c 'source scripts/pg_major.sh && pg_root_of "$PG_MAJOR"')
     name=postgresql-$major-pg-backfill
     work=$OUT/build/$major
     tree=$work/$name
@@ -51,43 +64,154 @@ package() {
     local built placed
     built=$(find "$work/pgrx" -type f | wc -l) placed=$(find "$tree/usr" -type f | wc -l)
     [ "$built" = "$placed" ] || { echo "package.sh: cargo pgrx package made $built files, $placed placed" >&2; return 1; }
+    # Stripped as dh_strip strips a shared library: its symbol table and debugging information
+    # go, its dynamic symbols (what PostgreSQL looks up) stay. The unstripped library is still
+    # $work/pgrx's, for a debugger.
+    local library=$tree/usr/lib/postgresql/$major/lib/pg_backfill.so
+    strip --remove-section=.comment --remove-section=.note --strip-unneeded "$library"
     doc=$tree/usr/share/doc/$name
     mkdir -p "$doc"
     copyright >"$doc/copyright"
+    # The Debian changelog (of the packaging) and the upstream one, compressed as
+    # dh_installchangelogs and dh_compress do (gzip -9n: no name, no timestamp).
+    debian_changelog "$major" | gzip -9n >"$doc/changelog.Debian.gz"
+    gzip -9n <CHANGELOG.md >"$doc/changelog.gz"
+    # lintian's overrides, where dh_lintian installs them: each says why.
+    mkdir -p "$tree/usr/share/lintian/overrides"
+    lintian_overrides "$name" >"$tree/usr/share/lintian/overrides/$name"
     # Debian's modes: directories 0755, files 0644 (a shared library too).
     find "$tree" -type d -exec chmod 0755 {} +
     find "$tree/usr" -type f -exec chmod 0644 {} +
+    # The shared libraries the library needs, as dh_shlibdeps finds them (${shlibs:Depends}): each
+    # package and the oldest version with every symbol it uses, from the host's dpkg database
+    # (the library is linked on the host, so this holds in 17's and 19's newer Debian too).
+    # dpkg-shlibdeps reads debian/control, which it needs to exist only.
+    local shlibs
+    mkdir -p "$work/debian"
+    printf 'Source: %s\n\nPackage: %s\nArchitecture: any\n' "$SOURCE" "$name" >"$work/debian/control"
+    shlibs=$(cd "$work" && dpkg-shlibdeps -O "$name/usr/lib/postgresql/$major/lib/pg_backfill.so")
+    shlibs=${shlibs#shlibs:Depends=}
+    [ -n "$shlibs" ] || { echo "package.sh: dpkg-shlibdeps found no dependency" >&2; return 1; }
+    local server
+    server=$(server_dependency "$major" "$library" "$pg_root$("$pg_config" --bindir)/postgres") || return 1
     cat >"$tree/DEBIAN/control" <<CONTROL
 Package: $name
+Source: $SOURCE
 Version: $VERSION-$REVISION
 Architecture: $ARCH
 Maintainer: $MAINTAINER
 Installed-Size: $(du -sk "$tree/usr" | cut -f1)
-Depends: postgresql-$major
+Depends: $server, $shlibs
 Section: database
 Priority: optional
 Description: backfill existing rows into a PostgreSQL $major logical decoding stream
- pg_backfill sends the rows a table already holds into the logical decoding stream of
- PostgreSQL $major, in key order and exactly once, while the application keeps writing:
- consumers of a replication slot (Debezium, pgoutput subscribers, wal2json readers) receive
- them as reads between the ordinary changes.
+ pg_backfill sends the rows a table already holds into the logical decoding
+ stream of PostgreSQL $major, in key order and exactly once, while the
+ application keeps writing: consumers of a replication slot (Debezium, pgoutput
+ subscribers, wal2json readers) receive them as reads between the ordinary
+ changes.
  .
- Add pg_backfill to shared_preload_libraries, restart, then CREATE EXTENSION pg_backfill.
+ Add pg_backfill to shared_preload_libraries, restart, then
+ CREATE EXTENSION pg_backfill.
 CONTROL
     (cd "$tree" && find usr -type f -print0 | sort -z | xargs -0 md5sum) >"$tree/DEBIAN/md5sums"
-    dpkg-deb --root-owner-group --build "$tree" "$OUT/${name}_$VERSION-${REVISION}_$ARCH.deb" >/dev/null
-    log "$OUT/${name}_$VERSION-${REVISION}_$ARCH.deb"
+    local deb=$OUT/${name}_$VERSION-${REVISION}_$ARCH.deb
+    dpkg-deb --root-owner-group --build "$tree" "$deb" >/dev/null
+    # lintian, as Debian checks its packages: an error or a warning fails the build, and the
+    # package goes to $work, out of $OUT (info tags are in $work/lintian.log, not checked).
+    if ! lintian_check "$deb" >"$work/lintian.log" 2>&1; then
+        cat "$work/lintian.log" >&2
+        mv -f "$deb" "$work/"
+        echo "package.sh: lintian found errors or warnings in $work/${deb##*/} (lintian -i explains each)" >&2
+        return 1
+    fi
+    log "$deb"
+}
+
+# Server functions that PostgreSQL added in a minor release, each with the first release of each
+# major that has it. PostgreSQL loads a library with every symbol bound at once (RTLD_NOW): one
+# that calls such a function fails to load ("undefined symbol") on an earlier release of its
+# major, so its package depends on that release. These four came with composite datum versioning
+# (CVE-2026-6460), which pgrx's C shim calls into (heap_datum_check, through heap_getattr) when
+# built against headers that have it: absent from 15.18's postgres, in 15.20's; pgrx-bindgen
+# names 15.20, 17.12, 18.7 and 19rc2 as the releases that began it.
+MINOR_RELEASE_SYMBOLS=(
+    "heap_datum_check 15.20 17.12 18.7 19~rc2"
+    "DatumGetHeapTupleHeader 15.20 17.12 18.7 19~rc2"
+    "DatumGetHeapTupleHeaderExt 15.20 17.12 18.7 19~rc2"
+    "DatumGetHeapTupleHeaderCopy 15.20 17.12 18.7 19~rc2"
+)
+
+# server_dependency MAJOR LIBRARY POSTGRES: the Depends on MAJOR's server for LIBRARY, built
+# against the server POSTGRES: postgresql-MAJOR, versioned (>= the release) when LIBRARY calls a
+# function of MINOR_RELEASE_SYMBOLS. LIBRARY's undefined symbols with no symbol version are the
+# server's (libc's and libgcc's have one): each must be in POSTGRES.
+server_dependency() {
+    local major=$1 library=$2 postgres=$3 needed missing entry symbol candidate release minimum=
+    needed=$(nm -D --undefined-only "$library" | awk '$1 == "U" && $2 !~ /@/ { print $2 }' | sort -u)
+    missing=$(comm -23 <(echo "$needed") <(nm -D --defined-only "$postgres" | awk '{ print $3 }' | sort -u))
+    [ -z "$missing" ] || { echo "package.sh: $postgres defines none of: $missing" >&2; return 1; }
+    for entry in "${MINOR_RELEASE_SYMBOLS[@]}"; do
+        symbol=${entry%% *}
+        grep -qx "$symbol" <<<"$needed" || continue
+        release=
+        for candidate in ${entry#* }; do
+            case $candidate in "$major".* | "$major"~*) release=$candidate ;; esac
+        done
+        [ -n "$release" ] || { echo "package.sh: which release of $major added $symbol?" >&2; return 1; }
+        if [ -z "$minimum" ] || dpkg --compare-versions "$release" gt "$minimum"; then minimum=$release; fi
+    done
+    echo "postgresql-$major${minimum:+ (>= $minimum)}"
+}
+
+# lintian_check DEB: lintian's tags for DEB (info ones too; `lintian -i DEB` explains each),
+# failing on an error or a warning. (Its complaint at running as root, as package.sh does, is
+# left out: it only unpacks and reads this package.) The info tags it gives today:
+# hardening-no-bindnow (.cargo/config.toml links with -z lazy, as pgrx's template does;
+# PostgreSQL binds every symbol when it loads the library anyway, RTLD_NOW),
+# hardening-no-fortify-functions (_FORTIFY_SOURCE is a C compiler's; Rust's standard library
+# calls libc's read or realpath as they are) and spelling-error-in-binary ("thIk", "wTH": bytes
+# of machine code in .text that happen to read as misspelt words).
+lintian_check() {
+    lintian --display-info --tag-display-limit 0 --fail-on error,warning "$1" 2>&1 |
+        grep -v '^running with root privileges is not recommended!$'
+    return "${PIPESTATUS[0]}"
+}
+
+# lintian_overrides PACKAGE: the tags lintian should not raise for PACKAGE, each with its reason.
+lintian_overrides() {
+    cat <<OVERRIDES
+# The first Debian revision of a package Debian's archive does not carry: there is no
+# intent-to-package bug for its changelog to close (lintian: "can be ignored if the package is
+# not intended for Debian").
+$1: initial-upload-closes-no-bugs [usr/share/doc/$1/changelog.Debian.gz:1]
+OVERRIDES
+}
+
+# debian_changelog MAJOR: the Debian changelog of MAJOR's package (one entry, this version's).
+debian_changelog() {
+    cat <<CHANGELOG
+$SOURCE ($VERSION-$REVISION) unstable; urgency=medium
+
+  * pg_backfill $VERSION for PostgreSQL $1, packaged by scripts/package.sh.
+    What changed upstream: changelog.gz.
+
+ -- $MAINTAINER  $(date -u -R -d "@$SOURCE_DATE_EPOCH")
+CHANGELOG
 }
 
 # The machine-readable copyright file (Debian's copyright format 1.0). Cargo.toml's licence:
-# the PostgreSQL Licence.
+# the PostgreSQL Licence. The years run from pg_backfill's first commit (2026) to this one's.
 copyright() {
-    cat <<'COPYRIGHT'
+    local first=2026 last years
+    last=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y)
+    if [ "$last" = "$first" ]; then years=$first; else years=$first-$last; fi
+    cat <<COPYRIGHT
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: pg_backfill
 
 Files: *
-Copyright: the pg_backfill authors
+Copyright: $years the pg_backfill authors
 License: PostgreSQL
 
 License: PostgreSQL

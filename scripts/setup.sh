@@ -10,8 +10,9 @@ cd "$(dirname "$0")/.."
 source scripts/pg_major.sh
 
 PGRX_VERSION=0.19.4  # the pgrx of Cargo.toml
+# (lintian: scripts/package.sh checks each package it builds with it.)
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-wal2json
-              clang libclang-dev sudo pkg-config libssl-dev build-essential)
+              clang libclang-dev sudo pkg-config libssl-dev build-essential lintian)
 if [ "$PG_MAJOR" = 18 ]; then
     # What scripts/build_postgres.sh needs to build PostgreSQL from source, and Citus.
     APT_PACKAGES+=(bison flex libreadline-dev zlib1g-dev libicu-dev liblz4-dev libzstd-dev libkrb5-dev)
