@@ -509,7 +509,7 @@ $$;
 COMMENT ON FUNCTION backfill.refuse_drop_while_running() IS 'Event trigger: refuses DROP EXTENSION pg_backfill while backfills run or are paused';
 CREATE EVENT TRIGGER backfill_refuse_drop_while_running ON ddl_command_start WHEN TAG IN ('DROP EXTENSION')
     EXECUTE FUNCTION backfill.refuse_drop_while_running();
--- Follows (issue 37): every table added to a publication is backfilled into a slot by itself.
+-- Follows: every table added to a publication is backfilled into a slot by itself.
 CREATE FUNCTION backfill_follow(publication name, slot name, batch_size integer DEFAULT 1000,
                                 rows_per_second integer DEFAULT NULL, parallel integer DEFAULT 1,
                                 max_lag bigint DEFAULT NULL, max_replica_lag bigint DEFAULT NULL,
@@ -761,7 +761,7 @@ GRANT EXECUTE ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, i
 -- transaction, to keys of a table the caller may backfill.
 GRANT EXECUTE ON FUNCTION backfill.set_keys_of(bigint, oid, jsonb) TO PUBLIC;
 
--- Issue 34, "Progress, PostgreSQL's way": one row per running backfill worker of the whole
+-- Progress the way PostgreSQL shows its own (backfill_progress): one row per running backfill worker of the whole
 -- cluster, from shared memory, readable from any database that has the extension, in the shape
 -- of PostgreSQL's progress views (pg_stat_progress_*). backfill.progress() decides which rows
 -- the caller sees, as backfill_status does (it is executable by all, so it checks, not the view).
