@@ -111,7 +111,7 @@ NEEDS_THE_SOURCE_TREE = {
     "test_filter.py::test_the_filtered_ordering_test_fails_without_row_locks":
         "the test hook backfill.test_skip_row_locks, which only a test_hooks build has",
     "test_upgrade.py": "earlier versions' install scripts (sql/history), which no package ships",
-    "test_security.py::test_no_decoder_receives_a_message_key_at_install_rotation_or_update":
+    "test_security_keys.py::test_no_decoder_receives_a_message_key_at_install_rotation_or_update":
         "0.9.0's install script (sql/history), which no package ships",
     "test_pg_upgrade.py": "a build of pg_backfill for PostgreSQL 15 (scripts/test.sh makes it)",
     "test_operations.py::test_installing_a_new_library_leaves_a_running_preloaded_server_up":
