@@ -27,7 +27,7 @@ CONF = ("shared_preload_libraries = 'citus, pg_backfill'\n"
 
 
 def sh(command):
-    subprocess.run(["bash", "-c", f"export PG_MAJOR=18; source '{ROOT}/scripts/cluster.sh' && {command}"], check=True)
+    subprocess.run(["bash", "-c", f"export PG_MAJOR=18; source '{ROOT}/scripts/lib/cluster.sh' && {command}"], check=True)
 
 
 def connect(port):

@@ -3,7 +3,7 @@ pg_backfill, side by side on the same generated tables, in one run on a throwawa
 
     python3 bench/run.py                       # after scripts/setup.sh; sizes 250k,1M,4M; narrow and wide
     python3 bench/run.py --sizes 250000,1000000 --shapes narrow --repeat 3
-    PG_MAJOR=18 python3 bench/run.py           # on PostgreSQL 18 (scripts/pg_major.sh), after PG_MAJOR=18 scripts/setup.sh
+    PG_MAJOR=18 python3 bench/run.py           # on PostgreSQL 18 (scripts/lib/pg_major.sh), after PG_MAJOR=18 scripts/setup.sh
 
 Prints a table and writes the figures to bench/results/<timestamp>.json for later comparison.
 Figures on a shared machine are noisy: each is the median of --repeat runs, and ratios are
@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def pg_major_value(expression: str) -> str:
-    """A value from scripts/pg_major.sh for this run's PG_MAJOR (15 unless set)."""
-    script = f"source '{ROOT}/scripts/pg_major.sh' && echo \"{expression}\""
+    """A value from scripts/lib/pg_major.sh for this run's PG_MAJOR (15 unless set)."""
+    script = f"source '{ROOT}/scripts/lib/pg_major.sh' && echo \"{expression}\""
     return subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -65,7 +65,7 @@ SHAPES = {
 
 
 def sh(command):
-    subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/cluster.sh' && {command}"], check=True)
+    subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/lib/cluster.sh' && {command}"], check=True)
 
 
 def connect():
@@ -858,8 +858,8 @@ def main():
         # Steady figures: best and median of at least 7 interleaved rounds (issue 25).
         args.repeat = 7
 
-    # Installed by rename, as scripts/install.sh does it, built for PG_MAJOR.
-    subprocess.run(["bash", "-c", 'source scripts/pg_major.sh && source scripts/install.sh && install_extension "$PG_CONFIG" "${PG_FEATURES[@]}"'],
+    # Installed by rename, as scripts/lib/install.sh does it, built for PG_MAJOR.
+    subprocess.run(["bash", "-c", 'source scripts/lib/pg_major.sh && source scripts/lib/install.sh && install_extension "$PG_CONFIG" "${PG_FEATURES[@]}"'],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     # wal_keep_size: pg_waldump reads the WAL of each measurement after its checkpoints.
     sh(f"cluster_start {DIR} {PORT} $'fsync = on\\nsynchronous_commit = on\\nautovacuum = off\\nfull_page_writes = on\\nwal_keep_size = 16GB'")

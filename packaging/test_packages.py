@@ -4,7 +4,7 @@ For each major with a Debian system to install into: build the package, `dpkg -i
 root of the release that ships that major's postgresql-<major> (15: Debian 12's, in a bookworm root;
 17: Debian 13's, in a trixie root), start a new cluster there with pg_backfill preloaded,
 `CREATE EXTENSION`, backfill a table (every row once), run a part of the installcheck against it,
-then `dpkg -r` and find nothing of the package left. The roots (scripts/debian_root.sh) are the
+then `dpkg -r` and find nothing of the package left. The roots (scripts/lib/debian_root.sh) are the
 package tests' own, apart from the system's PostgreSQL 15 and 17's development root, whose servers
 may be running: a package installed there would replace their files, and its removal would take
 the development install with it. Made once under /var/lib/pg_backfill, reused by later runs.
@@ -46,7 +46,7 @@ def cargo_version() -> str:
 
 class DebianRoot:
     """A Debian root with Debian's postgresql-<major> and wal2json, its programs in a bin directory
-    of wrappers (scripts/debian_root.sh), its clusters on ports of their own: the major times 1,000
+    of wrappers (scripts/lib/debian_root.sh), its clusters on ports of their own: the major times 1,000
     plus 590, and 600 and up for the installcheck's."""
 
     def __init__(self, major: int):
@@ -57,7 +57,7 @@ class DebianRoot:
         self.cluster_dir = f"/tmp/pg_backfill_package{major}"
 
     def make(self) -> None:
-        bash(f"source scripts/debian_root.sh && debian_root_make '{self.dir}' {self.suite} postgresql-{self.major} "
+        bash(f"source scripts/lib/debian_root.sh && debian_root_make '{self.dir}' {self.suite} postgresql-{self.major} "
              f"postgresql-{self.major}-wal2json && debian_root_mount '{self.dir}' && "
              f"debian_root_programs '{self.dir}' {self.major} '{self.bin}'")
 
@@ -79,7 +79,7 @@ class DebianRoot:
         return sorted(found.split())
 
     def cluster(self, command: str) -> None:
-        bash(f"source scripts/cluster.sh && {command}", env=self.env())
+        bash(f"source scripts/lib/cluster.sh && {command}", env=self.env())
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""End-to-end scenarios against a real PostgreSQL server: 15, or PG_MAJOR (scripts/pg_major.sh).
+"""End-to-end scenarios against a real PostgreSQL server: 15, or PG_MAJOR (scripts/lib/pg_major.sh).
 
-The session starts a throwaway cluster (scripts/cluster.sh, server running as the postgres OS
+The session starts a throwaway cluster (scripts/lib/cluster.sh, server running as the postgres OS
 user) with the extension installed by scripts/test.sh; every test gets a database of its own.
 A major other than 15 runs in a directory and on ports of its own by default, so that the two
 suites may share a machine.
@@ -25,14 +25,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def pg_major_value(expression: str) -> str:
-    """A value from scripts/pg_major.sh for the PG_MAJOR of this run: `$PG_BIN`, `$(pg_bin_of 15)`."""
-    script = f"source '{ROOT}/scripts/pg_major.sh' && echo \"{expression}\""
+    """A value from scripts/lib/pg_major.sh for the PG_MAJOR of this run: `$PG_BIN`, `$(pg_bin_of 15)`."""
+    script = f"source '{ROOT}/scripts/lib/pg_major.sh' && echo \"{expression}\""
     return subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True).stdout.strip()
 
 
 PG_MAJOR = int(pg_major_value("$PG_MAJOR"))
 PG_BIN = pg_major_value("$PG_BIN")
-# The root the server runs in ("" for the host; 17's Debian 13 root, see scripts/pg_major.sh):
+# The root the server runs in ("" for the host; 17's Debian 13 root, see scripts/lib/pg_major.sh):
 # the server's paths (pg_config's) are under it on the host. The host's /tmp is the root's, so
 # the clusters' directories are the same paths on both sides.
 PG_ROOT = pg_major_value("$PG_ROOT")
@@ -55,13 +55,13 @@ _db_names = itertools.count()
 
 
 def cluster_cmd(command: str, major: int = PG_MAJOR) -> None:
-    """Runs a command of scripts/cluster.sh with the programs of PostgreSQL `major`."""
+    """Runs a command of scripts/lib/cluster.sh with the programs of PostgreSQL `major`."""
     env = {**os.environ, "PG_MAJOR": str(major)}
     if major != PG_MAJOR:
         # BACKFILL_PG_BIN (and its BACKFILL_PG_ROOT) name another installation of this run's major only.
         env.pop("BACKFILL_PG_BIN", None)
         env.pop("BACKFILL_PG_ROOT", None)
-    subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/cluster.sh' && {command}"], check=True, env=env)
+    subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/lib/cluster.sh' && {command}"], check=True, env=env)
 
 
 class Cluster:
@@ -123,11 +123,11 @@ NEEDS_THE_SOURCE_TREE = {
     "test_filter.py::test_the_filtered_ordering_test_fails_without_row_locks":
         "the test hook backfill.test_skip_row_locks, which only a test_hooks build has",
     "test_upgrade.py": "earlier versions' install scripts (sql/history), which no package ships",
-    "test_security.py::test_no_decoder_receives_a_message_key_at_install_rotation_or_update":
+    "test_security_keys.py::test_no_decoder_receives_a_message_key_at_install_rotation_or_update":
         "0.9.0's install script (sql/history), which no package ships",
     "test_pg_upgrade.py": "a build of pg_backfill for PostgreSQL 15 (scripts/test.sh makes it)",
     "test_operations.py::test_installing_a_new_library_leaves_a_running_preloaded_server_up":
-        "to replace the installed library (scripts/install.sh), which a package owns",
+        "to replace the installed library (scripts/lib/install.sh), which a package owns",
 }
 INSTALLED = os.environ.get("BACKFILL_INSTALLED") == "1"
 

@@ -19,10 +19,10 @@ SOURCE_LIMITS = ("max_replica_lag", "max_retained_wal", "max_active_sessions")
 
 
 def as_postgres(*args: str) -> None:
-    """Runs a command as the postgres OS user (scripts/cluster.sh's as_postgres); fails the
+    """Runs a command as the postgres OS user (scripts/lib/cluster.sh's as_postgres); fails the
     test with its output if it fails."""
     result = subprocess.run(
-        ["bash", "-c", f"source '{ROOT}/scripts/cluster.sh' && as_postgres \"$@\"", "as_postgres", *args],
+        ["bash", "-c", f"source '{ROOT}/scripts/lib/cluster.sh' && as_postgres \"$@\"", "as_postgres", *args],
         capture_output=True, text=True,
     )
     assert result.returncode == 0, f"{args[0]} failed: {result.stdout}{result.stderr}"
@@ -32,7 +32,7 @@ def start_standby(cluster: Cluster, standby: Cluster, name: str) -> None:
     """Makes `standby` a streaming physical standby of the test cluster (pg_basebackup -R) and
     starts it; it connects as application_name `name` and reports its replay position every
     second. The test cluster's initdb defaults allow it: a `host replication all 127.0.0.1/32
-    trust` line in pg_hba.conf, and max_wal_senders = 16 (scripts/cluster.sh)."""
+    trust` line in pg_hba.conf, and max_wal_senders = 16 (scripts/lib/cluster.sh)."""
     subprocess.run(["bash", "-c", f"rm -rf '{standby.dir}' && mkdir -p '{standby.dir}' && chown postgres: '{standby.dir}'"],
                    check=True)
     as_postgres(f"{PG_BIN}/pg_basebackup", "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres",

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import as_reads, error_of, messages_with_xids, status, wait_until_ended
 from test_robustness import small_messages  # noqa: F401 (a fixture)
-from test_security import message_keys, sql_valid, tag_is_valid
+from security_helpers import message_keys, sql_valid, tag_is_valid
 
 
 def make_table(db, rows, body="'row ' || g"):

@@ -850,7 +850,7 @@ def backfills_everywhere(citus):
 
 
 def test_hostile_roles_against_a_distributed_table(citus, orders):
-    """test_security.py's rights, on the coordinator of a Citus cluster: a role without grants,
+    """The security tests' rights, on the coordinator of a Citus cluster: a role without grants,
     and an operator (docs/security.md's grants, on every node) without rights on the table, start,
     check and repair nothing, anywhere; SELECT alone checks and compares but starts nothing; and an
     operator sees and stops none of a superuser's distributed backfill."""

@@ -358,7 +358,7 @@ def test_installing_a_new_library_leaves_a_running_preloaded_server_up(cluster, 
         target = stage / Path(library).relative_to("/") / installed.name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
-        subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/install.sh' && install_package_files '{stage}'"], check=True)
+        subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/lib/install.sh' && install_package_files '{stage}'"], check=True)
 
     saved = tmp_path / "saved" / "pg_backfill.so"
     saved.parent.mkdir()

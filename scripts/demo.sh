@@ -2,12 +2,12 @@
 # The demo: builds and installs pg_backfill, starts a throwaway PostgreSQL cluster with logical
 # decoding, backfills a 50,000-row orders table through a replication slot while an application
 # keeps writing, and shows what the decoder receives. On PostgreSQL 15, or on PG_MAJOR
-# (`PG_MAJOR=18 bash scripts/demo.sh`, see pg_major.sh), in a directory and on a port of its own.
+# (`PG_MAJOR=18 bash scripts/demo.sh`, see lib/pg_major.sh), in a directory and on a port of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-source scripts/cluster.sh
-source scripts/install.sh
+source scripts/lib/cluster.sh
+source scripts/lib/install.sh
 
 if [ "$PG_MAJOR" = 15 ]; then
     DEMO_DIR=${DEMO_DIR:-/tmp/pg_backfill_demo} DEMO_PORT=${DEMO_PORT:-15440}

@@ -4,7 +4,7 @@
 #
 #   target/packages/postgresql-<major>-pg-backfill_<version>-<revision>_amd64.deb
 #
-#   bash scripts/package.sh          every major installed (pg_major.sh says where each lives)
+#   bash scripts/package.sh          every major installed (lib/pg_major.sh says where each lives)
 #   bash scripts/package.sh 17       one
 #
 # Each is a release build (no test hooks) made by `cargo pgrx package` against that major's headers,
@@ -20,7 +20,7 @@
 # installed by the package tests: Debian 12 has no postgresql-18 package; see the README).
 #
 # dpkg installs each file beside its destination and renames it over the old one, so installing
-# a newer package under a running server is safe (scripts/install.sh says why that matters).
+# a newer package under a running server is safe (scripts/lib/install.sh says why that matters).
 # PACKAGE_REVISION (1) is the Debian revision; PACKAGE_MAINTAINER the Maintainer field (and the
 # changelog's signer). The changelog's date is SOURCE_DATE_EPOCH's, the last commit's unless set,
 # so that the same commit makes the same changelog.
@@ -45,8 +45,8 @@ log() { printf '\033[1m[package]\033[0m %s\n' "$*"; }
 # package MAJOR: builds postgresql-MAJOR-pg-backfill into $OUT.
 package() {
     local major=$1 pg_config pg_root name work tree doc
-    pg_config=$(PG_MAJOR=$major bash -c 'source scripts/pg_major.sh && echo "$(pg_bin_of "$PG_MAJOR")/pg_config"')
-    pg_root=$(PG_MAJOR=$major bash -c 'source scripts/pg_major.sh && pg_root_of "$PG_MAJOR"')
+    pg_config=$(PG_MAJOR=$major bash -c 'source scripts/lib/pg_major.sh && echo "$(pg_bin_of "$PG_MAJOR")/pg_config"')
+    pg_root=$(PG_MAJOR=$major bash -c 'source scripts/lib/pg_major.sh && pg_root_of "$PG_MAJOR"')
     name=postgresql-$major-pg-backfill
     work=$OUT/build/$major
     tree=$work/$name
@@ -236,7 +236,7 @@ COPYRIGHT
 majors=("$@")
 if [ ${#majors[@]} -eq 0 ]; then
     for major in 15 17 18 19; do
-        pg_config=$(PG_MAJOR=$major bash -c 'source scripts/pg_major.sh && echo "$(pg_bin_of "$PG_MAJOR")/pg_config"')
+        pg_config=$(PG_MAJOR=$major bash -c 'source scripts/lib/pg_major.sh && echo "$(pg_bin_of "$PG_MAJOR")/pg_config"')
         if "$pg_config" --version >/dev/null 2>&1; then majors+=("$major"); fi
     done
 fi

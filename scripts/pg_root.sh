@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs PostgreSQL MAJOR from Debian's packages into a root of the Debian release that ships
 # them, and makes the directory of programs the other scripts use for it (pg_bin_of MAJOR, see
-# pg_major.sh): as root. Today: 17, Debian 13's (trixie), whose binaries need glibc 2.38 where
+# lib/pg_major.sh): as root. Today: 17, Debian 13's (trixie), whose binaries need glibc 2.38 where
 # this Debian 12 host has 2.36; and 19, whose packages are in Debian's experimental suite only,
 # in a sid root (they need glibc 2.43). Idempotent: later runs reuse the root and only remount it.
 #
@@ -14,23 +14,23 @@
 #   postgres OS user, which runs the server, since PostgreSQL refuses root) enters through an
 #   unprivileged user namespace that maps only its own uid and gid, so that no one gains a
 #   privilege and every file is written with the caller's ids. The root's postgres user has the
-#   host's ids (debian_root.sh).
+#   host's ids (lib/debian_root.sh).
 # - The host's /tmp is bind-mounted at the root's /tmp: the tests' cluster directories, sockets
 #   and files (/tmp/pg_backfill_test17...) are the same paths on both sides. TCP is shared (a
 #   chroot has no network of its own), so clients on the host reach the server on 127.0.0.1.
 # - pgrx builds on the host against the root's headers: the wrapper pg_config answers as the
 #   root's, except that the include directories (what bindgen and pgrx's C shim read on the host)
 #   carry the root's prefix. Every other path stays the root's own (/usr/lib/postgresql/17/lib),
-#   so that `cargo pgrx package` lays out the files as Debian does and install.sh installs them
+#   so that `cargo pgrx package` lays out the files as Debian does and lib/install.sh installs them
 #   under PG_ROOT. The host's toolchain builds the library; built against glibc 2.36, it loads
 #   in the root's 2.38 (glibc keeps old symbol versions).
 # - `cargo pgrx test`, which starts its own server through pg_config's bindir, is not run for
 #   these majors: the unit tests run on 15 and 18 (see .ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/debian_root.sh
+source scripts/lib/debian_root.sh
 PG_MAJOR=${1:?usage: pg_root.sh MAJOR}
-source scripts/pg_major.sh
+source scripts/lib/pg_major.sh
 
 root=$(pg_root_of "$PG_MAJOR")
 bin=$(pg_bin_of "$PG_MAJOR")

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs what building and testing pg_backfill needs on Debian 12, as root, for PostgreSQL
-# PG_MAJOR (15 unless set; see pg_major.sh). Debian's 15 is always installed: it is the default,
+# PG_MAJOR (15 unless set; see lib/pg_major.sh). Debian's 15 is always installed: it is the default,
 # and the 18 suite upgrades a 15 cluster. 17 is Debian 13's, in a Debian 13 root (pg_root.sh);
 # 18 is built from source (build_postgres.sh); 19 is Debian experimental's, in a sid root
 # (pg_root.sh). Also the Rust toolchain that rust-toolchain.toml names and cargo-pgrx.
 # Idempotent: every step skips what is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/pg_major.sh
+source scripts/lib/pg_major.sh
 
 PGRX_VERSION=0.19.4  # the pgrx of Cargo.toml
 # (lintian: scripts/package.sh checks each package it builds with it.)

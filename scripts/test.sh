@@ -3,11 +3,11 @@
 # scenarios in pg_test/ against a throwaway cluster. Installs what is missing first.
 # Pass pytest arguments to narrow the end-to-end run, e.g. scripts/test.sh -k ordering.
 #
-# PG_MAJOR=18 runs it all against PostgreSQL 18 (15 unless set; see pg_major.sh). Where it runs:
+# PG_MAJOR=18 runs it all against PostgreSQL 18 (15 unless set; see lib/pg_major.sh). Where it runs:
 #   BACKFILL_TEST_DIR, BACKFILL_TEST_PORT  the end-to-end cluster (pg_test/conftest.py; other
 #                                          clusters take ports above it)
 #   BACKFILL_PGRX_TEST_DIR                 the unit tests' cluster
-# On 17 and 19, whose servers run in Debian roots (pg_major.sh), the unit tests do not run:
+# On 17 and 19, whose servers run in Debian roots (lib/pg_major.sh), the unit tests do not run:
 # `cargo pgrx test` starts its own server from pg_config's bindir, which only the root can run.
 # They run on 15 and 18, the end-to-end tests on all four.
 #
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 
 if [ "${1:-}" = --installed ]; then
     shift
-    source scripts/pg_major.sh
+    source scripts/lib/pg_major.sh
     python3 -c "import psycopg, psycopg2, pytest, xxhash" 2>/dev/null || {
         echo "the tests need psycopg, psycopg2, pytest and xxhash (scripts/setup.sh installs them)" >&2
         exit 1
@@ -31,8 +31,8 @@ if [ "${1:-}" = --installed ]; then
 fi
 
 bash scripts/setup.sh
-source scripts/pg_major.sh
-source scripts/install.sh
+source scripts/lib/pg_major.sh
+source scripts/lib/install.sh
 
 # BACKFILL_CHECKS=1 runs the lints and unit tests below even when pytest arguments narrow the
 # end-to-end run (.ci/run does, on 15).
@@ -62,7 +62,7 @@ fi
 echo "== end-to-end tests (pg_test/, PostgreSQL $PG_MAJOR) =="
 # The end-to-end tests need the test hooks (a release build never has them).
 # (Written beside the installed files and renamed over them: a server running from them, such
-# as the demo's, keeps running; see scripts/install.sh.)
+# as the demo's, keeps running; see scripts/lib/install.sh.)
 install_extension "$PG_CONFIG" "${PG_FEATURES[@]}" --features test_hooks
 # Earlier versions' install scripts, for the upgrade tests (CREATE EXTENSION ... VERSION, then UPDATE).
 cp sql/history/pg_backfill--*.sql "$PG_ROOT$("$PG_CONFIG" --sharedir)/extension/"

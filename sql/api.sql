@@ -1,6 +1,12 @@
--- The public SQL surface: functions with regclass arguments and named defaults, so that calls
--- read well in psql and in migration scripts (each calls its entry point in schema backfill),
--- and the monitoring views.
+-- The SQL surface of pg_backfill, by subject: starting, controlling a backfill, following a
+-- publication, watching (the views), verifying a copy, authenticated messages, Citus, and the
+-- extension's guard against its own DROP. The functions take regclass arguments and named
+-- defaults, so that calls read well in psql and in migration scripts; each calls its entry point
+-- in schema backfill (declared by pgrx from src/). Then, in one closing block, what each entry
+-- point is for, and every privilege: what PUBLIC may execute and read (docs/security.md gives
+-- the grants for operators and consumers).
+
+-- === Starting: the estimate, and backfill_start() ==================================================
 
 CREATE FUNCTION backfill_estimate(tables regclass[], batch_size integer DEFAULT 1000, filter text DEFAULT NULL,
                                   columns text[] DEFAULT NULL)
@@ -77,37 +83,7 @@ AS $$ SELECT @extschema@.backfill_start(ARRAY[table_name::pg_catalog.regclass], 
                                        rows_per_message, filter, columns) $$;
 COMMENT ON FUNCTION backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS 'backfill_start() of one table, by name';
 
-CREATE FUNCTION backfill_checksum(tbl regclass, ranges integer DEFAULT 1024, level text DEFAULT 'hash',
-                                  bounds jsonb DEFAULT NULL, columns text[] DEFAULT NULL)
-RETURNS TABLE (range integer, lower jsonb, upper jsonb, rows bigint, checksum text)
-LANGUAGE sql VOLATILE
-AS $$ SELECT * FROM backfill.checksum(tbl::pg_catalog.oid, ranges, level, bounds, columns) $$;
-COMMENT ON FUNCTION backfill_checksum(regclass, integer, text, jsonb, text[]) IS
-'One row per key range of the table: its bounds, row count and checksum (level count, aggregate or hash), as the caller may read it; bounds => the ranges of another checksum, to compare two tables over identical ranges; columns => only those columns'' values (a copy made with a column list).';
-
-CREATE FUNCTION backfill_compare(source regclass, target regclass, level text DEFAULT 'hash',
-                                 passes integer DEFAULT 3, slot name DEFAULT NULL, columns text[] DEFAULT NULL)
-RETURNS TABLE (key jsonb, status text)
-LANGUAGE sql VOLATILE
-AS $$ SELECT * FROM backfill.compare(source::pg_catalog.oid, target::pg_catalog.oid, level, passes, slot::pg_catalog.text, columns) $$;
-COMMENT ON FUNCTION backfill_compare(regclass, regclass, text, integer, name, text[]) IS
-'The keys whose rows differ between source and target (a local table, or a postgres_fdw foreign table with pg_backfill on its server, through dblink): missing, extra, different, or unsettled (still changing on the source at the last pass). Re-checks each difference after the stream has caught up (the slot''s confirmed position): slot => NULL follows the slot of the source''s latest running, paused or done backfill, if one has a slot, slot => '''' none; a NOTICE names the slot followed. columns => compares only those columns'' values (a copy made with a column list).';
-
-CREATE FUNCTION backfill_repair(source regclass, target regclass, confirm boolean DEFAULT false,
-                                level text DEFAULT 'hash', passes integer DEFAULT 3, slot name DEFAULT NULL,
-                                batch_size integer DEFAULT 1000, columns text[] DEFAULT NULL)
-RETURNS bigint
-LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.repair(source::pg_catalog.oid, target::pg_catalog.oid, confirm, level, passes, slot::pg_catalog.text, batch_size, columns) $$;
-COMMENT ON FUNCTION backfill_repair(regclass, regclass, boolean, text, integer, name, integer, text[]) IS
-'Compares source and target (backfill_compare()) and starts one backfill of exactly the differing keys of the source, through the slot the comparison followed (none with slot => ''''); returns its id, or NULL when nothing differs. Without confirm => true it starts nothing and reports what differs. columns => compares those columns and re-delivers them only.';
-
-CREATE FUNCTION backfill_cancel(id bigint)
-RETURNS boolean
-LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.cancel(id) $$;
-COMMENT ON FUNCTION backfill_cancel(bigint) IS
-'Stops a running or paused backfill at its next page, or ends a failed one; what it delivered stays delivered, its state becomes cancelled.';
+-- === Controlling a backfill ========================================================================
 
 CREATE FUNCTION backfill_pause(id bigint)
 RETURNS boolean
@@ -122,6 +98,13 @@ LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.resume(id) $$;
 COMMENT ON FUNCTION backfill_resume(bigint) IS
 'Continues a paused or failed backfill from its cursor, with a new worker (refused when its slot is gone: cancel it).';
+
+CREATE FUNCTION backfill_cancel(id bigint)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.cancel(id) $$;
+COMMENT ON FUNCTION backfill_cancel(bigint) IS
+'Stops a running or paused backfill at its next page, or ends a failed one; what it delivered stays delivered, its state becomes cancelled.';
 
 CREATE FUNCTION backfill_set(id bigint, batch_size integer DEFAULT NULL, rows_per_second integer DEFAULT NULL,
                              max_lag bigint DEFAULT NULL, max_replica_lag bigint DEFAULT NULL,
@@ -145,6 +128,56 @@ LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.purge(older_than) $$;
 COMMENT ON FUNCTION backfill_purge(interval) IS
 'Deletes the backfills that ended (done or cancelled) more than older_than ago, among those the caller may control, with their tables, keys, progress and errors; returns how many. Failed ones stay until resumed or cancelled.';
+
+-- === Following a publication =======================================================================
+
+CREATE FUNCTION backfill_follow(publication name, slot name, batch_size integer DEFAULT 1000,
+                                rows_per_second integer DEFAULT NULL, parallel integer DEFAULT 1,
+                                max_lag bigint DEFAULT NULL, max_replica_lag bigint DEFAULT NULL,
+                                max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
+                                rows_per_message integer DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.follow(publication::pg_catalog.text, slot::pg_catalog.text, batch_size, rows_per_second, parallel,
+                             max_lag, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message) $$;
+COMMENT ON FUNCTION backfill_follow(name, name, integer, integer, integer, bigint, bigint, bigint, integer, integer) IS
+'Follows a publication into a slot: from now on every table added to the publication (ADD TABLE, SET TABLE, ADD TABLES IN SCHEMA, a table moved into a published schema, a partition attached) is backfilled into the slot, once, with these options, as backfill_start(..., slot => slot, publication => publication) would start it, as the role that calls this. One backfill per slot at a time: tables added meanwhile wait, in the order added. Returns the follow''s id.';
+
+CREATE FUNCTION backfill_unfollow(publication name, slot name)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.unfollow(publication::pg_catalog.text, slot::pg_catalog.text) $$;
+COMMENT ON FUNCTION backfill_unfollow(name, name) IS
+'Ends the follow of the publication into the slot: tables still waiting are skipped; a backfill it started runs on.';
+
+CREATE FUNCTION backfill_follow_wait(publication name, slot name, timeout interval DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.follow_wait(publication::pg_catalog.text, slot::pg_catalog.text,
+                                  extract(epoch FROM timeout)::pg_catalog.float8 OPERATOR(pg_catalog.*) 1000) $$;
+COMMENT ON FUNCTION backfill_follow_wait(name, name, interval) IS
+'Waits until every table queued for the follow has been started (or skipped, or failed), and returns the follow''s last started backfill (for backfill_wait); an error after the timeout.';
+
+-- At the end of every statement that can add tables to a publication (or drop one), each
+-- live follow whose publication the statement may have changed has its queue brought up to
+-- the catalog, in the statement's transaction; a dispatcher starts the queued backfills once it
+-- commits. The function runs as the extension's owner, and calls into the library only while a
+-- follow is live: no role's DDL needs a grant of pg_backfill's, or its library, to run.
+CREATE FUNCTION backfill.follow_publication_changes()
+RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN
+    IF EXISTS (SELECT FROM backfill.follow WHERE ended_at IS NULL) THEN
+        PERFORM backfill.follow_ddl(TG_TAG);
+    END IF;
+END $$;
+COMMENT ON FUNCTION backfill.follow_publication_changes() IS 'Event trigger: queues the tables a statement added to a followed publication; a dispatcher starts them once the statement commits';
+CREATE EVENT TRIGGER backfill_follow_publication_changes ON ddl_command_end
+    WHEN TAG IN ('ALTER PUBLICATION', 'DROP PUBLICATION', 'ALTER TABLE', 'CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO',
+                 'DROP TABLE', 'CREATE SCHEMA')
+    EXECUTE FUNCTION backfill.follow_publication_changes();
+
+-- === Watching: the views ===========================================================================
 
 CREATE FUNCTION backfill.visible(started_by name)
 RETURNS boolean
@@ -320,8 +353,6 @@ COMMENT ON COLUMN backfill_tables.finished_at IS 'When the scan ended (end marke
 COMMENT ON COLUMN backfill_tables.pages_table_locked IS 'Pages that held the table in SHARE mode, writing nothing to its rows';
 COMMENT ON COLUMN backfill_tables.pages_row_locked IS 'Pages that locked their rows FOR SHARE';
 
-GRANT SELECT ON backfill_status, backfill_tables TO PUBLIC;
-
 CREATE VIEW backfill_errors WITH (security_barrier) AS
 SELECT e.job_id AS backfill_id,
        e.occurred_at,
@@ -363,9 +394,119 @@ COMMENT ON COLUMN backfill_errors.stopped_after_key IS 'The last key it had deli
 COMMENT ON COLUMN backfill_errors.sqlstate IS 'SQLSTATE of the error';
 COMMENT ON COLUMN backfill_errors.message IS 'The error''s message';
 COMMENT ON COLUMN backfill_errors.detail IS 'The error''s detail, if any';
-GRANT SELECT ON backfill_errors TO PUBLIC;
 
--- Authenticated messages (see docs/consumers.md and docs/security.md).
+CREATE VIEW backfill_follows WITH (security_barrier) AS
+SELECT f.id,
+       f.publication_name AS publication,
+       f.slot_name AS slot,
+       CASE WHEN f.ended_at IS NOT NULL THEN 'ended'
+            WHEN s.slot_name IS NULL THEN 'slot missing'
+            ELSE 'following' END AS state,
+       pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
+           'batch_size', f.batch_size, 'rows_per_second', f.rows_per_second, 'parallel', f.parallel,
+           'max_lag', f.max_lag_bytes, 'max_replica_lag', f.max_replica_lag_bytes,
+           'max_retained_wal', f.max_retained_wal_bytes, 'max_active_sessions', f.max_active_sessions,
+           'rows_per_message', f.rows_per_message)) AS options,
+       r.rolname AS created_by,
+       f.created_at,
+       f.last_started_at,
+       f.last_backfill_id,
+       q.pending_tables,
+       f.last_error,
+       f.last_error_at,
+       f.ended_at,
+       f.end_reason
+  FROM backfill.follow f
+  LEFT JOIN pg_catalog.pg_roles r ON r.oid = f.created_by
+  LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = f.slot_name AND s.database = pg_catalog.current_database()
+ CROSS JOIN LATERAL (SELECT pg_catalog.array_agg(t.relid::pg_catalog.regclass ORDER BY t.entry) AS pending_tables
+                       FROM backfill.follow_table t
+                      WHERE t.follow_id = f.id AND t.state = 'pending') q
+ WHERE backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR backfill.may_act_as(CURRENT_USER, r.rolname);
+COMMENT ON VIEW backfill_follows IS 'One row per follow (backfill_follow()), shown to the role that created it, its members, superusers and pg_monitor';
+COMMENT ON COLUMN backfill_follows.id IS 'Follow id, returned by backfill_follow()';
+COMMENT ON COLUMN backfill_follows.publication IS 'The publication followed';
+COMMENT ON COLUMN backfill_follows.slot IS 'The slot its backfills are bound to';
+COMMENT ON COLUMN backfill_follows.state IS 'following; slot missing (the slot is gone: the follow ends when it next acts); ended';
+COMMENT ON COLUMN backfill_follows.options IS 'The options of the backfills it starts, as backfill_start() names them (those given)';
+COMMENT ON COLUMN backfill_follows.created_by IS 'The role that created it: its backfills are started as this role, with its rights';
+COMMENT ON COLUMN backfill_follows.created_at IS 'When backfill_follow() was called';
+COMMENT ON COLUMN backfill_follows.last_started_at IS 'When it last started a backfill';
+COMMENT ON COLUMN backfill_follows.last_backfill_id IS 'The backfill it last started (backfill_status.id)';
+COMMENT ON COLUMN backfill_follows.pending_tables IS 'Tables added to the publication that wait for the slot, in the order added';
+COMMENT ON COLUMN backfill_follows.last_error IS 'Why it last could not start a table''s backfill (the table, SQLSTATE and message)';
+COMMENT ON COLUMN backfill_follows.last_error_at IS 'When';
+COMMENT ON COLUMN backfill_follows.ended_at IS 'When it ended';
+COMMENT ON COLUMN backfill_follows.end_reason IS 'Why it ended: backfill_unfollow(), or its publication or slot dropped';
+
+-- Progress the way PostgreSQL shows its own (backfill_progress): one row per running backfill worker of the whole
+-- cluster, from shared memory, readable from any database that has the extension, in the shape
+-- of PostgreSQL's progress views (pg_stat_progress_*). backfill.progress() decides which rows
+-- the caller sees, as backfill_status does (it is executable by all, so it checks, not the view).
+CREATE VIEW backfill_progress AS
+SELECT p.pid,
+       p.datid,
+       d.datname,
+       p.backfill_id,
+       p.worker,
+       p.relid,
+       p.position,
+       p.phase,
+       p.rows_total,
+       p.rows_done,
+       p.bytes_done,
+       p.pages_done,
+       p.started_by,
+       p.started_at,
+       p.phase_since
+  FROM backfill.progress() p
+  LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) p.datid;
+COMMENT ON VIEW backfill_progress IS 'One row per running backfill worker of the cluster, of every database, as PostgreSQL''s progress views show theirs (needs pg_backfill in shared_preload_libraries)';
+COMMENT ON COLUMN backfill_progress.pid IS 'Process id of the worker';
+COMMENT ON COLUMN backfill_progress.datid IS 'OID of the database of the backfill';
+COMMENT ON COLUMN backfill_progress.datname IS 'Name of the database of the backfill';
+COMMENT ON COLUMN backfill_progress.backfill_id IS 'The backfill (backfill_status.id in its database)';
+COMMENT ON COLUMN backfill_progress.worker IS 'The worker''s number among the backfill''s parallel workers (0 for the first)';
+COMMENT ON COLUMN backfill_progress.relid IS 'OID of the table the worker scans now; NULL before its first';
+COMMENT ON COLUMN backfill_progress.position IS 'The range it scans now (backfill_tables.position); NULL before its first';
+COMMENT ON COLUMN backfill_progress.phase IS 'starting, scanning, waiting for consumer, waiting for source, waiting for load or finishing';
+COMMENT ON COLUMN backfill_progress.rows_total IS 'Rows of the range it scans: the planner''s estimate, raised to rows_done once they pass it';
+COMMENT ON COLUMN backfill_progress.rows_done IS 'Rows of the range delivered, before this worker too (the range''s cursor count)';
+COMMENT ON COLUMN backfill_progress.bytes_done IS 'Bytes of message payload this worker process has delivered of the range';
+COMMENT ON COLUMN backfill_progress.pages_done IS 'Pages (transactions) this worker process has delivered of the range';
+COMMENT ON COLUMN backfill_progress.started_by IS 'Role that started the backfill';
+COMMENT ON COLUMN backfill_progress.started_at IS 'When this worker process started working on the backfill';
+COMMENT ON COLUMN backfill_progress.phase_since IS 'When the worker entered its phase';
+
+-- === Verifying a copy ==============================================================================
+
+CREATE FUNCTION backfill_checksum(tbl regclass, ranges integer DEFAULT 1024, level text DEFAULT 'hash',
+                                  bounds jsonb DEFAULT NULL, columns text[] DEFAULT NULL)
+RETURNS TABLE (range integer, lower jsonb, upper jsonb, rows bigint, checksum text)
+LANGUAGE sql VOLATILE
+AS $$ SELECT * FROM backfill.checksum(tbl::pg_catalog.oid, ranges, level, bounds, columns) $$;
+COMMENT ON FUNCTION backfill_checksum(regclass, integer, text, jsonb, text[]) IS
+'One row per key range of the table: its bounds, row count and checksum (level count, aggregate or hash), as the caller may read it; bounds => the ranges of another checksum, to compare two tables over identical ranges; columns => only those columns'' values (a copy made with a column list).';
+
+CREATE FUNCTION backfill_compare(source regclass, target regclass, level text DEFAULT 'hash',
+                                 passes integer DEFAULT 3, slot name DEFAULT NULL, columns text[] DEFAULT NULL)
+RETURNS TABLE (key jsonb, status text)
+LANGUAGE sql VOLATILE
+AS $$ SELECT * FROM backfill.compare(source::pg_catalog.oid, target::pg_catalog.oid, level, passes, slot::pg_catalog.text, columns) $$;
+COMMENT ON FUNCTION backfill_compare(regclass, regclass, text, integer, name, text[]) IS
+'The keys whose rows differ between source and target (a local table, or a postgres_fdw foreign table with pg_backfill on its server, through dblink): missing, extra, different, or unsettled (still changing on the source at the last pass). Re-checks each difference after the stream has caught up (the slot''s confirmed position): slot => NULL follows the slot of the source''s latest running, paused or done backfill, if one has a slot, slot => '''' none; a NOTICE names the slot followed. columns => compares only those columns'' values (a copy made with a column list).';
+
+CREATE FUNCTION backfill_repair(source regclass, target regclass, confirm boolean DEFAULT false,
+                                level text DEFAULT 'hash', passes integer DEFAULT 3, slot name DEFAULT NULL,
+                                batch_size integer DEFAULT 1000, columns text[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT backfill.repair(source::pg_catalog.oid, target::pg_catalog.oid, confirm, level, passes, slot::pg_catalog.text, batch_size, columns) $$;
+COMMENT ON FUNCTION backfill_repair(regclass, regclass, boolean, text, integer, name, integer, text[]) IS
+'Compares source and target (backfill_compare()) and starts one backfill of exactly the differing keys of the source, through the slot the comparison followed (none with slot => ''''); returns its id, or NULL when nothing differs. Without confirm => true it starts nothing and reports what differs. columns => compares those columns and re-delivers them only.';
+
+-- === Authenticated messages (docs/consumers.md, docs/security.md) ==================================
+
 -- The message keys, as consumers read them: SELECT on this view is the consumer's grant. The
 -- bytes come from the sequences that hold them (sql/catalog.sql says why), which only the
 -- extension's owner reads: backfill.message_key_bytes() reads them as the owner for a caller
@@ -377,13 +518,15 @@ COMMENT ON VIEW backfill.message_key IS 'Keys of the messages'' authentication t
 COMMENT ON COLUMN backfill.message_key.id IS 'Key id, carried in every tag (auth = "<id>:<hex>")';
 COMMENT ON COLUMN backfill.message_key.key IS '32 random bytes';
 COMMENT ON COLUMN backfill.message_key.created_at IS 'When the key was made (CREATE EXTENSION or backfill_rotate_key())';
-SELECT backfill.revoke_from_all_but_owner('backfill.message_key');
 
 CREATE FUNCTION backfill_key(OUT key_id integer, OUT key bytea)
 LANGUAGE sql STABLE
 AS $$ SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1 $$;
 COMMENT ON FUNCTION backfill_key() IS
 'The key that signs new messages, for consumers that verify them (needs SELECT on backfill.message_key).';
+
+COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
+'Whether a message is genuine: its auth tag verifies for the transaction id its decoder reported (needs SELECT on backfill.message_key)';
 
 -- The xid as decoders report it: pg_logical_slot_peek_changes() and _get_changes() return it as
 -- type xid, which has no cast to bigint. (Not STRICT: a NULL xid is 22004, naming it.) Executable
@@ -484,197 +627,8 @@ $$;
 COMMENT ON FUNCTION backfill_security_check() IS
 'Checks the privileges that keep the message stream trustworthy: each row states what should hold, ok says whether it does, and a row that is not ok has the statement that fixes it.';
 
--- DROP EXTENSION while backfills run would leave their workers failing on missing tables and
--- start ids again at 1 under consumers that hold the old ids: it is refused until they end.
-CREATE FUNCTION backfill.refuse_drop_while_running()
-RETURNS event_trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    running bigint[];
-BEGIN
-    IF current_query() !~* 'drop\s+extension\s.*\mpg_backfill\M' THEN
-        RETURN;
-    END IF;
-    SELECT array_agg(id ORDER BY id) INTO running FROM backfill.job WHERE state IN ('running', 'paused');
-    IF running IS NOT NULL THEN
-        RAISE EXCEPTION 'cannot drop extension pg_backfill while backfills run'
-            USING ERRCODE = 'object_in_use',
-                  DETAIL = CASE WHEN cardinality(running) = 1 THEN format('Backfill %s is running or paused.', running[1])
-                                ELSE format('Backfills %s are running or paused.', array_to_string(running, ', ')) END,
-                  HINT = 'Cancel them first: SELECT backfill_cancel(id) FROM backfill_status WHERE state IN (''running'', ''paused'');';
-    END IF;
-END
-$$;
-COMMENT ON FUNCTION backfill.refuse_drop_while_running() IS 'Event trigger: refuses DROP EXTENSION pg_backfill while backfills run or are paused';
-CREATE EVENT TRIGGER backfill_refuse_drop_while_running ON ddl_command_start WHEN TAG IN ('DROP EXTENSION')
-    EXECUTE FUNCTION backfill.refuse_drop_while_running();
--- Follows (issue 37): every table added to a publication is backfilled into a slot by itself.
-CREATE FUNCTION backfill_follow(publication name, slot name, batch_size integer DEFAULT 1000,
-                                rows_per_second integer DEFAULT NULL, parallel integer DEFAULT 1,
-                                max_lag bigint DEFAULT NULL, max_replica_lag bigint DEFAULT NULL,
-                                max_retained_wal bigint DEFAULT NULL, max_active_sessions integer DEFAULT NULL,
-                                rows_per_message integer DEFAULT NULL)
-RETURNS bigint
-LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.follow(publication::pg_catalog.text, slot::pg_catalog.text, batch_size, rows_per_second, parallel,
-                             max_lag, max_replica_lag, max_retained_wal, max_active_sessions, rows_per_message) $$;
-COMMENT ON FUNCTION backfill_follow(name, name, integer, integer, integer, bigint, bigint, bigint, integer, integer) IS
-'Follows a publication into a slot: from now on every table added to the publication (ADD TABLE, SET TABLE, ADD TABLES IN SCHEMA, a table moved into a published schema, a partition attached) is backfilled into the slot, once, with these options, as backfill_start(..., slot => slot, publication => publication) would start it, as the role that calls this. One backfill per slot at a time: tables added meanwhile wait, in the order added. Returns the follow''s id.';
+-- === Citus: a backfill of a distributed table started on the coordinator (docs/citus.md) ===========
 
-CREATE FUNCTION backfill_unfollow(publication name, slot name)
-RETURNS boolean
-LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.unfollow(publication::pg_catalog.text, slot::pg_catalog.text) $$;
-COMMENT ON FUNCTION backfill_unfollow(name, name) IS
-'Ends the follow of the publication into the slot: tables still waiting are skipped; a backfill it started runs on.';
-
-CREATE FUNCTION backfill_follow_wait(publication name, slot name, timeout interval DEFAULT NULL)
-RETURNS bigint
-LANGUAGE sql VOLATILE
-AS $$ SELECT backfill.follow_wait(publication::pg_catalog.text, slot::pg_catalog.text,
-                                  extract(epoch FROM timeout)::pg_catalog.float8 OPERATOR(pg_catalog.*) 1000) $$;
-COMMENT ON FUNCTION backfill_follow_wait(name, name, interval) IS
-'Waits until every table queued for the follow has been started (or skipped, or failed), and returns the follow''s last started backfill (for backfill_wait); an error after the timeout.';
-
-CREATE VIEW backfill_follows WITH (security_barrier) AS
-SELECT f.id,
-       f.publication_name AS publication,
-       f.slot_name AS slot,
-       CASE WHEN f.ended_at IS NOT NULL THEN 'ended'
-            WHEN s.slot_name IS NULL THEN 'slot missing'
-            ELSE 'following' END AS state,
-       pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
-           'batch_size', f.batch_size, 'rows_per_second', f.rows_per_second, 'parallel', f.parallel,
-           'max_lag', f.max_lag_bytes, 'max_replica_lag', f.max_replica_lag_bytes,
-           'max_retained_wal', f.max_retained_wal_bytes, 'max_active_sessions', f.max_active_sessions,
-           'rows_per_message', f.rows_per_message)) AS options,
-       r.rolname AS created_by,
-       f.created_at,
-       f.last_started_at,
-       f.last_backfill_id,
-       q.pending_tables,
-       f.last_error,
-       f.last_error_at,
-       f.ended_at,
-       f.end_reason
-  FROM backfill.follow f
-  LEFT JOIN pg_catalog.pg_roles r ON r.oid = f.created_by
-  LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = f.slot_name AND s.database = pg_catalog.current_database()
- CROSS JOIN LATERAL (SELECT pg_catalog.array_agg(t.relid::pg_catalog.regclass ORDER BY t.entry) AS pending_tables
-                       FROM backfill.follow_table t
-                      WHERE t.follow_id = f.id AND t.state = 'pending') q
- WHERE backfill.may_act_as(CURRENT_USER, 'pg_monitor') OR backfill.may_act_as(CURRENT_USER, r.rolname);
-COMMENT ON VIEW backfill_follows IS 'One row per follow (backfill_follow()), shown to the role that created it, its members, superusers and pg_monitor';
-COMMENT ON COLUMN backfill_follows.id IS 'Follow id, returned by backfill_follow()';
-COMMENT ON COLUMN backfill_follows.publication IS 'The publication followed';
-COMMENT ON COLUMN backfill_follows.slot IS 'The slot its backfills are bound to';
-COMMENT ON COLUMN backfill_follows.state IS 'following; slot missing (the slot is gone: the follow ends when it next acts); ended';
-COMMENT ON COLUMN backfill_follows.options IS 'The options of the backfills it starts, as backfill_start() names them (those given)';
-COMMENT ON COLUMN backfill_follows.created_by IS 'The role that created it: its backfills are started as this role, with its rights';
-COMMENT ON COLUMN backfill_follows.created_at IS 'When backfill_follow() was called';
-COMMENT ON COLUMN backfill_follows.last_started_at IS 'When it last started a backfill';
-COMMENT ON COLUMN backfill_follows.last_backfill_id IS 'The backfill it last started (backfill_status.id)';
-COMMENT ON COLUMN backfill_follows.pending_tables IS 'Tables added to the publication that wait for the slot, in the order added';
-COMMENT ON COLUMN backfill_follows.last_error IS 'Why it last could not start a table''s backfill (the table, SQLSTATE and message)';
-COMMENT ON COLUMN backfill_follows.last_error_at IS 'When';
-COMMENT ON COLUMN backfill_follows.ended_at IS 'When it ended';
-COMMENT ON COLUMN backfill_follows.end_reason IS 'Why it ended: backfill_unfollow(), or its publication or slot dropped';
-GRANT SELECT ON backfill_follows TO PUBLIC;
-
--- At the end of every statement that can add tables to a publication (or drop one), each
--- live follow whose publication the statement may have changed has its queue brought up to
--- the catalog, in the statement's transaction; a dispatcher starts the queued backfills once it
--- commits. The function runs as the extension's owner, and calls into the library only while a
--- follow is live: no role's DDL needs a grant of pg_backfill's, or its library, to run.
-CREATE FUNCTION backfill.follow_publication_changes()
-RETURNS event_trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ BEGIN
-    IF EXISTS (SELECT FROM backfill.follow WHERE ended_at IS NULL) THEN
-        PERFORM backfill.follow_ddl(TG_TAG);
-    END IF;
-END $$;
-COMMENT ON FUNCTION backfill.follow_publication_changes() IS 'Event trigger: queues the tables a statement added to a followed publication; a dispatcher starts them once the statement commits';
-CREATE EVENT TRIGGER backfill_follow_publication_changes ON ddl_command_end
-    WHEN TAG IN ('ALTER PUBLICATION', 'DROP PUBLICATION', 'ALTER TABLE', 'CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO',
-                 'DROP TABLE', 'CREATE SCHEMA')
-    EXECUTE FUNCTION backfill.follow_publication_changes();
-REVOKE EXECUTE ON FUNCTION
-    backfill_estimate(regclass[], integer, text, text[]), backfill_estimate(regclass, integer, text, text[]), backfill_estimate(text, integer, text, text[]),
-    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
-    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
-    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
-    backfill_cancel(bigint), backfill_pause(bigint), backfill_resume(bigint), backfill_purge(interval),
-    backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
-    backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_security_check(),
-    backfill_checksum(regclass, integer, text, jsonb, text[]), backfill_compare(regclass, regclass, text, integer, name, text[]),
-    backfill_repair(regclass, regclass, boolean, text, integer, name, integer, text[]),
-    backfill_follow(name, name, integer, integer, integer, bigint, bigint, bigint, integer, integer),
-    backfill_unfollow(name, name), backfill_follow_wait(name, name, interval)
-  FROM PUBLIC;
-
--- The entry points the wrappers above call, and the views' helpers.
-COMMENT ON FUNCTION backfill.estimate(oid[], integer, text, text[]) IS 'Entry point of backfill_estimate()';
-COMMENT ON FUNCTION backfill.estimate(oid[], integer, text) IS 'Entry point of backfill_estimate() in 0.8.0 (no column list): the SQL of that version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.estimate(oid[], integer) IS 'Entry point of backfill_estimate() before 0.8.0 (no filter): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS 'Entry point of backfill_start(): every option, one call';
-COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text, text[]) IS 'Entry point of backfill_start() in 0.9.0 (its SQL chains the other options): the SQL of that version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text) IS 'Entry point of backfill_start() in 0.8.0 (no column list): the SQL of that version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer) IS 'Entry point of backfill_start() before 0.8.0 (no filter): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) IS 'Part of backfill_start() in 0.9.0: refuses the options a backfill of a Citus distributed table does not pass on to its nodes; returns the tables';
-COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';
-COMMENT ON FUNCTION backfill.follow(text, text, integer, integer, integer, bigint, bigint, bigint, integer, integer) IS 'Entry point of backfill_follow()';
-COMMENT ON FUNCTION backfill.unfollow(text, text) IS 'Entry point of backfill_unfollow()';
-COMMENT ON FUNCTION backfill.follow_wait(text, text, double precision) IS 'Entry point of backfill_follow_wait() (timeout in milliseconds)';
-COMMENT ON FUNCTION backfill.follow_ddl() IS 'The event trigger''s work in 0.10.0 (no command tag): the SQL of that version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.follow_ddl(text) IS 'The event trigger''s work at the end of a statement (its command tag) that may have changed a followed publication''s tables';
-COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
-COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';
-COMMENT ON FUNCTION backfill.purge(interval) IS 'Entry point of backfill_purge()';
-COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint, bigint, bigint, integer) IS 'Entry point of backfill_set(): every option, one call';
-COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint) IS 'Entry point of backfill_set() in 0.9.0 and before (pacing; its SQL chains backfill.set_source_limits()): that SQL calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) IS 'The back-pressure options of backfill_start() and backfill_set() in the SQL of 0.9.0 and before, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
-COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb, text[]) IS 'Entry point of backfill_checksum()';
-COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb) IS 'Entry point of backfill_checksum() before 0.9.0 (no column list): the SQL of an earlier version, and a comparison from another server''s, call it';
-COMMENT ON FUNCTION backfill.set_keys(bigint, jsonb) IS 'backfill_start()''s keys in the SQL of 0.9.0 and before, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
-COMMENT ON FUNCTION backfill.set_keys_of(bigint, oid, jsonb) IS 'The keys of one table of a backfill started in this transaction (a worker node''s backfill of its shards, for backfill_repair() on the Citus coordinator); returns the backfill''s id';
-COMMENT ON FUNCTION backfill.set_rows_per_message(bigint, integer) IS 'backfill_start()''s rows_per_message in the SQL of 0.9.0, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
-COMMENT ON FUNCTION backfill.compare(oid, oid, text, integer, text, text[]) IS 'Entry point of backfill_compare()';
-COMMENT ON FUNCTION backfill.compare(oid, oid, text, integer, text) IS 'Entry point of backfill_compare() before 0.9.0 (no column list): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.repair(oid, oid, boolean, text, integer, text, integer, text[]) IS 'Entry point of backfill_repair()';
-COMMENT ON FUNCTION backfill.repair(oid, oid, boolean, text, integer, text, integer) IS 'Entry point of backfill_repair() before 0.9.0 (no column list): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.row_hash(anyelement) IS 'A table row''s 64-bit hash over its columns'' binary send formats (XXH3-64; floats as SQL compares them, arrays and composites element by element, jsonb as the tokens of a walk of it, text in UTF-8), for backfill_checksum()';
-COMMENT ON FUNCTION backfill.source_limit(text, bigint) IS 'The back-pressure limit in force for a backfill''s option (NULL: the setting; 0: off), for backfill_status';
-COMMENT ON FUNCTION backfill.wait(bigint, double precision) IS 'Entry point of backfill_wait() (timeout in milliseconds)';
-COMMENT ON FUNCTION backfill.max_slot_lag_bytes() IS 'backfill.max_slot_lag in bytes, for backfill_status';
-COMMENT ON FUNCTION backfill.auto_resume() IS 'Whether pg_backfill is preloaded, so that running backfills resume after a restart';
-COMMENT ON FUNCTION backfill.workers_running(bigint) IS 'Background workers of a backfill of this database running now';
-COMMENT ON FUNCTION backfill.may_act_as(text, text) IS 'Whether role member holds the privileges of role role or may SET ROLE to it (a bare member, granted WITH INHERIT FALSE, SET FALSE on 16+, may not): who sees and controls a role''s backfills';
-COMMENT ON FUNCTION backfill.waiting_for(bigint) IS 'What the workers of a backfill wait for now (a row lock held by a pid, or the slot''s consumer), or NULL';
-COMMENT ON FUNCTION backfill.waiting_kind(bigint) IS 'The kind of what the workers of a backfill wait for now (row_lock, consumer_away, consumer_lag, replica_lag, retained_wal, load), or NULL';
-COMMENT ON FUNCTION backfill.message_key_bytes(integer) IS 'A message key''s bytes, read from its sequences as the extension''s owner, for a caller that may SELECT backfill.message_key (its column key)';
-COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
-'Whether a message is genuine: its auth tag verifies for the transaction id its decoder reported (needs SELECT on backfill.message_key)';
-
--- Nothing that starts, controls or reveals backfills is executable by PUBLIC: docs/security.md shows
--- the grants for operators and for consumers. The views' helpers stay executable by all.
-REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
--- backfill.refuse_node_options() too: it only refuses options, or returns the tables it is given,
--- and an operator granted the schema's functions before it existed keeps starting backfills.
-GRANT EXECUTE ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) TO PUBLIC;
--- backfill.row_hash() too: a hash of a row its caller already has. A comparison reads a table as
--- its owner (privilege::read_as_owner), who may hold no grant of pg_backfill's.
-GRANT EXECUTE ON FUNCTION backfill.row_hash(anyelement) TO PUBLIC;
--- backfill.message_key_bytes() too: it reads a key only for a caller that may SELECT
--- backfill.message_key, whose column key it is.
-GRANT EXECUTE ON FUNCTION backfill.message_key_bytes(integer) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
-                          backfill.waiting_for(bigint), backfill.waiting_kind(bigint), backfill.visible(name),
-                          backfill.source_limit(text, bigint), backfill.may_act_as(text, text) TO PUBLIC;
-
-
--- Citus: a backfill of a distributed table started on the coordinator (see docs/citus.md).
 CREATE VIEW backfill_shards WITH (security_barrier) AS
 SELECT s.job_id AS backfill_id,
        s.position,
@@ -711,7 +665,6 @@ COMMENT ON COLUMN backfill_shards.node_state IS 'The node''s backfill''s state w
 COMMENT ON COLUMN backfill_shards.rows_done IS 'Read messages of the shard delivered on its node';
 COMMENT ON COLUMN backfill_shards.rows_estimated IS 'The node''s estimate of the shard''s rows';
 COMMENT ON COLUMN backfill_shards.node_error IS 'The node''s backfill''s error, if it failed';
-GRANT SELECT ON backfill_shards TO PUBLIC;
 
 -- What the coordinator runs on each worker node, as the role that called backfill_start() there:
 -- that node's backfill_start(), its error (SQLSTATE, message, detail, hint) returned as JSON
@@ -754,52 +707,125 @@ END
 $$;
 COMMENT ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer, jsonb) IS
 'backfill_start() on a Citus worker node for the coordinator (with each table''s keys, for backfill_repair()), with its error returned as JSON (sqlstate, message, detail, hint) instead of raised';
--- It grants nothing backfill_start() does not: it runs as its caller, who needs EXECUTE on that.
-REVOKE EXECUTE ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer, jsonb) FROM PUBLIC;
+
+-- === The extension itself ==========================================================================
+
+-- DROP EXTENSION while backfills run would leave their workers failing on missing tables and
+-- start ids again at 1 under consumers that hold the old ids: it is refused until they end.
+CREATE FUNCTION backfill.refuse_drop_while_running()
+RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    running bigint[];
+BEGIN
+    IF current_query() !~* 'drop\s+extension\s.*\mpg_backfill\M' THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(id ORDER BY id) INTO running FROM backfill.job WHERE state IN ('running', 'paused');
+    IF running IS NOT NULL THEN
+        RAISE EXCEPTION 'cannot drop extension pg_backfill while backfills run'
+            USING ERRCODE = 'object_in_use',
+                  DETAIL = CASE WHEN cardinality(running) = 1 THEN format('Backfill %s is running or paused.', running[1])
+                                ELSE format('Backfills %s are running or paused.', array_to_string(running, ', ')) END,
+                  HINT = 'Cancel them first: SELECT backfill_cancel(id) FROM backfill_status WHERE state IN (''running'', ''paused'');';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION backfill.refuse_drop_while_running() IS 'Event trigger: refuses DROP EXTENSION pg_backfill while backfills run or are paused';
+CREATE EVENT TRIGGER backfill_refuse_drop_while_running ON ddl_command_start WHEN TAG IN ('DROP EXTENSION')
+    EXECUTE FUNCTION backfill.refuse_drop_while_running();
+
+-- === The entry points in schema backfill, which pgrx declares from src/: what each is for ==========
+
+COMMENT ON FUNCTION backfill.estimate(oid[], integer, text, text[]) IS 'Entry point of backfill_estimate()';
+COMMENT ON FUNCTION backfill.estimate(oid[], integer, text) IS 'Entry point of backfill_estimate() in 0.8.0 (no column list): the SQL of that version calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.estimate(oid[], integer) IS 'Entry point of backfill_estimate() before 0.8.0 (no filter): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS 'Entry point of backfill_start(): every option, one call';
+COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text, text[]) IS 'Entry point of backfill_start() in 0.9.0 (its SQL chains the other options): the SQL of that version calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text) IS 'Entry point of backfill_start() in 0.8.0 (no column list): the SQL of that version calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer) IS 'Entry point of backfill_start() before 0.8.0 (no filter): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) IS 'Part of backfill_start() in 0.9.0: refuses the options a backfill of a Citus distributed table does not pass on to its nodes; returns the tables';
+COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';
+COMMENT ON FUNCTION backfill.follow(text, text, integer, integer, integer, bigint, bigint, bigint, integer, integer) IS 'Entry point of backfill_follow()';
+COMMENT ON FUNCTION backfill.unfollow(text, text) IS 'Entry point of backfill_unfollow()';
+COMMENT ON FUNCTION backfill.follow_wait(text, text, double precision) IS 'Entry point of backfill_follow_wait() (timeout in milliseconds)';
+COMMENT ON FUNCTION backfill.follow_ddl() IS 'The event trigger''s work in 0.10.0 (no command tag): the SQL of that version calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.follow_ddl(text) IS 'The event trigger''s work at the end of a statement (its command tag) that may have changed a followed publication''s tables';
+COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
+COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';
+COMMENT ON FUNCTION backfill.purge(interval) IS 'Entry point of backfill_purge()';
+COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint, bigint, bigint, integer) IS 'Entry point of backfill_set(): every option, one call';
+COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint) IS 'Entry point of backfill_set() in 0.9.0 and before (pacing; its SQL chains backfill.set_source_limits()): that SQL calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) IS 'The back-pressure options of backfill_start() and backfill_set() in the SQL of 0.9.0 and before, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
+COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb, text[]) IS 'Entry point of backfill_checksum()';
+COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb) IS 'Entry point of backfill_checksum() before 0.9.0 (no column list): the SQL of an earlier version, and a comparison from another server''s, call it';
+COMMENT ON FUNCTION backfill.set_keys(bigint, jsonb) IS 'backfill_start()''s keys in the SQL of 0.9.0 and before, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
+COMMENT ON FUNCTION backfill.set_keys_of(bigint, oid, jsonb) IS 'The keys of one table of a backfill started in this transaction (a worker node''s backfill of its shards, for backfill_repair() on the Citus coordinator); returns the backfill''s id';
+COMMENT ON FUNCTION backfill.set_rows_per_message(bigint, integer) IS 'backfill_start()''s rows_per_message in the SQL of 0.9.0, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
+COMMENT ON FUNCTION backfill.compare(oid, oid, text, integer, text, text[]) IS 'Entry point of backfill_compare()';
+COMMENT ON FUNCTION backfill.compare(oid, oid, text, integer, text) IS 'Entry point of backfill_compare() before 0.9.0 (no column list): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.repair(oid, oid, boolean, text, integer, text, integer, text[]) IS 'Entry point of backfill_repair()';
+COMMENT ON FUNCTION backfill.repair(oid, oid, boolean, text, integer, text, integer) IS 'Entry point of backfill_repair() before 0.9.0 (no column list): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
+COMMENT ON FUNCTION backfill.row_hash(anyelement) IS 'A table row''s 64-bit hash over its columns'' binary send formats (XXH3-64; floats as SQL compares them, arrays and composites element by element, jsonb as the tokens of a walk of it, text in UTF-8), for backfill_checksum()';
+COMMENT ON FUNCTION backfill.source_limit(text, bigint) IS 'The back-pressure limit in force for a backfill''s option (NULL: the setting; 0: off), for backfill_status';
+COMMENT ON FUNCTION backfill.wait(bigint, double precision) IS 'Entry point of backfill_wait() (timeout in milliseconds)';
+COMMENT ON FUNCTION backfill.max_slot_lag_bytes() IS 'backfill.max_slot_lag in bytes, for backfill_status';
+COMMENT ON FUNCTION backfill.auto_resume() IS 'Whether pg_backfill is preloaded, so that running backfills resume after a restart';
+COMMENT ON FUNCTION backfill.workers_running(bigint) IS 'Background workers of a backfill of this database running now';
+COMMENT ON FUNCTION backfill.may_act_as(text, text) IS 'Whether role member holds the privileges of role role or may SET ROLE to it (a bare member, granted WITH INHERIT FALSE, SET FALSE on 16+, may not): who sees and controls a role''s backfills';
+COMMENT ON FUNCTION backfill.waiting_for(bigint) IS 'What the workers of a backfill wait for now (a row lock held by a pid, or the slot''s consumer), or NULL';
+COMMENT ON FUNCTION backfill.waiting_kind(bigint) IS 'The kind of what the workers of a backfill wait for now (row_lock, consumer_away, consumer_lag, replica_lag, retained_wal, load), or NULL';
+COMMENT ON FUNCTION backfill.message_key_bytes(integer) IS 'A message key''s bytes, read from its sequences as the extension''s owner, for a caller that may SELECT backfill.message_key (its column key)';
+COMMENT ON FUNCTION backfill.progress() IS 'Every running backfill worker of the cluster the caller may see, from shared memory, for backfill_progress';
+
+-- === Privileges: what PUBLIC may execute and read ==================================================
+
+-- The message keys: readable by the extension's owner and the roles it grants (consumers) only.
+SELECT backfill.revoke_from_all_but_owner('backfill.message_key');
+
+-- The views: readable by all, each showing a role what it may see.
+GRANT SELECT ON backfill_status, backfill_tables TO PUBLIC;
+GRANT SELECT ON backfill_errors TO PUBLIC;
+GRANT SELECT ON backfill_follows TO PUBLIC;
+GRANT SELECT ON backfill_shards TO PUBLIC;
+GRANT SELECT ON backfill_progress TO PUBLIC;
+
+-- Nothing that starts, controls or reveals backfills is executable by PUBLIC: docs/security.md shows
+-- the grants for operators and for consumers. The views' helpers stay executable by all.
+REVOKE EXECUTE ON FUNCTION
+    backfill_estimate(regclass[], integer, text, text[]), backfill_estimate(regclass, integer, text, text[]), backfill_estimate(text, integer, text, text[]),
+    backfill_start(regclass[], boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
+    backfill_start(regclass, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
+    backfill_start(text, boolean, integer, integer, name, name, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]),
+    backfill_cancel(bigint), backfill_pause(bigint), backfill_resume(bigint), backfill_purge(interval),
+    backfill_set(bigint, integer, integer, bigint, bigint, bigint, integer), backfill_wait(bigint, interval),
+    backfill_key(), backfill_rotate_key(boolean), backfill_message_valid(text, bigint), backfill_security_check(),
+    backfill_checksum(regclass, integer, text, jsonb, text[]), backfill_compare(regclass, regclass, text, integer, name, text[]),
+    backfill_repair(regclass, regclass, boolean, text, integer, name, integer, text[]),
+    backfill_follow(name, name, integer, integer, integer, bigint, bigint, bigint, integer, integer),
+    backfill_unfollow(name, name), backfill_follow_wait(name, name, interval)
+  FROM PUBLIC;
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
+
+-- The views' helpers, executable by all again:
+GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
+                          backfill.waiting_for(bigint), backfill.waiting_kind(bigint), backfill.visible(name),
+                          backfill.source_limit(text, bigint), backfill.may_act_as(text, text) TO PUBLIC;
+-- backfill.refuse_node_options() too: it only refuses options, or returns the tables it is given,
+-- and an operator granted the schema's functions before it existed keeps starting backfills.
+GRANT EXECUTE ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) TO PUBLIC;
+-- backfill.row_hash() too: a hash of a row its caller already has. A comparison reads a table as
+-- its owner (privilege::read_as_owner), who may hold no grant of pg_backfill's.
+GRANT EXECUTE ON FUNCTION backfill.row_hash(anyelement) TO PUBLIC;
+-- backfill.message_key_bytes() too: it reads a key only for a caller that may SELECT
+-- backfill.message_key, whose column key it is.
+GRANT EXECUTE ON FUNCTION backfill.message_key_bytes(integer) TO PUBLIC;
+-- backfill.start_on_node() too: it grants nothing backfill_start() does not, running as its
+-- caller, who needs EXECUTE on that.
 GRANT EXECUTE ON FUNCTION backfill.start_on_node(regclass[], boolean, integer, integer, name, name, bigint, integer, jsonb) TO PUBLIC;
 -- backfill.set_keys_of() too: it only narrows a backfill its caller started in the same
 -- transaction, to keys of a table the caller may backfill.
 GRANT EXECUTE ON FUNCTION backfill.set_keys_of(bigint, oid, jsonb) TO PUBLIC;
-
--- Issue 34, "Progress, PostgreSQL's way": one row per running backfill worker of the whole
--- cluster, from shared memory, readable from any database that has the extension, in the shape
--- of PostgreSQL's progress views (pg_stat_progress_*). backfill.progress() decides which rows
--- the caller sees, as backfill_status does (it is executable by all, so it checks, not the view).
-CREATE VIEW backfill_progress AS
-SELECT p.pid,
-       p.datid,
-       d.datname,
-       p.backfill_id,
-       p.worker,
-       p.relid,
-       p.position,
-       p.phase,
-       p.rows_total,
-       p.rows_done,
-       p.bytes_done,
-       p.pages_done,
-       p.started_by,
-       p.started_at,
-       p.phase_since
-  FROM backfill.progress() p
-  LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) p.datid;
-COMMENT ON VIEW backfill_progress IS 'One row per running backfill worker of the cluster, of every database, as PostgreSQL''s progress views show theirs (needs pg_backfill in shared_preload_libraries)';
-COMMENT ON COLUMN backfill_progress.pid IS 'Process id of the worker';
-COMMENT ON COLUMN backfill_progress.datid IS 'OID of the database of the backfill';
-COMMENT ON COLUMN backfill_progress.datname IS 'Name of the database of the backfill';
-COMMENT ON COLUMN backfill_progress.backfill_id IS 'The backfill (backfill_status.id in its database)';
-COMMENT ON COLUMN backfill_progress.worker IS 'The worker''s number among the backfill''s parallel workers (0 for the first)';
-COMMENT ON COLUMN backfill_progress.relid IS 'OID of the table the worker scans now; NULL before its first';
-COMMENT ON COLUMN backfill_progress.position IS 'The range it scans now (backfill_tables.position); NULL before its first';
-COMMENT ON COLUMN backfill_progress.phase IS 'starting, scanning, waiting for consumer, waiting for source, waiting for load or finishing';
-COMMENT ON COLUMN backfill_progress.rows_total IS 'Rows of the range it scans: the planner''s estimate, raised to rows_done once they pass it';
-COMMENT ON COLUMN backfill_progress.rows_done IS 'Rows of the range delivered, before this worker too (the range''s cursor count)';
-COMMENT ON COLUMN backfill_progress.bytes_done IS 'Bytes of message payload this worker process has delivered of the range';
-COMMENT ON COLUMN backfill_progress.pages_done IS 'Pages (transactions) this worker process has delivered of the range';
-COMMENT ON COLUMN backfill_progress.started_by IS 'Role that started the backfill';
-COMMENT ON COLUMN backfill_progress.started_at IS 'When this worker process started working on the backfill';
-COMMENT ON COLUMN backfill_progress.phase_since IS 'When the worker entered its phase';
-GRANT SELECT ON backfill_progress TO PUBLIC;
-COMMENT ON FUNCTION backfill.progress() IS 'Every running backfill worker of the cluster the caller may see, from shared memory, for backfill_progress';
--- Executable by all, as the other views' helpers: it shows only what backfill_progress shows.
+-- backfill.progress() too, as the other views' helpers: it shows only what backfill_progress shows.
 GRANT EXECUTE ON FUNCTION backfill.progress() TO PUBLIC;

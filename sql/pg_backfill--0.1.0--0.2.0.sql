@@ -2,8 +2,9 @@
 -- - The state tables are no longer readable by PUBLIC (the extension's owner and pg_monitor read them);
 --   the views show each role its own backfills, and no key values, counts or errors of tables it
 --   cannot SELECT.
--- - No function is executable by PUBLIC but the views' helpers: the README shows the grants.
+-- - No function is executable by PUBLIC but the views' helpers: docs/security.md shows the grants.
 -- - Every message carries an authentication tag keyed with backfill.message_key.
+-- What changed for a DBA: CHANGELOG.md, section 0.2.0.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.2.0'" to load this file. \quit
 
 -- The state tables first, and in the order a worker's page takes them (job, then job_table):
@@ -51,7 +52,7 @@ COMMENT ON COLUMN backfill.message_key.created_at IS 'When the key was made (CRE
 -- Not dumped: a restored database is another database, with a key of its own.
 INSERT INTO backfill.message_key DEFAULT VALUES;
 -- Only the extension's owner reads the key: privileges that ALTER DEFAULT PRIVILEGES gave the
--- new table are taken back; the README shows the grant for consumers.
+-- new table are taken back; docs/security.md shows the grant for consumers.
 DO $$
 DECLARE
     grantee oid;
@@ -235,7 +236,7 @@ COMMENT ON COLUMN backfill_tables.finished_at IS 'When the scan ended (end marke
 
 GRANT SELECT ON backfill_status, backfill_tables TO PUBLIC;
 
--- Authenticated messages (see the README's Security section).
+-- Authenticated messages (docs/consumers.md, "Authenticated messages").
 CREATE FUNCTION backfill_key(OUT key_id integer, OUT key bytea)
 LANGUAGE sql STABLE
 AS $$ SELECT id, key FROM backfill.message_key ORDER BY id DESC LIMIT 1 $$;
@@ -337,7 +338,7 @@ COMMENT ON FUNCTION backfill.waiting_for(bigint) IS 'What the workers of a backf
 COMMENT ON FUNCTION backfill_message_valid(text, bigint) IS
 'Whether a message is genuine: its auth tag verifies for the transaction id its decoder reported (needs SELECT on backfill.message_key)';
 
--- Nothing that starts, controls or reveals backfills is executable by PUBLIC: the README shows
+-- Nothing that starts, controls or reveals backfills is executable by PUBLIC: docs/security.md shows
 -- the grants for operators and for consumers. The views' helpers stay executable by all.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),

@@ -4,6 +4,7 @@
 --   (backfill.lock_mode: auto, rows, table); backfill_tables counts the pages of each path.
 -- - Waiting for the slot's consumer is no longer 'paused' with a 'waiting...' pause_reason: the
 --   backfill stays running, and backfill_status.waiting_for says what it waits for.
+-- What changed for a DBA: CHANGELOG.md, section 0.3.0.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.3.0'" to load this file. \quit
 
 -- The state tables first, and in the order a worker's page takes them (job, then job_table):

@@ -6,6 +6,7 @@
 -- - backfill_checksum(): key ranges of a table with row counts and checksums.
 -- - The table_end marker lists the sequences the table's columns own.
 -- - The grants on the old backfill_start() and backfill_set() carry over to the new ones.
+-- What changed for a DBA: CHANGELOG.md, section 0.4.0.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.4.0'" to load this file. \quit
 
 -- The state tables first, and in the order a worker's page takes them (job, then job_table):
@@ -266,7 +267,7 @@ AS $$ SELECT * FROM backfill.checksum(tbl::oid, ranges, level, bounds) $$;
 COMMENT ON FUNCTION backfill_checksum(regclass, integer, text, jsonb) IS
 'One row per key range of the table: its bounds, row count and checksum (level count or hash), as the caller may read it; bounds => the ranges of another checksum, to compare two tables over identical ranges.';
 
--- Like every function: not PUBLIC's; an operator's (granted as the README says: ALL FUNCTIONS
+-- Like every function: not PUBLIC's; an operator's (granted as docs/security.md says: ALL FUNCTIONS
 -- IN SCHEMA backfill, and the public ones by name), so granted to who may run backfill.start().
 REVOKE EXECUTE ON FUNCTION backfill_checksum(regclass, integer, text, jsonb), backfill.checksum(oid, integer, text, jsonb),
                            backfill.row_hash(anyelement) FROM PUBLIC;

@@ -5,6 +5,7 @@
 --   delivered as an "absent" message. backfill_repair(): compare, then such a backfill.
 -- - The grants on the old backfill_start() carry over to the new ones; the new functions go to
 --   who may run what they build on.
+-- What changed for a DBA: CHANGELOG.md, section 0.5.0.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.5.0'" to load this file. \quit
 
 -- The state tables first, and in the order a worker's page takes them (job, then job_table):

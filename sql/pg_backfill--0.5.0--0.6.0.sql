@@ -4,6 +4,7 @@
 -- The row hash is now XXH3-64 (was SipHash-2-4) of the same bytes but jsonb's, which are now
 -- the tokens of a walk of the document: checksums of 0.5.0 and 0.6.0 differ, and a comparison
 -- refuses a remote server whose pg_backfill hashes rows otherwise.
+-- What changed for a DBA: CHANGELOG.md, section 0.6.0.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.6.0'" to load this file. \quit
 
 -- (As every update script: the state tables first, in the order a worker's page takes them.)

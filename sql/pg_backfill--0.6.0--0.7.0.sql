@@ -3,6 +3,7 @@
 -- STABLE (an enum label it reads can be renamed). The row hash now follows SQL equality for
 -- floats (one NaN, -0 as 0) and reads arrays and composites element by element: checksums of
 -- tables with such columns differ from 0.6.0's, and a comparison refuses a server of the other.
+-- What changed for a DBA: CHANGELOG.md, section 0.7.0.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.7.0'" to load this file. \quit
 
 -- backfill.job_error and the view backfill_errors keep every error that failed a backfill.

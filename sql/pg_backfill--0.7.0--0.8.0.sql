@@ -1,6 +1,7 @@
 -- pg_backfill 0.7.0 -> 0.8.0: backfill_compare() and backfill_repair() of Citus distributed tables;
 -- checksums and comparisons read a table as its owner, so backfill.row_hash() is executable by all;
 -- backfill_start(..., filter => ...); progress as rows against the rows expected.
+-- What changed for a DBA: CHANGELOG.md, section 0.8.0.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.8.0'" to load this file. \quit
 
 -- (As every update script: the state tables first, in the order a worker's page takes them.)

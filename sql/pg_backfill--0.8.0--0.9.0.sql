@@ -1,6 +1,7 @@
 -- pg_backfill 0.8.0 -> 0.9.0: column lists (columns => ...) for backfill_start(), backfill_estimate(),
 -- backfill_checksum(), backfill_compare() and backfill_repair(); a publication's column list is a
 -- backfill's default.
+-- What changed for a DBA: CHANGELOG.md, section 0.9.0.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.9.0'" to load this file. \quit
 
 -- (As every update script: the state tables first, in the order a worker's page takes them.)

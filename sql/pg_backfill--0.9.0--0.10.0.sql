@@ -1,7 +1,7 @@
--- pg_backfill 0.9.0 -> 0.10.0: hostile pass 4 (issue 31).
+-- pg_backfill 0.9.0 -> 0.10.0. What changed for a DBA: CHANGELOG.md, section 0.10.0.
 \echo Use "ALTER EXTENSION pg_backfill UPDATE TO '0.10.0'" to load this file. \quit
 
--- Finding 16: pg_monitor sees counts, rates and SQLSTATEs of every backfill, but key values, filters
+-- pg_monitor sees counts, rates and SQLSTATEs of every backfill, but key values, filters
 -- and errors' texts only where it may SELECT the table (as any role; superusers see all).
 CREATE OR REPLACE VIEW backfill_status WITH (security_barrier) AS
 SELECT j.id,
@@ -138,7 +138,7 @@ SELECT s.job_id AS backfill_id,
                                     OR coalesce((SELECT u.rolsuper FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false) AS readable) r) v
  WHERE backfill.visible(j.started_by);
 
--- Issue 31, finding 5: the SQL wrappers are safe whatever the caller's search_path. Their bodies,
+-- The SQL wrappers are safe whatever the caller's search_path. Their bodies,
 -- parsed with the caller's search_path at every call (or inlined into the caller's query), name
 -- every type, operator and function with its schema (pg_catalog, backfill, @extschema@);
 -- backfill_rotate_key() runs with search_path = pg_catalog, pg_temp; backfill_security_check()
@@ -233,10 +233,10 @@ RETURNS boolean
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.wait(id, extract(epoch FROM timeout)::pg_catalog.float8 OPERATOR(pg_catalog.*) 1000) $$;
 
--- (backfill_rotate_key() and backfill_security_check(), qualified too, are replaced in finding
--- 15's section below, which changes them further.)
+-- (backfill_rotate_key() and backfill_security_check(), qualified too, are replaced in the
+-- message keys' section below, which changes them further.)
 
--- Issue 31, finding 15: the message keys leave every decoded stream. Their bytes move from the
+-- The message keys leave every decoded stream. Their bytes move from the
 -- rows of backfill.message_key, which every test_decoding and wal2json slot and every FOR ALL
 -- TABLES publication decoded, into sequences (see sql/catalog.sql); backfill.message_key becomes
 -- a view of the same columns, which reads them for the roles granted SELECT on it. The keys
@@ -438,12 +438,12 @@ SELECT 'backfills can be started by PUBLIC',
        'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;'
 $$;
 
--- Finding 6: a publication's row filter is the backfill's, recorded per table.
+-- A publication's row filter is the backfill's, recorded per table.
 LOCK TABLE backfill.job, backfill.job_table IN ACCESS EXCLUSIVE MODE;
 ALTER TABLE backfill.job_table ADD COLUMN publication_filter text;
 COMMENT ON COLUMN backfill.job_table.publication_filter IS 'The row filter of the backfill''s publication for the table when it started (pg_get_expr of pg_publication_rel.prqual): only rows it is true for are delivered (AND the backfill''s own filter); a page stops the backfill when the publication''s filter is no longer this. NULL: none';
 
--- Issue 32: backfill_start() and backfill_set() each call one entry point with every option (the
+-- backfill_start() and backfill_set() each call one entry point with every option (the
 -- request is checked whole before anything is written, and recorded with one INSERT). The entry
 -- points of 0.9.0 stay, for its SQL, until ALTER EXTENSION UPDATE.
 CREATE  FUNCTION backfill."start"(
@@ -560,7 +560,7 @@ RETURNS boolean
 LANGUAGE sql VOLATILE
 AS $$ SELECT backfill.set(id, batch_size, rows_per_second, max_lag, max_replica_lag, max_retained_wal, max_active_sessions) $$;
 
--- Issue 35, point 12 (helper docs): backfill_security_check()'s items state what should hold, so
+-- backfill_security_check()'s items state what should hold, so
 -- that ok = t reads the right way round; its details say why (the REVOKE of
 -- pg_logical_emit_message is per database; backfill.start() is what backfill_start() wraps), and
 -- the fix for PUBLIC's start revokes backfill.start() alone, leaving the views' helpers.
@@ -606,7 +606,7 @@ $$;
 COMMENT ON FUNCTION backfill_security_check() IS
 'Checks the privileges that keep the message stream trustworthy: each row states what should hold, ok says whether it does, and a row that is not ok has the statement that fixes it.';
 
--- Issue 34, "Progress, PostgreSQL's way": backfill_progress, one row per running backfill worker
+-- Progress the way PostgreSQL shows its own: backfill_progress, one row per running backfill worker
 -- of the cluster, from shared memory (the library keeps it when preloaded), with its function.
 CREATE FUNCTION backfill."progress"() RETURNS TABLE (
 	"pid" INT,  /* i32 */
@@ -668,7 +668,7 @@ COMMENT ON FUNCTION backfill.progress() IS 'Every running backfill worker of the
 -- Executable by all, as the other views' helpers: it shows only what backfill_progress shows.
 GRANT EXECUTE ON FUNCTION backfill.progress() TO PUBLIC;
 
--- Issue 35 (a DBA's pass), helper dba's part: backfill_purge(); backfill_cancel() of a failed
+-- For the DBA's routine: backfill_purge(); backfill_cancel() of a failed
 -- backfill; backfill_compare() and backfill_repair() with slot => '' (none), never the slot of a
 -- cancelled or failed backfill; "Backfill 12 is running" for one.
 CREATE  FUNCTION backfill."purge"(
@@ -714,7 +714,7 @@ BEGIN
 END
 $$;
 
--- (Issue 35, point 11: backfill_status.time_left at the rate of the last 10 seconds.)
+-- (backfill_status.time_left at the rate of the last 10 seconds.)
 CREATE OR REPLACE VIEW backfill_status WITH (security_barrier) AS
 SELECT j.id,
        j.state,
@@ -798,7 +798,7 @@ SELECT j.id,
  WHERE backfill.visible(j.started_by);
 COMMENT ON COLUMN backfill_status.time_left IS 'The rows still expected (rows_estimated - rows_done) at the rate of the last 10 seconds (of the last minute, with one sample in those 10 seconds)';
 
--- Issue 37: follows. backfill_follow() and backfill_unfollow(), their state tables, the view
+-- Follows: backfill_follow() and backfill_unfollow(), their state tables, the view
 -- backfill_follows and the event trigger that queues the tables added to a followed publication;
 -- backfill_start() with no tables takes every table of its publication (tables DEFAULT NULL).
 -- Follows (backfill_follow()): a publication followed into a slot, so that every table added to

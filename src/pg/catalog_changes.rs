@@ -2,7 +2,7 @@
 //! moves whenever PostgreSQL tells it to forget a publication or a relation it might have
 //! cached. A worker reads what its pipeline's publication publishes again only when the counter
 //! moved, not on every page: those reads cost about 2 ms a page, 3.5 times a batched backfill's
-//! own time (issue 36).
+//! own time (bench/README.md, "A pipeline's backfill, and many tables").
 //!
 //! PostgreSQL sends an invalidation for every committed change of `pg_publication`,
 //! `pg_publication_rel` and `pg_publication_namespace`, and a relation's invalidation for every

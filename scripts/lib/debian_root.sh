@@ -108,7 +108,7 @@ debian_root_programs() {
     cat >"$stage/.run" <<RUN
 #!/bin/sh
 # Runs a program of $dir inside it, as the calling user, in the calling directory (/ when the
-# root has no such directory). Written by scripts/debian_root.sh; scripts/pg_root.sh says why.
+# root has no such directory). Written by scripts/lib/debian_root.sh; scripts/pg_root.sh says why.
 root=$dir
 mountpoint -q "\$root/tmp" || {
     echo "\$root is not mounted (after a reboot?): run PG_MAJOR=$major bash scripts/setup.sh as root" >&2
@@ -123,7 +123,7 @@ exec /usr/bin/unshare --user --map-user="\$(id -u)" --map-group="\$(id -g)" --ro
 RUN
     for program in "$dir$inside"/*; do
         name=$(basename "$program")
-        printf '#!/bin/sh\n# PostgreSQL %s'"'"'s %s, run inside %s (scripts/debian_root.sh)\nexec %s/.run %s/%s "$@"\n' \
+        printf '#!/bin/sh\n# PostgreSQL %s'"'"'s %s, run inside %s (scripts/lib/debian_root.sh)\nexec %s/.run %s/%s "$@"\n' \
             "$major" "$name" "$dir" "$bin" "$inside" "$name" >"$stage/$name"
     done
     # pgrx reads the headers on the host: the include directories with the root's prefix.
