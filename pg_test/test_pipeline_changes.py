@@ -152,3 +152,77 @@ def test_a_slot_of_its_name_made_for_another_database_is_not_the_backfills(clust
     delivered, lag = status(db, backfill_id, "delivered", "slot_lag_bytes")
     assert not delivered and lag is None
     assert db.execute("SELECT backfill_wait(%s, '0.5 s')", [backfill_id]).fetchone()[0] is False
+
+
+def make_parted(db):
+    db.execute("""CREATE TABLE parted (id bigint PRIMARY KEY, body text NOT NULL) PARTITION BY RANGE (id);
+                  CREATE TABLE parted_low PARTITION OF parted FOR VALUES FROM (1) TO (100001);
+                  INSERT INTO parted SELECT g, repeat('x', 50) FROM generate_series(1, 20000) g;
+                  ANALYZE parted_low;""")
+
+
+# What a page decides when the catalog moves under a backfill for a publication: each case is
+# (the publication, the change mid-run, how the backfill ends, its SQLSTATE, its error's words).
+# A page asks pg_publication_tables by the table's schema and name as the scan began: a renamed
+# or moved table is no longer listed under them, whatever the publication holds.
+RENAMED_OR_MOVED = [
+    ("FOR TABLE items", "ALTER TABLE items RENAME TO items_renamed",
+     "failed", "55000", 'table public.items is not in publication "pipeline"'),
+    ("FOR TABLE items", "CREATE SCHEMA moved; ALTER TABLE items SET SCHEMA moved",
+     "failed", "55000", 'table public.items is not in publication "pipeline"'),
+    ("FOR ALL TABLES", "ALTER TABLE items RENAME TO items_renamed",
+     "failed", "42P01", 'relation "public.items" does not exist'),
+]
+
+
+@pytest.mark.parametrize("publication, change, state, sqlstate, words", RENAMED_OR_MOVED)
+def test_what_a_page_decides_for_a_table_renamed_or_moved_mid_run(db, publication, change, state, sqlstate, words):
+    """A table renamed, or moved to another schema, mid-run: the backfill fails, and says why."""
+    make_items(db)
+    db.execute(f"CREATE PUBLICATION pipeline {publication}")
+    backfill_id = db.execute(
+        "SELECT backfill_start('items', confirm => true, publication => 'pipeline', batch_size => 100, rows_per_second => 2000)"
+    ).fetchone()[0]
+    wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
+    db.execute(change)
+    assert wait_until_ended(db, backfill_id, timeout=30) == state
+    found = status(db, backfill_id, "last_error_sqlstate", "last_error")
+    assert found[0] == sqlstate and words in found[1], found
+
+
+@pytest.mark.parametrize("publication, accepted", [
+    ("FOR TABLE parted", True),
+    ("FOR TABLE parted WITH (publish_via_partition_root = true)", False),
+    ("FOR TABLE parted_low WITH (publish_via_partition_root = true)", True),
+    # (Accepted, though pgoutput names the partition's changes as parted's.)
+    ("FOR ALL TABLES WITH (publish_via_partition_root = true)", True),
+    ("FOR ALL TABLES", True),
+])
+def test_whether_a_partition_is_in_a_publication_that_publishes_it_as_its_root(db, publication, accepted):
+    """pgoutput names a partition's changes as its partitioned table's under
+    publish_via_partition_root: the partition's own name is then in no change the consumer
+    receives, and a backfill of it alone is refused."""
+    make_parted(db)
+    db.execute(f"CREATE PUBLICATION pipeline {publication}")
+    start = "SELECT backfill_start('parted_low', confirm => true, publication => 'pipeline')"
+    if accepted:
+        backfill_id = db.execute(start).fetchone()[0]
+        assert wait_until_ended(db, backfill_id, timeout=30) == "done"
+    else:
+        e = error_of(db, start)
+        assert e.sqlstate == "55000" and 'table public.parted_low is not in publication "pipeline"' in e.diag.message_primary
+
+
+def test_a_partition_whose_publication_turns_to_publish_it_as_its_root_fails_the_backfill(db):
+    """Set mid-run, publish_via_partition_root names the partition's changes as its root's: a
+    page finds the partition no longer published as itself."""
+    make_parted(db)
+    db.execute("CREATE PUBLICATION pipeline FOR TABLE parted")
+    backfill_id = db.execute(
+        "SELECT backfill_start('parted_low', confirm => true, publication => 'pipeline', batch_size => 100, rows_per_second => 2000)"
+    ).fetchone()[0]
+    wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
+    db.execute("ALTER PUBLICATION pipeline SET (publish_via_partition_root = true)")
+    assert wait_until_ended(db, backfill_id, timeout=30) == "failed"
+    sqlstate, error = status(db, backfill_id, "last_error_sqlstate", "last_error")
+    assert sqlstate == "55000" and 'table public.parted_low is not in publication "pipeline"' in error, error
