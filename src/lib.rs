@@ -19,8 +19,9 @@
 //!   one typed request per verb (`request.rs`).
 //! - `selection/`: which rows and columns a backfill reads: its filter, checked before anything
 //!   starts (`filter.rs`), the publication's row filter AND-ed with it (`row_filter.rs`), its
-//!   column list's rules (`columns.rs`), what a publication publishes of a table, its columns and
-//!   row filter (`published.rs`), and the one rule of how a table is read, by a scan, a checksum
+//!   column list's rules (`columns.rs`), the pipeline's publication, read by OID as pgoutput
+//!   reads it: whether it holds a table, its columns and row filter, the tables it holds
+//!   (`publication.rs`), and the one rule of how a table is read, by a scan, a checksum
 //!   and a comparison alike: `ONLY`, or a partitioned table with its partitions (`scanned.rs`).
 //! - `catalog/`: the state tables: one row per backfill and its message keys (`job.rs`), one
 //!   per table or key range with its cursor (`job_table.rs`), and for a backfill of a Citus
@@ -32,8 +33,8 @@
 //!   authentication tags, with the key the worker hands in (`sign.rs`), and the hot path from
 //!   executor to message (`delivery.rs`).
 //! - `throttle/`: what holds a backfill back: how pages lock (`lock.rs`), rows_per_second
-//!   (`pacing.rs`), the consumer's slot and whether its publication holds a table
-//!   (`pipeline.rs`), the source's standbys, slots and load (`backpressure.rs`), and the typed
+//!   (`pacing.rs`), the consumer's slot (`pipeline.rs`), the source's standbys, slots and load
+//!   (`backpressure.rs`), and the typed
 //!   reason a page waits (`wait.rs`).
 //! - `verify/`: backfill_checksum() (`checksum.rs`, `aggregate.rs`, `row_hash.rs`,
 //!   `row_encoding.rs`: what a row's hash is computed over, `numeric_jsonb.rs`: numeric's and

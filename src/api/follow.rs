@@ -26,7 +26,7 @@ use crate::pg::args::{deadline_after, require_primary, required};
 use crate::pg::encoding::Text;
 use crate::pg::errors::{raise, OrInternal};
 use crate::pg::privilege::{self, as_extension_owner};
-use crate::selection::published::{publication_tables, PublicationTables};
+use crate::selection::publication::{no_such_publication, publication_tables, PublicationTables};
 use crate::throttle::pipeline;
 use crate::worker::xact::{in_subtransaction, PageError};
 use pgrx::prelude::*;
@@ -81,14 +81,7 @@ fn follow_publication(
     check_options(&request_of(&publication, &slot, &options, Vec::new()), rows_per_second);
     privilege::require_replication(&slot);
     pipeline::require_slot(&slot);
-    let Some(held) = publication_tables(&publication) else {
-        raise(
-            ERRCODE_UNDEFINED_OBJECT,
-            format!("publication \"{publication}\" does not exist"),
-            "A follow backfills the tables added to the pipeline's publication.",
-            Some("Name the consumer's publication: SELECT pubname FROM pg_publication; lists them.".into()),
-        );
-    };
+    let Some(held) = publication_tables(&publication) else { no_such_publication(&publication) };
     if let Some(existing) = as_extension_owner(|| follow::live_follow(&publication, &slot)) {
         raise(
             ERRCODE_DUPLICATE_OBJECT,
@@ -336,7 +329,7 @@ fn slot_exists(slot: &str) -> bool {
 /// `publish_via_partition_root` turned on or off lists other relations over the same rows,
 /// which the consumer has. A new leaf under a relation listed before (a partition attached to
 /// a partitioned table published through its root) is published as that root: no backfill of
-/// the partition alone can name its rows as their changes do (selection/published.rs), so it
+/// the partition alone can name its rows as their changes do (selection/publication.rs), so it
 /// is refused, unless it was empty.
 fn enqueue_added(follow: &Follow, held: &PublicationTables) {
     let new_leaf = |leaf: &pg_sys::Oid| !follow.known_leaves.contains(leaf);

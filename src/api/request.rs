@@ -138,7 +138,7 @@ pub fn check_source_limits(options: &SourceOptions) {
 /// pipeline.
 pub fn table_list(tables: Option<Vec<Option<pg_sys::Oid>>>, publication: Option<&str>) -> Vec<pg_sys::Oid> {
     if let (None, Some(publication)) = (&tables, publication) {
-        return crate::selection::published::tables_of_publication(publication);
+        return crate::selection::publication::tables_of_publication(publication);
     }
     let tables = tables.unwrap_or_default();
     if tables.is_empty() {

@@ -15,6 +15,7 @@ use crate::pg::errors::OrInternal;
 use crate::pg::privilege::{self, as_extension_owner};
 use crate::pg::settings;
 use crate::selection::columns;
+use crate::selection::publication::{self, Published};
 use crate::throttle::pipeline;
 use crate::worker::admit::{admit, Admission};
 use pgrx::prelude::*;
@@ -217,10 +218,16 @@ impl LocalPlan {
             privilege::require_replication(slot);
             pipeline::require_slot(slot);
         }
-        if let Some(publication) = &request.publication {
-            tables.iter().for_each(|table| pipeline::require_published(publication, table));
-        }
-        let mut tables: Vec<PlannedTable> = tables.into_iter().map(|table| PlannedTable::of(request, table)).collect();
+        // What the publication publishes of each table, read once (an error if it holds one not).
+        let published: Vec<Option<Published>> = tables
+            .iter()
+            .map(|table| request.publication.as_deref().map(|publication| publication::published(publication, table)))
+            .collect();
+        let mut tables: Vec<PlannedTable> = tables
+            .into_iter()
+            .zip(published)
+            .map(|(table, published)| PlannedTable::of(request, table, published.as_ref()))
+            .collect();
         spread_over_workers(&mut tables, request.parallel);
         let plan = LocalPlan { tables, lock_mode };
         if let Some(keys) = &request.keys {
@@ -276,14 +283,14 @@ impl LocalPlan {
 
 impl PlannedTable {
     /// `table` as its reads deliver it: the columns of its list (an error if the list is not
-    /// valid for it), and the rows its publication publishes (its row filter, recorded: an error
-    /// if a backfill of it cannot apply it) AND the filter given, estimated (which checks the
-    /// filter: an invalid one is an error here, never a failed worker).
-    fn of(request: &StartRequest, table: Table) -> PlannedTable {
-        let publication = request.publication.as_deref();
+    /// valid for it), and the rows its publication publishes (`published`: its row filter,
+    /// recorded) AND the filter given, estimated (which checks the filter: an invalid one is an
+    /// error here, never a failed worker).
+    fn of(request: &StartRequest, table: Table, published: Option<&Published>) -> PlannedTable {
+        let publication = request.publication.as_deref().zip(published);
         let list = columns::column_list(&table, request.columns.as_deref(), publication);
         let table = columns::project(table, list, None);
-        let publication_filter = publication.and_then(|p| crate::selection::published::published(p, &table).row_filter);
+        let publication_filter = published.and_then(|published| published.row_filter.clone());
         let filter = plan::backfill_filter(&table, request.filter.as_deref(), publication_filter.as_deref());
         let estimate = plan::estimate(&table, settings::message_prefix().len(), filter.as_deref());
         let ranges = vec![plan::whole_table(estimate.rows)];

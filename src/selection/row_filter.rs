@@ -40,7 +40,7 @@ pub fn combined(published: Option<&str>, given: Option<&str>) -> Option<String> 
 }
 
 /// The publication's row filter for `table` is still `recorded`, the one the backfill started
-/// with: checked at every page, with `now` ([`crate::selection::published::published`]).
+/// with: checked at every page, with `now` ([`crate::selection::publication::published`]).
 pub fn require_same_published_filter(publication: &str, table: &Table, recorded: Option<&str>, now: Option<&str>) {
     if recorded == now {
         return;
