@@ -59,23 +59,31 @@
 //!   follows the nodes' backfills (`follower.rs`), a distributed table's estimate from theirs
 //!   (`estimate.rs`), and its checksums and stream positions from its nodes, as verification
 //!   asks them (`verify.rs`).
-//! - `api/`: the SQL functions, each version's entry point an adapter that builds its verb's
-//!   request (`request.rs`): backfill_start() (`start.rs`), backfill_estimate() (`estimate.rs`),
-//!   the estimate and key ranges (`plan.rs`), pause, resume, set, wait and cancel
-//!   (`control.rs`), keys given to a backfill (`keyed.rs`), backfill_repair() (`repair.rs`),
-//!   backfill_checksum() and backfill_compare(), which hand Citus's side to verification
-//!   (`verify.rs`), the monitoring views' helpers (`views.rs`), and backfill_follow(): the tables
-//!   added to a publication queued at the DDL and backfilled into its slot one backfill at a time
-//!   (`follow.rs`).
-
+//! - `start/`: starting a backfill, whoever asks: the one fork between a Citus distributed
+//!   table's backfill and a local one (`mod.rs`), its options checked (`options.rs`), a local
+//!   backfill's plan, its tables checked, estimated and spread over its workers (`plan.rs`),
+//!   the estimate and key ranges (`estimate.rs`), and a keyed backfill's keys (`keys.rs`).
+//! - `follow/`: backfill_follow(): the tables added to a publication queued at the DDL
+//!   (`queue.rs`) and backfilled into its slot one backfill at a time by the dispatcher worker,
+//!   as the follow's creator (`dispatch.rs`); creating, ending and waiting for a follow (`mod.rs`).
+//! - `api/`: the SQL functions, which only adapt SQL to requests: each version's entry point an
+//!   adapter that builds its verb's request (`request.rs`): backfill_start() (`start.rs`),
+//!   backfill_estimate() (`estimate.rs`), pause, resume, set, wait and cancel (`control.rs`),
+//!   keys given to a backfill by older SQL and Citus nodes (`keyed.rs`), backfill_repair()
+//!   (`repair.rs`), backfill_checksum() and backfill_compare(), which hand Citus's side to
+//!   verification (`verify.rs`), the monitoring views' helpers (`views.rs`), and the follows'
+//!   verbs and event trigger (`follow.rs`).
+//!
 use pgrx::prelude::*;
 
 mod api;
 mod catalog;
 mod citus;
+mod follow;
 mod model;
 mod pg;
 mod selection;
+mod start;
 mod stream;
 mod throttle;
 mod verify;
@@ -94,7 +102,6 @@ mod backfill {}
 pub extern "C-unwind" fn _PG_init() {
     pg::settings::define();
     pg::read_guard::install();
-    api::follow::install();
     // Preloaded, the library also resumes running backfills after every server start.
     // SAFETY: a flag PostgreSQL sets while it loads shared_preload_libraries.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {

@@ -3,7 +3,6 @@
 //! passes the verb on to the worker nodes' backfills of a Citus distributed one (none for a
 //! backfill of this server's tables: citus/control.rs).
 
-use crate::api::request::check_source_limits;
 use crate::catalog::job;
 use crate::catalog::job::SourceOptions;
 use crate::citus::control::{NodeBackfills, Verb};
@@ -11,6 +10,7 @@ use crate::model::state::JobState::{self, *};
 use crate::pg::args::{check_batch_size, check_rate, deadline_after, require_primary, required};
 use crate::pg::errors::raise;
 use crate::pg::privilege::{self, as_extension_owner};
+use crate::start::options::check_source_limits;
 use crate::worker::launcher;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
@@ -27,7 +27,7 @@ fn cancel(id: Option<i64>) -> bool {
     control(id, "cancel", &[Running, Paused, Failed], Some(Cancelled), None);
     NodeBackfills::of(id).forward(&Verb::Cancel);
     // Its slot is free: a table a follow of the slot queued starts once the cancel commits.
-    crate::api::follow::dispatch_when_committed();
+    crate::follow::dispatch::dispatch_when_committed();
     true
 }
 
@@ -71,17 +71,7 @@ fn resume(id: Option<i64>) -> bool {
 /// again. Refused, with the way to end it.
 fn require_slot_to_resume(id: i64, slot: Option<&str>) {
     let Some(slot) = slot else { return };
-    if as_extension_owner(|| {
-        crate::pg::spi::select_one::<bool>(
-            "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots
-                             WHERE slot_name OPERATOR(pg_catalog.=) $1 AND database OPERATOR(pg_catalog.=) pg_catalog.current_database())",
-            &[slot.into()],
-        )
-    })
-    .ok()
-    .flatten()
-    .unwrap_or(false)
-    {
+    if as_extension_owner(|| crate::throttle::pipeline::slot_exists(slot)) {
         return;
     }
     raise(
@@ -107,14 +97,7 @@ fn require_slot_to_resume(id: i64, slot: Option<&str>) {
 fn purge(older_than: Option<pgrx::datum::Interval>) -> i64 {
     require_primary("purge backfills");
     let older_than = required(older_than, "backfill_purge", "older_than");
-    let negative = crate::pg::spi::select_one::<bool>(
-        "SELECT $1 OPERATOR(pg_catalog.<) pg_catalog.interval '0'",
-        &[older_than.into()],
-    )
-    .ok()
-    .flatten()
-    .unwrap_or(false);
-    if negative {
+    if crate::pg::args::is_negative(older_than) {
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,
             "older_than of backfill_purge must not be negative",
@@ -278,21 +261,7 @@ fn wait(id: Option<i64>, timeout_ms: Option<f64>) -> bool {
 
 /// backfill_wait()'s NOTICE: the backfill's progress as backfill_status shows it to the caller.
 fn report_progress(id: i64) {
-    // (format() renders NULL as nothing: each part is left out when its value is NULL.)
-    let sql = "SELECT pg_catalog.concat_ws(', ',
-                   pg_catalog.format('backfill %s: %s', s.id, s.state),
-                   CASE WHEN s.percent_done IS NOT NULL
-                        THEN pg_catalog.format('%s%% (%s of about %s rows)', s.percent_done, s.rows_done, s.rows_estimated) END,
-                   CASE WHEN s.rows_per_second_last_minute IS NOT NULL
-                        THEN pg_catalog.format('%s rows/s', s.rows_per_second_last_minute) END,
-                   CASE WHEN s.time_left IS NOT NULL THEN pg_catalog.format('about %s left', s.time_left) END,
-                   CASE WHEN s.waiting_for IS NOT NULL THEN pg_catalog.format('waiting for %s', s.waiting_for) END)
-                 FROM {schema}.backfill_status s WHERE s.id OPERATOR(pg_catalog.=) $1";
-    let sql = sql.replace("{schema}", &crate::pg::spi::extension_schema());
-    // On a snapshot of its own: the statement's is from before the wait began.
-    let line =
-        crate::pg::spi::with_fresh_snapshot(|| crate::pg::spi::select_one::<String>(&sql, &[id.into()])).ok().flatten();
-    if let Some(line) = line {
+    if let Some(line) = job::progress_line(id) {
         notice!("{line}");
     }
 }

@@ -1,13 +1,13 @@
 //! backfill_estimate(): what a backfill of each table would deliver, or why it cannot run. Each
 //! version's entry point builds the request; one function answers it.
 
-use crate::api::plan;
 use crate::api::request::table_list;
 use crate::model::table;
 use crate::pg::args::{check_batch_size, required};
 use crate::pg::encoding::Text;
 use crate::pg::settings;
 use crate::selection::columns;
+use crate::start::estimate as plan;
 use pgrx::prelude::*;
 
 // Texts, not Strings: names and reasons go back to the database in its own encoding.
@@ -109,8 +109,8 @@ fn estimate_request(
 fn estimate_rows(request: &EstimateRequest) -> Vec<EstimateRow> {
     // As backfill_start() would refuse: no table is eligible (a reason, not an error, so that a
     // dry run does not abort the script around it).
-    if let Some(why) = crate::api::request::logical_decoding_missing() {
-        let fix = crate::api::request::logical_decoding_fix();
+    if let Some(why) = crate::start::options::logical_decoding_missing() {
+        let fix = crate::start::options::logical_decoding_fix();
         let reason = format!("logical decoding is not enabled on this server: {why} {fix}");
         return request
             .tables

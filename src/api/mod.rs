@@ -4,7 +4,6 @@ pub(crate) mod control;
 pub(crate) mod estimate;
 pub(crate) mod follow;
 pub(crate) mod keyed;
-pub(crate) mod plan;
 pub(crate) mod repair;
 pub(crate) mod request;
 pub(crate) mod start;

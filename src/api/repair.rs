@@ -96,7 +96,7 @@ fn repair_differences(comparison: CompareRequest, batch_size: i32) -> Option<i64
     Some(if distributed {
         crate::citus::coordinator::start_distributed(&backfill, source)
     } else {
-        crate::api::start::start_backfill(&backfill)
+        crate::start::start_backfill(&backfill)
     })
 }
 

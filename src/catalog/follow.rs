@@ -1,7 +1,7 @@
 //! The state tables of follows (`backfill_follow()`): `backfill.follow`, one row per follow of a
 //! publication into a slot, with the options of the backfills it starts and the tables it knows
 //! the publication to hold; and `backfill.follow_table`, its queue, one row per table added to
-//! the publication, in the order added. Every read and write of them; the API (`api/follow.rs`)
+//! the publication, in the order added. Every read and write of them; the follows' work (`follow/`)
 //! decides what to write.
 
 use crate::model::request::SourceOptions;

@@ -687,3 +687,21 @@ fn require_select_on_the_keys() {
         );
     }
 }
+
+/// Backfill `id`'s progress in one line, as backfill_status shows it to the caller (for
+/// backfill_wait()'s NOTICE), read on a snapshot of its own.
+pub fn progress_line(id: i64) -> Option<String> {
+    // (format() renders NULL as nothing: each part is left out when its value is NULL.)
+    let sql = "SELECT pg_catalog.concat_ws(', ',
+                   pg_catalog.format('backfill %s: %s', s.id, s.state),
+                   CASE WHEN s.percent_done IS NOT NULL
+                        THEN pg_catalog.format('%s%% (%s of about %s rows)', s.percent_done, s.rows_done, s.rows_estimated) END,
+                   CASE WHEN s.rows_per_second_last_minute IS NOT NULL
+                        THEN pg_catalog.format('%s rows/s', s.rows_per_second_last_minute) END,
+                   CASE WHEN s.time_left IS NOT NULL THEN pg_catalog.format('about %s left', s.time_left) END,
+                   CASE WHEN s.waiting_for IS NOT NULL THEN pg_catalog.format('waiting for %s', s.waiting_for) END)
+                 FROM {schema}.backfill_status s WHERE s.id OPERATOR(pg_catalog.=) $1";
+    let sql = sql.replace("{schema}", &crate::pg::spi::extension_schema());
+    // On a snapshot of its own: the statement's is from before the wait began.
+    crate::pg::spi::with_fresh_snapshot(|| crate::pg::spi::select_one::<String>(&sql, &[id.into()])).ok().flatten()
+}

@@ -12,7 +12,6 @@ use crate::catalog::job::NewJob;
 use crate::catalog::job_shard::{self, JobShard};
 use crate::catalog::job_table::{self, NewRange, NewTable};
 use crate::citus::nodes::{self, literal, Node, Placement, Reply};
-use crate::citus::rules;
 use crate::model::request::{SourceOptions, StartRequest};
 use crate::model::state::LockMode;
 use crate::model::table;
@@ -38,24 +37,8 @@ pub struct NodeOptions<'a> {
     pub keys: Option<&'a BTreeMap<i64, Vec<serde_json::Value>>>,
 }
 
-/// The one place where the start path meets Citus: `request`'s backfill of a distributed table,
-/// started on its nodes, or else `local`'s of the tables read on this server (a reference
-/// table's placement here standing for it). Returns the backfill's id.
-pub fn start_here_or_on_nodes(request: &StartRequest, local: fn(&StartRequest, Vec<pg_sys::Oid>) -> i64) -> i64 {
-    // On a Citus worker node, the coordinator starts backfills of shards, which Citus hides.
-    citus_metadata::with_shards_visible(|| {
-        for relid in &request.tables {
-            rules::refuse("backfill_start", *relid, &request.options_given());
-        }
-        match distributed_table(&request.tables) {
-            Some(relid) => start_distributed(request, relid),
-            None => local(request, local_tables(request.tables.clone())),
-        }
-    })
-}
-
 /// The one distributed table listed, if one is (a distributed table is backfilled alone).
-fn distributed_table(relids: &[pg_sys::Oid]) -> Option<pg_sys::Oid> {
+pub fn distributed_table(relids: &[pg_sys::Oid]) -> Option<pg_sys::Oid> {
     if !citus_metadata::installed() {
         return None;
     }

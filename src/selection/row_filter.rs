@@ -28,7 +28,7 @@ use pgrx::PgSqlErrorCode::*;
 /// AND the filter given (`given`); either alone, or none.
 ///
 /// The given filter goes in as selection/filter.rs checks it, between `(\n` and `\n)` (a comment at
-/// its end stops at the line's end). It must have been checked alone first (api/plan.rs's
+/// its end stops at the line's end). It must have been checked alone first (start/estimate.rs's
 /// `backfill_filter`): one that closes the parenthesis around it, `true) OR (true`, is one
 /// expression again once AND-ed with another, and would pass the combined filter's check while
 /// it undid the publication's.

@@ -62,6 +62,17 @@ pub fn require_slot(slot: &str) {
     }
 }
 
+/// Whether logical slot `slot` of this database exists.
+pub fn slot_exists(slot: &str) -> bool {
+    crate::pg::spi::select_one::<bool>(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots
+                         WHERE slot_name OPERATOR(pg_catalog.=) $1 AND database OPERATOR(pg_catalog.=) pg_catalog.current_database())",
+        &[Text::from(slot).into()],
+    )
+    .or_internal("read the replication slots")
+    .unwrap_or(false)
+}
+
 /// A slot's identity, which its name is not: a slot dropped and created again under the same
 /// name is another slot, and its consumer never receives what was written before it was made.
 /// PostgreSQL gives slots no id; each has a directory, `pg_replslot/<name>` (a temporary slot
