@@ -77,6 +77,19 @@ def test_an_invalidated_slot_fails_the_backfill_and_names_the_slot(cluster, db):
     assert e.sqlstate == "55000"
 
 
+def ended_after_a_change_mid_run(db, table, change):
+    """A slow backfill of `table` for publication `pipeline`, and `change` made once its first
+    page is in: the backfill's id, and how it ended (state, SQLSTATE, error)."""
+    backfill_id = db.execute(
+        "SELECT backfill_start(%s, confirm => true, publication => 'pipeline', batch_size => 100, rows_per_second => 2000)",
+        [table],
+    ).fetchone()[0]
+    wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
+    db.execute(change)
+    state = wait_until_ended(db, backfill_id, timeout=30)
+    return backfill_id, (state, *status(db, backfill_id, "last_error_sqlstate", "last_error"))
+
+
 @pytest.mark.parametrize("publication, change", [
     ("FOR TABLE items, other", "ALTER PUBLICATION pipeline DROP TABLE items"),
     ("FOR TABLES IN SCHEMA public", "ALTER PUBLICATION pipeline DROP TABLES IN SCHEMA public"),
@@ -91,13 +104,8 @@ def test_a_table_dropped_from_the_publication_mid_run_fails_the_backfill(db, pub
     make_items(db)
     db.execute("CREATE TABLE other (id int PRIMARY KEY)")
     db.execute(f"CREATE PUBLICATION pipeline {publication}")
-    backfill_id = db.execute(
-        "SELECT backfill_start('items', confirm => true, publication => 'pipeline', batch_size => 100, rows_per_second => 2000)"
-    ).fetchone()[0]
-    wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
-    db.execute(change)
-    assert wait_until_ended(db, backfill_id, timeout=30) == "failed"
-    sqlstate, error = status(db, backfill_id, "last_error_sqlstate", "last_error")
+    backfill_id, (state, sqlstate, error) = ended_after_a_change_mid_run(db, "items", change)
+    assert state == "failed"
     # (The message names the table as the scan began; moved, the detail says where it is now.)
     assert sqlstate == "55000" and 'table public.items is not in publication "pipeline"' in error, error
     assert status(db, backfill_id, "rows_done") < 20000
@@ -183,14 +191,8 @@ def test_what_a_page_decides_for_a_table_renamed_or_moved_mid_run(db, publicatio
     """A table renamed, or moved to another schema, mid-run: the backfill fails, and says why."""
     make_items(db)
     db.execute(f"CREATE PUBLICATION pipeline {publication}")
-    backfill_id = db.execute(
-        "SELECT backfill_start('items', confirm => true, publication => 'pipeline', batch_size => 100, rows_per_second => 2000)"
-    ).fetchone()[0]
-    wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
-    db.execute(change)
-    assert wait_until_ended(db, backfill_id, timeout=30) == state
-    found = status(db, backfill_id, "last_error_sqlstate", "last_error")
-    assert found[0] == sqlstate and words in found[1], found
+    _, found = ended_after_a_change_mid_run(db, "items", change)
+    assert found[0] == state and found[1] == sqlstate and words in found[2], found
 
 
 @pytest.mark.parametrize("publication, accepted", [
@@ -222,11 +224,7 @@ def test_a_partition_whose_publication_turns_to_publish_it_as_its_root_fails_the
     page finds the partition no longer published as itself."""
     make_parted(db)
     db.execute("CREATE PUBLICATION pipeline FOR TABLE parted")
-    backfill_id = db.execute(
-        "SELECT backfill_start('parted_low', confirm => true, publication => 'pipeline', batch_size => 100, rows_per_second => 2000)"
-    ).fetchone()[0]
-    wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
-    db.execute("ALTER PUBLICATION pipeline SET (publish_via_partition_root = true)")
-    assert wait_until_ended(db, backfill_id, timeout=30) == "failed"
-    sqlstate, error = status(db, backfill_id, "last_error_sqlstate", "last_error")
+    change = "ALTER PUBLICATION pipeline SET (publish_via_partition_root = true)"
+    _, (state, sqlstate, error) = ended_after_a_change_mid_run(db, "parted_low", change)
+    assert state == "failed"
     assert sqlstate == "55000" and 'table public.parted_low is not in publication "pipeline"' in error, error

@@ -4,13 +4,13 @@
 //! backfill of this server's tables: citus/control.rs).
 
 use crate::catalog::job;
-use crate::catalog::job::SourceOptions;
 use crate::citus::control::{NodeBackfills, Verb};
+use crate::model::request::{SetRequest, SourceOptions};
 use crate::model::state::JobState::{self, *};
-use crate::pg::args::{check_batch_size, check_rate, deadline_after, require_primary, required};
+use crate::pg::args::{deadline_after, require_primary, required};
 use crate::pg::errors::raise;
 use crate::pg::privilege::{self, as_extension_owner};
-use crate::start::options::check_source_limits;
+use crate::start::options::check_changes;
 use crate::worker::launcher;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
@@ -119,7 +119,7 @@ fn purge(older_than: Option<pgrx::datum::Interval>) -> i64 {
 /// backfill.set_source_limits()).
 #[pg_extern(schema = "backfill", name = "set")]
 fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag: Option<i64>) -> bool {
-    change(id, Pacing { batch_size, rows_per_second, max_lag }, SourceOptions::default())
+    change(id, SetRequest { batch_size, rows_per_second, max_lag, source: SourceOptions::default() })
 }
 
 /// backfill_set() since 0.10.0: changes the pacing and the limits on the source of a backfill
@@ -135,37 +135,17 @@ fn set_every_option(
     max_retained_wal: Option<i64>,
     max_active_sessions: Option<i32>,
 ) -> bool {
-    let source =
-        SourceOptions { max_replica_lag, max_retained_wal, max_active_sessions: max_active_sessions.map(i64::from) };
-    change(id, Pacing { batch_size, rows_per_second, max_lag }, source)
-}
-
-/// backfill_set()'s pacing options.
-struct Pacing {
-    batch_size: Option<i32>,
-    rows_per_second: Option<i32>,
-    max_lag: Option<i64>,
+    let source = SourceOptions::of_arguments(max_replica_lag, max_retained_wal, max_active_sessions);
+    change(id, SetRequest { batch_size, rows_per_second, max_lag, source })
 }
 
 /// backfill_set()'s request: checked whole, then written in one transaction's updates.
-fn change(id: Option<i64>, pacing: Pacing, source: SourceOptions) -> bool {
+fn change(id: Option<i64>, changes: SetRequest) -> bool {
     require_primary("change a backfill");
     let id = required(id, "backfill_set", "id");
-    if let Some(batch_size) = pacing.batch_size {
-        check_batch_size(batch_size);
-    }
-    check_rate(pacing.rows_per_second);
-    if let Some(lag) = pacing.max_lag.filter(|lag| *lag < 0) {
-        raise(
-            ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("max_lag {lag} is out of range"),
-            "max_lag is in bytes: positive, or 0 to follow backfill.max_slot_lag again.",
-            Some("Pass 0 for the setting's lag, or a positive number of bytes such as max_lag => 104857600.".into()),
-        );
-    }
-    check_source_limits(&source);
+    check_changes(&changes);
     let job = control(id, "change", &[Running, Paused], None, None);
-    if pacing.max_lag.is_some_and(|lag| lag > 0) && job.slot_name.is_none() {
+    if changes.max_lag.is_some_and(|lag| lag > 0) && job.slot_name.is_none() {
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,
             "max_lag needs a slot",
@@ -174,16 +154,16 @@ fn change(id: Option<i64>, pacing: Pacing, source: SourceOptions) -> bool {
         );
     }
     as_extension_owner(|| {
-        job::set_pacing(id, pacing.batch_size, pacing.rows_per_second, pacing.max_lag);
-        if !source.is_empty() {
-            job::set_source_limits(id, &source);
+        job::set_pacing(id, changes.batch_size, changes.rows_per_second, changes.max_lag);
+        if !changes.source.is_empty() {
+            job::set_source_limits(id, &changes.source);
         }
     });
     launcher::wake_workers_at_commit(id);
     NodeBackfills::of(id).forward(&Verb::Set {
-        batch_size: pacing.batch_size,
-        rows_per_second: pacing.rows_per_second,
-        max_lag: pacing.max_lag,
+        batch_size: changes.batch_size,
+        rows_per_second: changes.rows_per_second,
+        max_lag: changes.max_lag,
     });
     true
 }
@@ -199,13 +179,11 @@ fn set_source_limits(
     max_retained_wal: Option<i64>,
     max_active_sessions: Option<i32>,
 ) -> Option<i64> {
-    let source =
-        SourceOptions { max_replica_lag, max_retained_wal, max_active_sessions: max_active_sessions.map(i64::from) };
+    let source = SourceOptions::of_arguments(max_replica_lag, max_retained_wal, max_active_sessions);
     if source.is_empty() {
         return id; // nothing to change: backfill.start() or backfill.set() checks the rest
     }
-    let pacing = Pacing { batch_size: None, rows_per_second: None, max_lag: None };
-    change(id, pacing, source);
+    change(id, SetRequest { batch_size: None, rows_per_second: None, max_lag: None, source });
     id
 }
 

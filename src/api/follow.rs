@@ -1,7 +1,7 @@
 //! backfill_follow(), backfill_unfollow(), backfill_follow_wait() and the event trigger's entry
 //! points: their arguments checked and handed to follow/, which does the work.
 
-use crate::catalog::follow::FollowOptions;
+use crate::api::request::{start_options, StartOptionArgs};
 use crate::model::request::SourceOptions;
 use crate::pg::args::{require_primary, required};
 use crate::pg::encoding::Text;
@@ -28,20 +28,9 @@ fn follow_publication(
     require_primary("follow a publication");
     let publication = required(publication, CALL, "publication").0;
     let slot = required(slot, CALL, "slot").0;
-    let options = FollowOptions {
-        batch_size: required(batch_size, CALL, "batch_size"),
-        // 0: no limit, as backfill_start() takes it.
-        rows_per_second: rows_per_second.filter(|rate| *rate != 0),
-        parallel: required(parallel, CALL, "parallel"),
-        max_lag,
-        source: SourceOptions {
-            max_replica_lag,
-            max_retained_wal,
-            max_active_sessions: max_active_sessions.map(i64::from),
-        },
-        rows_per_message,
-    };
-    crate::follow::create(&publication, &slot, options, rows_per_second)
+    let source = SourceOptions::of_arguments(max_replica_lag, max_retained_wal, max_active_sessions);
+    let args = StartOptionArgs { batch_size, rows_per_second, parallel, max_lag, source, rows_per_message };
+    crate::follow::create(&publication, &slot, start_options(CALL, args))
 }
 
 /// backfill_unfollow(): ends the follow of `publication` into `slot`; its pending tables are

@@ -2,7 +2,7 @@
 
 use crate::api::verify::compare_request;
 use crate::api::verify::differences;
-use crate::model::request::{CompareRequest, SourceOptions, StartRequest};
+use crate::model::request::{CompareRequest, SourceOptions, StartOptions, StartRequest};
 use crate::pg::encoding::Text;
 use crate::pg::errors::raise;
 use crate::verify::compare::Status;
@@ -78,15 +78,17 @@ fn repair_differences(comparison: CompareRequest, batch_size: i32) -> Option<i64
     let backfill = StartRequest {
         tables: vec![source],
         confirm: true,
-        batch_size,
-        rows_per_second: None,
         slot: found.slot,
         publication,
-        max_lag: None,
-        parallel: 1,
-        source: SourceOptions::default(),
+        options: StartOptions {
+            batch_size,
+            rows_per_second: None,
+            parallel: 1,
+            max_lag: None,
+            source: SourceOptions::default(),
+            rows_per_message: None,
+        },
         keys: Some(serde_json::Value::Array(keys)),
-        rows_per_message: None,
         filter: None,
         // The columns compared: the list's and the key's, which every read carries.
         columns: found.columns,

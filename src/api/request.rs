@@ -2,7 +2,7 @@
 //! else runs: every argument present or defaulted, each in its range. What needs the tables
 //! (their keys, rights, publication) is checked next, by the verb, still before any write.
 
-use crate::model::request::{SourceOptions, StartRequest};
+use crate::model::request::{SourceOptions, StartOptions, StartRequest};
 use crate::model::table;
 use crate::pg::args::{require_primary, required};
 use crate::pg::encoding::Text;
@@ -38,29 +38,52 @@ pub fn start_request(args: StartArgs) -> StartRequest {
     const CALL: &str = "backfill_start";
     require_primary("start a backfill");
     let publication = args.publication.map(|t| t.0);
+    let source = SourceOptions::of_arguments(args.max_replica_lag, args.max_retained_wal, args.max_active_sessions);
+    let options = StartOptionArgs {
+        batch_size: args.batch_size,
+        rows_per_second: args.rows_per_second,
+        parallel: args.parallel,
+        max_lag: args.max_lag,
+        source,
+        rows_per_message: args.rows_per_message,
+    };
     let request = StartRequest {
         tables: table_list(args.tables, publication.as_deref()),
         confirm: required(args.confirm, CALL, "confirm"),
-        batch_size: required(args.batch_size, CALL, "batch_size"),
-        // 0: no limit, as in backfill_set() (check_rate refuses a negative rate below).
-        rows_per_second: args.rows_per_second.filter(|rate| *rate != 0),
         // Text, not String: names in the database's encoding, converted (see encoding.rs).
         slot: args.slot.map(|t| t.0),
         publication,
-        max_lag: args.max_lag,
-        parallel: required(args.parallel, CALL, "parallel"),
-        source: SourceOptions {
-            max_replica_lag: args.max_replica_lag,
-            max_retained_wal: args.max_retained_wal,
-            max_active_sessions: args.max_active_sessions.map(i64::from),
-        },
+        options: start_options(CALL, options),
         keys: args.keys.map(|keys| keys.0),
-        rows_per_message: args.rows_per_message,
         filter: args.filter.map(|t| t.0),
         columns: crate::selection::columns::given(args.columns),
     };
-    check_options(&request, args.rows_per_second);
+    check_options(&request.options, request.slot.is_some());
     request
+}
+
+/// A start's options as an SQL function receives them: backfill_start()'s, backfill_follow()'s.
+pub struct StartOptionArgs {
+    pub batch_size: Option<i32>,
+    pub rows_per_second: Option<i32>,
+    pub parallel: Option<i32>,
+    pub max_lag: Option<i64>,
+    pub source: SourceOptions,
+    pub rows_per_message: Option<i32>,
+}
+
+/// The start options of `args` for SQL function `call` (every argument present or defaulted),
+/// to be checked by start/options.rs.
+pub fn start_options(call: &str, args: StartOptionArgs) -> StartOptions {
+    StartOptions {
+        batch_size: required(args.batch_size, call, "batch_size"),
+        // 0: no limit, as in backfill_set() (check_rate refuses a negative rate).
+        rows_per_second: args.rows_per_second.filter(|rate| *rate != 0),
+        parallel: required(args.parallel, call, "parallel"),
+        max_lag: args.max_lag,
+        source: args.source,
+        rows_per_message: args.rows_per_message,
+    }
 }
 
 /// The tables named, each once; NULLs and an empty list are errors. No list at all (NULL, the

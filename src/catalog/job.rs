@@ -16,6 +16,7 @@ use pgrx::spi::SpiResult;
 pub const PAUSED_BY_USER: &str = "paused by backfill_pause()";
 
 pub use crate::model::request::SourceOptions;
+use crate::model::request::StartRequest;
 
 /// A backfill as the worker and the API need it.
 pub struct Job {
@@ -224,6 +225,32 @@ pub struct NewJob<'a> {
     pub slot_identity: Option<String>,
     pub row_filter: Option<&'a str>,
     pub source: SourceOptions,
+}
+
+impl<'a> NewJob<'a> {
+    /// The backfill `request` asks for, started by `started_by` with messages prefixed
+    /// `message_prefix`: its options as given (rows per message: backfill.rows_per_message if
+    /// it gives none; its limits on the source as recorded, see
+    /// [`StartRequest::recorded_source_limits`]), locked as the lock_mode setting says. The one
+    /// place a backfill's row is shaped; a start that records otherwise (a keyed one, a Citus
+    /// coordinator's) changes what differs.
+    pub fn of_request(request: &'a StartRequest, started_by: &'a str, message_prefix: &'a str) -> NewJob<'a> {
+        NewJob {
+            started_by,
+            batch_size: request.options.batch_size,
+            rows_per_second: request.options.rows_per_second,
+            parallel: request.options.parallel,
+            message_prefix,
+            slot_name: request.slot.as_deref(),
+            publication_name: request.publication.as_deref(),
+            max_lag_bytes: request.options.max_lag,
+            lock_mode: LockMode::Auto,
+            rows_per_message: request.options.rows_per_message.unwrap_or_else(crate::pg::settings::rows_per_message),
+            slot_identity: None,
+            row_filter: request.filter.as_deref(),
+            source: request.recorded_source_limits(),
+        }
+    }
 }
 
 /// Records a new backfill; returns its id. A column of a later version is named only when its

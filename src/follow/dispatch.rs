@@ -130,7 +130,7 @@ fn started(follow: &Follow, entries: &[i64], backfill_id: i64) {
 /// backfill_start() of `tables` for the follow, as the role that created it (its rights checked
 /// as that call checks a caller's), in a subtransaction: an error is returned, not raised.
 fn start_as_creator(follow: &Follow, tables: Vec<pg_sys::Oid>) -> Result<i64, PageError> {
-    let request = request_of(&follow.publication, &follow.slot, &follow.options, tables);
+    let request = request_of(follow, tables);
     let settings: Vec<(CString, CString)> = follow
         .settings
         .iter()

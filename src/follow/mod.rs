@@ -6,25 +6,26 @@
 //! into the slot, once, as `backfill_start(tables, slot => ..., publication => ...)` would:
 //!
 //! - **Enqueue, at the DDL.** An event trigger at the end of every statement that can change a
-//!   publication's tables (sql/api.sql) calls [`queue::statement`]: in the statement's own transaction,
-//!   each live follow's publication is compared with the tables the follow knew it to hold, and
-//!   the added ones are queued (`backfill.follow_table`). The queue rows commit with the DDL, or
-//!   roll back with it.
-//! - **Dispatch, one backfill per slot.** [`dispatch::dispatch_follows`] starts one backfill of the pending tables
-//!   when the slot has no running or paused backfill: right after the enqueue (the new backfill's
-//!   worker waits for the DDL's commit, so the table's first change and its backfill start from
-//!   the same transaction), when a backfill bound to the slot ends (its worker, and
-//!   backfill_cancel()), and after a server restart (the resumer). The backfill is started as
-//!   the follow's creator, through backfill_start()'s own code, in a subtransaction: a start
-//!   that fails (the role lacks a right, the table has no key) is recorded in the queue entry and
-//!   the follow's last_error, and never fails the statement that added the table.
+//!   publication's tables (sql/api.sql) calls [`queue::statement`]: in the statement's own
+//!   transaction, each live follow's publication is compared with the tables the follow knew it
+//!   to hold, and the added ones are queued (`backfill.follow_table`). The queue rows commit
+//!   with the DDL, or roll back with it.
+//! - **Dispatch, one backfill per slot.** The dispatcher, a worker of its own
+//!   ([`dispatch::backfill_dispatcher_main`]), starts one backfill of the pending tables when the
+//!   slot has no running or paused backfill. The worker layer starts it by its name: at the
+//!   commit of a statement that queued tables, when a backfill ends (its worker, and
+//!   backfill_cancel() at commit), and after a server restart (the resumer). The backfill is
+//!   started as the follow's creator, through backfill_start()'s own code, in a
+//!   subtransaction: a start that fails (the role lacks a right, the table has no key) is
+//!   recorded in the queue entry and the follow's last_error, and never fails the statement
+//!   that added the table.
 //! - **End.** The publication or the slot gone ends the follow, with the reason.
 
 pub(crate) mod dispatch;
 pub(crate) mod queue;
 
-use crate::catalog::follow::{self, Follow, FollowOptions};
-use crate::model::request::StartRequest;
+use crate::catalog::follow::{self, Follow};
+use crate::model::request::{StartOptions, StartRequest};
 use crate::pg::args::deadline_after;
 use crate::pg::errors::{raise, OrInternal};
 use crate::pg::privilege::{self, as_extension_owner};
@@ -46,10 +47,10 @@ const START_SETTINGS: [&str; 4] = [
 ];
 
 /// backfill_follow(): every table later added to `publication` is backfilled into `slot`, with
-/// `options` (`rows_per_second` as given: 0 is no limit). Returns the follow's id.
-pub fn create(publication: &str, slot: &str, options: FollowOptions, rows_per_second: Option<i32>) -> i64 {
+/// `options`. Returns the follow's id.
+pub fn create(publication: &str, slot: &str, options: StartOptions) -> i64 {
     // The options are checked as backfill_start() checks them, once here and again at each start.
-    check_options(&request_of(publication, slot, &options, Vec::new()), rows_per_second);
+    check_options(&options, true);
     privilege::require_replication(slot);
     pipeline::require_slot(slot);
     let Some(held) = publication_tables(publication) else { no_such_publication(publication) };
@@ -171,19 +172,14 @@ fn still_followable(follow: &Follow) -> Option<PublicationTables> {
 }
 
 /// backfill_start()'s request for `tables` with a follow's options, bound to its slot and publication.
-fn request_of(publication: &str, slot: &str, options: &FollowOptions, tables: Vec<pg_sys::Oid>) -> StartRequest {
+fn request_of(follow: &Follow, tables: Vec<pg_sys::Oid>) -> StartRequest {
     StartRequest {
         tables,
         confirm: true,
-        batch_size: options.batch_size,
-        rows_per_second: options.rows_per_second,
-        slot: Some(slot.to_string()),
-        publication: Some(publication.to_string()),
-        max_lag: options.max_lag,
-        parallel: options.parallel,
-        source: options.source,
+        slot: Some(follow.slot.clone()),
+        publication: Some(follow.publication.clone()),
+        options: follow.options,
         keys: None,
-        rows_per_message: options.rows_per_message,
         filter: None,
         columns: None,
     }

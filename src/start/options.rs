@@ -2,7 +2,7 @@
 //! backfill it starts, backfill_set() for the limits on the source): each in its range, and a
 //! server that decodes the backfill's messages.
 
-use crate::model::request::{SourceOptions, StartRequest};
+use crate::model::request::{SetRequest, SourceOptions, StartOptions};
 use crate::pg::args::{check_batch_size, check_rate, check_rows_per_message};
 use crate::pg::compat;
 use crate::pg::encoding::Text;
@@ -11,19 +11,35 @@ use pgrx::PgSqlErrorCode::*;
 
 const MAX_PARALLEL: i32 = 16;
 
-/// The pacing and batching options of `request` (backfill_start()'s, or a follow's for every
-/// backfill it starts), each in its range; `rows_per_second` as given (0 is no limit); and a
-/// server that decodes them.
-pub fn check_options(request: &StartRequest, rows_per_second: Option<i32>) {
-    check_batch_size(request.batch_size);
-    check_parallel(request.parallel);
-    check_rate(rows_per_second);
-    if let Some(rows_per_message) = request.rows_per_message {
+/// A start's options (backfill_start()'s, or a follow's for every backfill it starts), each in
+/// its range (`has_slot`: max_lag needs a slot), and a server that decodes them.
+pub fn check_options(options: &StartOptions, has_slot: bool) {
+    check_batch_size(options.batch_size);
+    check_parallel(options.parallel);
+    check_rate(options.rows_per_second);
+    if let Some(rows_per_message) = options.rows_per_message {
         check_rows_per_message(rows_per_message);
     }
-    check_source_limits(&request.source);
-    check_max_lag(request.max_lag, request.slot.is_some());
+    check_source_limits(&options.source);
+    check_max_lag(options.max_lag, has_slot);
     require_logical_decoding();
+}
+
+/// backfill_set()'s changes, each in its range.
+pub fn check_changes(changes: &SetRequest) {
+    if let Some(batch_size) = changes.batch_size {
+        check_batch_size(batch_size);
+    }
+    check_rate(changes.rows_per_second);
+    if let Some(lag) = changes.max_lag.filter(|lag| *lag < 0) {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("max_lag {lag} is out of range"),
+            "max_lag is in bytes: positive, or 0 to follow backfill.max_slot_lag again.",
+            Some("Pass 0 for the setting's lag, or a positive number of bytes such as max_lag => 104857600.".into()),
+        );
+    }
+    check_source_limits(&changes.source);
 }
 
 fn check_parallel(parallel: i32) {
@@ -59,7 +75,7 @@ fn check_max_lag(max_lag: Option<i64>, has_slot: bool) {
 
 /// The limits on the source of backfill_start() and backfill_set(): positive to tighten the
 /// setting, 0 to turn a limit off where the setting is off, -1 to follow the setting.
-pub fn check_source_limits(options: &SourceOptions) {
+fn check_source_limits(options: &SourceOptions) {
     for (name, value, unit) in [
         ("max_replica_lag", options.max_replica_lag, "bytes"),
         ("max_retained_wal", options.max_retained_wal, "bytes"),

@@ -28,21 +28,9 @@ pub fn start_local(request: &StartRequest, relids: &[pg_sys::Oid]) -> i64 {
     let plan = LocalPlan::of(request, relids);
     let prefix = settings::message_prefix();
     let started_by = crate::pg::privilege::current_role_name();
-    let job = NewJob {
-        started_by: &started_by,
-        batch_size: request.batch_size,
-        rows_per_second: request.rows_per_second,
-        parallel: request.parallel,
-        message_prefix: &prefix,
-        slot_name: request.slot.as_deref(),
-        publication_name: request.publication.as_deref(),
-        max_lag_bytes: request.max_lag,
-        lock_mode: if request.keys.is_some() { LockMode::Table } else { plan.lock_mode },
-        rows_per_message: request.rows_per_message.unwrap_or_else(settings::rows_per_message),
-        slot_identity: request.slot.as_deref().and_then(pipeline::slot_identity),
-        row_filter: request.filter.as_deref(),
-        source: request.recorded_source_limits(),
-    };
+    let mut job = NewJob::of_request(request, &started_by, &prefix);
+    job.lock_mode = if request.keys.is_some() { LockMode::Table } else { plan.lock_mode };
+    job.slot_identity = request.slot.as_deref().and_then(pipeline::slot_identity);
     let tables = plan.tables.iter().map(|t| (t.table.relid, t.table.qualified_name())).collect();
     let unconfirmed = Box::new(|| plan.unconfirmed(request));
     let admission = Admission { job, tables, confirm: request.confirm, unconfirmed };
@@ -93,7 +81,7 @@ impl LocalPlan {
             .zip(published)
             .map(|(table, published)| PlannedTable::of(request, table, published.as_ref()))
             .collect();
-        spread_over_workers(&mut tables, request.parallel);
+        spread_over_workers(&mut tables, request.options.parallel);
         let plan = LocalPlan { tables, lock_mode };
         if let Some(keys) = &request.keys {
             return plan.with_keys(keys.clone(), request.filter.is_some());
@@ -119,7 +107,7 @@ impl LocalPlan {
             "The backfill would deliver about {rows} rows ({}) from {} table(s) in about {} pages.",
             pretty_bytes(bytes),
             self.tables.len(),
-            estimate::pages(rows, request.batch_size),
+            estimate::pages(rows, request.options.batch_size),
         );
         (detail, format!("Review the estimate, then run: {}", request.confirmed_call()))
     }
