@@ -69,7 +69,8 @@
 //! - `api/`: the SQL functions, which only adapt SQL to requests: each version's entry point an
 //!   adapter that builds its verb's request (`request.rs`): backfill_start() (`start.rs`),
 //!   backfill_estimate() (`estimate.rs`), pause, resume, set, wait and cancel (`control.rs`),
-//!   keys given to a backfill by older SQL and Citus nodes (`keyed.rs`), backfill_repair()
+//!   keys given to a Citus node's backfill (`keyed.rs`), the entry points only an earlier
+//!   version's SQL calls, in one file (`old_sql.rs`), backfill_repair()
 //!   (`repair.rs`), backfill_checksum() and backfill_compare(), which hand Citus's side to
 //!   verification (`verify.rs`), the monitoring views' helpers (`views.rs`), and the follows'
 //!   verbs and event trigger (`follow.rs`).

@@ -115,13 +115,6 @@ fn purge(older_than: Option<pgrx::datum::Interval>) -> i64 {
     as_extension_owner(|| job::delete_jobs(&purged))
 }
 
-/// backfill_set() before 0.10.0: pacing only (its SQL chains the limits on the source through
-/// backfill.set_source_limits()).
-#[pg_extern(schema = "backfill", name = "set")]
-fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag: Option<i64>) -> bool {
-    change(id, SetRequest { batch_size, rows_per_second, max_lag, source: SourceOptions::default() })
-}
-
 /// backfill_set() since 0.10.0: changes the pacing and the limits on the source of a backfill
 /// while it runs; the worker applies them at its next page. NULL keeps a value; 0 removes a
 /// limit; a limit on the source of -1 follows the setting again.
@@ -140,7 +133,7 @@ fn set_every_option(
 }
 
 /// backfill_set()'s request: checked whole, then written in one transaction's updates.
-fn change(id: Option<i64>, changes: SetRequest) -> bool {
+pub fn change(id: Option<i64>, changes: SetRequest) -> bool {
     require_primary("change a backfill");
     let id = required(id, "backfill_set", "id");
     check_changes(&changes);
@@ -166,25 +159,6 @@ fn change(id: Option<i64>, changes: SetRequest) -> bool {
         max_lag: changes.max_lag,
     });
     true
-}
-
-/// The limits on the source of backfill_start() and backfill_set() in the SQL of 0.9.0 and
-/// before (max_replica_lag, max_retained_wal, max_active_sessions), chained with
-/// backfill.start() and backfill.set(): returns the backfill's id. (A backfill started in this
-/// transaction is changed as by backfill_set(), as it was.)
-#[pg_extern(schema = "backfill", name = "set_source_limits")]
-fn set_source_limits(
-    id: Option<i64>,
-    max_replica_lag: Option<i64>,
-    max_retained_wal: Option<i64>,
-    max_active_sessions: Option<i32>,
-) -> Option<i64> {
-    let source = SourceOptions::of_arguments(max_replica_lag, max_retained_wal, max_active_sessions);
-    if source.is_empty() {
-        return id; // nothing to change: backfill.start() or backfill.set() checks the rest
-    }
-    change(id, SetRequest { batch_size: None, rows_per_second: None, max_lag: None, source });
-    id
 }
 
 /// backfill_wait(): blocks until the backfill is done and, with a slot, delivered (true), or

@@ -5,7 +5,6 @@ use crate::api::request::{start_options, StartOptionArgs};
 use crate::model::request::SourceOptions;
 use crate::pg::args::{require_primary, required};
 use crate::pg::encoding::Text;
-use crate::pg::privilege::as_extension_owner;
 use pgrx::prelude::*;
 
 /// backfill_follow(): every table later added to `publication` is backfilled into `slot`, with
@@ -70,13 +69,4 @@ fn follow_ddl_of(command_tag: Option<Text>) {
     // (ALTER PUBLICATION ... DROP TABLE reports no object among the statement's commands: a
     // statement on a publication brings every follow up to date.)
     crate::follow::queue::statement(command_tag.is_some_and(|tag| tag.0.ends_with(" PUBLICATION")));
-}
-
-/// The event trigger's work in 0.10.0's SQL, which calls it (without the command's tag) until
-/// ALTER EXTENSION UPDATE: as for a statement on a publication.
-#[pg_extern(schema = "backfill", name = "follow_ddl")]
-fn follow_ddl() {
-    if as_extension_owner(crate::catalog::follow::any_live_follow) {
-        crate::follow::queue::statement(true);
-    }
 }

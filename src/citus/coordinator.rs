@@ -322,31 +322,3 @@ pub fn local_tables(relids: Vec<pg_sys::Oid>) -> Vec<pg_sys::Oid> {
         })
         .collect()
 }
-
-/// The options of backfill_start() that a backfill of a distributed table does not pass on to
-/// its nodes: refused before anything starts (backfill_start() calls this on its tables before
-/// backfill.start()). Returns the tables.
-#[pg_extern(schema = "backfill", name = "refuse_node_options")]
-fn refuse_node_options(
-    tables: Option<Vec<Option<pg_sys::Oid>>>,
-    keys: Option<JsonB>,
-    max_replica_lag: Option<i64>,
-    max_retained_wal: Option<i64>,
-    max_active_sessions: Option<i32>,
-    rows_per_message: Option<i32>,
-) -> Option<Vec<Option<pg_sys::Oid>>> {
-    let given: Vec<&str> = [
-        ("keys", keys.is_some()),
-        ("max_replica_lag", max_replica_lag.is_some()),
-        ("max_retained_wal", max_retained_wal.is_some()),
-        ("max_active_sessions", max_active_sessions.is_some()),
-        ("rows_per_message", rows_per_message.is_some()),
-    ]
-    .into_iter()
-    .filter_map(|(name, is_given)| is_given.then_some(name))
-    .collect();
-    for relid in tables.iter().flatten().flatten() {
-        crate::citus::rules::refuse("backfill_start", *relid, &given);
-    }
-    tables
-}
