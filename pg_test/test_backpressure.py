@@ -11,7 +11,7 @@ from contextlib import suppress
 import psycopg
 import pytest
 from conftest import (PG_BIN, ROOT, Cluster, Consumer, assert_each_row_read_once, error_of, extra_cluster, status, wait_for,
-                      wait_until_ended)
+                      wait_until_ended, worker_pid)
 
 MB = 1024 * 1024
 GB = 1024 * MB
@@ -103,6 +103,15 @@ def cancel_running(conn) -> None:
     """Cleanup: cancels whatever backfill of the test's database still runs or is paused."""
     with suppress(psycopg.Error):
         conn.execute("SELECT backfill_cancel(id) FROM backfill_status WHERE state IN ('running', 'paused')")
+
+
+def cancel_and_wait_for_its_workers(conn, backfill_id: int) -> None:
+    """Cancels the backfill and waits until its worker has exited: until then it counts against
+    backfill.max_workers, and a test's next start could be refused for it (a worker ends at its
+    next page or wait, however long a loaded machine takes to get there)."""
+    conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    wait_until_ended(conn, backfill_id)
+    wait_for(lambda: worker_pid(conn, backfill_id) is None, what=f"backfill {backfill_id}'s worker to exit")
 
 
 def drop_slot_if_any(conn, slot: str) -> None:
@@ -440,15 +449,13 @@ def test_a_backfill_started_with_no_pacing_option_gives_way_to_load(cluster, db)
     for options in ["", ", max_active_sessions => 0", ", rows_per_second => 100000", ", max_active_sessions => 3"]:
         backfill_id = db.execute(f"SELECT backfill_start('busy', confirm => true{options})").fetchone()[0]
         recorded[options] = status(db, backfill_id, "max_active_sessions")
-        db.execute("SELECT backfill_cancel(%s)", [backfill_id])
-        wait_until_ended(db, backfill_id)
+        cancel_and_wait_for_its_workers(db, backfill_id)
     assert recorded == {"": 1, ", max_active_sessions => 0": None, ", rows_per_second => 100000": None,
                         ", max_active_sessions => 3": 3}, recorded
     db.execute("SET backfill.default_max_active_sessions = 0")
     backfill_id = db.execute("SELECT backfill_start('busy', confirm => true)").fetchone()[0]
     assert status(db, backfill_id, "max_active_sessions") is None
-    db.execute("SELECT backfill_cancel(%s)", [backfill_id])
-    wait_until_ended(db, backfill_id)
+    cancel_and_wait_for_its_workers(db, backfill_id)
 
     db.execute("SET backfill.default_max_active_sessions = 1")
     load = ActiveSessions(cluster, db.info.dbname, 4)

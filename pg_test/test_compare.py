@@ -268,7 +268,9 @@ def test_an_absent_key_sorts_before_a_concurrent_insert_of_it(cluster, db):
                 copy.discard(message["key"]["id"])
                 absent += 1
     source = {k for k, in db.execute("SELECT id FROM src")}
-    assert absent > 100 and len(source) > 100, (absent, len(source))  # the race was run
+    # The race was run: some keys went absent, some were inserted first. (How many of each
+    # depends on how fast the writer runs next to the backfill, which no verdict may.)
+    assert absent > 0 and len(source) > 0, (absent, len(source))
     assert copy == source, f"{len(source - copy)} inserted rows deleted by an absent"
 
 

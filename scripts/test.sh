@@ -63,7 +63,7 @@ echo "== end-to-end tests (pg_test/, PostgreSQL $PG_MAJOR) =="
 # The end-to-end tests need the test hooks (a release build never has them).
 # (Written beside the installed files and renamed over them: a server running from them, such
 # as the demo's, keeps running; see scripts/lib/install.sh.)
-install_extension "$PG_CONFIG" "${PG_FEATURES[@]}" --features test_hooks
+install_extension "$PG_CONFIG" "${PG_FEATURES[@]}" --features test_hooks --profile tests
 # Earlier versions' install scripts, for the upgrade tests (CREATE EXTENSION ... VERSION, then UPDATE).
 cp sql/history/pg_backfill--*.sql "$PG_ROOT$("$PG_CONFIG" --sharedir)/extension/"
 if [ "$PG_MAJOR" != 15 ] && [ -z "$PG_ROOT" ]; then
@@ -72,7 +72,7 @@ if [ "$PG_MAJOR" != 15 ] && [ -z "$PG_ROOT" ]; then
     # servers may be running.
     export BACKFILL_PG15_PACKAGE=$PWD/target/pg15-package
     cargo pgrx package --no-default-features --features pg15 --pg-config "$(pg_bin_of 15)/pg_config" \
-        --out-dir "$BACKFILL_PG15_PACKAGE" >/dev/null
+        --profile tests --out-dir "$BACKFILL_PG15_PACKAGE" >/dev/null
 fi
 # The end-to-end tests mostly wait on their servers: they run on BACKFILL_TEST_JOBS workers
 # (pytest-xdist; 3 unless set, at most 3: conftest.py gives each a cluster and ports of its own),
