@@ -315,6 +315,13 @@ def messages_with_xids(lines, prefix="backfill"):
     return messages
 
 
+def at_earlier_version(db, version):
+    """The `db` fixture's database with pg_backfill at an earlier version, as a database not yet
+    updated after the library was: its SQL calls the entry points that version declared."""
+    db.execute("DROP EXTENSION pg_backfill")
+    db.execute(f"CREATE EXTENSION pg_backfill VERSION '{version}'")
+
+
 def error_of(conn, sql, params=None) -> psycopg.Error:
     """The error a statement raises (the test fails if it raises none)."""
     with pytest.raises(psycopg.Error) as caught:

@@ -1,8 +1,9 @@
 //! The entry points that only the SQL of earlier versions calls, kept so that such SQL, still in
 //! place until ALTER EXTENSION UPDATE, works with this library: each a thin adapter into
 //! today's request, named (in its comment) by the version whose SQL calls it. Today's SQL
-//! (sql/api.sql) calls none of them. (Their Rust names stay as they were: each is the C symbol
-//! its version's SQL names.)
+//! (sql/api.sql) neither calls nor declares them (`sql = false`), and the update to 0.11.0 drops
+//! their declarations. (Their Rust names stay as they were: each is the C symbol its version's SQL
+//! names.)
 //!
 //! - 0.7.0 and before: backfill.start() of 8 arguments, backfill.estimate() of 2;
 //! - 0.8.0: backfill.start() with a filter, backfill.estimate() with a filter;
@@ -25,7 +26,7 @@ use pgrx::JsonB;
 
 /// backfill_start() before 0.8.0: the SQL of an earlier version calls this entry point until
 /// ALTER EXTENSION UPDATE (as the next two); it leaves the later options at their defaults.
-#[pg_extern(schema = "backfill", name = "start")]
+#[pg_extern(sql = false)]
 #[allow(clippy::too_many_arguments)]
 fn start(
     tables: Option<Vec<Option<pg_sys::Oid>>>,
@@ -52,7 +53,7 @@ fn start(
 }
 
 /// backfill_start() of 0.8.0 (a row filter).
-#[pg_extern(schema = "backfill", name = "start")]
+#[pg_extern(sql = false)]
 #[allow(clippy::too_many_arguments)]
 fn start_filtered(
     tables: Option<Vec<Option<pg_sys::Oid>>>,
@@ -82,7 +83,7 @@ fn start_filtered(
 
 /// backfill_start() of 0.9.0 (a row filter and a column list; its SQL chains the other options
 /// through backfill.set_rows_per_message(), set_source_limits() and set_keys()).
-#[pg_extern(schema = "backfill", name = "start")]
+#[pg_extern(sql = false)]
 #[allow(clippy::too_many_arguments)]
 fn start_of_columns(
     tables: Option<Vec<Option<pg_sys::Oid>>>,
@@ -116,7 +117,7 @@ fn start_of_columns(
 /// point until ALTER EXTENSION UPDATE (as the next one).
 // The row type must be spelled out here for pgrx to name the result columns.
 #[allow(clippy::type_complexity)]
-#[pg_extern(schema = "backfill", name = "estimate")]
+#[pg_extern(sql = false)]
 fn estimate(
     tables: Option<Vec<Option<pg_sys::Oid>>>,
     batch_size: Option<i32>,
@@ -137,7 +138,7 @@ fn estimate(
 
 /// backfill_estimate() of 0.8.0 (a row filter).
 #[allow(clippy::type_complexity)]
-#[pg_extern(schema = "backfill", name = "estimate")]
+#[pg_extern(sql = false)]
 fn estimate_filtered(
     tables: Option<Vec<Option<pg_sys::Oid>>>,
     batch_size: Option<i32>,
@@ -163,7 +164,7 @@ fn estimate_filtered(
 ///
 /// Only at the start: a backfill keeps one format from its first row to its last, so that a
 /// consumer never sees its reads change shape mid-table (backfill_set() does not change it).
-#[pg_extern(schema = "backfill", name = "set_rows_per_message")]
+#[pg_extern(sql = false)]
 fn set_rows_per_message(id: Option<i64>, rows_per_message: Option<i32>) -> Option<i64> {
     let Some(rows_per_message) = rows_per_message else { return id };
     check_rows_per_message(rows_per_message);
@@ -181,7 +182,7 @@ fn set_rows_per_message(id: Option<i64>, rows_per_message: Option<i32>) -> Optio
 /// backfill.set_keys(): makes the backfill `id`, started in this transaction, deliver exactly
 /// the keys `keys` (a JSON array of key objects) of its one table. NULL keys: the whole table,
 /// as started. Returns the id, so that backfill_start()'s SQL wrapper chains it.
-#[pg_extern(schema = "backfill", name = "set_keys")]
+#[pg_extern(sql = false)]
 fn set_keys(id: Option<i64>, keys: Option<JsonB>) -> Option<i64> {
     let Some(keys) = keys else { return id };
     let id = required(id, "backfill_start", "id");
@@ -191,7 +192,7 @@ fn set_keys(id: Option<i64>, keys: Option<JsonB>) -> Option<i64> {
 
 /// backfill_set() before 0.10.0: pacing only (its SQL chains the limits on the source through
 /// backfill.set_source_limits()).
-#[pg_extern(schema = "backfill", name = "set")]
+#[pg_extern(sql = false)]
 fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag: Option<i64>) -> bool {
     change(id, SetRequest { batch_size, rows_per_second, max_lag, source: SourceOptions::default() })
 }
@@ -200,7 +201,7 @@ fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, m
 /// before (max_replica_lag, max_retained_wal, max_active_sessions), chained with
 /// backfill.start() and backfill.set(): returns the backfill's id. (A backfill started in this
 /// transaction is changed as by backfill_set(), as it was.)
-#[pg_extern(schema = "backfill", name = "set_source_limits")]
+#[pg_extern(sql = false)]
 fn set_source_limits(
     id: Option<i64>,
     max_replica_lag: Option<i64>,
@@ -218,7 +219,7 @@ fn set_source_limits(
 /// The options of backfill_start() that a backfill of a distributed table does not pass on to
 /// its nodes: refused before anything starts (backfill_start() calls this on its tables before
 /// backfill.start()). Returns the tables.
-#[pg_extern(schema = "backfill", name = "refuse_node_options")]
+#[pg_extern(sql = false)]
 fn refuse_node_options(
     tables: Option<Vec<Option<pg_sys::Oid>>>,
     keys: Option<JsonB>,
@@ -245,7 +246,7 @@ fn refuse_node_options(
 
 /// The event trigger's work in 0.10.0's SQL, which calls it (without the command's tag) until
 /// ALTER EXTENSION UPDATE: as for a statement on a publication.
-#[pg_extern(schema = "backfill", name = "follow_ddl")]
+#[pg_extern(sql = false)]
 fn follow_ddl() {
     if as_extension_owner(crate::catalog::follow::any_live_follow) {
         crate::follow::queue::statement(true);
