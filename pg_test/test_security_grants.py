@@ -131,7 +131,6 @@ def test_the_security_check_reports_public_execute_on_every_signature_that_start
             WHERE p.pronamespace = 'backfill'::regnamespace AND p.proname IN ('start', 'repair', 'follow')
             ORDER BY p.proname, p.pronargs""").fetchall()]
     assert sum(s.startswith("backfill.start(") for s in signatures) == 1, signatures
-    assert len(signatures) == 3, signatures
     assert db.execute(check).fetchone()[0] is True
     for signature in signatures:
         db.execute(f"GRANT EXECUTE ON FUNCTION {signature} TO PUBLIC")

@@ -83,6 +83,8 @@ OLD_ENTRY_POINTS = {
     "backfill.set_rows_per_message(bigint,integer)",
     "backfill.refuse_node_options(oid[],jsonb,bigint,bigint,integer,integer)",
     "backfill.follow_ddl()",
+    "backfill.compare(oid,oid,text,integer,text)",
+    "backfill.repair(oid,oid,boolean,text,integer,text,integer)",
 }
 
 

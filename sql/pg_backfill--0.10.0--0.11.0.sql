@@ -38,7 +38,9 @@ DROP FUNCTION backfill.follow_ddl(),
               backfill.set_source_limits(bigint, bigint, bigint, integer),
               backfill.set_keys(bigint, jsonb),
               backfill.set_rows_per_message(bigint, integer),
-              backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer);
+              backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer),
+              backfill.compare(oid, oid, text, integer, text),
+              backfill.repair(oid, oid, boolean, text, integer, text, integer);
 
 -- ===== Slots of this database, and backfill_message_valid() over a peek's xid =====
 -- (The settings a start records became superuser settings in the library: nothing here. Values

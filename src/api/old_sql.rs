@@ -6,7 +6,8 @@
 //! names.)
 //!
 //! - 0.7.0 and before: backfill.start() of 8 arguments, backfill.estimate() of 2;
-//! - 0.8.0: backfill.start() with a filter, backfill.estimate() with a filter;
+//! - 0.8.0: backfill.start() with a filter, backfill.estimate() with a filter, and (as before it)
+//!   backfill.compare() and backfill.repair() without a column list;
 //! - 0.9.0: backfill.start() with a column list, and the links its backfill_start() chains after
 //!   it (set_rows_per_message(), set_source_limits(), set_keys()), backfill.set() of pacing only,
 //!   refuse_node_options();
@@ -14,7 +15,9 @@
 
 use crate::api::control::change;
 use crate::api::estimate::{estimate_request, estimate_rows};
+use crate::api::repair::repair_columns;
 use crate::api::request::{start_request, StartArgs};
+use crate::api::verify::compare_columns;
 use crate::model::request::{SetRequest, SourceOptions};
 use crate::pg::args::{check_rows_per_message, required};
 use crate::pg::encoding::Text;
@@ -251,4 +254,31 @@ fn follow_ddl() {
     if as_extension_owner(crate::catalog::follow::any_live_follow) {
         crate::follow::queue::statement(true);
     }
+}
+
+/// backfill_compare() before 0.9.0 (no column list).
+#[pg_extern(sql = false)]
+fn compare(
+    source: Option<pg_sys::Oid>,
+    target: Option<pg_sys::Oid>,
+    level: Option<Text>,
+    passes: Option<i32>,
+    slot: Option<Text>,
+) -> TableIterator<'static, (name!(key, JsonB), name!(status, String))> {
+    compare_columns(source, target, level, passes, slot, None)
+}
+
+/// backfill_repair() before 0.9.0 (no column list).
+#[pg_extern(sql = false)]
+#[allow(clippy::too_many_arguments)]
+fn repair(
+    source: Option<pg_sys::Oid>,
+    target: Option<pg_sys::Oid>,
+    confirm: Option<bool>,
+    level: Option<Text>,
+    passes: Option<i32>,
+    slot: Option<Text>,
+    batch_size: Option<i32>,
+) -> Option<i64> {
+    repair_columns(source, target, confirm, level, passes, slot, batch_size, None)
 }

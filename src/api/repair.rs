@@ -9,29 +9,12 @@ use crate::verify::compare::Status;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
-/// backfill_repair(): compares, then starts one backfill of the differing keys of the source
-/// (through the comparison's slot); its id, or NULL when nothing differs.
-#[pg_extern(schema = "backfill", name = "repair")]
-#[allow(clippy::too_many_arguments)]
-fn repair(
-    source: Option<pg_sys::Oid>,
-    target: Option<pg_sys::Oid>,
-    confirm: Option<bool>,
-    level: Option<Text>,
-    passes: Option<i32>,
-    slot: Option<Text>,
-    batch_size: Option<i32>,
-) -> Option<i64> {
-    repair_columns(source, target, confirm, level, passes, slot, batch_size, None)
-}
-
 /// backfill_repair() of a column list's columns (0.9.0): compared over them, and the keys'
-/// backfill delivers them. A function of its own, so that the SQL of an earlier version, which
-/// calls backfill.repair() with seven arguments, keeps working with this library until ALTER
-/// EXTENSION UPDATE.
+/// backfill delivers them. (Before 0.9.0 the SQL called backfill.repair() of seven arguments:
+/// api/old_sql.rs.)
 #[pg_extern(schema = "backfill", name = "repair")]
 #[allow(clippy::too_many_arguments)]
-fn repair_columns(
+pub fn repair_columns(
     source: Option<pg_sys::Oid>,
     target: Option<pg_sys::Oid>,
     confirm: Option<bool>,
