@@ -64,6 +64,21 @@ SHAPES = {
 }
 
 
+# The clusters' settings (bash's $'...'): wal_keep_size, as pg_waldump reads the WAL of each
+# measurement after its checkpoints.
+CLUSTER_SETTINGS = "$'fsync = on\\nsynchronous_commit = on\\nautovacuum = off\\nfull_page_writes = on\\nwal_keep_size = 16GB'"
+# --versus: the other installation's cluster.
+VERSUS_DIR, VERSUS_PORT = f"{DIR}_versus", PORT + 1
+
+
+def versus_cluster(bin_dir):
+    """A cluster of the other installation (--versus), configured as this run's, with pg_backfill."""
+    sh(f"BACKFILL_PG_BIN='{bin_dir}' cluster_start {VERSUS_DIR} {VERSUS_PORT} {CLUSTER_SETTINGS}")
+    conn = psycopg.connect(host="127.0.0.1", port=VERSUS_PORT, user="postgres", dbname="postgres", autocommit=True)
+    conn.execute("CREATE EXTENSION pg_backfill")
+    return conn
+
+
 def sh(command):
     subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/lib/cluster.sh' && {command}"], check=True)
 
@@ -510,37 +525,48 @@ def e2e_tablesync(conn, table, slot):
 TABLE_DDL = {}
 
 
-def end_to_end(conn, shapes, sizes, repeat, batched):
+def end_to_end(servers, shapes, sizes, repeat, batched, only_methods=None):
     """Until a consumer holds every row: pg_backfill per row and batched, until delivered through
     a pgoutput slot (messages on) that pg_recvlogical streams; the same rows as ordinary changes
     through the same slot; native tablesync until ready. The methods take turns in each round;
-    medians (and best) of the rounds. Also the slot's spill_bytes per method."""
+    medians (and best) of the rounds. Also the slot's spill_bytes per method.
+
+    `servers`: {name: (port, connection)}, one cluster, or two (--versus: two builds of
+    pg_backfill, each in its own installation): each method runs on each in turn, every round."""
+    global PORT
     methods = {"per-row, delivered": e2e_backfill(1), "pipeline per-row": e2e_backfill(1, pipeline=True)}
     for n in batched:
         methods[f"batched {n}, delivered"] = e2e_backfill(n)
         methods[f"pipeline batched {n}"] = e2e_backfill(n, pipeline=True)
     methods["ordinary changes"] = e2e_changes
     methods["tablesync, ready"] = e2e_tablesync
-    conn.execute("CREATE TABLE e2e_flush (n int)")
+    if only_methods:
+        methods = {m: run for m, run in methods.items() if m in only_methods}
+    turns = [(server, method) for method in methods for server in servers]
+    for _, conn in servers.values():
+        conn.execute("CREATE TABLE e2e_flush (n int)")
     results = []
-    print(f"\n{'shape':7} {'rows':>9} {'method':22} {'median s':>9} {'best s':>7} {'rows/s':>9} {'x tablesync':>12} "
+    print(f"\n{'shape':7} {'rows':>9} {'method':32} {'median s':>9} {'best s':>7} {'rows/s':>9} {'x tablesync':>12} "
           f"{'source s':>9} {'spill MB':>9}")
     for shape in shapes:
         for size in sizes:
             table = f"e2e_{shape}_{size}"
             create, fill = SHAPES[shape]
             TABLE_DDL[table] = create.format(t=table)
-            conn.execute(create.format(t=table))
-            conn.execute(create.format(t=f"{table}_changes"))
-            for lo in range(1, size + 1, 500_000):
-                conn.execute(fill.format(t=table, lo=lo, hi=min(size, lo + 499_999)))
-            conn.execute(f"VACUUM (FREEZE, ANALYZE) {table}")
-            # The stream's publication holds the backfilled table too: a pipeline's backfill names it.
-            conn.execute(f"CREATE PUBLICATION e2e_pub FOR TABLE {table}_changes, {table}")
-            conn.execute(f"CREATE PUBLICATION e2e_copy_pub FOR TABLE {table}")
-            runs = {m: [] for m in methods}
+            for _, conn in servers.values():
+                conn.execute(create.format(t=table))
+                conn.execute(create.format(t=f"{table}_changes"))
+                for lo in range(1, size + 1, 500_000):
+                    conn.execute(fill.format(t=table, lo=lo, hi=min(size, lo + 499_999)))
+                conn.execute(f"VACUUM (FREEZE, ANALYZE) {table}")
+                # The stream's publication holds the backfilled table too: a pipeline's backfill names it.
+                conn.execute(f"CREATE PUBLICATION e2e_pub FOR TABLE {table}_changes, {table}")
+                conn.execute(f"CREATE PUBLICATION e2e_copy_pub FOR TABLE {table}")
+            runs = {turn: [] for turn in turns}
             for _ in range(repeat):
-                for method, run in methods.items():
+                for server, method in turns:
+                    run = methods[method]
+                    PORT, conn = servers[server]
                     conn.execute("CHECKPOINT")
                     slot = "e2e_stream"
                     receiver = None
@@ -560,24 +586,28 @@ def end_to_end(conn, shapes, sizes, repeat, batched):
                         time.sleep(0.5)  # the walsender's last figures
                         spill = spilled(conn, slot)
                         conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
-                    runs[method].append((seconds, source_seconds, spill))
-            tablesync = statistics.median(s[0] for s in runs["tablesync, ready"])
-            for method, samples in runs.items():
+                    runs[(server, method)].append((seconds, source_seconds, spill))
+            for (server, method), samples in runs.items():
+                tablesync_runs = runs.get((server, "tablesync, ready"))
+                tablesync = statistics.median(s[0] for s in tablesync_runs) if tablesync_runs else float("nan")
                 median = statistics.median(s[0] for s in samples)
                 source = [s[1] for s in samples if s[1] is not None]
                 spills = [s[2] for s in samples if s[2] is not None]
-                r = {"shape": shape, "rows": size, "method": method, "seconds": median, "best": min(s[0] for s in samples),
+                label = method if len(servers) == 1 else f"{server}: {method}"
+                r = {"shape": shape, "rows": size, "method": method, "server": server, "seconds": median, "best": min(s[0] for s in samples),
                      "rows_per_second": size / median, "ratio_tablesync_to_this": tablesync / median,
                      "source_seconds": statistics.median(source) if source else None,
                      "spill_bytes": max(spills) if spills else None, "samples": samples}
                 results.append(r)
                 src = f"{r['source_seconds']:>9.2f}" if source else f"{'-':>9}"
                 spill = f"{r['spill_bytes'] / 1e6:>9.1f}" if spills else f"{'-':>9}"
-                print(f"{shape:7} {size:>9} {method:22} {median:>9.2f} {r['best']:>7.2f} {size / median:>9.0f} "
+                print(f"{shape:7} {size:>9} {label:32} {median:>9.2f} {r['best']:>7.2f} {size / median:>9.0f} "
                       f"{tablesync / median:>12.2f} {src} {spill}")
                 sys.stdout.flush()
-            conn.execute("DROP PUBLICATION e2e_pub, e2e_copy_pub")
-            conn.execute(f"DROP TABLE {table}, {table}_changes")
+            PORT = next(iter(servers.values()))[0]
+            for _, conn in servers.values():
+                conn.execute("DROP PUBLICATION e2e_pub, e2e_copy_pub")
+                conn.execute(f"DROP TABLE {table}, {table}_changes")
     return results
 
 
@@ -848,6 +878,12 @@ def main():
     parser.add_argument("--ddl-cost", action="store_true",
                         help="only what a live FOR ALL TABLES follow of 30,000 tables costs an ALTER TABLE and a CREATE TABLE")
     parser.add_argument("--batched", default="1000", help="rows_per_message of the batched backfills of --end-to-end")
+    parser.add_argument("--e2e-methods", default="",
+                        help="only these methods of --end-to-end (as printed, comma-separated), e.g. 'pipeline batched 1000'")
+    parser.add_argument("--versus", default="",
+                        help="with --end-to-end: the bin directory of another installation of the same major, with another "
+                             "build of pg_backfill installed (scripts/lib/install.sh with BACKFILL_PG_BIN): each method "
+                             "runs on a cluster of each, in turn in every round (two builds, side by side in one run)")
     parser.add_argument("--spill", default="",
                         help="only the walsender's spill for backfills of this many wide rows, at several batch sizes")
     parser.add_argument("--source-cost", action="store_true",
@@ -861,18 +897,27 @@ def main():
     # Installed by rename, as scripts/lib/install.sh does it, built for PG_MAJOR.
     subprocess.run(["bash", "-c", 'source scripts/lib/pg_major.sh && source scripts/lib/install.sh && install_extension "$PG_CONFIG" "${PG_FEATURES[@]}"'],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    # wal_keep_size: pg_waldump reads the WAL of each measurement after its checkpoints.
-    sh(f"cluster_start {DIR} {PORT} $'fsync = on\\nsynchronous_commit = on\\nautovacuum = off\\nfull_page_writes = on\\nwal_keep_size = 16GB'")
+    sh(f"cluster_start {DIR} {PORT} {CLUSTER_SETTINGS}")
     results = []
     try:
         conn = connect()
         conn.execute("CREATE EXTENSION pg_backfill")
         server = conn.execute("SELECT version()").fetchone()[0]
+        # What was measured: the commit (with a mark if the tree had changes) and the server.
+        commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        code = {"commit": commit, "server": server}
         if args.end_to_end or args.spill:
             load = []
             if args.end_to_end:
-                results = end_to_end(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat,
-                                     [int(n) for n in args.batched.split(",")])
+                servers = {"this tree": (PORT, conn)}
+                if args.versus:
+                    servers["versus"] = (VERSUS_PORT, versus_cluster(args.versus))
+                    code["versus"] = servers["versus"][1].execute(
+                        "SELECT extversion || ' at ' || %s FROM pg_extension WHERE extname = 'pg_backfill'",
+                        [args.versus]).fetchone()[0]
+                results = end_to_end(servers, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat,
+                                     [int(n) for n in args.batched.split(",")],
+                                     [m for m in args.e2e_methods.split(",") if m])
             else:
                 conn.execute("CREATE TABLE e2e_flush (n int)")
                 results = spill_probe(conn, int(args.spill), [(1000, 1, 1), (1000, 1000, 1), (1000, 1000, 2), (10000, 1, 1),
@@ -944,13 +989,12 @@ def main():
             load = pgbench_impact(conn, args.pgbench_seconds, args.pgbench_rate) if args.pgbench_seconds else []
     finally:
         sh(f"cluster_stop {DIR}")
+        if args.versus:
+            sh(f"BACKFILL_PG_BIN='{args.versus}' cluster_stop {VERSUS_DIR}")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "repeat": args.repeat}
-    # What was measured: the commit (with a mark if the tree had changes) and the server.
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    code = {"commit": commit, "server": server}
     (out / f"{stamp}.json").write_text(
         json.dumps({"code": code, "machine": machine, "results": results, "load": load}, indent=2)
     )

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import as_reads, error_of, messages_with_xids, status, wait_until_ended
+from conftest import as_reads, at_earlier_version, error_of, messages_with_xids, status, wait_until_ended
 from test_robustness import small_messages  # noqa: F401 (a fixture)
 from security_helpers import message_keys, sql_valid, tag_is_valid
 
@@ -111,6 +111,9 @@ def test_rows_per_message_out_of_range_is_22023_naming_the_value(db, rows_per_me
 
 
 def test_rows_per_message_is_given_at_the_start_only(db):
+    """0.10.0's SQL still declares 0.9.0's backfill.set_rows_per_message(): it refuses a backfill
+    already running. (Today's SQL has no way to change it.)"""
+    at_earlier_version(db, "0.10.0")
     make_table(db, 10)
     backfill_id = backfill(db, rows_per_second=1)
     error = error_of(db, "SELECT backfill.set_rows_per_message(%s, 5)", [backfill_id])

@@ -79,6 +79,19 @@ def test_an_invalidated_slot_fails_the_backfill_and_names_the_slot(cluster, db):
     assert e.sqlstate == "55000"
 
 
+def ended_after_a_change_mid_run(db, table, change):
+    """A slow backfill of `table` for publication `pipeline`, and `change` made once its first
+    page is in: the backfill's id, and how it ended (state, SQLSTATE, error)."""
+    backfill_id = db.execute(
+        "SELECT backfill_start(%s, confirm => true, publication => 'pipeline', batch_size => 100, rows_per_second => 2000)",
+        [table],
+    ).fetchone()[0]
+    wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
+    db.execute(change)
+    state = wait_until_ended(db, backfill_id, timeout=30)
+    return backfill_id, (state, *status(db, backfill_id, "last_error_sqlstate", "last_error"))
+
+
 @pytest.mark.parametrize("publication, change", [
     ("FOR TABLE items, other", "ALTER PUBLICATION pipeline DROP TABLE items"),
     ("FOR TABLES IN SCHEMA public", "ALTER PUBLICATION pipeline DROP TABLES IN SCHEMA public"),
@@ -93,13 +106,8 @@ def test_a_table_dropped_from_the_publication_mid_run_fails_the_backfill(db, pub
     make_items(db)
     db.execute("CREATE TABLE other (id int PRIMARY KEY)")
     db.execute(f"CREATE PUBLICATION pipeline {publication}")
-    backfill_id = db.execute(
-        "SELECT backfill_start('items', confirm => true, publication => 'pipeline', batch_size => 100, rows_per_second => 2000)"
-    ).fetchone()[0]
-    wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
-    db.execute(change)
-    assert wait_until_ended(db, backfill_id, timeout=30) == "failed"
-    sqlstate, error = status(db, backfill_id, "last_error_sqlstate", "last_error")
+    backfill_id, (state, sqlstate, error) = ended_after_a_change_mid_run(db, "items", change)
+    assert state == "failed"
     # (The message names the table as the scan began; moved, the detail says where it is now.)
     assert sqlstate == "55000" and 'table public.items is not in publication "pipeline"' in error, error
     assert status(db, backfill_id, "rows_done") < 20000
@@ -154,3 +162,71 @@ def test_a_slot_of_its_name_made_for_another_database_is_not_the_backfills(clust
     delivered, lag = status(db, backfill_id, "delivered", "slot_lag_bytes")
     assert not delivered and lag is None
     assert db.execute("SELECT backfill_wait(%s, '0.5 s')", [backfill_id]).fetchone()[0] is False
+
+
+def make_parted(db):
+    db.execute("""CREATE TABLE parted (id bigint PRIMARY KEY, body text NOT NULL) PARTITION BY RANGE (id);
+                  CREATE TABLE parted_low PARTITION OF parted FOR VALUES FROM (1) TO (100001);
+                  INSERT INTO parted SELECT g, repeat('x', 50) FROM generate_series(1, 20000) g;
+                  ANALYZE parted_low;""")
+
+
+# What a page decides when the catalog moves under a backfill for a publication: each case is
+# (the publication, the change mid-run, how the backfill ends, its SQLSTATE, its error's words).
+# A page reads the publication by OID, as pgoutput does (selection/publication.rs): a table
+# renamed, or moved to another schema, is still the table a publication lists (or FOR ALL
+# TABLES holds), and it is the page's read by name that fails, saying the name is gone. (Before
+# the one rule, a page asked pg_publication_tables by the name the scan began with, and said
+# the table was not in the publication, which still held it.)
+RENAMED_OR_MOVED = [
+    ("FOR TABLE items", "ALTER TABLE items RENAME TO items_renamed",
+     "failed", "42P01", 'relation "public.items" does not exist'),
+    ("FOR TABLE items", "CREATE SCHEMA moved; ALTER TABLE items SET SCHEMA moved",
+     "failed", "42P01", 'relation "public.items" does not exist'),
+    ("FOR ALL TABLES", "ALTER TABLE items RENAME TO items_renamed",
+     "failed", "42P01", 'relation "public.items" does not exist'),
+]
+
+
+@pytest.mark.parametrize("publication, change, state, sqlstate, words", RENAMED_OR_MOVED)
+def test_what_a_page_decides_for_a_table_renamed_or_moved_mid_run(db, publication, change, state, sqlstate, words):
+    """A table renamed, or moved to another schema, mid-run: the backfill fails, and says why."""
+    make_items(db)
+    db.execute(f"CREATE PUBLICATION pipeline {publication}")
+    _, found = ended_after_a_change_mid_run(db, "items", change)
+    assert found[0] == state and found[1] == sqlstate and words in found[2], found
+
+
+@pytest.mark.parametrize("publication, accepted", [
+    ("FOR TABLE parted", True),
+    ("FOR TABLE parted WITH (publish_via_partition_root = true)", False),
+    ("FOR TABLE parted_low WITH (publish_via_partition_root = true)", True),
+    # (Accepted before the one rule, which FOR ALL TABLES bypassed: pgoutput names the
+    # partition's changes as parted's, so no change the consumer receives names parted_low.)
+    ("FOR ALL TABLES WITH (publish_via_partition_root = true)", False),
+    ("FOR ALL TABLES", True),
+])
+def test_whether_a_partition_is_in_a_publication_that_publishes_it_as_its_root(db, publication, accepted):
+    """pgoutput names a partition's changes as its partitioned table's under
+    publish_via_partition_root: the partition's own name is then in no change the consumer
+    receives, and a backfill of it alone is refused."""
+    make_parted(db)
+    db.execute(f"CREATE PUBLICATION pipeline {publication}")
+    start = "SELECT backfill_start('parted_low', confirm => true, publication => 'pipeline')"
+    if accepted:
+        backfill_id = db.execute(start).fetchone()[0]
+        assert wait_until_ended(db, backfill_id, timeout=30) == "done"
+    else:
+        e = error_of(db, start)
+        assert e.sqlstate == "55000" and 'table public.parted_low is not in publication "pipeline"' in e.diag.message_primary
+
+
+def test_a_partition_whose_publication_turns_to_publish_it_as_its_root_fails_the_backfill(db):
+    """Set mid-run, publish_via_partition_root names the partition's changes as its root's: a
+    page finds the partition no longer published as itself."""
+    make_parted(db)
+    db.execute("CREATE PUBLICATION pipeline FOR TABLE parted")
+    change = "ALTER PUBLICATION pipeline SET (publish_via_partition_root = true)"
+    _, (state, sqlstate, error) = ended_after_a_change_mid_run(db, "parted_low", change)
+    assert state == "failed"
+    assert sqlstate == "55000" and 'table public.parted_low is not in publication "pipeline"' in error, error

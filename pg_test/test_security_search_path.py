@@ -337,8 +337,6 @@ def test_a_database_owners_types_operators_and_functions_never_run_in_a_superuse
         assert call("SELECT backfill_message_valid(%s, %s::pg_catalog.text::pg_catalog.xid)", [content, xid]) == [(True,)]
         call("SELECT backfill.row_hash(t) FROM t")
         call("SELECT backfill.start_on_node(ARRAY['t']::pg_catalog.regclass[], false, 1000, NULL, NULL, NULL, NULL, 1)")
-        call("SELECT backfill.refuse_node_options(ARRAY['t'::pg_catalog.regclass::pg_catalog.oid], NULL, NULL, NULL, "
-             "NULL, NULL)")
         call("SELECT backfill.visible('postgres'), backfill.may_act_as('postgres', 'pg_monitor'), "
              "backfill.source_limit('max_replica_lag', NULL), backfill.max_slot_lag_bytes(), backfill.auto_resume()")
         assert wait_until_ended(clean, piped) == "cancelled"

@@ -5,7 +5,7 @@ message size or another shape."""
 
 import pytest
 
-from conftest import Consumer, error_of, status, wait_for, wait_until_ended
+from conftest import Consumer, at_earlier_version, error_of, status, wait_for, wait_until_ended
 from security_helpers import make_table, next_backfill_id, operator, start, value
 
 
@@ -167,7 +167,8 @@ def test_the_old_entry_points_refuse_a_running_backfill_changed_in_the_transacti
     backfill.start(), until ALTER EXTENSION UPDATE) shape a backfill this transaction inserted.
     0.10.0 asked whether this transaction wrote the backfill's row, which backfill_set(), pause
     and resume do too: a running backfill then took keys, and after its worker restarted it was
-    done with 500 of 5,000 rows, or changed its batches mid-table."""
+    done with 500 of 5,000 rows, or changed its batches mid-table. (0.10.0's SQL declares them.)"""
+    at_earlier_version(db, "0.10.0")
     make_table(db, "t", 5000)
     running = start(db, "t", batch_size=5, rows_per_second=10)
     db.execute("BEGIN")

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import error_of, status, wait_until_ended
+from conftest import at_earlier_version, error_of, status, wait_until_ended
 
 # Every object of the extension, as text: functions with their definitions and privileges,
 # tables and views with their columns, defaults, definitions and privileges, constraints,
@@ -68,6 +68,57 @@ def test_update_gives_the_fresh_install_object_for_object(db, version):
     only_updated = [row for row in updated if row not in fresh]
     only_fresh = [row for row in fresh if row not in updated]
     assert (only_updated, only_fresh) == ([], []), "\n".join(f"updated: {r}" for r in only_updated) + "\n" + "\n".join(f"fresh: {r}" for r in only_fresh)
+
+
+# The entry points only earlier versions' SQL calls (src/api/old_sql.rs), as 0.10.0 declares them.
+OLD_ENTRY_POINTS = {
+    "backfill.start(oid[],boolean,integer,integer,text,text,bigint,integer)",
+    "backfill.start(oid[],boolean,integer,integer,text,text,bigint,integer,text)",
+    "backfill.start(oid[],boolean,integer,integer,text,text,bigint,integer,text,text[])",
+    "backfill.estimate(oid[],integer)",
+    "backfill.estimate(oid[],integer,text)",
+    "backfill.set(bigint,integer,integer,bigint)",
+    "backfill.set_source_limits(bigint,bigint,bigint,integer)",
+    "backfill.set_keys(bigint,jsonb)",
+    "backfill.set_rows_per_message(bigint,integer)",
+    "backfill.refuse_node_options(oid[],jsonb,bigint,bigint,integer,integer)",
+    "backfill.follow_ddl()",
+    "backfill.compare(oid,oid,text,integer,text)",
+    "backfill.repair(oid,oid,boolean,text,integer,text,integer)",
+}
+
+
+def declared_in_schema_backfill(db):
+    return {f for f, in db.execute("SELECT replace(oid::regprocedure::text, ' ', '') FROM pg_proc"
+                                   " WHERE pronamespace = 'backfill'::regnamespace").fetchall()}
+
+
+def test_the_old_entry_points_are_served_to_a_database_not_yet_updated_and_declared_by_no_fresh_install(db, roles):
+    """A fresh install declares none of the entry points only earlier versions' SQL calls; a
+    database still at 0.10.0 calls them (the library serves them: NULL, a role with no grant), and
+    its update drops them."""
+    assert declared_in_schema_backfill(db) & OLD_ENTRY_POINTS == set()
+    at_earlier_version(db, "0.10.0")
+    assert declared_in_schema_backfill(db) & OLD_ENTRY_POINTS == OLD_ENTRY_POINTS
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    db.execute("INSERT INTO t SELECT generate_series(1, 100)")
+    # NULL: no backfill, or 22004 naming the argument.
+    assert db.execute("SELECT backfill.refuse_node_options(NULL, NULL, NULL, NULL, NULL, NULL)").fetchone()[0] is None
+    for sql in ("SELECT backfill.set_keys(NULL, '[{\"id\": 1}]')", "SELECT backfill.set_rows_per_message(NULL, 5)"):
+        e = error_of(db, sql)
+        assert e.sqlstate == "22004" and e.diag.message_hint, (sql, e)
+    # backfill.refuse_node_options() is PUBLIC's in 0.10.0: it starts nothing, and refuses what a
+    # Citus node does not take.
+    nobody = roles.create("nogrants")
+    conn = roles.connect(nobody)
+    assert conn.execute("SELECT backfill.refuse_node_options(ARRAY['t'::regclass::oid], NULL, NULL, NULL, NULL, NULL)"
+                        ).fetchone()[0] == [db.execute("SELECT 't'::regclass::oid").fetchone()[0]]
+    assert db.execute("SELECT count(*) FROM backfill_status").fetchone()[0] == 0
+    # 0.10.0's backfill_start(), through its own entry point, still starts and completes a backfill.
+    backfill_id = db.execute("SELECT backfill_start('t', confirm => true, batch_size => 30)").fetchone()[0]
+    assert wait_until_ended(db, backfill_id) == "done" and status(db, backfill_id, "rows_done") == 100
+    db.execute("ALTER EXTENSION pg_backfill UPDATE")
+    assert declared_in_schema_backfill(db) & OLD_ENTRY_POINTS == set()
 
 
 @pytest.mark.parametrize("version", EARLIER_VERSIONS)

@@ -2,8 +2,12 @@
 it (or beside it, without a circle), modules importing each other in no circle (unit tests
 included), no `impl` of a type outside the folder that defines it, lib.rs's map naming every
 module, and one file (catalog/schema.rs) asking which of pg_backfill's own tables and columns
-the installed schema has. A file past about 450 lines is pointed out, not refused: the layers,
-not a line count, decide where code goes."""
+the installed schema has. api/ only adapts SQL to requests: it makes no SPI call, and none of
+its functions is over 60 lines. What a publication holds is read under selection/ only (the
+catalogs pg_publication_rel, pg_publication_namespace and pg_publication_tables; pg/compat.rs's
+version shims aside). No function pointer crosses a layer (a lower layer calling up through
+one): outside pg/, no `OnceLock<fn` and no `: fn(`. A file past about 450 lines is pointed out,
+not refused: the layers, not a line count, decide where code goes."""
 
 import re
 import sys
@@ -11,7 +15,10 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 # Lowest first; folders of one rank may import each other, as long as no circle forms.
-LAYERS = [["pg"], ["model"], ["selection"], ["catalog"], ["stream", "throttle", "verify"], ["worker"], ["citus"], ["api"]]
+LAYERS = [
+    ["pg"], ["model"], ["selection"], ["catalog"], ["stream", "throttle", "verify"], ["worker"], ["citus"],
+    ["start"], ["follow"], ["api"],
+]
 RANK = {folder: rank for rank, folders in enumerate(LAYERS) for folder in folders}
 LINE_HINT = 450
 
@@ -123,6 +130,60 @@ for path in files:
         for line, what in sorted(set(schema_probes(path))):
             problems.append(f"src/{path.relative_to(SRC)}:{line} {what}: ask catalog/schema.rs (its Capabilities)")
 
+# api/ adapts SQL to requests: no SPI call, and short functions (the work is in the rooms below).
+API_SPI = re.compile(r"\bSpi::|\bspi::(?!quote_|Error\b)|\bselect_one\w*\(|\brun_prepared\(|\bclient\.(?:select|update)\(")
+API_FUNCTION_LINES = 60
+FN_START = re.compile(r"^(\s*)(?:pub(?:\([^)]*\))?\s+)?(?:unsafe\s+)?(?:extern\s+\"[^\"]*\"\s+)?fn\s+(\w+)")
+
+
+def functions(text: str):
+    """(name, first line, length in lines) of each function of a file, by its indentation: from
+    its `fn` line to the first line after it that closes at that indentation."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not (match := FN_START.match(line)) or line.rstrip().endswith(";"):
+            continue
+        indent = match.group(1)
+        for j in range(i, len(lines)):
+            if lines[j].startswith(indent + "}") or (j == i and line.rstrip().endswith("}")):
+                yield match.group(2), i + 1, j - i + 1
+                break
+
+
+for path in files:
+    if folder_of(path) != "api":
+        continue
+    text = without_comments(code(path))
+    for number, line in enumerate(text.splitlines(), 1):
+        if API_SPI.search(line):
+            problems.append(f"src/{path.relative_to(SRC)}:{number} makes an SPI call: api/ only adapts SQL to requests")
+    for name, first, length in functions(code(path)):
+        if length > API_FUNCTION_LINES:
+            problems.append(f"src/{path.relative_to(SRC)}:{first} fn {name} has {length} lines: api/'s functions have "
+                            f"at most {API_FUNCTION_LINES}")
+
+# What a publication holds: read under selection/ only (selection/publication.rs), by one rule.
+# (A catalog named as a regclass, as a DDL command's class, is not a read of it.)
+PUBLICATION_CATALOGS = re.compile(r"\bpg_publication_(?:rel|namespace|tables)\b(?!'::)")
+for path in files:
+    if folder_of(path) == "selection" or path == SRC / "pg" / "compat.rs":
+        continue
+    for number, line in enumerate(without_comments(code(path)).splitlines(), 1):
+        if PUBLICATION_CATALOGS.search(line):
+            problems.append(f"src/{path.relative_to(SRC)}:{number} reads a publication's catalog: ask "
+                            "selection/publication.rs")
+
+# No function pointer crosses a layer: a lower layer that needs an upper one's work is handed
+# none at run time (the upper layer calls down, or a worker entry is registered by its name).
+FN_POINTER = re.compile(r"OnceLock<fn|: fn\(")
+for path in files:
+    if folder_of(path) == "pg":
+        continue
+    for number, line in enumerate(without_comments(path.read_text()).splitlines(), 1):
+        if FN_POINTER.search(line):
+            problems.append(f"src/{path.relative_to(SRC)}:{number} passes a function pointer: call down, or register "
+                            "a worker entry by name")
+
 # lib.rs's map names every module.
 lib = (SRC / "lib.rs").read_text()
 for path in files:
@@ -139,4 +200,6 @@ if problems:
     sys.exit(1)
 order = " < ".join("{" + ", ".join(f) + "}" if len(f) > 1 else f[0] for f in LAYERS)
 print(f"structure: {len(files)} source files in {len(RANK)} folders, layers {order}, no import upward or in a circle, "
-      f"every impl with its type, lib.rs names every module, the installed schema asked in catalog/schema.rs only")
+      f"every impl with its type, lib.rs names every module, the installed schema asked in catalog/schema.rs only, "
+      f"api/ without SPI and its functions at most {API_FUNCTION_LINES} lines, a publication read in selection/ only, "
+      f"no function pointer across layers")

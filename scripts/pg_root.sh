@@ -39,8 +39,7 @@ suites=$(pg_root_suite_of "$PG_MAJOR")
 suite=${suites%+*}
 
 # The server with its headers, and wal2json (the tests' decoder), from Debian's packages. There is
-# no wal2json for 19: it does not build against 19 (its upstream issue is open), and the tests
-# that need it skip there, saying so.
+# no wal2json package for 19: it does not build against 19 (its upstream issue is open); see below.
 packages=("postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR")
 [ "$PG_MAJOR" -ge 19 ] || packages+=("postgresql-$PG_MAJOR-wal2json")
 if [ "$suites" != "$suite" ]; then
@@ -53,3 +52,25 @@ debian_root_mount "$root"
 debian_root_programs "$root" "$PG_MAJOR" "$bin"
 "$PG_CONFIG" --version >/dev/null
 printf '\033[1m[pg_root %s]\033[0m %s in %s, programs in %s\n' "$PG_MAJOR" "$("$PG_CONFIG" --version)" "$root" "$bin"
+
+# wal2json for 19, for the tests only: its source (../shared/vendor) with 19's renames, built on
+# the host against the root's headers, as the library is. 19 renamed RepOriginId to ReplOriginId,
+# made AssertVariableIsOfType() StaticAssertVariableIsOfType(), put a transaction's commit and
+# prepare times in an anonymous union, and made varatt's macros functions of a pointer. Without
+# the source, the tests that decode with wal2json skip on 19, saying why (pg_test/conftest.py).
+vendor=$(pwd)/../shared/vendor
+pkglibdir=$root$("$PG_CONFIG" --pkglibdir)
+if [ "$PG_MAJOR" -ge 19 ] && [ ! -f "$pkglibdir/wal2json.so" ] && ls "$vendor"/wal2json-*.tar.gz >/dev/null 2>&1; then
+    work=$(mktemp -d)
+    tar -C "$work" --strip-components=1 -xzf "$vendor"/wal2json-*.tar.gz
+    sed -i -e 's/RepOriginId/ReplOriginId/g' \
+        -e 's/\bAssertVariableIsOfType(/StaticAssertVariableIsOfType(/g' \
+        -e 's/txn->xact_time\.\(commit\|prepare\)_time/txn->\1_time/g' \
+        -e 's/VARATT_IS_EXTERNAL_ONDISK(\(origval\|value\|values\[i\]\))/VARATT_IS_EXTERNAL_ONDISK(DatumGetPointer(\1))/g' \
+        "$work/wal2json.c"
+    gcc -O2 -Wall -Werror -fPIC -shared -I"$("$PG_CONFIG" --includedir-server)" -o "$work/wal2json.so" "$work/wal2json.c"
+    # (Renamed into place: nothing half-written is ever loaded.)
+    install -m 755 "$work/wal2json.so" "$pkglibdir/wal2json.so.new" && mv "$pkglibdir/wal2json.so.new" "$pkglibdir/wal2json.so"
+    rm -rf "$work"
+    printf '\033[1m[pg_root %s]\033[0m wal2json built for the tests\n' "$PG_MAJOR"
+fi

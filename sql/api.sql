@@ -610,7 +610,7 @@ SELECT 'pg_backfill''s sequences are accessible to their owner only',
 UNION ALL
 -- Every signature of every function of schema backfill that starts backfills, as pg_proc lists
 -- them: each version's SQL calls its own signature of backfill.start() (or repair()) until ALTER
--- EXTENSION UPDATE, and the older signatures stay after it, each able to start a backfill.
+-- EXTENSION UPDATE, which drops the older ones (until then each can start a backfill).
 SELECT 'backfills cannot be started by PUBLIC',
        pg_catalog.count(*) FILTER (WHERE pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')) OPERATOR(pg_catalog.=) 0,
        'backfill_start(), backfill_repair() and backfill_follow() are wrappers of backfill.start(), backfill.repair() and backfill.follow(), which do the work and check no grant of their own: a role that may execute one of them, in any of its signatures, starts backfills of the tables it may update, and takes background workers, whatever its grants on the wrappers. (The other functions of schema backfill that PUBLIC may execute are the views'' helpers, which start nothing.)',
@@ -739,34 +739,21 @@ CREATE EVENT TRIGGER backfill_refuse_drop_while_running ON ddl_command_start WHE
 -- === The entry points in schema backfill, which pgrx declares from src/: what each is for ==========
 
 COMMENT ON FUNCTION backfill.estimate(oid[], integer, text, text[]) IS 'Entry point of backfill_estimate()';
-COMMENT ON FUNCTION backfill.estimate(oid[], integer, text) IS 'Entry point of backfill_estimate() in 0.8.0 (no column list): the SQL of that version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.estimate(oid[], integer) IS 'Entry point of backfill_estimate() before 0.8.0 (no filter): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, bigint, bigint, integer, jsonb, integer, text, text[]) IS 'Entry point of backfill_start(): every option, one call';
-COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text, text[]) IS 'Entry point of backfill_start() in 0.9.0 (its SQL chains the other options): the SQL of that version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text) IS 'Entry point of backfill_start() in 0.8.0 (no column list): the SQL of that version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer) IS 'Entry point of backfill_start() before 0.8.0 (no filter): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) IS 'Part of backfill_start() in 0.9.0: refuses the options a backfill of a Citus distributed table does not pass on to its nodes; returns the tables';
 COMMENT ON FUNCTION backfill.cancel(bigint) IS 'Entry point of backfill_cancel()';
 COMMENT ON FUNCTION backfill.follow(text, text, integer, integer, integer, bigint, bigint, bigint, integer, integer) IS 'Entry point of backfill_follow()';
 COMMENT ON FUNCTION backfill.unfollow(text, text) IS 'Entry point of backfill_unfollow()';
 COMMENT ON FUNCTION backfill.follow_wait(text, text, double precision) IS 'Entry point of backfill_follow_wait() (timeout in milliseconds)';
-COMMENT ON FUNCTION backfill.follow_ddl() IS 'The event trigger''s work in 0.10.0 (no command tag): the SQL of that version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.follow_ddl(text) IS 'The event trigger''s work at the end of a statement (its command tag) that may have changed a followed publication''s tables';
 COMMENT ON FUNCTION backfill.pause(bigint) IS 'Entry point of backfill_pause()';
 COMMENT ON FUNCTION backfill.resume(bigint) IS 'Entry point of backfill_resume()';
 COMMENT ON FUNCTION backfill.purge(interval) IS 'Entry point of backfill_purge()';
 COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint, bigint, bigint, integer) IS 'Entry point of backfill_set(): every option, one call';
-COMMENT ON FUNCTION backfill.set(bigint, integer, integer, bigint) IS 'Entry point of backfill_set() in 0.9.0 and before (pacing; its SQL chains backfill.set_source_limits()): that SQL calls it until ALTER EXTENSION UPDATE';
-COMMENT ON FUNCTION backfill.set_source_limits(bigint, bigint, bigint, integer) IS 'The back-pressure options of backfill_start() and backfill_set() in the SQL of 0.9.0 and before, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
 COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb, text[]) IS 'Entry point of backfill_checksum()';
 COMMENT ON FUNCTION backfill.checksum(oid, integer, text, jsonb) IS 'Entry point of backfill_checksum() before 0.9.0 (no column list): the SQL of an earlier version, and a comparison from another server''s, call it';
-COMMENT ON FUNCTION backfill.set_keys(bigint, jsonb) IS 'backfill_start()''s keys in the SQL of 0.9.0 and before, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
 COMMENT ON FUNCTION backfill.set_keys_of(bigint, oid, jsonb) IS 'The keys of one table of a backfill started in this transaction (a worker node''s backfill of its shards, for backfill_repair() on the Citus coordinator); returns the backfill''s id';
-COMMENT ON FUNCTION backfill.set_rows_per_message(bigint, integer) IS 'backfill_start()''s rows_per_message in the SQL of 0.9.0, which calls it until ALTER EXTENSION UPDATE; returns the backfill''s id';
 COMMENT ON FUNCTION backfill.compare(oid, oid, text, integer, text, text[]) IS 'Entry point of backfill_compare()';
-COMMENT ON FUNCTION backfill.compare(oid, oid, text, integer, text) IS 'Entry point of backfill_compare() before 0.9.0 (no column list): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.repair(oid, oid, boolean, text, integer, text, integer, text[]) IS 'Entry point of backfill_repair()';
-COMMENT ON FUNCTION backfill.repair(oid, oid, boolean, text, integer, text, integer) IS 'Entry point of backfill_repair() before 0.9.0 (no column list): the SQL of an earlier version calls it until ALTER EXTENSION UPDATE';
 COMMENT ON FUNCTION backfill.row_hash(anyelement) IS 'A table row''s 64-bit hash over its columns'' binary send formats (XXH3-64; floats as SQL compares them, arrays and composites element by element, jsonb as the tokens of a walk of it, text in UTF-8), for backfill_checksum()';
 COMMENT ON FUNCTION backfill.source_limit(text, bigint) IS 'The back-pressure limit in force for a backfill''s option (NULL: the setting; 0: off), for backfill_status';
 COMMENT ON FUNCTION backfill.wait(bigint, double precision) IS 'Entry point of backfill_wait() (timeout in milliseconds)';
@@ -812,9 +799,6 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA backfill FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION backfill.max_slot_lag_bytes(), backfill.auto_resume(), backfill.workers_running(bigint),
                           backfill.waiting_for(bigint), backfill.waiting_kind(bigint), backfill.visible(name),
                           backfill.source_limit(text, bigint), backfill.may_act_as(text, text) TO PUBLIC;
--- backfill.refuse_node_options() too: it only refuses options, or returns the tables it is given,
--- and an operator granted the schema's functions before it existed keeps starting backfills.
-GRANT EXECUTE ON FUNCTION backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer) TO PUBLIC;
 -- backfill.row_hash() too: a hash of a row its caller already has. A comparison reads a table as
 -- its owner (privilege::read_as_owner), who may hold no grant of pg_backfill's.
 GRANT EXECUTE ON FUNCTION backfill.row_hash(anyelement) TO PUBLIC;

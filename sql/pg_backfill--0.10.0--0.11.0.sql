@@ -21,10 +21,26 @@ CREATE EVENT TRIGGER backfill_follow_publication_changes ON ddl_command_end
     EXECUTE FUNCTION backfill.follow_publication_changes();
 CREATE FUNCTION backfill.follow_ddl(command_tag text) RETURNS void
 LANGUAGE c AS 'MODULE_PATHNAME', 'follow_ddl_of_wrapper';
-COMMENT ON FUNCTION backfill.follow_ddl() IS 'The event trigger''s work in 0.10.0 (no command tag): the SQL of that version calls it until ALTER EXTENSION UPDATE';
-REVOKE EXECUTE ON FUNCTION backfill.follow_ddl() FROM PUBLIC;
 COMMENT ON FUNCTION backfill.follow_ddl(text) IS 'The event trigger''s work at the end of a statement (its command tag) that may have changed a followed publication''s tables';
 REVOKE EXECUTE ON FUNCTION backfill.follow_ddl(text) FROM PUBLIC;
+
+-- ===== The entry points of earlier versions' SQL =====
+-- The library still serves each of them (src/api/old_sql.rs), for a database whose SQL is not yet
+-- updated. An updated database calls none of them, and a fresh install declares none: dropped.
+-- (The older signatures of backfill.start() could each start a backfill; none is left behind.)
+DROP FUNCTION backfill.follow_ddl(),
+              backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer),
+              backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text),
+              backfill.start(oid[], boolean, integer, integer, text, text, bigint, integer, text, text[]),
+              backfill.estimate(oid[], integer),
+              backfill.estimate(oid[], integer, text),
+              backfill.set(bigint, integer, integer, bigint),
+              backfill.set_source_limits(bigint, bigint, bigint, integer),
+              backfill.set_keys(bigint, jsonb),
+              backfill.set_rows_per_message(bigint, integer),
+              backfill.refuse_node_options(oid[], jsonb, bigint, bigint, integer, integer),
+              backfill.compare(oid, oid, text, integer, text),
+              backfill.repair(oid, oid, boolean, text, integer, text, integer);
 
 -- ===== Slots of this database, and backfill_message_valid() over a peek's xid =====
 -- (The settings a start records became superuser settings in the library: nothing here. Values
@@ -211,7 +227,7 @@ SELECT 'pg_backfill''s sequences are accessible to their owner only',
 UNION ALL
 -- Every signature of every function of schema backfill that starts backfills, as pg_proc lists
 -- them: each version's SQL calls its own signature of backfill.start() (or repair()) until ALTER
--- EXTENSION UPDATE, and the older signatures stay after it, each able to start a backfill.
+-- EXTENSION UPDATE, which drops the older ones (until then each can start a backfill).
 SELECT 'backfills cannot be started by PUBLIC',
        pg_catalog.count(*) FILTER (WHERE pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')) OPERATOR(pg_catalog.=) 0,
        'backfill_start(), backfill_repair() and backfill_follow() are wrappers of backfill.start(), backfill.repair() and backfill.follow(), which do the work and check no grant of their own: a role that may execute one of them, in any of its signatures, starts backfills of the tables it may update, and takes background workers, whatever its grants on the wrappers. (The other functions of schema backfill that PUBLIC may execute are the views'' helpers, which start nothing.)',

@@ -19,8 +19,9 @@
 //!   one typed request per verb (`request.rs`).
 //! - `selection/`: which rows and columns a backfill reads: its filter, checked before anything
 //!   starts (`filter.rs`), the publication's row filter AND-ed with it (`row_filter.rs`), its
-//!   column list's rules (`columns.rs`), what a publication publishes of a table, its columns and
-//!   row filter (`published.rs`), and the one rule of how a table is read, by a scan, a checksum
+//!   column list's rules (`columns.rs`), the pipeline's publication, read by OID as pgoutput
+//!   reads it: whether it holds a table, its columns and row filter, the tables it holds
+//!   (`publication.rs`), and the one rule of how a table is read, by a scan, a checksum
 //!   and a comparison alike: `ONLY`, or a partitioned table with its partitions (`scanned.rs`).
 //! - `catalog/`: the state tables: one row per backfill and its message keys (`job.rs`), one
 //!   per table or key range with its cursor (`job_table.rs`), and for a backfill of a Citus
@@ -32,8 +33,8 @@
 //!   authentication tags, with the key the worker hands in (`sign.rs`), and the hot path from
 //!   executor to message (`delivery.rs`).
 //! - `throttle/`: what holds a backfill back: how pages lock (`lock.rs`), rows_per_second
-//!   (`pacing.rs`), the consumer's slot and whether its publication holds a table
-//!   (`pipeline.rs`), the source's standbys, slots and load (`backpressure.rs`), and the typed
+//!   (`pacing.rs`), the consumer's slot (`pipeline.rs`), the source's standbys, slots and load
+//!   (`backpressure.rs`), and the typed
 //!   reason a page waits (`wait.rs`).
 //! - `verify/`: backfill_checksum() (`checksum.rs`, `aggregate.rs`, `row_hash.rs`,
 //!   `row_encoding.rs`: what a row's hash is computed over, `numeric_jsonb.rs`: numeric's and
@@ -58,23 +59,32 @@
 //!   follows the nodes' backfills (`follower.rs`), a distributed table's estimate from theirs
 //!   (`estimate.rs`), and its checksums and stream positions from its nodes, as verification
 //!   asks them (`verify.rs`).
-//! - `api/`: the SQL functions, each version's entry point an adapter that builds its verb's
-//!   request (`request.rs`): backfill_start() (`start.rs`), backfill_estimate() (`estimate.rs`),
-//!   the estimate and key ranges (`plan.rs`), pause, resume, set, wait and cancel
-//!   (`control.rs`), keys given to a backfill (`keyed.rs`), backfill_repair() (`repair.rs`),
-//!   backfill_checksum() and backfill_compare(), which hand Citus's side to verification
-//!   (`verify.rs`), the monitoring views' helpers (`views.rs`), and backfill_follow(): the tables
-//!   added to a publication queued at the DDL and backfilled into its slot one backfill at a time
-//!   (`follow.rs`).
-
+//! - `start/`: starting a backfill, whoever asks: the one fork between a Citus distributed
+//!   table's backfill and a local one (`mod.rs`), its options checked (`options.rs`), a local
+//!   backfill's plan, its tables checked, estimated and spread over its workers (`plan.rs`),
+//!   the estimate and key ranges (`estimate.rs`), and a keyed backfill's keys (`keys.rs`).
+//! - `follow/`: backfill_follow(): the tables added to a publication queued at the DDL
+//!   (`queue.rs`) and backfilled into its slot one backfill at a time by the dispatcher worker,
+//!   as the follow's creator (`dispatch.rs`); creating, ending and waiting for a follow (`mod.rs`).
+//! - `api/`: the SQL functions, which only adapt SQL to requests: each version's entry point an
+//!   adapter that builds its verb's request (`request.rs`): backfill_start() (`start.rs`),
+//!   backfill_estimate() (`estimate.rs`), pause, resume, set, wait and cancel (`control.rs`),
+//!   keys given to a Citus node's backfill (`keyed.rs`), the entry points only an earlier
+//!   version's SQL calls, in one file (`old_sql.rs`), backfill_repair()
+//!   (`repair.rs`), backfill_checksum() and backfill_compare(), which hand Citus's side to
+//!   verification (`verify.rs`), the monitoring views' helpers (`views.rs`), and the follows'
+//!   verbs and event trigger (`follow.rs`).
+//!
 use pgrx::prelude::*;
 
 mod api;
 mod catalog;
 mod citus;
+mod follow;
 mod model;
 mod pg;
 mod selection;
+mod start;
 mod stream;
 mod throttle;
 mod verify;
@@ -93,7 +103,6 @@ mod backfill {}
 pub extern "C-unwind" fn _PG_init() {
     pg::settings::define();
     pg::read_guard::install();
-    api::follow::install();
     // Preloaded, the library also resumes running backfills after every server start.
     // SAFETY: a flag PostgreSQL sets while it loads shared_preload_libraries.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {

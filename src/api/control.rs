@@ -3,14 +3,14 @@
 //! passes the verb on to the worker nodes' backfills of a Citus distributed one (none for a
 //! backfill of this server's tables: citus/control.rs).
 
-use crate::api::request::check_source_limits;
 use crate::catalog::job;
-use crate::catalog::job::SourceOptions;
 use crate::citus::control::{NodeBackfills, Verb};
+use crate::model::request::{SetRequest, SourceOptions};
 use crate::model::state::JobState::{self, *};
-use crate::pg::args::{check_batch_size, check_rate, deadline_after, require_primary, required};
+use crate::pg::args::{deadline_after, require_primary, required};
 use crate::pg::errors::raise;
 use crate::pg::privilege::{self, as_extension_owner};
+use crate::start::options::check_changes;
 use crate::worker::launcher;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
@@ -27,7 +27,7 @@ fn cancel(id: Option<i64>) -> bool {
     control(id, "cancel", &[Running, Paused, Failed], Some(Cancelled), None);
     NodeBackfills::of(id).forward(&Verb::Cancel);
     // Its slot is free: a table a follow of the slot queued starts once the cancel commits.
-    crate::api::follow::dispatch_when_committed();
+    crate::follow::dispatch::dispatch_when_committed();
     true
 }
 
@@ -71,17 +71,7 @@ fn resume(id: Option<i64>) -> bool {
 /// again. Refused, with the way to end it.
 fn require_slot_to_resume(id: i64, slot: Option<&str>) {
     let Some(slot) = slot else { return };
-    if as_extension_owner(|| {
-        crate::pg::spi::select_one::<bool>(
-            "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots
-                             WHERE slot_name OPERATOR(pg_catalog.=) $1 AND database OPERATOR(pg_catalog.=) pg_catalog.current_database())",
-            &[slot.into()],
-        )
-    })
-    .ok()
-    .flatten()
-    .unwrap_or(false)
-    {
+    if as_extension_owner(|| crate::throttle::pipeline::slot_exists(slot)) {
         return;
     }
     raise(
@@ -107,14 +97,7 @@ fn require_slot_to_resume(id: i64, slot: Option<&str>) {
 fn purge(older_than: Option<pgrx::datum::Interval>) -> i64 {
     require_primary("purge backfills");
     let older_than = required(older_than, "backfill_purge", "older_than");
-    let negative = crate::pg::spi::select_one::<bool>(
-        "SELECT $1 OPERATOR(pg_catalog.<) pg_catalog.interval '0'",
-        &[older_than.into()],
-    )
-    .ok()
-    .flatten()
-    .unwrap_or(false);
-    if negative {
+    if crate::pg::args::is_negative(older_than) {
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,
             "older_than of backfill_purge must not be negative",
@@ -132,13 +115,6 @@ fn purge(older_than: Option<pgrx::datum::Interval>) -> i64 {
     as_extension_owner(|| job::delete_jobs(&purged))
 }
 
-/// backfill_set() before 0.10.0: pacing only (its SQL chains the limits on the source through
-/// backfill.set_source_limits()).
-#[pg_extern(schema = "backfill", name = "set")]
-fn set(id: Option<i64>, batch_size: Option<i32>, rows_per_second: Option<i32>, max_lag: Option<i64>) -> bool {
-    change(id, Pacing { batch_size, rows_per_second, max_lag }, SourceOptions::default())
-}
-
 /// backfill_set() since 0.10.0: changes the pacing and the limits on the source of a backfill
 /// while it runs; the worker applies them at its next page. NULL keeps a value; 0 removes a
 /// limit; a limit on the source of -1 follows the setting again.
@@ -152,37 +128,17 @@ fn set_every_option(
     max_retained_wal: Option<i64>,
     max_active_sessions: Option<i32>,
 ) -> bool {
-    let source =
-        SourceOptions { max_replica_lag, max_retained_wal, max_active_sessions: max_active_sessions.map(i64::from) };
-    change(id, Pacing { batch_size, rows_per_second, max_lag }, source)
-}
-
-/// backfill_set()'s pacing options.
-struct Pacing {
-    batch_size: Option<i32>,
-    rows_per_second: Option<i32>,
-    max_lag: Option<i64>,
+    let source = SourceOptions::of_arguments(max_replica_lag, max_retained_wal, max_active_sessions);
+    change(id, SetRequest { batch_size, rows_per_second, max_lag, source })
 }
 
 /// backfill_set()'s request: checked whole, then written in one transaction's updates.
-fn change(id: Option<i64>, pacing: Pacing, source: SourceOptions) -> bool {
+pub fn change(id: Option<i64>, changes: SetRequest) -> bool {
     require_primary("change a backfill");
     let id = required(id, "backfill_set", "id");
-    if let Some(batch_size) = pacing.batch_size {
-        check_batch_size(batch_size);
-    }
-    check_rate(pacing.rows_per_second);
-    if let Some(lag) = pacing.max_lag.filter(|lag| *lag < 0) {
-        raise(
-            ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("max_lag {lag} is out of range"),
-            "max_lag is in bytes: positive, or 0 to follow backfill.max_slot_lag again.",
-            Some("Pass 0 for the setting's lag, or a positive number of bytes such as max_lag => 104857600.".into()),
-        );
-    }
-    check_source_limits(&source);
+    check_changes(&changes);
     let job = control(id, "change", &[Running, Paused], None, None);
-    if pacing.max_lag.is_some_and(|lag| lag > 0) && job.slot_name.is_none() {
+    if changes.max_lag.is_some_and(|lag| lag > 0) && job.slot_name.is_none() {
         raise(
             ERRCODE_INVALID_PARAMETER_VALUE,
             "max_lag needs a slot",
@@ -191,39 +147,18 @@ fn change(id: Option<i64>, pacing: Pacing, source: SourceOptions) -> bool {
         );
     }
     as_extension_owner(|| {
-        job::set_pacing(id, pacing.batch_size, pacing.rows_per_second, pacing.max_lag);
-        if !source.is_empty() {
-            job::set_source_limits(id, &source);
+        job::set_pacing(id, changes.batch_size, changes.rows_per_second, changes.max_lag);
+        if !changes.source.is_empty() {
+            job::set_source_limits(id, &changes.source);
         }
     });
     launcher::wake_workers_at_commit(id);
     NodeBackfills::of(id).forward(&Verb::Set {
-        batch_size: pacing.batch_size,
-        rows_per_second: pacing.rows_per_second,
-        max_lag: pacing.max_lag,
+        batch_size: changes.batch_size,
+        rows_per_second: changes.rows_per_second,
+        max_lag: changes.max_lag,
     });
     true
-}
-
-/// The limits on the source of backfill_start() and backfill_set() in the SQL of 0.9.0 and
-/// before (max_replica_lag, max_retained_wal, max_active_sessions), chained with
-/// backfill.start() and backfill.set(): returns the backfill's id. (A backfill started in this
-/// transaction is changed as by backfill_set(), as it was.)
-#[pg_extern(schema = "backfill", name = "set_source_limits")]
-fn set_source_limits(
-    id: Option<i64>,
-    max_replica_lag: Option<i64>,
-    max_retained_wal: Option<i64>,
-    max_active_sessions: Option<i32>,
-) -> Option<i64> {
-    let source =
-        SourceOptions { max_replica_lag, max_retained_wal, max_active_sessions: max_active_sessions.map(i64::from) };
-    if source.is_empty() {
-        return id; // nothing to change: backfill.start() or backfill.set() checks the rest
-    }
-    let pacing = Pacing { batch_size: None, rows_per_second: None, max_lag: None };
-    change(id, pacing, source);
-    id
 }
 
 /// backfill_wait(): blocks until the backfill is done and, with a slot, delivered (true), or
@@ -278,21 +213,7 @@ fn wait(id: Option<i64>, timeout_ms: Option<f64>) -> bool {
 
 /// backfill_wait()'s NOTICE: the backfill's progress as backfill_status shows it to the caller.
 fn report_progress(id: i64) {
-    // (format() renders NULL as nothing: each part is left out when its value is NULL.)
-    let sql = "SELECT pg_catalog.concat_ws(', ',
-                   pg_catalog.format('backfill %s: %s', s.id, s.state),
-                   CASE WHEN s.percent_done IS NOT NULL
-                        THEN pg_catalog.format('%s%% (%s of about %s rows)', s.percent_done, s.rows_done, s.rows_estimated) END,
-                   CASE WHEN s.rows_per_second_last_minute IS NOT NULL
-                        THEN pg_catalog.format('%s rows/s', s.rows_per_second_last_minute) END,
-                   CASE WHEN s.time_left IS NOT NULL THEN pg_catalog.format('about %s left', s.time_left) END,
-                   CASE WHEN s.waiting_for IS NOT NULL THEN pg_catalog.format('waiting for %s', s.waiting_for) END)
-                 FROM {schema}.backfill_status s WHERE s.id OPERATOR(pg_catalog.=) $1";
-    let sql = sql.replace("{schema}", &crate::pg::spi::extension_schema());
-    // On a snapshot of its own: the statement's is from before the wait began.
-    let line =
-        crate::pg::spi::with_fresh_snapshot(|| crate::pg::spi::select_one::<String>(&sql, &[id.into()])).ok().flatten();
-    if let Some(line) = line {
+    if let Some(line) = job::progress_line(id) {
         notice!("{line}");
     }
 }

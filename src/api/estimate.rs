@@ -1,62 +1,17 @@
 //! backfill_estimate(): what a backfill of each table would deliver, or why it cannot run. Each
 //! version's entry point builds the request; one function answers it.
 
-use crate::api::plan;
 use crate::api::request::table_list;
 use crate::model::table;
 use crate::pg::args::{check_batch_size, required};
 use crate::pg::encoding::Text;
 use crate::pg::settings;
 use crate::selection::columns;
+use crate::start::estimate as plan;
 use pgrx::prelude::*;
 
 // Texts, not Strings: names and reasons go back to the database in its own encoding.
 type EstimateRow = (pg_sys::Oid, bool, Option<Text>, Option<Vec<Text>>, Option<i64>, Option<i64>, Option<i64>);
-
-/// backfill_estimate() before 0.8.0 (no filter): the SQL of an earlier version calls this entry
-/// point until ALTER EXTENSION UPDATE (as the next one).
-// The row type must be spelled out here for pgrx to name the result columns.
-#[allow(clippy::type_complexity)]
-#[pg_extern(schema = "backfill", name = "estimate")]
-fn estimate(
-    tables: Option<Vec<Option<pg_sys::Oid>>>,
-    batch_size: Option<i32>,
-) -> TableIterator<
-    'static,
-    (
-        name!(table_name, pg_sys::Oid),
-        name!(eligible, bool),
-        name!(reason, Option<Text>),
-        name!(key_columns, Option<Vec<Text>>),
-        name!(rows_estimated, Option<i64>),
-        name!(bytes_estimated, Option<i64>),
-        name!(pages, Option<i64>),
-    ),
-> {
-    TableIterator::new(estimate_rows(&estimate_request(tables, batch_size, None, None)))
-}
-
-/// backfill_estimate() of 0.8.0 (a row filter).
-#[allow(clippy::type_complexity)]
-#[pg_extern(schema = "backfill", name = "estimate")]
-fn estimate_filtered(
-    tables: Option<Vec<Option<pg_sys::Oid>>>,
-    batch_size: Option<i32>,
-    filter: Option<Text>,
-) -> TableIterator<
-    'static,
-    (
-        name!(table_name, pg_sys::Oid),
-        name!(eligible, bool),
-        name!(reason, Option<Text>),
-        name!(key_columns, Option<Vec<Text>>),
-        name!(rows_estimated, Option<i64>),
-        name!(bytes_estimated, Option<i64>),
-        name!(pages, Option<i64>),
-    ),
-> {
-    TableIterator::new(estimate_rows(&estimate_request(tables, batch_size, filter, None)))
-}
 
 /// backfill_estimate() since 0.9.0: every option (a row filter and a column list).
 #[allow(clippy::type_complexity)]
@@ -82,14 +37,14 @@ fn estimate_of_columns(
 }
 
 /// backfill_estimate()'s request, checked.
-struct EstimateRequest {
+pub struct EstimateRequest {
     tables: Vec<pg_sys::Oid>,
     batch_size: i32,
     filter: Option<String>,
     columns: Option<Vec<String>>,
 }
 
-fn estimate_request(
+pub fn estimate_request(
     tables: Option<Vec<Option<pg_sys::Oid>>>,
     batch_size: Option<i32>,
     filter: Option<Text>,
@@ -106,11 +61,11 @@ fn estimate_request(
 }
 
 /// One row per table listed: its estimate, or why it cannot be backfilled.
-fn estimate_rows(request: &EstimateRequest) -> Vec<EstimateRow> {
+pub fn estimate_rows(request: &EstimateRequest) -> Vec<EstimateRow> {
     // As backfill_start() would refuse: no table is eligible (a reason, not an error, so that a
     // dry run does not abort the script around it).
-    if let Some(why) = crate::api::request::logical_decoding_missing() {
-        let fix = crate::api::request::logical_decoding_fix();
+    if let Some(why) = crate::start::options::logical_decoding_missing() {
+        let fix = crate::start::options::logical_decoding_fix();
         let reason = format!("logical decoding is not enabled on this server: {why} {fix}");
         return request
             .tables

@@ -4,7 +4,7 @@ pub(crate) mod control;
 pub(crate) mod estimate;
 pub(crate) mod follow;
 pub(crate) mod keyed;
-pub(crate) mod plan;
+pub(crate) mod old_sql;
 pub(crate) mod repair;
 pub(crate) mod request;
 pub(crate) mod start;

@@ -2,36 +2,19 @@
 
 use crate::api::verify::compare_request;
 use crate::api::verify::differences;
-use crate::model::request::{CompareRequest, SourceOptions, StartRequest};
+use crate::model::request::{CompareRequest, SourceOptions, StartOptions, StartRequest};
 use crate::pg::encoding::Text;
 use crate::pg::errors::raise;
 use crate::verify::compare::Status;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
-/// backfill_repair(): compares, then starts one backfill of the differing keys of the source
-/// (through the comparison's slot); its id, or NULL when nothing differs.
-#[pg_extern(schema = "backfill", name = "repair")]
-#[allow(clippy::too_many_arguments)]
-fn repair(
-    source: Option<pg_sys::Oid>,
-    target: Option<pg_sys::Oid>,
-    confirm: Option<bool>,
-    level: Option<Text>,
-    passes: Option<i32>,
-    slot: Option<Text>,
-    batch_size: Option<i32>,
-) -> Option<i64> {
-    repair_columns(source, target, confirm, level, passes, slot, batch_size, None)
-}
-
 /// backfill_repair() of a column list's columns (0.9.0): compared over them, and the keys'
-/// backfill delivers them. A function of its own, so that the SQL of an earlier version, which
-/// calls backfill.repair() with seven arguments, keeps working with this library until ALTER
-/// EXTENSION UPDATE.
+/// backfill delivers them. (Before 0.9.0 the SQL called backfill.repair() of seven arguments:
+/// api/old_sql.rs.)
 #[pg_extern(schema = "backfill", name = "repair")]
 #[allow(clippy::too_many_arguments)]
-fn repair_columns(
+pub fn repair_columns(
     source: Option<pg_sys::Oid>,
     target: Option<pg_sys::Oid>,
     confirm: Option<bool>,
@@ -78,15 +61,17 @@ fn repair_differences(comparison: CompareRequest, batch_size: i32) -> Option<i64
     let backfill = StartRequest {
         tables: vec![source],
         confirm: true,
-        batch_size,
-        rows_per_second: None,
         slot: found.slot,
         publication,
-        max_lag: None,
-        parallel: 1,
-        source: SourceOptions::default(),
+        options: StartOptions {
+            batch_size,
+            rows_per_second: None,
+            parallel: 1,
+            max_lag: None,
+            source: SourceOptions::default(),
+            rows_per_message: None,
+        },
         keys: Some(serde_json::Value::Array(keys)),
-        rows_per_message: None,
         filter: None,
         // The columns compared: the list's and the key's, which every read carries.
         columns: found.columns,
@@ -96,7 +81,7 @@ fn repair_differences(comparison: CompareRequest, batch_size: i32) -> Option<i64
     Some(if distributed {
         crate::citus::coordinator::start_distributed(&backfill, source)
     } else {
-        crate::api::start::start_backfill(&backfill)
+        crate::start::start_backfill(&backfill)
     })
 }
 

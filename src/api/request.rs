@@ -2,17 +2,15 @@
 //! else runs: every argument present or defaulted, each in its range. What needs the tables
 //! (their keys, rights, publication) is checked next, by the verb, still before any write.
 
-use crate::model::request::{SourceOptions, StartRequest};
+use crate::model::request::{SourceOptions, StartOptions, StartRequest};
 use crate::model::table;
-use crate::pg::args::{check_batch_size, check_rate, check_rows_per_message, require_primary, required};
-use crate::pg::compat;
+use crate::pg::args::{require_primary, required};
 use crate::pg::encoding::Text;
 use crate::pg::errors::raise;
+use crate::start::options::check_options;
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use pgrx::PgSqlErrorCode::*;
-
-const MAX_PARALLEL: i32 = 16;
 
 /// backfill_start()'s arguments as an entry point receives them. Each version's entry point
 /// fills those it has; the others keep their defaults (`..StartArgs::default()`).
@@ -40,96 +38,51 @@ pub fn start_request(args: StartArgs) -> StartRequest {
     const CALL: &str = "backfill_start";
     require_primary("start a backfill");
     let publication = args.publication.map(|t| t.0);
+    let source = SourceOptions::of_arguments(args.max_replica_lag, args.max_retained_wal, args.max_active_sessions);
+    let options = StartOptionArgs {
+        batch_size: args.batch_size,
+        rows_per_second: args.rows_per_second,
+        parallel: args.parallel,
+        max_lag: args.max_lag,
+        source,
+        rows_per_message: args.rows_per_message,
+    };
     let request = StartRequest {
         tables: table_list(args.tables, publication.as_deref()),
         confirm: required(args.confirm, CALL, "confirm"),
-        batch_size: required(args.batch_size, CALL, "batch_size"),
-        // 0: no limit, as in backfill_set() (check_rate refuses a negative rate below).
-        rows_per_second: args.rows_per_second.filter(|rate| *rate != 0),
         // Text, not String: names in the database's encoding, converted (see encoding.rs).
         slot: args.slot.map(|t| t.0),
         publication,
-        max_lag: args.max_lag,
-        parallel: required(args.parallel, CALL, "parallel"),
-        source: SourceOptions {
-            max_replica_lag: args.max_replica_lag,
-            max_retained_wal: args.max_retained_wal,
-            max_active_sessions: args.max_active_sessions.map(i64::from),
-        },
+        options: start_options(CALL, options),
         keys: args.keys.map(|keys| keys.0),
-        rows_per_message: args.rows_per_message,
         filter: args.filter.map(|t| t.0),
         columns: crate::selection::columns::given(args.columns),
     };
-    check_options(&request, args.rows_per_second);
+    check_options(&request.options, request.slot.is_some());
     request
 }
 
-/// The pacing and batching options of `request` (backfill_start()'s, or a follow's for every
-/// backfill it starts), each in its range; `rows_per_second` as given (0 is no limit); and a
-/// server that decodes them.
-pub fn check_options(request: &StartRequest, rows_per_second: Option<i32>) {
-    check_batch_size(request.batch_size);
-    check_parallel(request.parallel);
-    check_rate(rows_per_second);
-    if let Some(rows_per_message) = request.rows_per_message {
-        check_rows_per_message(rows_per_message);
-    }
-    check_source_limits(&request.source);
-    check_max_lag(request.max_lag, request.slot.is_some());
-    require_logical_decoding();
+/// A start's options as an SQL function receives them: backfill_start()'s, backfill_follow()'s.
+pub struct StartOptionArgs {
+    pub batch_size: Option<i32>,
+    pub rows_per_second: Option<i32>,
+    pub parallel: Option<i32>,
+    pub max_lag: Option<i64>,
+    pub source: SourceOptions,
+    pub rows_per_message: Option<i32>,
 }
 
-fn check_parallel(parallel: i32) {
-    if !(1..=MAX_PARALLEL).contains(&parallel) {
-        raise(
-            ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("parallel {parallel} is out of range"),
-            format!("parallel is the number of workers and must be between 1 and {MAX_PARALLEL}."),
-            Some("Each worker is a background worker: mind max_worker_processes.".into()),
-        );
-    }
-}
-
-/// max_lag limits how far a slot's consumer may lag: it needs a slot, and a positive value.
-fn check_max_lag(max_lag: Option<i64>, has_slot: bool) {
-    if max_lag.is_some() && !has_slot {
-        raise(
-            ERRCODE_INVALID_PARAMETER_VALUE,
-            "max_lag needs a slot",
-            "max_lag limits how far the slot's consumer may lag; no slot was given.",
-            Some("Name the consumer's slot: slot => 'my_slot'.".into()),
-        );
-    }
-    if let Some(lag) = max_lag.filter(|lag| *lag <= 0) {
-        raise(
-            ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("max_lag {lag} is out of range"),
-            "max_lag is in bytes and must be positive.",
-            Some("Pass NULL (the default) for backfill.max_slot_lag.".into()),
-        );
-    }
-}
-
-/// The limits on the source of backfill_start() and backfill_set(): positive to tighten the
-/// setting, 0 to turn a limit off where the setting is off, -1 to follow the setting.
-pub fn check_source_limits(options: &SourceOptions) {
-    for (name, value, unit) in [
-        ("max_replica_lag", options.max_replica_lag, "bytes"),
-        ("max_retained_wal", options.max_retained_wal, "bytes"),
-        ("max_active_sessions", options.max_active_sessions, "active sessions"),
-    ] {
-        if let Some(value) = value.filter(|v| *v < -1) {
-            raise(
-                ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("{name} {value} is out of range"),
-                format!(
-                    "{name} is in {unit}: positive to tighten backfill.{name}, 0 to turn the limit off where \
-                     the setting is off, -1 to follow the setting."
-                ),
-                Some("Pass NULL to keep the current value.".into()),
-            );
-        }
+/// The start options of `args` for SQL function `call` (every argument present or defaulted),
+/// to be checked by start/options.rs.
+pub fn start_options(call: &str, args: StartOptionArgs) -> StartOptions {
+    StartOptions {
+        batch_size: required(args.batch_size, call, "batch_size"),
+        // 0: no limit, as in backfill_set() (check_rate refuses a negative rate).
+        rows_per_second: args.rows_per_second.filter(|rate| *rate != 0),
+        parallel: required(args.parallel, call, "parallel"),
+        max_lag: args.max_lag,
+        source: args.source,
+        rows_per_message: args.rows_per_message,
     }
 }
 
@@ -138,7 +91,7 @@ pub fn check_source_limits(options: &SourceOptions) {
 /// pipeline.
 pub fn table_list(tables: Option<Vec<Option<pg_sys::Oid>>>, publication: Option<&str>) -> Vec<pg_sys::Oid> {
     if let (None, Some(publication)) = (&tables, publication) {
-        return crate::selection::published::tables_of_publication(publication);
+        return crate::selection::publication::tables_of_publication(publication);
     }
     let tables = tables.unwrap_or_default();
     if tables.is_empty() {
@@ -176,39 +129,4 @@ pub fn table_list(tables: Option<Vec<Option<pg_sys::Oid>>>, publication: Option<
         relids.push(relid);
     }
     relids
-}
-
-/// Why no backfill can run on this server, if none can: read messages are only ever decoded
-/// when the server writes logical WAL. (backfill_estimate() gives it as every table's reason.)
-/// On 19 the level in force counts: at `wal_level = replica`, logical decoding is on while a
-/// logical slot exists (the consumer's, created before the backfill starts).
-pub fn logical_decoding_missing() -> Option<String> {
-    let setting = if compat::logical_decoding_follows_slots() { "effective_wal_level" } else { "wal_level" };
-    let level =
-        crate::pg::spi::select_one::<String>("SELECT pg_catalog.current_setting($1)", &[Text::from(setting).into()])
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-    (level != "logical")
-        .then(|| format!("{setting} is \"{level}\": the backfill's messages would never reach a decoder."))
-}
-
-/// What turns logical decoding on, for a hint.
-pub fn logical_decoding_fix() -> &'static str {
-    if compat::logical_decoding_follows_slots() {
-        "Create the consumer's logical replication slot first (with wal_level = replica, logical decoding is on while one exists), or set wal_level = logical in postgresql.conf and restart the server."
-    } else {
-        "Set wal_level = logical in postgresql.conf and restart the server."
-    }
-}
-
-fn require_logical_decoding() {
-    if let Some(why) = logical_decoding_missing() {
-        raise(
-            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            "logical decoding is not enabled on this server",
-            why,
-            Some(logical_decoding_fix().into()),
-        );
-    }
 }

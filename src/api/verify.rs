@@ -79,23 +79,11 @@ fn checksum_rows(request: ChecksumRequest) -> Vec<checksum::RangeRow> {
     checksum::checksum(relid, request.ranges, level, bounds, request.columns)
 }
 
-/// backfill_compare(): the keys that differ, each with its status (verify/compare.rs).
+/// backfill_compare(): the keys that differ, each with its status (verify/compare.rs), over a
+/// column list's columns (0.9.0) or all. (Before 0.9.0 the SQL called backfill.compare() of five
+/// arguments: api/old_sql.rs.)
 #[pg_extern(schema = "backfill", name = "compare")]
-fn compare(
-    source: Option<pg_sys::Oid>,
-    target: Option<pg_sys::Oid>,
-    level: Option<Text>,
-    passes: Option<i32>,
-    slot: Option<Text>,
-) -> TableIterator<'static, (name!(key, JsonB), name!(status, String))> {
-    compare_columns(source, target, level, passes, slot, None)
-}
-
-/// backfill_compare() of a column list's columns (0.9.0): a function of its own, so that the SQL
-/// of an earlier version, which calls backfill.compare() with five arguments, keeps working with
-/// this library until ALTER EXTENSION UPDATE.
-#[pg_extern(schema = "backfill", name = "compare")]
-fn compare_columns(
+pub fn compare_columns(
     source: Option<pg_sys::Oid>,
     target: Option<pg_sys::Oid>,
     level: Option<Text>,

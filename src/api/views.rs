@@ -5,7 +5,7 @@ use crate::pg::compat;
 use crate::pg::encoding::Text;
 use crate::pg::errors::raise;
 use crate::pg::privilege;
-use crate::worker::activity::{WAITING_FOR_OF_ACTIVITY, WAITING_KIND_OF_ACTIVITY, WORKERS_OF_BACKFILL};
+use crate::worker::activity::{self, WAITING_FOR_OF_ACTIVITY, WAITING_KIND_OF_ACTIVITY};
 use crate::worker::shared_progress;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
@@ -21,11 +21,6 @@ fn auto_resume() -> bool {
     PRELOADED.load(Ordering::Relaxed)
 }
 
-/// Whether the caller (named $2) sees backfill $1 (as the views decide, see backfill.visible):
-/// the helpers below run as the extension's owner, and answer only about such a backfill.
-const VISIBLE_TO_CALLER: &str = "(backfill.may_act_as($2, 'pg_monitor')
-    OR EXISTS (SELECT FROM backfill.job j WHERE j.id OPERATOR(pg_catalog.=) $1 AND backfill.may_act_as($2, j.started_by)))";
-
 /// The current user's name, read before the switch to the extension's owner.
 fn caller() -> String {
     // SAFETY: the name of the current user, who exists (noerr false would raise otherwise);
@@ -35,23 +30,10 @@ fn caller() -> String {
         .into_owned()
 }
 
-/// Background workers of a backfill of this database running now. pg_stat_activity hides
-/// other roles' application names, so they are counted as the extension's owner.
+/// Background workers of a backfill of this database running now, as the caller sees them.
 #[pg_extern(schema = "backfill", stable)]
 fn workers_running(backfill_id: i64) -> i32 {
-    let caller = caller();
-    privilege::as_extension_owner(|| {
-        crate::pg::spi::select_one::<i32>(
-            &format!(
-                "SELECT pg_catalog.count(*)::int FROM pg_catalog.pg_stat_activity a
-                  WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}"
-            ),
-            &[backfill_id.into(), caller.into()],
-        )
-    })
-    .ok()
-    .flatten()
-    .unwrap_or(0)
+    activity::workers_running(backfill_id, caller())
 }
 
 /// What the workers of a running backfill wait for now: a row lock another process holds (a
@@ -62,37 +44,14 @@ fn workers_running(backfill_id: i64) -> i32 {
 fn waiting_for(backfill_id: i64) -> Option<Text> {
     let row_lock =
         "'a row lock held by pid ' OPERATOR(pg_catalog.||) pg_catalog.string_agg(DISTINCT b::pg_catalog.text, ', ')";
-    waiting(backfill_id, row_lock, WAITING_FOR_OF_ACTIVITY)
+    activity::waits_of_backfill(backfill_id, row_lock, WAITING_FOR_OF_ACTIVITY, caller())
 }
 
 /// The kind of what the workers of a running backfill wait for now, for monitoring and tests:
 /// row_lock, consumer_away, consumer_lag, replica_lag, retained_wal or load; NULL for none.
 #[pg_extern(schema = "backfill", stable)]
 fn waiting_kind(backfill_id: i64) -> Option<Text> {
-    waiting(backfill_id, "'row_lock'", WAITING_KIND_OF_ACTIVITY)
-}
-
-/// A backfill's row-lock waits (`row_lock`, over the blocking pids `b`) or else what its workers
-/// report (`reported`, over their pg_stat_activity rows `a`), several joined by '; '.
-fn waiting(backfill_id: i64, row_lock: &str, reported: &str) -> Option<Text> {
-    let caller = caller();
-    privilege::as_extension_owner(|| {
-        crate::pg::spi::select_one::<Text>(
-            &format!(
-                "SELECT coalesce(
-                    (SELECT {row_lock}
-                       FROM pg_catalog.pg_stat_activity a, pg_catalog.unnest(pg_catalog.pg_blocking_pids(a.pid)) b
-                      WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}
-                     HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 0),
-                    (SELECT pg_catalog.string_agg(DISTINCT {reported}, '; ')
-                       FROM pg_catalog.pg_stat_activity a
-                      WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}))"
-            ),
-            &[backfill_id.into(), caller.into()],
-        )
-    })
-    .ok()
-    .flatten()
+    activity::waits_of_backfill(backfill_id, "'row_lock'", WAITING_KIND_OF_ACTIVITY, caller())
 }
 
 /// backfill_progress: every running backfill worker of the cluster, from shared memory
@@ -135,7 +94,7 @@ fn progress() -> TableIterator<
     let sees_all = superuser || compat::may_act_as(caller, pg_sys::Oid::from(pg_sys::ROLE_PG_MONITOR));
     let visible: Vec<_> = workers
         .into_iter()
-        .filter(|w| sees_all || (compat::may_act_as(caller, w.role) && may_connect(w.database)))
+        .filter(|w| sees_all || (compat::may_act_as(caller, w.role) && privilege::may_connect(w.database)))
         .map(|w| {
             let ran = w.relid != pg_sys::InvalidOid;
             (
@@ -157,19 +116,6 @@ fn progress() -> TableIterator<
         })
         .collect();
     TableIterator::new(visible)
-}
-
-/// Whether the current user may connect to the database (`has_database_privilege`); false for
-/// one dropped meanwhile.
-fn may_connect(database: pg_sys::Oid) -> bool {
-    crate::pg::spi::select_one::<bool>(
-        "SELECT pg_catalog.has_database_privilege(d.oid, 'CONNECT')
-           FROM pg_catalog.pg_database d WHERE d.oid OPERATOR(pg_catalog.=) $1",
-        &[database.into()],
-    )
-    .ok()
-    .flatten()
-    .unwrap_or(false)
 }
 
 /// A role's name; None for one dropped since.

@@ -1,26 +1,14 @@
 //! The state tables of follows (`backfill_follow()`): `backfill.follow`, one row per follow of a
 //! publication into a slot, with the options of the backfills it starts and the tables it knows
 //! the publication to hold; and `backfill.follow_table`, its queue, one row per table added to
-//! the publication, in the order added. Every read and write of them; the API (`api/follow.rs`)
+//! the publication, in the order added. Every read and write of them; the follows' work (`follow/`)
 //! decides what to write.
 
-use crate::model::request::SourceOptions;
+use crate::model::request::{SourceOptions, StartOptions};
 use crate::pg::encoding::Text;
 use crate::pg::errors::OrInternal;
 use pgrx::prelude::*;
 use pgrx::spi::SpiResult;
-
-/// The options a follow gives every backfill it starts: backfill_start()'s pacing and batching.
-#[derive(Clone, Copy)]
-pub struct FollowOptions {
-    pub batch_size: i32,
-    pub rows_per_second: Option<i32>,
-    pub parallel: i32,
-    pub max_lag: Option<i64>,
-    pub source: SourceOptions,
-    /// None: backfill.rows_per_message when each backfill starts.
-    pub rows_per_message: Option<i32>,
-}
 
 /// A live follow (not ended).
 pub struct Follow {
@@ -29,7 +17,8 @@ pub struct Follow {
     pub slot: String,
     /// The role that created it, whose rights every backfill it starts has.
     pub role: pg_sys::Oid,
-    pub options: FollowOptions,
+    /// The options of every backfill it starts.
+    pub options: StartOptions,
     /// The settings a start reads from its session, as the session that created the follow had
     /// them: (name, value).
     pub settings: Vec<(String, String)>,
@@ -100,16 +89,12 @@ fn follows(condition: &str, args: &[pgrx::datum::DatumWithOid]) -> Vec<Follow> {
                     publication: row.get::<Text>(2)?.map(|t| t.0).unwrap_or_default(),
                     slot: row.get::<Text>(3)?.map(|t| t.0).unwrap_or_default(),
                     role: row.get(4)?.unwrap_or(pg_sys::InvalidOid),
-                    options: FollowOptions {
+                    options: StartOptions {
                         batch_size: row.get(5)?.unwrap_or(1000),
                         rows_per_second: row.get(6)?,
                         parallel: row.get(7)?.unwrap_or(1),
                         max_lag: row.get(8)?,
-                        source: SourceOptions {
-                            max_replica_lag: row.get(9)?,
-                            max_retained_wal: row.get(10)?,
-                            max_active_sessions: row.get::<i32>(11)?.map(i64::from),
-                        },
+                        source: SourceOptions::of_arguments(row.get(9)?, row.get(10)?, row.get(11)?),
                         rows_per_message: row.get(12)?,
                     },
                     known_tables: row.get(13)?.unwrap_or_default(),
@@ -305,7 +290,7 @@ pub fn insert_follow(
     publication: &str,
     slot: &str,
     role: pg_sys::Oid,
-    options: &FollowOptions,
+    options: &StartOptions,
     settings: &pgrx::JsonB,
     known: (&[pg_sys::Oid], &[pg_sys::Oid]),
 ) -> i64 {

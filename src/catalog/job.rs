@@ -16,6 +16,7 @@ use pgrx::spi::SpiResult;
 pub const PAUSED_BY_USER: &str = "paused by backfill_pause()";
 
 pub use crate::model::request::SourceOptions;
+use crate::model::request::StartRequest;
 
 /// A backfill as the worker and the API need it.
 pub struct Job {
@@ -224,6 +225,32 @@ pub struct NewJob<'a> {
     pub slot_identity: Option<String>,
     pub row_filter: Option<&'a str>,
     pub source: SourceOptions,
+}
+
+impl<'a> NewJob<'a> {
+    /// The backfill `request` asks for, started by `started_by` with messages prefixed
+    /// `message_prefix`: its options as given (rows per message: backfill.rows_per_message if
+    /// it gives none; its limits on the source as recorded, see
+    /// [`StartRequest::recorded_source_limits`]), locked as the lock_mode setting says. The one
+    /// place a backfill's row is shaped; a start that records otherwise (a keyed one, a Citus
+    /// coordinator's) changes what differs.
+    pub fn of_request(request: &'a StartRequest, started_by: &'a str, message_prefix: &'a str) -> NewJob<'a> {
+        NewJob {
+            started_by,
+            batch_size: request.options.batch_size,
+            rows_per_second: request.options.rows_per_second,
+            parallel: request.options.parallel,
+            message_prefix,
+            slot_name: request.slot.as_deref(),
+            publication_name: request.publication.as_deref(),
+            max_lag_bytes: request.options.max_lag,
+            lock_mode: LockMode::Auto,
+            rows_per_message: request.options.rows_per_message.unwrap_or_else(crate::pg::settings::rows_per_message),
+            slot_identity: None,
+            row_filter: request.filter.as_deref(),
+            source: request.recorded_source_limits(),
+        }
+    }
 }
 
 /// Records a new backfill; returns its id. A column of a later version is named only when its
@@ -686,4 +713,22 @@ fn require_select_on_the_keys() {
             )),
         );
     }
+}
+
+/// Backfill `id`'s progress in one line, as backfill_status shows it to the caller (for
+/// backfill_wait()'s NOTICE), read on a snapshot of its own.
+pub fn progress_line(id: i64) -> Option<String> {
+    // (format() renders NULL as nothing: each part is left out when its value is NULL.)
+    let sql = "SELECT pg_catalog.concat_ws(', ',
+                   pg_catalog.format('backfill %s: %s', s.id, s.state),
+                   CASE WHEN s.percent_done IS NOT NULL
+                        THEN pg_catalog.format('%s%% (%s of about %s rows)', s.percent_done, s.rows_done, s.rows_estimated) END,
+                   CASE WHEN s.rows_per_second_last_minute IS NOT NULL
+                        THEN pg_catalog.format('%s rows/s', s.rows_per_second_last_minute) END,
+                   CASE WHEN s.time_left IS NOT NULL THEN pg_catalog.format('about %s left', s.time_left) END,
+                   CASE WHEN s.waiting_for IS NOT NULL THEN pg_catalog.format('waiting for %s', s.waiting_for) END)
+                 FROM {schema}.backfill_status s WHERE s.id OPERATOR(pg_catalog.=) $1";
+    let sql = sql.replace("{schema}", &crate::pg::spi::extension_schema());
+    // On a snapshot of its own: the statement's is from before the wait began.
+    crate::pg::spi::with_fresh_snapshot(|| crate::pg::spi::select_one::<String>(&sql, &[id.into()])).ok().flatten()
 }

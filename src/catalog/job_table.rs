@@ -1,7 +1,7 @@
 //! The state table `backfill.job_table`, one row per table of a backfill (per key range, with
 //! parallel workers): every read and write of it. Where a range's scan stands, its state
 //! changes, and how the workers that share a table coordinate its markers. And the keys of a
-//! keyed backfill, `backfill.job_key` (api/keyed.rs).
+//! keyed backfill, `backfill.job_key` (start/keys.rs).
 
 use crate::catalog::schema;
 use crate::model::state::RangeState;

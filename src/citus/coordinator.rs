@@ -12,9 +12,7 @@ use crate::catalog::job::NewJob;
 use crate::catalog::job_shard::{self, JobShard};
 use crate::catalog::job_table::{self, NewRange, NewTable};
 use crate::citus::nodes::{self, literal, Node, Placement, Reply};
-use crate::citus::rules;
 use crate::model::request::{SourceOptions, StartRequest};
-use crate::model::state::LockMode;
 use crate::model::table;
 use crate::pg::citus::{self as citus_metadata, Distribution};
 use crate::pg::errors::{raise, OrInternal};
@@ -25,37 +23,8 @@ use pgrx::JsonB;
 use pgrx::PgSqlErrorCode::*;
 use std::collections::BTreeMap;
 
-/// What backfill_start() was given, passed on to every node.
-pub struct NodeOptions<'a> {
-    pub batch_size: i32,
-    pub rows_per_second: Option<i32>,
-    pub slot: Option<&'a str>,
-    pub publication: Option<&'a str>,
-    pub max_lag: Option<i64>,
-    pub parallel: i32,
-    /// A backfill of given keys (backfill_repair()): each shard's keys, by shard id; only the
-    /// shards that have some are backfilled.
-    pub keys: Option<&'a BTreeMap<i64, Vec<serde_json::Value>>>,
-}
-
-/// The one place where the start path meets Citus: `request`'s backfill of a distributed table,
-/// started on its nodes, or else `local`'s of the tables read on this server (a reference
-/// table's placement here standing for it). Returns the backfill's id.
-pub fn start_here_or_on_nodes(request: &StartRequest, local: fn(&StartRequest, Vec<pg_sys::Oid>) -> i64) -> i64 {
-    // On a Citus worker node, the coordinator starts backfills of shards, which Citus hides.
-    citus_metadata::with_shards_visible(|| {
-        for relid in &request.tables {
-            rules::refuse("backfill_start", *relid, &request.options_given());
-        }
-        match distributed_table(&request.tables) {
-            Some(relid) => start_distributed(request, relid),
-            None => local(request, local_tables(request.tables.clone())),
-        }
-    })
-}
-
 /// The one distributed table listed, if one is (a distributed table is backfilled alone).
-fn distributed_table(relids: &[pg_sys::Oid]) -> Option<pg_sys::Oid> {
+pub fn distributed_table(relids: &[pg_sys::Oid]) -> Option<pg_sys::Oid> {
     if !citus_metadata::installed() {
         return None;
     }
@@ -82,48 +51,34 @@ pub fn start_distributed(request: &StartRequest, relid: pg_sys::Oid) -> i64 {
     // The caller's rights on the table, as for any table (and the nodes check theirs again).
     let table = table::require(relid);
     let keys = request.keys.clone().map(|keys| keys_by_shard(relid, as_list(keys)));
-    let options = NodeOptions {
-        batch_size: request.batch_size,
-        rows_per_second: request.rows_per_second,
-        slot: request.slot.as_deref(),
-        publication: request.publication.as_deref(),
-        max_lag: request.max_lag,
-        parallel: request.parallel,
-        keys: keys.as_ref(),
-    };
-    let placements = active_placements(relid, &name, options.keys);
+    let keys = keys.as_ref();
+    let placements = active_placements(relid, &name, keys);
     let by_node = nodes::group_by_node(&placements);
-    let rows_per_second = options.rows_per_second.map(|rate| share_of_rate(rate, by_node.len()));
+    let rows_per_second = request.options.rows_per_second.map(|rate| share_of_rate(rate, by_node.len()));
     // Every node checks what it would deliver first (its slot, publication and the caller's rights
     // there): a node that refuses then refuses before any starts.
-    for (node, reply) in start_on_nodes(&by_node, false, &options, rows_per_second) {
+    for (node, reply) in start_on_nodes(&by_node, false, request, keys, rows_per_second) {
         if !is_unconfirmed(&reply) {
             reply.raise_on(&node, &format!("backfill_start({name})"));
         }
     }
     let started_by = crate::pg::privilege::current_role_name();
     let prefix = crate::pg::settings::message_prefix();
-    let job = NewJob {
-        started_by: &started_by,
-        batch_size: options.batch_size,
-        rows_per_second: options.rows_per_second,
-        parallel: 1,
-        message_prefix: &prefix,
-        // Each node's backfill follows the node's slot of this name; the coordinator has none.
-        slot_name: None,
-        publication_name: options.publication,
-        max_lag_bytes: None,
-        lock_mode: LockMode::Auto,
-        rows_per_message: 1,
-        slot_identity: None,
-        row_filter: None,
-        source: SourceOptions::default(),
-    };
+    // The coordinator's own record: each node's backfill follows the node's slot of this name
+    // and paces, batches and limits itself; the coordinator has no slot, no worker of its own
+    // past the follower, and reads nothing.
+    let mut job = NewJob::of_request(request, &started_by, &prefix);
+    job.parallel = 1;
+    job.slot_name = None;
+    job.max_lag_bytes = None;
+    job.rows_per_message = 1;
+    job.row_filter = None;
+    job.source = SourceOptions::default();
     let unconfirmed = Box::new(|| unconfirmed(request, &name, placements.len(), by_node.len()));
     let admission = Admission { job, tables: vec![(relid, name.clone())], confirm: request.confirm, unconfirmed };
     admit(admission, |backfill_id| {
-        let replies = start_on_nodes(&by_node, true, &options, rows_per_second);
-        record_node_backfills(backfill_id, &table, &by_node, &replies, &options);
+        let replies = start_on_nodes(&by_node, true, request, keys, rows_per_second);
+        record_node_backfills(backfill_id, &table, &by_node, &replies, keys);
     })
 }
 
@@ -185,7 +140,7 @@ fn record_node_backfills(
     table: &table::Table,
     by_node: &BTreeMap<Node, Vec<Placement>>,
     replies: &[(Node, Reply)],
-    options: &NodeOptions,
+    keys: Option<&BTreeMap<i64, Vec<serde_json::Value>>>,
 ) {
     if let Some((node, reply)) = replies.iter().find(|(_, reply)| reply.id.is_none()) {
         let cancels: Vec<(Node, String)> = replies
@@ -203,7 +158,7 @@ fn record_node_backfills(
         for ((node, shards), (_, reply)) in by_node.iter().zip(replies) {
             for placement in shards {
                 position += 1;
-                let keys = options.keys.and_then(|keys| keys.get(&placement.shard_id)).map_or(0, Vec::len);
+                let keys = keys.and_then(|keys| keys.get(&placement.shard_id)).map_or(0, Vec::len);
                 let range =
                     NewRange { part: 0, worker: 0, lower_bound: None, upper_bound: None, rows_estimated: keys as i64 };
                 job_table::insert_job_table(backfill_id, position, &record, range);
@@ -272,7 +227,8 @@ pub fn share_of_rate(rate: i32, nodes: usize) -> i32 {
 fn start_on_nodes(
     by_node: &BTreeMap<Node, Vec<Placement>>,
     confirm: bool,
-    options: &NodeOptions,
+    request: &StartRequest,
+    keys: Option<&BTreeMap<i64, Vec<serde_json::Value>>>,
     rows_per_second: Option<i32>,
 ) -> Vec<(Node, Reply)> {
     let optional = |value: Option<String>| value.unwrap_or_else(|| "NULL".into());
@@ -281,7 +237,7 @@ fn start_on_nodes(
         .map(|(node, shards)| {
             let tables: Vec<String> = shards.iter().map(|p| literal(&p.shard_name)).collect();
             // Each shard's keys, in the order of the tables.
-            let keys = options.keys.map(|keys| {
+            let keys = keys.map(|keys| {
                 let each: Vec<serde_json::Value> = shards
                     .iter()
                     .map(|p| serde_json::Value::Array(keys.get(&p.shard_id).cloned().unwrap_or_default()))
@@ -291,12 +247,12 @@ fn start_on_nodes(
             let statement = format!(
                 "SELECT backfill.start_on_node(ARRAY[{}]::pg_catalog.regclass[], {confirm}, {}, {}, {}, {}, {}, {}, {})::pg_catalog.text",
                 tables.join(", "),
-                options.batch_size,
+                request.options.batch_size,
                 optional(rows_per_second.map(|r| r.to_string())),
-                optional(options.slot.map(literal)),
-                optional(options.publication.map(literal)),
-                optional(options.max_lag.map(|l| l.to_string())),
-                options.parallel,
+                optional(request.slot.as_deref().map(literal)),
+                optional(request.publication.as_deref().map(literal)),
+                optional(request.options.max_lag.map(|l| l.to_string())),
+                request.options.parallel,
                 optional(keys),
             );
             (node.clone(), statement)
@@ -365,32 +321,4 @@ pub fn local_tables(relids: Vec<pg_sys::Oid>) -> Vec<pg_sys::Oid> {
             })
         })
         .collect()
-}
-
-/// The options of backfill_start() that a backfill of a distributed table does not pass on to
-/// its nodes: refused before anything starts (backfill_start() calls this on its tables before
-/// backfill.start()). Returns the tables.
-#[pg_extern(schema = "backfill", name = "refuse_node_options")]
-fn refuse_node_options(
-    tables: Option<Vec<Option<pg_sys::Oid>>>,
-    keys: Option<JsonB>,
-    max_replica_lag: Option<i64>,
-    max_retained_wal: Option<i64>,
-    max_active_sessions: Option<i32>,
-    rows_per_message: Option<i32>,
-) -> Option<Vec<Option<pg_sys::Oid>>> {
-    let given: Vec<&str> = [
-        ("keys", keys.is_some()),
-        ("max_replica_lag", max_replica_lag.is_some()),
-        ("max_retained_wal", max_retained_wal.is_some()),
-        ("max_active_sessions", max_active_sessions.is_some()),
-        ("rows_per_message", rows_per_message.is_some()),
-    ]
-    .into_iter()
-    .filter_map(|(name, is_given)| is_given.then_some(name))
-    .collect();
-    for relid in tables.iter().flatten().flatten() {
-        crate::citus::rules::refuse("backfill_start", *relid, &given);
-    }
-    tables
 }

@@ -19,6 +19,7 @@ use crate::citus::nodes::{self, literal, Node};
 use crate::model::state::JobState;
 use crate::throttle::pacing;
 use crate::worker::launcher::Entry;
+use crate::worker::process::Work;
 use crate::worker::xact::{in_transaction, who};
 use pgrx::prelude::*;
 use serde::Deserialize;
@@ -43,7 +44,7 @@ struct NodeBackfill {
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn backfill_follower_main(arg: pg_sys::Datum) {
-    if let Some((backfill_id, _)) = crate::worker::process::start(arg, Entry::Follow) {
+    if let Some(Work::Backfill { backfill_id, .. }) = crate::worker::process::start(arg, Entry::Follow) {
         watch(backfill_id);
     }
 }

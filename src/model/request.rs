@@ -2,8 +2,11 @@
 //! builds its verb's request from the arguments it has (`api/`); the request is checked whole
 //! before anything is written, then recorded and launched by one path (`worker/admit.rs`).
 //!
-//! A new option is a field here, an argument of the newest entry point, and one line in each
-//! older entry point's adapter (which leaves it at its default).
+//! A start's options are one set (`StartOptions`), whoever starts: backfill_start(), a follow
+//! (which stores them), backfill_repair() and a Citus coordinator for its nodes; backfill_set()
+//! changes some of them (`SetRequest`). A new option is a field here, an argument of the newest
+//! entry point, and one line in each older entry point's adapter (which leaves it at its
+//! default).
 
 use crate::model::table;
 use pgrx::prelude::*;
@@ -18,27 +21,55 @@ pub struct SourceOptions {
 }
 
 impl SourceOptions {
+    /// The limits as the SQL functions take them (max_active_sessions an integer).
+    pub fn of_arguments(
+        max_replica_lag: Option<i64>,
+        max_retained_wal: Option<i64>,
+        max_active_sessions: Option<i32>,
+    ) -> SourceOptions {
+        SourceOptions { max_replica_lag, max_retained_wal, max_active_sessions: max_active_sessions.map(i64::from) }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.max_replica_lag.is_none() && self.max_retained_wal.is_none() && self.max_active_sessions.is_none()
     }
 }
 
-/// backfill_start()'s request, checked (`api/request.rs`): every argument present or defaulted,
-/// each in its range, the tables listed once each.
+/// A start's options: its batching, pacing, workers, consumer lag, limits on the source and
+/// message format. One set, built from the SQL arguments in one place (api/request.rs) and
+/// checked in one (start/options.rs), whoever starts: backfill_start(), a follow (which stores
+/// them for every backfill it starts), backfill_repair(), a Citus coordinator for its nodes.
+#[derive(Clone, Copy)]
+pub struct StartOptions {
+    pub batch_size: i32,
+    /// None: no limit (0 given).
+    pub rows_per_second: Option<i32>,
+    pub parallel: i32,
+    pub max_lag: Option<i64>,
+    pub source: SourceOptions,
+    /// None: backfill.rows_per_message, read when the backfill is recorded.
+    pub rows_per_message: Option<i32>,
+}
+
+/// backfill_set()'s request: the start options a running backfill may change, each None to keep
+/// it (max_lag 0, a limit on the source -1: the setting's again).
+pub struct SetRequest {
+    pub batch_size: Option<i32>,
+    pub rows_per_second: Option<i32>,
+    pub max_lag: Option<i64>,
+    pub source: SourceOptions,
+}
+
+/// backfill_start()'s request, checked (`api/request.rs`, `start/options.rs`): every argument
+/// present or defaulted, each in its range, the tables listed once each.
 pub struct StartRequest {
     pub tables: Vec<pg_sys::Oid>,
     pub confirm: bool,
-    pub batch_size: i32,
-    pub rows_per_second: Option<i32>,
     pub slot: Option<String>,
     pub publication: Option<String>,
-    pub max_lag: Option<i64>,
-    pub parallel: i32,
-    pub source: SourceOptions,
+    pub options: StartOptions,
     /// Given keys (a JSON array of key objects): only those rows of the one table.
     pub keys: Option<serde_json::Value>,
-    /// None: backfill.rows_per_message, read when the backfill is recorded.
-    pub rows_per_message: Option<i32>,
     pub filter: Option<String>,
     pub columns: Option<Vec<String>>,
 }
@@ -51,9 +82,10 @@ impl StartRequest {
     /// no pacing option (neither rows_per_second nor max_active_sessions), the gentle default
     /// backfill.default_max_active_sessions, so that it gives way to the application's load.
     pub fn recorded_source_limits(&self) -> SourceOptions {
-        let unpaced = self.rows_per_second.is_none() && self.source.max_active_sessions.is_none();
+        let source = self.options.source;
+        let unpaced = self.options.rows_per_second.is_none() && source.max_active_sessions.is_none();
         let default = unpaced.then(crate::pg::settings::default_max_active_sessions).flatten();
-        SourceOptions { max_active_sessions: self.source.max_active_sessions.or(default), ..self.source }
+        SourceOptions { max_active_sessions: source.max_active_sessions.or(default), ..source }
     }
 
     /// The statement that starts this request's backfill: the caller's arguments, each as given,
@@ -71,18 +103,19 @@ impl StartRequest {
             let names: Vec<String> = columns.iter().map(|c| literal(c)).collect();
             format!("columns => ARRAY[{}]", names.join(", "))
         });
+        let given = &self.options;
         let options = [
-            number("batch_size", Some(i64::from(self.batch_size)).filter(|b| *b != i64::from(DEFAULT_BATCH_SIZE))),
-            number("rows_per_second", self.rows_per_second.map(i64::from)),
+            number("batch_size", Some(i64::from(given.batch_size)).filter(|b| *b != i64::from(DEFAULT_BATCH_SIZE))),
+            number("rows_per_second", given.rows_per_second.map(i64::from)),
             text("slot", self.slot.as_deref()),
             text("publication", self.publication.as_deref()),
-            number("max_lag", self.max_lag),
-            number("parallel", Some(i64::from(self.parallel)).filter(|p| *p != 1)),
-            number("max_replica_lag", self.source.max_replica_lag),
-            number("max_retained_wal", self.source.max_retained_wal),
-            number("max_active_sessions", self.source.max_active_sessions),
+            number("max_lag", given.max_lag),
+            number("parallel", Some(i64::from(given.parallel)).filter(|p| *p != 1)),
+            number("max_replica_lag", given.source.max_replica_lag),
+            number("max_retained_wal", given.source.max_retained_wal),
+            number("max_active_sessions", given.source.max_active_sessions),
             text("keys", self.keys.as_ref().map(|k| k.to_string()).as_deref()),
-            number("rows_per_message", self.rows_per_message.map(i64::from)),
+            number("rows_per_message", given.rows_per_message.map(i64::from)),
             text("filter", self.filter.as_deref()),
             columns,
         ];
@@ -98,10 +131,10 @@ impl StartRequest {
             ("filter", self.filter.is_some()),
             ("columns", self.columns.is_some()),
             ("keys", self.keys.is_some()),
-            ("max_replica_lag", self.source.max_replica_lag.is_some()),
-            ("max_retained_wal", self.source.max_retained_wal.is_some()),
-            ("max_active_sessions", self.source.max_active_sessions.is_some()),
-            ("rows_per_message", self.rows_per_message.is_some()),
+            ("max_replica_lag", self.options.source.max_replica_lag.is_some()),
+            ("max_retained_wal", self.options.source.max_retained_wal.is_some()),
+            ("max_active_sessions", self.options.source.max_active_sessions.is_some()),
+            ("rows_per_message", self.options.rows_per_message.is_some()),
         ]
         .into_iter()
         .filter_map(|(option, given)| given.then_some(option))

@@ -1,5 +1,5 @@
 //! Checks of the SQL functions' arguments and of where they run, shared by the functions that
-//! start backfills (`api/start.rs`) and those that control them (`control.rs`).
+//! start backfills (`api/start.rs`, `start/options.rs`) and those that control them (`control.rs`).
 
 use crate::pg::errors::raise;
 use pgrx::prelude::*;
@@ -83,6 +83,14 @@ pub fn check_rows_per_message(rows_per_message: i32) {
             ),
         );
     }
+}
+
+/// Whether `interval` is negative (as PostgreSQL compares intervals: a month is 30 days).
+pub fn is_negative(interval: pgrx::datum::Interval) -> bool {
+    crate::pg::spi::select_one::<bool>("SELECT $1 OPERATOR(pg_catalog.<) pg_catalog.interval '0'", &[interval.into()])
+        .ok()
+        .flatten()
+        .unwrap_or(false)
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -234,3 +234,16 @@ pub fn current_role_name() -> String {
         .map(|t| t.0)
         .unwrap_or_default()
 }
+
+/// Whether the current user may connect to the database (`has_database_privilege`); false for
+/// one dropped meanwhile.
+pub fn may_connect(database: pg_sys::Oid) -> bool {
+    crate::pg::spi::select_one::<bool>(
+        "SELECT pg_catalog.has_database_privilege(d.oid, 'CONNECT')
+           FROM pg_catalog.pg_database d WHERE d.oid OPERATOR(pg_catalog.=) $1",
+        &[database.into()],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(false)
+}

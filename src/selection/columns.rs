@@ -3,7 +3,7 @@
 //! The key is always among them: a read without its key could not be ordered against the
 //! key's changes, nor applied. When the backfill names its pipeline's publication and that
 //! publication does not publish every column (a column list for the table, or generated columns
-//! pgoutput does not send: published.rs), the publication's columns are the default, and
+//! pgoutput does not send: publication.rs), the publication's columns are the default, and
 //! a list with a column it leaves out is refused: a backfill never sends what the publication
 //! withholds from the same consumer. The columns go out in the table's order, as a
 //! publication's column list does, whatever order they are named in.
@@ -11,7 +11,7 @@
 use crate::model::table::Table;
 use crate::pg::encoding::{quote_ident, Text};
 use crate::pg::errors::{raise, OrInternal};
-use crate::selection::published;
+use crate::selection::publication::Published;
 use pgrx::PgSqlErrorCode::*;
 use std::collections::HashSet;
 
@@ -55,12 +55,18 @@ pub fn given(columns: Option<Vec<Option<Text>>>) -> Option<Vec<String>> {
 }
 
 /// The column list of `table` in a backfill given `given` (see [`given`]) for its pipeline's
-/// `publication`: `given`, else the publication's column list for the table, else none.
+/// `publication` (its name, and what it publishes of the table): `given`, else the
+/// publication's column list for the table, else none.
 /// Raises, naming the table and the column, if a listed column is not the table's (42703),
 /// if the list leaves out a key column (22023), or if the publication withholds a listed
 /// column (42501).
-pub fn column_list(table: &Table, given: Option<&[String]>, publication: Option<&str>) -> Option<Vec<String>> {
-    let published = publication.and_then(|publication| published::published(publication, table).columns);
+pub fn column_list(
+    table: &Table,
+    given: Option<&[String]>,
+    publication: Option<(&str, &Published)>,
+) -> Option<Vec<String>> {
+    let published = publication.and_then(|(_, published)| published.columns.clone());
+    let publication = publication.map(|(name, _)| name);
     let name = table.qualified_name();
     if let Some(given) = given {
         if let Some(missing) = given.iter().find(|c| !table.columns.iter().any(|t| &&t.name == c)) {
@@ -141,7 +147,7 @@ pub fn project(table: Table, list: Option<Vec<String>>, recorded: Option<&[i16]>
 
 /// A backfill's reads still send nothing the publication withholds, whose column list may have
 /// changed since it started (ALTER PUBLICATION ... SET TABLE t (a, b)): checked at every page,
-/// with `published`, the publication's columns now ([`published::published`]).
+/// with `published`, the publication's columns now ([`crate::selection::publication::published`]).
 pub fn require_still_published(publication: &str, table: &Table, published: Option<&[String]>) {
     let Some(published) = published else { return };
     if let Some(withheld) = table.columns.iter().find(|c| !published.contains(&c.name)) {

@@ -28,7 +28,7 @@ use pgrx::PgSqlErrorCode::*;
 /// AND the filter given (`given`); either alone, or none.
 ///
 /// The given filter goes in as selection/filter.rs checks it, between `(\n` and `\n)` (a comment at
-/// its end stops at the line's end). It must have been checked alone first (api/plan.rs's
+/// its end stops at the line's end). It must have been checked alone first (start/estimate.rs's
 /// `backfill_filter`): one that closes the parenthesis around it, `true) OR (true`, is one
 /// expression again once AND-ed with another, and would pass the combined filter's check while
 /// it undid the publication's.
@@ -40,7 +40,7 @@ pub fn combined(published: Option<&str>, given: Option<&str>) -> Option<String> 
 }
 
 /// The publication's row filter for `table` is still `recorded`, the one the backfill started
-/// with: checked at every page, with `now` ([`crate::selection::published::published`]).
+/// with: checked at every page, with `now` ([`crate::selection::publication::published`]).
 pub fn require_same_published_filter(publication: &str, table: &Table, recorded: Option<&str>, now: Option<&str>) {
     if recorded == now {
         return;

@@ -1,9 +1,9 @@
-//! The consumer a backfill is for: its replication slot and publication. A backfill for a slot
-//! pauses while the slot has no active consumer and waits while the consumer lags, so that it
-//! never makes the server retain WAL that nobody reads.
+//! The consumer a backfill is for: its replication slot (its publication is read by
+//! selection/publication.rs). A backfill for a slot pauses while the slot has no active consumer
+//! and waits while the consumer lags, so that it never makes the server retain WAL that nobody
+//! reads.
 
 use crate::catalog::job::Job;
-use crate::model::table::Table;
 use crate::pg::encoding::Text;
 use crate::pg::errors::raise;
 use crate::pg::errors::OrInternal;
@@ -62,137 +62,15 @@ pub fn require_slot(slot: &str) {
     }
 }
 
-/// backfill_start(..., publication => ...): every table must be in the pipeline's publication:
-/// a snapshot of a table the pipeline does not capture would never be followed by its changes.
-pub fn require_published(publication: &str, table: &Table) {
-    report_unpublished(publication, table, is_published(publication, table));
-}
-
-/// [`require_published`] on a page of a worker's scan, whose transaction read the catalog's
-/// publication generation (pg/catalog_changes.rs) before taking any lock: the publication's
-/// tables are read once per generation for all the worker's tables, not once a table (a read
-/// costs as much as the publication has tables; for 200 tables it was 7% of the worker's time).
-/// A partitioned table is asked about as at the start.
-pub fn require_still_published(publication: &str, table: &Table, generation: u64) {
-    if table.partitioned {
-        return require_published(publication, table);
-    }
-    let tables = PUBLISHED_TABLES.with(|cached| {
-        let mut cached = cached.borrow_mut();
-        match &*cached {
-            Some((as_of, name, tables)) if *as_of == generation && name == publication => tables.clone(),
-            _ => {
-                let tables = publication_tables(publication);
-                *cached = Some((generation, publication.to_string(), tables.clone()));
-                tables
-            }
-        }
-    });
-    let published = tables.map(|tables| {
-        let listed = tables.all_tables || tables.names.contains(&(table.schema.clone(), table.name.clone()));
-        // A table that FOR ALL TABLES EXCEPT does not list by name (19) is left out, or a
-        // partition published as its root (`publish_via_partition_root`): asked as at the start.
-        listed || (tables.has_exceptions && is_published(publication, table) == Some(true))
-    });
-    report_unpublished(publication, table, published);
-}
-
-/// What a publication holds, by name, as pg_publication_tables lists it.
-#[derive(Clone)]
-struct PublicationTables {
-    /// FOR ALL TABLES, leaving none out.
-    all_tables: bool,
-    /// FOR ALL TABLES EXCEPT (TABLE ...), 19's: `names` lists what it holds.
-    has_exceptions: bool,
-    /// (schema, table) of every table it lists.
-    names: std::rc::Rc<std::collections::HashSet<(String, String)>>,
-}
-
-thread_local! {
-    /// This worker's read of its publication's tables, and the generation it was read at.
-    static PUBLISHED_TABLES: std::cell::RefCell<Option<(u64, String, Option<PublicationTables>)>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// The tables `publication` holds; None when it does not exist.
-fn publication_tables(publication: &str) -> Option<PublicationTables> {
-    crate::pg::spi::run_prepared(
-        &format!(
-            "SELECT p.puballtables, pt.schemaname::pg_catalog.text, pt.tablename::pg_catalog.text,
-                    EXISTS (SELECT FROM pg_catalog.pg_publication_rel e
-                             WHERE e.prpubid OPERATOR(pg_catalog.=) p.oid AND NOT {adds})
-               FROM pg_catalog.pg_publication p
-               LEFT JOIN pg_catalog.pg_publication_tables pt ON pt.pubname OPERATOR(pg_catalog.=) p.pubname
-              WHERE p.pubname OPERATOR(pg_catalog.=) $1",
-            adds = crate::pg::compat::publication_rel_adds("e"),
-        ),
-        false,
-        &[Text::from(publication).into()],
-        |rows| {
-            let mut found: Option<PublicationTables> = None;
-            let mut names = std::collections::HashSet::new();
-            for row in rows {
-                found.get_or_insert_with(|| {
-                    let all_tables = row.get::<bool>(1).ok().flatten().unwrap_or(false);
-                    let has_exceptions = row.get::<bool>(4).ok().flatten().unwrap_or(false);
-                    PublicationTables {
-                        all_tables: all_tables && !has_exceptions,
-                        has_exceptions,
-                        names: Default::default(),
-                    }
-                });
-                if let (Some(schema), Some(name)) = (row.get::<Text>(2)?, row.get::<Text>(3)?) {
-                    names.insert((schema.0, name.0));
-                }
-            }
-            Ok(found.map(|tables| PublicationTables { names: std::rc::Rc::new(names), ..tables }))
-        },
+/// Whether logical slot `slot` of this database exists.
+pub fn slot_exists(slot: &str) -> bool {
+    crate::pg::spi::select_one::<bool>(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_replication_slots
+                         WHERE slot_name OPERATOR(pg_catalog.=) $1 AND database OPERATOR(pg_catalog.=) pg_catalog.current_database())",
+        &[Text::from(slot).into()],
     )
-    .or_internal("read the publication's tables")
-}
-
-/// Whether `publication` holds `table` (or, for a partitioned table, one of its partitions);
-/// None when the publication does not exist.
-fn is_published(publication: &str, table: &Table) -> Option<bool> {
-    crate::pg::spi::select_one_prepared::<bool>(
-        // (NULL when the publication does not exist; false when it holds no table.)
-        &format!(
-        "SELECT CASE WHEN pg_catalog.count(p.oid) OPERATOR(pg_catalog.>) 0 THEN coalesce(
-                 pg_catalog.bool_or(pt.schemaname OPERATOR(pg_catalog.=) $2 AND pt.tablename OPERATOR(pg_catalog.=) $3)
-              OR pg_catalog.bool_or(p.puballtables AND NOT {excepted})
-              OR pg_catalog.bool_or(pt.schemaname OPERATOR(pg_catalog.=) $2
-                                    AND pt.tablename OPERATOR(pg_catalog.=) ANY (
-                                            SELECT c.relname FROM pg_catalog.pg_partition_tree($4::pg_catalog.regclass) pt2
-                                              JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pt2.relid)),
-                 false) END
-           FROM pg_catalog.pg_publication p
-           LEFT JOIN pg_catalog.pg_publication_tables pt ON pt.pubname OPERATOR(pg_catalog.=) p.pubname
-          WHERE p.pubname OPERATOR(pg_catalog.=) $1",
-            excepted = crate::pg::compat::excepted_from_all_tables("p", "$4::pg_catalog.regclass"),
-        ),
-        &[Text::from(publication).into(), Text(table.schema.clone()).into(), Text(table.name.clone()).into(), table.relid.into()],
-    )
-    .ok()
-    .flatten()
-}
-
-/// [`require_published`]'s errors: `published` None when the publication does not exist.
-fn report_unpublished(publication: &str, table: &Table, published: Option<bool>) {
-    match published {
-        None => raise(
-            ERRCODE_UNDEFINED_OBJECT,
-            format!("publication \"{publication}\" does not exist"),
-            "The publication names the tables the pipeline captures.",
-            Some("Name the consumer's publication: SELECT pubname FROM pg_publication; lists them.".into()),
-        ),
-        Some(false) => raise(
-            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("table {} is not in publication \"{publication}\"", table.qualified_name()),
-            "A backfill delivers only the pipeline's own tables: the consumer would never receive the changes that follow the snapshot.",
-            Some(format!("Add it first: ALTER PUBLICATION {} ADD TABLE {};", crate::pg::encoding::quote_ident(publication), table.qualified_name())),
-        ),
-        Some(true) => {}
-    }
+    .or_internal("read the replication slots")
+    .unwrap_or(false)
 }
 
 /// A slot's identity, which its name is not: a slot dropped and created again under the same

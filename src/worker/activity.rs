@@ -3,7 +3,7 @@
 //! worker reports as its activity. Everything that writes or reads either is here.
 
 use crate::model::table::Table;
-use crate::pg::encoding::{show_key, KeyText};
+use crate::pg::encoding::{show_key, KeyText, Text};
 use crate::throttle::wait::WaitReason;
 use pgrx::pg_sys;
 use std::ffi::CString;
@@ -81,4 +81,50 @@ pub fn report(what: &str) {
 pub fn read_activity_afresh() {
     // SAFETY: frees this backend's local copy of the status table; the next read makes a new one.
     unsafe { pg_sys::pgstat_clear_backend_activity_snapshot() };
+}
+
+/// Whether the caller (named $2) sees backfill $1 (as the views decide, see backfill.visible):
+/// the helpers below run as the extension's owner, and answer only about such a backfill.
+const VISIBLE_TO_CALLER: &str = "(backfill.may_act_as($2, 'pg_monitor')
+    OR EXISTS (SELECT FROM backfill.job j WHERE j.id OPERATOR(pg_catalog.=) $1 AND backfill.may_act_as($2, j.started_by)))";
+
+/// Background workers of a backfill of this database running now, counted for `caller` (who
+/// sees only the backfills it may, see [`VISIBLE_TO_CALLER`]). pg_stat_activity hides other
+/// roles' application names, so they are counted as the extension's owner.
+pub fn workers_running(backfill_id: i64, caller: String) -> i32 {
+    crate::pg::privilege::as_extension_owner(|| {
+        crate::pg::spi::select_one::<i32>(
+            &format!(
+                "SELECT pg_catalog.count(*)::int FROM pg_catalog.pg_stat_activity a
+                  WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}"
+            ),
+            &[backfill_id.into(), caller.into()],
+        )
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(0)
+}
+
+/// A backfill's row-lock waits (`row_lock`, over the blocking pids `b`) or else what its workers
+/// report (`reported`, over their pg_stat_activity rows `a`), several joined by '; '; for
+/// `caller`, who sees only the backfills it may ([`VISIBLE_TO_CALLER`]).
+pub fn waits_of_backfill(backfill_id: i64, row_lock: &str, reported: &str, caller: String) -> Option<Text> {
+    crate::pg::privilege::as_extension_owner(|| {
+        crate::pg::spi::select_one::<Text>(
+            &format!(
+                "SELECT coalesce(
+                    (SELECT {row_lock}
+                       FROM pg_catalog.pg_stat_activity a, pg_catalog.unnest(pg_catalog.pg_blocking_pids(a.pid)) b
+                      WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}
+                     HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 0),
+                    (SELECT pg_catalog.string_agg(DISTINCT {reported}, '; ')
+                       FROM pg_catalog.pg_stat_activity a
+                      WHERE {WORKERS_OF_BACKFILL} AND {VISIBLE_TO_CALLER}))"
+            ),
+            &[backfill_id.into(), caller.into()],
+        )
+    })
+    .ok()
+    .flatten()
 }

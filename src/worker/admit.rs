@@ -1,5 +1,5 @@
 //! The one way a backfill is recorded and its workers launched, for a backfill of local tables
-//! (`api/start.rs`) and of a Citus distributed table (`citus/coordinator.rs`) alike: starts are
+//! (`start/plan.rs`) and of a Citus distributed table (`citus/coordinator.rs`) alike: starts are
 //! serialized, a table or slot already being backfilled refuses a second, confirm => true is
 //! required, worker slots are checked, and the backfill is written (its row in one INSERT, then
 //! its tables) and launched at commit. Every check of the request came before.

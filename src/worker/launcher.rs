@@ -27,8 +27,9 @@ fn launch(entry: Entry, backfill_id: i64, worker: i32, starter_xid: u64) -> bool
     register(Task::Backfill { database, backfill_id, worker, starter_xid }, entry)
 }
 
-/// The function a backfill's worker process runs, named as the library exports it: the worker
-/// layer starts the Citus coordinator's follower by its name, without importing it.
+/// The function a worker process runs, named as the library exports it: the worker layer starts
+/// the Citus coordinator's follower and the follows' dispatcher by their names, without
+/// importing them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
     /// `backfill_worker_main` (worker/process.rs): scans the backfill's tables; also the
@@ -37,6 +38,8 @@ pub enum Entry {
     /// `backfill_follower_main` (citus/follower.rs): on a Citus coordinator, follows the worker
     /// nodes' backfills of a distributed table, which scan its shards.
     Follow,
+    /// `backfill_dispatcher_main` (follow/dispatch.rs): starts what the follows have queued.
+    Dispatch,
 }
 
 impl Entry {
@@ -54,6 +57,7 @@ impl Entry {
         match self {
             Entry::Scan => "backfill_worker_main",
             Entry::Follow => "backfill_follower_main",
+            Entry::Dispatch => "backfill_dispatcher_main",
         }
     }
 }
@@ -332,20 +336,24 @@ pub fn override_search_path() {
     }
 }
 
-/// What starts the next table each follow has queued, where its slot is free: api/follow.rs's,
-/// installed from _PG_init, since the worker layer does not import the API's.
-static FOLLOW_DISPATCH: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
-
-pub fn set_follow_dispatch(dispatch: fn()) {
-    let _ = FOLLOW_DISPATCH.set(dispatch);
-}
-
-/// Starts the next queued backfill of every follow whose slot is free. In a transaction of a
-/// background worker of pg_backfill's (the dispatcher, the resumer, a backfill's worker as it
-/// ends): never in a client's transaction, see [`dispatch_at_commit`].
-pub fn dispatch_follows() {
-    if let Some(dispatch) = FOLLOW_DISPATCH.get() {
-        dispatch();
+/// Starts a dispatcher worker (follow/dispatch.rs) now, which starts what the follows have
+/// queued for the slots that are free, in a transaction of its own, when a follow is live: from
+/// a worker of pg_backfill's whose backfill ended (which frees its slot), the resumer after a
+/// restart, or a dispatcher registered under the scan worker's entry by an earlier library.
+/// Never from a client's transaction: see [`dispatch_at_commit`].
+pub fn dispatch_now() {
+    let following = in_transaction(|| {
+        schema::installed()
+            && schema::capabilities().follows
+            && privilege::as_extension_owner(crate::catalog::follow::any_live_follow)
+    });
+    if !following.unwrap_or(false) {
+        return;
+    }
+    // SAFETY: this process's database, set when it connected.
+    let database = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    if !register(Task::Dispatch { database }, Entry::Dispatch) {
+        warning!("pg_backfill: no free background worker slot to start the follows' queued backfills");
     }
 }
 
@@ -353,7 +361,7 @@ pub fn dispatch_follows() {
 static DISPATCH_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// When this transaction commits, and only then, a dispatcher worker starts what the follows
-/// have queued ([`dispatch_follows`], in a transaction of its own). A client's statement (a
+/// have queued (follow/dispatch.rs, in a transaction of its own). A client's statement (a
 /// DDL that queued a table, a cancel that freed a slot) asks for it instead of starting
 /// backfills itself: nothing it registers can outlive a rollback, or wait on a transaction its
 /// client leaves open, and no role's DDL runs a start, takes pg_backfill's locks or switches
@@ -370,7 +378,7 @@ pub fn dispatch_at_commit() {
         DISPATCH_ASKED.store(false, Relaxed);
         // (After the commit nothing may raise: a dispatcher that cannot be registered leaves the
         // queue for the next backfill's end, the next DDL or the next restart.)
-        if !register(Task::Dispatch { database }, Entry::Scan) {
+        if !register(Task::Dispatch { database }, Entry::Dispatch) {
             warning!("pg_backfill: no free background worker slot to start the follows' queued backfills");
         }
     });
@@ -380,21 +388,9 @@ pub fn dispatch_at_commit() {
     pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Prepare, || DISPATCH_ASKED.store(false, Relaxed));
 }
 
-/// The dispatcher's work: [`dispatch_follows`], in a transaction, then it exits.
-pub fn dispatch_database() {
-    let dispatched = in_transaction(|| {
-        if schema::installed() {
-            dispatch_follows();
-        }
-    });
-    if let Err(e) = dispatched {
-        warning!("pg_backfill: could not start the follows' queued backfills: {}", e.message);
-    }
-}
-
 /// After a server restart (the launcher starts one such worker per database): relaunches the
-/// workers of the database's running backfills, then starts what the follows have queued for
-/// the slots that are free, and exits.
+/// workers of the database's running backfills, then has a dispatcher start what the follows
+/// have queued for the slots that are free ([`dispatch_now`]), and exits.
 pub fn resume_database() {
     let jobs = in_transaction(|| {
         if schema::installed() {
@@ -410,14 +406,7 @@ pub fn resume_database() {
             warning!("{}: could not resume it: no free background worker slot", who(backfill_id));
         }
     }
-    let dispatched = in_transaction(|| {
-        if schema::installed() {
-            dispatch_follows();
-        }
-    });
-    if let Err(e) = dispatched {
-        warning!("pg_backfill: could not start the follows' queued backfills after the restart: {}", e.message);
-    }
+    dispatch_now();
 }
 
 /// A worker process started under the wrong entry (see worker/process.rs, `start`): launches

@@ -29,35 +29,41 @@ use std::time::Duration;
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn backfill_worker_main(arg: pg_sys::Datum) {
-    if let Some((backfill_id, worker)) = start(arg, Entry::Scan) {
+    if let Some(Work::Backfill { backfill_id, worker }) = start(arg, Entry::Scan) {
         run(backfill_id, worker);
         start_what_follows_queued(backfill_id);
     }
 }
 
-/// A backfill that ended (done, failed, cancelled) frees its slot and its workers: the next
-/// table a follow has queued for a free slot starts now. (One that was paused holds its slot;
-/// one that is still running, another worker of it will end.)
+/// What a worker process is to do once started.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Work {
+    /// Scan (or follow, on a Citus coordinator) worker `worker` of a backfill, admitted.
+    Backfill { backfill_id: i64, worker: i32 },
+    /// Start what the follows have queued (the dispatcher's entry, follow/dispatch.rs).
+    Dispatch,
+}
+
+/// A backfill that ended (done, failed, cancelled) frees its slot and its workers: a dispatcher
+/// starts the next table a follow has queued for a free slot now. (One that was paused holds
+/// its slot; one that is still running, another worker of it will end.)
 fn start_what_follows_queued(backfill_id: i64) {
-    let dispatched = in_transaction(|| {
-        let ended = job::job_state(backfill_id)
-            .is_some_and(|state| matches!(state, JobState::Done | JobState::Failed | JobState::Cancelled));
-        if ended {
-            launcher::dispatch_follows();
-        }
+    let ended = in_transaction(|| {
+        job::job_state(backfill_id)
+            .is_some_and(|state| matches!(state, JobState::Done | JobState::Failed | JobState::Cancelled))
     });
-    if let Err(e) = dispatched {
-        warning!("{}: could not start the next backfill its slot's follows queued: {}", who(backfill_id), e.message);
+    if ended.unwrap_or(false) {
+        launcher::dispatch_now();
     }
 }
 
 /// What every backfill worker process does first, whatever its entry (this file's, or the Citus
 /// coordinator's follower: citus/follower.rs): signals, connecting, waiting for the transaction
 /// that launched it, its lock and admission, its session settings. The backfill and the worker's
-/// number, once admitted; None when there is nothing (more) for this process to do: it was the
-/// resumer, the starter rolled back, the backfill is another entry's, or the start failed (then
-/// recorded).
-pub fn start(arg: pg_sys::Datum, entry: Entry) -> Option<(i64, i32)> {
+/// number, once admitted, or the dispatcher's work under its entry; None when there is nothing
+/// (more) for this process to do: it was the resumer, the starter rolled back, the backfill is
+/// another entry's, or the start failed (then recorded).
+pub fn start(arg: pg_sys::Datum, entry: Entry) -> Option<Work> {
     // SIGTERM (pg_terminate_backend, shutdown) ends the worker at once, as for any backend:
     // the open page rolls back, the process exits with code 1, and the postmaster restarts it.
     // SAFETY: installs PostgreSQL's own handler, as any backend has it.
@@ -102,8 +108,10 @@ pub fn start(arg: pg_sys::Datum, entry: Entry) -> Option<(i64, i32)> {
             launcher::resume_database();
             return None;
         }
+        // (Under another entry: registered so by an earlier library.)
+        launcher::Task::Dispatch { .. } if entry == Entry::Dispatch => return Some(Work::Dispatch),
         launcher::Task::Dispatch { .. } => {
-            launcher::dispatch_database();
+            launcher::dispatch_now();
             return None;
         }
         launcher::Task::Backfill { .. } => {}
@@ -132,7 +140,7 @@ pub fn start(arg: pg_sys::Datum, entry: Entry) -> Option<(i64, i32)> {
         }
     });
     match started {
-        Ok(()) => Some((backfill_id, worker)),
+        Ok(()) => Some(Work::Backfill { backfill_id, worker }),
         Err(e) => {
             record_failure(backfill_id, None, &e);
             None

@@ -1,4 +1,4 @@
-//! The pages of a backfill of given keys (api/keyed.rs records them): each page delivers at
+//! The pages of a backfill of given keys (start/keys.rs records them): each page delivers at
 //! most `batch_size` keys, a key with a row read as any row is, a key without one as `absent`
 //! (and, for a publication with a row filter, a key whose row the filter leaves out).
 //!

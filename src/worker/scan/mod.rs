@@ -24,11 +24,11 @@ use crate::model::state::{JobState, RangeState};
 use crate::model::table::{self, Table};
 use crate::pg::errors::raise;
 use crate::pg::privilege;
+use crate::selection::publication::Confirmed;
 use crate::stream::json::RowJson;
 use crate::stream::message::ReadMessage;
 use crate::stream::scan::{RowLocks, ScanQueries};
 use crate::stream::sign::Signer;
-use crate::throttle::pipeline;
 use crate::worker::activity;
 use crate::worker::shared_progress::{self, Phase};
 use crate::worker::xact::{in_transaction, in_transaction_retried, who, PageError};
@@ -61,9 +61,9 @@ pub struct TableScan<'a> {
     context: ScanContext<'a>,
     shape: ReadShape,
     throttle: Throttle,
-    /// The catalog's publication generation (pg/catalog_changes.rs) when a page last found the
-    /// table published as it was at the start: until it moves, the publication need not be read.
-    published_as_of: Option<u64>,
+    /// When a page last found the table published as it was at the start: until the catalog's
+    /// generation moves, the publication need not be read.
+    published: Confirmed,
 }
 
 /// What a scan is for, fixed when it opens.
@@ -160,7 +160,7 @@ impl<'a> TableScan<'a> {
                 counts_lock_paths,
             },
             throttle: Throttle::new(job, partitioned),
-            published_as_of: None,
+            published: Confirmed::default(),
             shape,
         })
     }
@@ -275,18 +275,17 @@ impl<'a> TableScan<'a> {
         // A table dropped from the pipeline's publication mid-run: its consumer no longer wants
         // it, though pgoutput would still pass its messages on. Read again only when the catalog
         // may have changed since a page last found it unchanged.
-        let publication_unchanged = self.published_as_of == Some(catalog_generation);
-        if let (Some(publication), false) = (&job.publication_name, publication_unchanged) {
-            pipeline::require_still_published(publication, table, catalog_generation);
-            let published = crate::selection::published::published(publication, table);
-            crate::selection::columns::require_still_published(publication, table, published.columns.as_deref());
-            crate::selection::row_filter::require_same_published_filter(
-                publication,
-                table,
-                self.context.published_filter.as_deref(),
-                published.row_filter.as_deref(),
-            );
-            self.published_as_of = Some(catalog_generation);
+        if let Some(publication) = &job.publication_name {
+            let recorded_filter = self.context.published_filter.as_deref();
+            self.published.recheck(publication, table, catalog_generation, |published| {
+                crate::selection::columns::require_still_published(publication, table, published.columns.as_deref());
+                crate::selection::row_filter::require_same_published_filter(
+                    publication,
+                    table,
+                    recorded_filter,
+                    published.row_filter.as_deref(),
+                );
+            });
         }
         found.same_columns
     }

@@ -1,5 +1,10 @@
-//! What a publication publishes of a table, as pgoutput sends it: its columns and its row
-//! filter, which a backfill for the publication's consumer follows (columns.rs, row_filter.rs).
+//! A pipeline's publication, read one way: pgoutput's, by OID. Whether it holds a table (a
+//! table renamed or moved to another schema is still the table it lists), what it publishes of
+//! it, its columns and its row filter, which a backfill for the publication's consumer follows
+//! (columns.rs, row_filter.rs), and which tables it holds, for a backfill of all of them or a
+//! follow. The one place that reads pg_publication_rel, pg_publication_namespace and
+//! pg_publication_tables (pg/compat.rs's version shims aside), and that says a publication
+//! does not exist.
 
 use crate::model::table::Table;
 use crate::pg::encoding::Text;
@@ -9,7 +14,7 @@ use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode::*;
 
 /// What a publication publishes of a table, as pgoutput sends it.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Published {
     /// Its columns, in the table's order, when they are not all of the table's columns.
     pub columns: Option<Vec<String>>,
@@ -18,8 +23,13 @@ pub struct Published {
     pub row_filter: Option<String>,
 }
 
-/// What `publication` publishes of `table` (see [`Published`]); nothing withheld when it does
-/// not hold the table.
+/// What `publication` publishes of `table` (see [`Published`]). Raises if the publication does
+/// not exist, or does not hold the table under the table's own name.
+///
+/// It holds the table when it publishes one of the table's leaves as the table or one of its
+/// partitions: a partition that `publish_via_partition_root` publishes as its partitioned table
+/// is in no change under its own name, and a backfill of it alone would send reads its consumer
+/// cannot place. A partitioned table without partitions has nothing withheld.
 ///
 /// As pgoutput decides, for each of the table's leaves (a plain table is its own): the
 /// publication holds the leaf when it lists it, its schema or an ancestor's (or is FOR ALL
@@ -35,7 +45,18 @@ pub struct Published {
 /// a backfill of a partitioned table cannot apply. Raises otherwise, naming the partition.
 pub fn published(publication: &str, table: &Table) -> Published {
     let leaves = published_leaves(publication, table);
+    if leaves.is_empty() && !exists(publication) {
+        no_such_publication(publication);
+    }
     let name = table.qualified_name();
+    if !leaves.is_empty() && !leaves.iter().any(|leaf| leaf.held && leaf.as_the_table) {
+        raise(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("table {name} is not in publication \"{publication}\""),
+            "A backfill delivers only the pipeline's own tables: the consumer would never receive the changes that follow the snapshot.",
+            Some(format!("Add it first: ALTER PUBLICATION {} ADD TABLE {name};", crate::pg::encoding::quote_ident(publication))),
+        );
+    }
     if table.partitioned {
         if let Some(leaf) = leaves.iter().find(|leaf| !leaf.held) {
             raise(
@@ -113,13 +134,15 @@ struct PublishedLeaf {
     held: bool,
     /// Whether it is published as an ancestor (`publish_via_partition_root`).
     as_ancestor: bool,
+    /// Whether it is published as the table or one of the table's partitions.
+    as_the_table: bool,
     /// Its published columns' names, in attribute order.
     columns: Vec<String>,
     row_filter: Option<String>,
 }
 
 /// The leaves of `table` (itself, if it is not partitioned) as `publication` publishes them;
-/// none when the publication does not exist.
+/// none when the publication does not exist (or the table is partitioned, without partitions).
 fn published_leaves(publication: &str, table: &Table) -> Vec<PublishedLeaf> {
     // Whether the publication lists the relation `rel` itself, or its schema.
     let in_schema = |rel: &str| {
@@ -155,7 +178,10 @@ fn published_leaves(publication: &str, table: &Table) -> Vec<PublishedLeaf> {
                        ORDER BY a.attnum),
                 CASE WHEN NOT p.puballtables AND NOT {schema_listed}
                      THEN pg_catalog.pg_get_expr(r.prqual, r.prrelid) END,
-                s.relid OPERATOR(pg_catalog.<>) l.relid
+                s.relid OPERATOR(pg_catalog.<>) l.relid,
+                s.relid OPERATOR(pg_catalog.=) $2
+                  OR EXISTS (SELECT FROM pg_catalog.pg_partition_tree($2::pg_catalog.regclass) t
+                              WHERE t.relid::pg_catalog.oid OPERATOR(pg_catalog.=) s.relid)
            FROM pg_catalog.pg_publication p
           CROSS JOIN (SELECT t.relid::pg_catalog.oid FROM pg_catalog.pg_partition_tree($2::pg_catalog.regclass) t
                        WHERE t.isleaf
@@ -189,6 +215,7 @@ fn published_leaves(publication: &str, table: &Table) -> Vec<PublishedLeaf> {
                     columns: row.get::<Vec<Text>>(3)?.map(crate::pg::encoding::strings).unwrap_or_default(),
                     row_filter: row.get::<Text>(4)?.map(|t| t.0),
                     as_ancestor: row.get::<bool>(5)?.unwrap_or(false),
+                    as_the_table: row.get::<bool>(6)?.unwrap_or(false),
                 })
             })
             .collect::<Result<Vec<_>, pgrx::spi::Error>>()
@@ -248,13 +275,7 @@ pub fn publication_tables(publication: &str) -> Option<PublicationTables> {
             .collect::<Result<Vec<_>, pgrx::spi::Error>>()
     })
     .or_internal("read the publication's tables");
-    let exists = crate::pg::spi::select_one::<bool>(
-        "SELECT EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname OPERATOR(pg_catalog.=) $1)",
-        &[Text::from(publication).into()],
-    )
-    .or_internal("read the publication")
-    .unwrap_or(false);
-    if !exists {
+    if !exists(publication) {
         return None;
     }
     let mut tables: Vec<pg_sys::Oid> = Vec::new();
@@ -272,14 +293,7 @@ pub fn publication_tables(publication: &str) -> Option<PublicationTables> {
 /// backfill_start(publication => ...) with no tables: every table the publication holds, as
 /// pgoutput names their changes. An error if the publication does not exist or holds none.
 pub fn tables_of_publication(publication: &str) -> Vec<pg_sys::Oid> {
-    let Some(held) = publication_tables(publication) else {
-        raise(
-            ERRCODE_UNDEFINED_OBJECT,
-            format!("publication \"{publication}\" does not exist"),
-            "Without a list of tables, the backfill is of every table the publication holds.",
-            Some("Name the consumer's publication: SELECT pubname FROM pg_publication; lists them.".into()),
-        );
-    };
+    let Some(held) = publication_tables(publication) else { no_such_publication(publication) };
     if held.tables.is_empty() {
         raise(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -292,4 +306,45 @@ pub fn tables_of_publication(publication: &str) -> Vec<pg_sys::Oid> {
         );
     }
     held.tables
+}
+
+/// Whether `publication` exists.
+fn exists(publication: &str) -> bool {
+    crate::pg::spi::select_one::<bool>(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname OPERATOR(pg_catalog.=) $1)",
+        &[Text::from(publication).into()],
+    )
+    .or_internal("read the publication")
+    .unwrap_or(false)
+}
+
+/// The error of a publication named that does not exist: a start's, a page's or a follow's.
+#[track_caller]
+pub fn no_such_publication(publication: &str) -> ! {
+    raise(
+        ERRCODE_UNDEFINED_OBJECT,
+        format!("publication \"{publication}\" does not exist"),
+        "The publication names the tables the pipeline captures.",
+        Some("Name the consumer's publication: SELECT pubname FROM pg_publication; lists them.".into()),
+    )
+}
+
+/// The catalog generation (pg/catalog_changes.rs) at which a scan last found its table still
+/// published as it reads it: a page reads the publication again only when the generation moved.
+#[derive(Default)]
+pub struct Confirmed(Option<u64>);
+
+impl Confirmed {
+    /// On a page of a scan of `table` for `publication`, whose transaction read the catalog's
+    /// `generation` right after its snapshot, before any lock: unless this scan found the
+    /// publication unchanged at that generation, what the publication publishes of the table
+    /// now ([`published`]: an error if it no longer holds it), handed to `check`, which raises
+    /// if the scan's reads no longer match it.
+    pub fn recheck(&mut self, publication: &str, table: &Table, generation: u64, check: impl FnOnce(&Published)) {
+        if self.0 == Some(generation) {
+            return;
+        }
+        check(&published(publication, table));
+        self.0 = Some(generation);
+    }
 }
