@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_until_ended
+from conftest import wait_for, wait_until_ended
 from test_ordering import ROWS, Writers
 
 NODE_DIR = Path(__file__).parent / "node"
@@ -36,10 +36,13 @@ def test_pg_logical_replication_builds_an_exact_copy_from_batches_and_changes(cl
     try:
         backfill_id = db.execute(
             "SELECT backfill_start('items', confirm => true, slot => 'node_slot', publication => 'node_pub',"
-            " batch_size => 500, rows_per_second => 15000, rows_per_message => %s)",
+            " batch_size => 500, rows_per_second => 300, rows_per_message => %s)",
             [rows_per_message],
         ).fetchone()[0]
         with Writers(cluster, dbname, backfill_id) as writers:
+            # (Slowly until the writers have written 500 times, whatever the machine's speed.)
+            wait_for(lambda: writers.ops > 500 or writers.errors, timeout=300, what="500 writes during the backfill")
+            db.execute("SELECT backfill_set(%s, rows_per_second => 15000)", [backfill_id])
             assert wait_until_ended(db, backfill_id) == "done"
             time.sleep(0.2)
         assert writers.errors == [] and writers.ops > 500

@@ -11,10 +11,11 @@ import time
 
 import pytest
 
-from conftest import as_reads, backfill_messages, wait_until_ended, wal2json_changes
+from conftest import as_reads, backfill_messages, wait_for, wait_until_ended, wal2json_changes
 
 ROWS = 30_000  # even ids 2..60000; writers insert odd ids, so no key is ever reused
 BATCH = 100
+WRITES = 1_000  # the writes a scenario waits for while its backfill runs
 
 
 class Writers:
@@ -135,12 +136,16 @@ def run_scenario(cluster, db, skip_row_locks, parallel=1, lock_mode="auto", rows
                        INSERT INTO {name} SELECT g, 0, md5(g::text) FROM generate_series(1, 2000) g;
                        ANALYZE {name};""")
     db.execute("SELECT pg_create_logical_replication_slot('consumer', 'wal2json')")
+    # The writers' share of the run must not hang on the machine's speed: the backfill starts slowly
+    # (300 rows/s: 100 s for items), and goes at 10,000 rows/s once they have written 1,000 times.
     backfill_id = db.execute(
-        "SELECT backfill_start(%s::regclass[], confirm => true, batch_size => %s, rows_per_second => 10000, parallel => %s,"
+        "SELECT backfill_start(%s::regclass[], confirm => true, batch_size => %s, rows_per_second => 300, parallel => %s,"
         " rows_per_message => %s, filter => %s)",
         [["items"] + others, BATCH, parallel, rows_per_message, row_filter],
     ).fetchone()[0]
     with Writers(cluster, dbname, backfill_id) as writers:
+        wait_for(lambda: writers.ops > WRITES or writers.errors, timeout=300, what=f"{WRITES} writes during the backfill")
+        db.execute("SELECT backfill_set(%s, rows_per_second => 10000)", [backfill_id])
         assert wait_until_ended(db, backfill_id) == "done"
         time.sleep(0.2)
     changes = wal2json_changes(db, "consumer")
@@ -172,7 +177,7 @@ def test_reads_stay_ordered_with_concurrent_writes(cluster, db, parallel, lock_m
         cluster, db, skip_row_locks=False, parallel=parallel, lock_mode=lock_mode, rows_per_message=rows_per_message
     )
     assert writers.errors == []
-    assert writers.ops > 1000, "the writers barely ran: the scenario proves nothing"
+    assert writers.ops > WRITES, "the writers barely ran: the scenario proves nothing"
     assert violations == []
     assert mismatched == set()
     # Each mode took the path it names (auto: whichever the writers left it).
@@ -186,7 +191,7 @@ def test_reads_stay_ordered_while_the_workers_also_scan_other_tables(cluster, db
     once): the same guarantees for items, and every other table read whole."""
     writers, violations, mismatched, _ = run_scenario(cluster, db, skip_row_locks=False, parallel=2, other_tables=6)
     assert writers.errors == []
-    assert writers.ops > 1000, "the writers barely ran: the scenario proves nothing"
+    assert writers.ops > WRITES, "the writers barely ran: the scenario proves nothing"
     assert violations == []
     assert mismatched == set()
     workers = db.execute("SELECT array_agg(DISTINCT worker ORDER BY worker) FROM backfill.job_table"
