@@ -34,7 +34,7 @@
 //!   executor to message (`delivery.rs`).
 //! - `throttle/`: what holds a backfill back: how pages lock (`lock.rs`), rows_per_second
 //!   (`pacing.rs`), the consumer's slot (`pipeline.rs`), the source's standbys, slots and load
-//!   (`backpressure.rs`), and the typed
+//!   (`backpressure.rs`), the gentle default's rests on a busy server (`duty.rs`), and the typed
 //!   reason a page waits (`wait.rs`).
 //! - `verify/`: backfill_checksum() (`checksum.rs`, `aggregate.rs`, `row_hash.rs`,
 //!   `row_encoding.rs`: what a row's hash is computed over, `numeric_jsonb.rs`: numeric's and
