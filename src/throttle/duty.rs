@@ -61,7 +61,8 @@ impl DutyCycle {
     pub fn rested(&mut self) -> bool {
         let left = self.rest_until.saturating_duration_since(Instant::now());
         if !left.is_zero() {
-            sleep(left.min(LONGEST_SLEEP));
+            // Whole milliseconds, rounded up (a latch wait's unit): the rest is then over.
+            sleep(Duration::from_millis(left.as_millis() as u64 + 1).min(LONGEST_SLEEP));
         }
         Instant::now() >= self.rest_until
     }
