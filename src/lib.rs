@@ -13,7 +13,8 @@
 //!   (`read_guard.rs`), where PostgreSQL's C API differs between the majors built for, one shim
 //!   per difference (`compat.rs`), whether the catalog a publication is read from may have
 //!   changed, from PostgreSQL's invalidations (`catalog_changes.rs`), and what Citus's metadata
-//!   says of a table: a shard's distributed table, a table's distribution (`citus.rs`).
+//!   says of a table: a shard's distributed table, a table's distribution (`citus.rs`), and the
+//!   flush of the process's own last commit (`wal.rs`).
 //! - `model/`: a table as a backfill sees it, its key and columns (`table.rs`); the states
 //!   and modes of backfills and their ranges (`state.rs`); what a caller asks of a backfill,
 //!   one typed request per verb (`request.rs`).

@@ -4,8 +4,8 @@
 //! After each page, its worker rests for a multiple of the page's own time (gh-ost's
 //! `--nice-ratio`): at a duty cycle of 10%, nine times as long as the page took. The page's time
 //! is its wall time, so it counts what the page cost the server and what the server made it
-//! wait (for a CPU, for the WAL): the busier the server, the longer each page and each rest. The
-//! worker's share of a core, of the WAL written and of the locks held is then at most the duty
+//! wait (for a CPU, for the disk: a resting worker waits for its page's WAL to be flushed): the
+//! busier the server, the longer each page and each rest. The worker's share of a core, of the WAL written and of the locks held is then at most the duty
 //! cycle, however many sessions are active, and the backfill still moves at that share of its
 //! speed; a session count only says whether anyone is there to be disturbed. On an idle server
 //! it does not rest at all.
@@ -75,6 +75,11 @@ impl DutyCycle {
     /// A page of `rows` rows was delivered: the worker rests for its share of the page's time.
     pub fn page_delivered(&mut self, rows: i32) {
         let Some(share) = self.share else { return };
+        // Pages commit without waiting for their WAL to reach the disk (worker/process.rs): the
+        // application's next commits would flush it for them, and pay for it. A resting worker
+        // flushes its page's WAL itself, so that the page's time, and its rest, count that too:
+        // on a server whose disk is its bottleneck, the rests bound the backfill's share of it.
+        crate::pg::wal::flush_last_commit();
         let worked = self.page_began.elapsed();
         let rest = worked.mul_f64((1.0 - share) / share);
         self.rest_until = Instant::now() + rest;
