@@ -347,7 +347,8 @@ def load_signal(conn, seconds, repeat, thresholds, clients=(4,), unpaced_under_l
     """The application's TPS and p99 latency (pgbench on `clients` clients, on pgbench_accounts)
     alone, under back-to-back backfills of that table started with no option (the gentle
     default) and unpaced, and under backfills held back by max_active_sessions at each
-    threshold: the scenarios take turns in each round; medians over the rounds, and each figure
+    threshold: the scenarios take turns in each round, in the reverse order every other round;
+    medians over the rounds, and each figure
     as a share of the same round's alone. Each round first times a whole backfill of the table
     on the idle server, the default and unpaced in turn: their speeds, and the default's as a
     share of unpaced."""
@@ -380,7 +381,9 @@ def load_signal(conn, seconds, repeat, thresholds, clients=(4,), unpaced_under_l
             idle[label].append(rows / elapsed)
         figures = {}
         for n in clients:
-            for label, start in scenarios:
+            # Each first in every other round, as on the idle server: the machine's other load
+            # drifts over a round, and would otherwise fall on whichever always runs second.
+            for label, start in (scenarios if round_number % 2 == 0 else scenarios[::-1]):
                 conn.execute("CHECKPOINT")
                 run = pgbench_under(conn, seconds, start, clients=n)
                 figures[(n, label)] = {k: run[k] for k in ("tps", "p99_latency_ms", "rows_backfilled_per_second", "active_sessions")}
