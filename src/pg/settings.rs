@@ -270,7 +270,7 @@ pub fn define() {
         c"The share of its time, in percent, a worker of a backfill with no pacing of its own spends on pages while the server is busy.",
         c"A backfill with neither rows_per_second nor max_active_sessions rests after each page, \
           while client sessions are active (more than half a session on average over about a \
-          second), for as long as keeps its pages to this share of its time: at 20, four times \
+          second), for as long as keeps its pages to this share of its time: at 15, 85/15 (5.7) times \
           the page's own time. Its cost to the application is then bounded however many \
           sessions are active; on an idle server it runs at full speed. 100 turns the rest off. \
           Read by running backfills at their next page.",
