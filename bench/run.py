@@ -270,28 +270,43 @@ def source_cost(conn, shapes, sizes, repeat):
     return results
 
 
+def pgbench_under(conn, seconds, start, clients=4, logs="pgbench"):
+    """pgbench's TPC-B-like load on `clients` clients for `seconds`, with back-to-back backfills
+    (`start` starts one; None: alone): its TPS and p99 latency (from its per-transaction log,
+    under DIR/`logs`), the rows the backfills delivered a second, their ids, and, alone, the
+    mean count of active client sessions."""
+    log_dir = Path(DIR) / logs
+    log_dir.mkdir(exist_ok=True)
+    for old in log_dir.glob("*"):
+        old.unlink()
+    bench = subprocess.Popen([PGBENCH, "-c", str(clients), "-j", "2", "-T", str(seconds), "-l", "--log-prefix",
+                              str(log_dir / "log"), "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ids, active = (backfills_while(conn, bench, start), None) if start else ([], active_sessions_while(conn, bench))
+    backfilled = conn.execute("SELECT coalesce(sum(rows_done), 0)::bigint FROM backfill_status WHERE id = ANY (%s)",
+                              [ids]).fetchone()[0]
+    out = bench.stdout.read()
+    tps = next((float(l.split()[2]) for l in out.splitlines() if l.startswith("tps")), None)
+    if tps is None:
+        raise RuntimeError(f"pgbench failed ({start or 'alone'}):\n{out}")
+    latencies = sorted(int(line.split()[2]) for f in log_dir.glob("log*") for line in f.read_text().splitlines())
+    p99 = latencies[int(len(latencies) * 0.99)] / 1000.0
+    return {"tps": tps, "p99_latency_ms": p99, "rows_backfilled_per_second": backfilled / seconds,
+            "active_sessions": active, "ids": ids}
+
+
 def pgbench_latencies(conn, seconds, lock_mode):
     """Writers' TPS and p99 latency (pgbench, 4 clients) while back-to-back backfills of the
     table they update run in `lock_mode`."""
-    logs = Path(DIR) / f"pgbench_{lock_mode}"
-    logs.mkdir(exist_ok=True)
-    for old in logs.glob("*"):
-        old.unlink()
-    bench = subprocess.Popen([PGBENCH, "-c", "4", "-j", "2", "-T", str(seconds), "-l", "--log-prefix", str(logs / "log"),
-                              "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     conn.execute(f"SET backfill.lock_mode = '{lock_mode}'")
-    ids = backfills_while(conn, bench, "SELECT backfill_start('pgbench_accounts', confirm => true, rows_per_second => 100000)")
+    run = pgbench_under(conn, seconds, "SELECT backfill_start('pgbench_accounts', confirm => true, rows_per_second => 100000)",
+                        logs=f"pgbench_{lock_mode}")
     conn.execute("RESET backfill.lock_mode")
-    backfilled, table_pages, pages = conn.execute(
-        """SELECT coalesce(sum(rows_done), 0)::bigint, coalesce(sum(pages_table_locked), 0)::bigint,
-                  coalesce(sum(pages_table_locked + pages_row_locked), 0)::bigint
-             FROM backfill_tables WHERE backfill_id = ANY (%s)""", [ids]).fetchone()
-    out = bench.stdout.read()
-    tps = float(next(l for l in out.splitlines() if l.startswith("tps")).split()[2])
-    latencies = sorted(int(line.split()[2]) for f in logs.glob("log*") for line in f.read_text().splitlines())
-    p99 = latencies[int(len(latencies) * 0.99)] / 1000.0
-    return {"lock_mode": lock_mode, "tps": tps, "p99_latency_ms": p99, "rows_backfilled_per_second": backfilled / seconds,
+    table_pages, pages = conn.execute(
+        """SELECT coalesce(sum(pages_table_locked), 0)::bigint, coalesce(sum(pages_table_locked + pages_row_locked), 0)::bigint
+             FROM backfill_tables WHERE backfill_id = ANY (%s)""", [run["ids"]]).fetchone()
+    return {"lock_mode": lock_mode, "tps": run["tps"], "p99_latency_ms": run["p99_latency_ms"],
+            "rows_backfilled_per_second": run["rows_backfilled_per_second"],
             "share_of_pages_table_locked": table_pages / max(pages, 1)}
 
 
@@ -324,18 +339,12 @@ def pgbench_impact(conn, seconds, rate):
                          ("default backfill", "SELECT backfill_start('pgbench_accounts', confirm => true)"),
                          (f"paced backfill ({rate} rows/s)",
                           f"SELECT backfill_start('pgbench_accounts', confirm => true, rows_per_second => {rate})")]:
-        bench = subprocess.Popen([PGBENCH, "-c", "4", "-j", "2", "-T", str(seconds), "-h", "127.0.0.1", "-p", str(PORT),
-                                  "-U", "postgres", "postgres"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        ids = backfills_while(conn, bench, start) if start else bench.wait()
-        backfilled = conn.execute("SELECT coalesce(sum(rows_done), 0)::bigint FROM backfill_status WHERE id = ANY (%s)",
-                                  [ids if start else []]).fetchone()[0]
-        out = bench.stdout.read()
-        tps = float(next(l for l in out.splitlines() if l.startswith("tps")).split()[2])
-        latency = float(next(l for l in out.splitlines() if l.startswith("latency average")).split()[3])
-        results.append({"scenario": label, "tps": tps, "latency_ms": latency, "rows_backfilled_per_second": backfilled / seconds})
-    print(f"\n{'application load (pgbench, 4 clients)':40} {'TPS':>8} {'latency ms':>11} {'backfill rows/s':>16}")
+        run = pgbench_under(conn, seconds, start)
+        results.append({"scenario": label, "tps": run["tps"], "p99_latency_ms": run["p99_latency_ms"],
+                        "rows_backfilled_per_second": run["rows_backfilled_per_second"]})
+    print(f"\n{'application load (pgbench, 4 clients)':40} {'TPS':>8} {'p99 ms':>11} {'backfill rows/s':>16}")
     for r in results:
-        print(f"{r['scenario']:40} {r['tps']:>8.0f} {r['latency_ms']:>11.2f} {r['rows_backfilled_per_second']:>16.0f}")
+        print(f"{r['scenario']:40} {r['tps']:>8.0f} {r['p99_latency_ms']:>11.2f} {r['rows_backfilled_per_second']:>16.0f}")
     return results
 
 
@@ -349,22 +358,25 @@ def active_sessions_while(conn, bench):
     return statistics.mean(samples) if samples else 0.0
 
 
-def load_signal(conn, seconds, repeat, thresholds):
-    """The application's TPS (pgbench, 4 clients, on pgbench_accounts) alone, under back-to-back
-    backfills of that table started with no option (the gentle default) and unpaced, and under
-    backfills held back by max_active_sessions at
-    each threshold: the scenarios take turns in each round; medians over the rounds, and each
-    TPS as a share of the same round's TPS alone. Each round first times a whole backfill of the
-    table on the idle server, the default and unpaced in turn: their speeds, and the default's as
-    a share of unpaced."""
+def load_signal(conn, seconds, repeat, thresholds, clients=(4,), unpaced_under_load=True):
+    """The application's TPS and p99 latency (pgbench on `clients` clients, on pgbench_accounts)
+    alone, under back-to-back backfills of that table started with no option (the gentle
+    default) and unpaced, and under backfills held back by max_active_sessions at each
+    threshold: the scenarios take turns in each round, in the reverse order every other round;
+    medians over the rounds, and each figure
+    as a share of the same round's alone. Each round first times a whole backfill of the table
+    on the idle server, the default and unpaced in turn: their speeds, and the default's as a
+    share of unpaced."""
     subprocess.run([PGBENCH, "-i", "-q", "-s", "10", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     conn.execute("VACUUM ANALYZE pgbench_accounts")
-    # "default": no option, as the README's first command (backfill.default_max_active_sessions);
+    # "default": no option, as the README's first command (backfill.default_duty_cycle);
     # "unpaced": max_active_sessions => 0, the default turned off.
-    scenarios = [("no backfill", None),
-                 ("default backfill", "SELECT backfill_start('pgbench_accounts', confirm => true)"),
-                 ("unpaced backfill", "SELECT backfill_start('pgbench_accounts', confirm => true, max_active_sessions => 0)")]
+    starts = {"default backfill": "SELECT backfill_start('pgbench_accounts', confirm => true)",
+              "unpaced backfill": "SELECT backfill_start('pgbench_accounts', confirm => true, max_active_sessions => 0)"}
+    scenarios = [("no backfill", None), ("default backfill", starts["default backfill"])]
+    if unpaced_under_load:
+        scenarios.append(("unpaced backfill", starts["unpaced backfill"]))
     scenarios += [(f"max_active_sessions {n}",
                    f"SELECT backfill_start('pgbench_accounts', confirm => true, max_active_sessions => {n})") for n in thresholds]
     rounds, idle = [], {"default backfill": [], "unpaced backfill": []}
@@ -376,39 +388,41 @@ def load_signal(conn, seconds, repeat, thresholds):
         for label in sorted(idle, reverse=round_number % 2 == 1):
             conn.execute("VACUUM pgbench_accounts")
             conn.execute("CHECKPOINT")
-            start = dict(scenarios)[label]
             started = time.perf_counter()
-            backfill = conn.execute(start).fetchone()[0]
+            backfill = conn.execute(starts[label]).fetchone()[0]
             conn.execute("SELECT backfill_wait(%s)", [backfill])
             elapsed = time.perf_counter() - started
             rows = conn.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill]).fetchone()[0]
             idle[label].append(rows / elapsed)
         figures = {}
-        for label, start in scenarios:
-            conn.execute("CHECKPOINT")
-            bench = subprocess.Popen([PGBENCH, "-c", "4", "-j", "2", "-T", str(seconds), "-h", "127.0.0.1", "-p", str(PORT),
-                                      "-U", "postgres", "postgres"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            active = None
-            if start:
-                ids = backfills_while(conn, bench, start)
-            else:
-                ids, active = [], active_sessions_while(conn, bench)
-            backfilled = conn.execute("SELECT coalesce(sum(rows_done), 0)::bigint FROM backfill_status WHERE id = ANY (%s)",
-                                      [ids]).fetchone()[0]
-            out = bench.stdout.read()
-            tps = next((float(l.split()[2]) for l in out.splitlines() if l.startswith("tps")), None)
-            if tps is None:
-                raise RuntimeError(f"pgbench failed during {label!r}:\n{out}")
-            figures[label] = {"tps": tps, "rows_backfilled_per_second": backfilled / seconds, "active_sessions": active}
-        for f in figures.values():
-            f["share_of_tps_alone"] = f["tps"] / figures["no backfill"]["tps"]
+        for n in clients:
+            # Each first in every other round, as on the idle server: the machine's other load
+            # drifts over a round, and would otherwise fall on whichever always runs second.
+            for label, start in (scenarios if round_number % 2 == 0 else scenarios[::-1]):
+                conn.execute("CHECKPOINT")
+                run = pgbench_under(conn, seconds, start, clients=n)
+                figures[(n, label)] = {k: run[k] for k in ("tps", "p99_latency_ms", "rows_backfilled_per_second", "active_sessions")}
+            alone = figures[(n, "no backfill")]
+            for label, _ in scenarios:
+                f = figures[(n, label)]
+                f["share_of_tps_alone"] = f["tps"] / alone["tps"]
+                f["p99_growth"] = f["p99_latency_ms"] / alone["p99_latency_ms"] - 1
         rounds.append(figures)
+        print(f"round {round_number + 1}: " + ", ".join(
+            f"{n}c {label}: {f['tps']:.0f} TPS ({f['share_of_tps_alone']:.2f}), {f['rows_backfilled_per_second']:.0f} rows/s"
+            for (n, label), f in figures.items() if label != "no backfill"), flush=True)
     results = []
-    print(f"\n{'pgbench (4 clients) with':28} {'TPS':>8} {'x alone':>8} {'backfill rows/s':>16}   (medians of {repeat})")
-    for label, _ in scenarios:
-        med = {k: statistics.median(r[label][k] for r in rounds) for k in ("tps", "share_of_tps_alone", "rows_backfilled_per_second")}
-        results.append({"scenario": label, **med, "rounds": [r[label] for r in rounds]})
-        print(f"{label:28} {med['tps']:>8.0f} {med['share_of_tps_alone']:>8.2f} {med['rows_backfilled_per_second']:>16.0f}")
+    for n in clients:
+        print(f"\n{f'pgbench ({n} clients) with':28} {'TPS':>8} {'x alone':>8} {'p99 ms':>8} {'p99 growth':>11} "
+              f"{'backfill rows/s':>16}   (medians of {repeat})")
+        for label, _ in scenarios:
+            keys = ("tps", "share_of_tps_alone", "p99_latency_ms", "p99_growth", "rows_backfilled_per_second")
+            med = {k: statistics.median(r[(n, label)][k] for r in rounds) for k in keys}
+            results.append({"scenario": label, "clients": n, **med, "rounds": [r[(n, label)] for r in rounds]})
+            print(f"{label:28} {med['tps']:>8.0f} {med['share_of_tps_alone']:>8.2f} {med['p99_latency_ms']:>8.2f} "
+                  f"{med['p99_growth']:>+11.0%} {med['rows_backfilled_per_second']:>16.0f}")
+        alone = [r[(n, "no backfill")]["active_sessions"] for r in rounds]
+        print(f"active client sessions, pgbench alone (mean of 50 ms samples): {statistics.median(alone):.2f}")
     print(f"\n{'idle server, one backfill':28} {'rows/s':>8} {'x unpaced':>10}   (medians of {repeat})")
     unpaced = statistics.median(idle["unpaced backfill"])
     for label, speeds in idle.items():
@@ -416,8 +430,29 @@ def load_signal(conn, seconds, repeat, thresholds):
         results.append({"scenario": f"idle server, {label}", "rows_backfilled_per_second": speed,
                         "share_of_unpaced_speed": speed / unpaced, "rounds": speeds})
         print(f"{label:28} {speed:>8.0f} {speed / unpaced:>10.2f}")
-    alone = [r["no backfill"]["active_sessions"] for r in rounds]
-    print(f"active client sessions, pgbench alone (mean of 50 ms samples): {statistics.median(alone):.2f}")
+    return results
+
+
+def gentle_default(conn, seconds, repeat):
+    """What the default backfill (no pacing option) costs pgbench at 4 and 16 clients and how
+    fast it goes, and its speed on the idle server against unpaced (load_signal), with each of
+    the default's targets, met or not."""
+    results = load_signal(conn, seconds, repeat, [], clients=(4, 16), unpaced_under_load=False)
+    figure = {(r["scenario"], r.get("clients")): r for r in results}
+    targets = []
+    for n in (4, 16):
+        default = figure[("default backfill", n)]
+        targets.append((f"{n} clients: TPS kept >= 0.90", default["share_of_tps_alone"], default["share_of_tps_alone"] >= 0.90))
+        targets.append((f"{n} clients: rows/s >= 10,000", default["rows_backfilled_per_second"],
+                        default["rows_backfilled_per_second"] >= 10000))
+    growth = figure[("default backfill", 4)]["p99_growth"]
+    targets.append(("4 clients: p99 latency growth <= 25%", growth, growth <= 0.25))
+    idle = figure[("idle server, default backfill", None)]["share_of_unpaced_speed"]
+    targets.append(("idle server: default >= 0.95 x unpaced", idle, idle >= 0.95))
+    print(f"\n{'the default backfill':40} {'figure':>10}   (medians of {repeat})")
+    for name, value, met in targets:
+        print(f"{name:40} {value:>10.2f}   {'met' if met else 'NOT MET'}")
+    results.append({"targets": [{"target": name, "figure": value, "met": met} for name, value, met in targets]})
     return results
 
 
@@ -868,6 +903,9 @@ def main():
                         help="only backfill_checksum's levels against count(*) and an md5-of-text checksum; at least 7 rounds")
     parser.add_argument("--load-signal", default="",
                         help="only the application's TPS under backfills held back by these max_active_sessions (e.g. 2,3)")
+    parser.add_argument("--gentle-default", action="store_true",
+                        help="only what the default backfill (no pacing option) costs pgbench at 4 and 16 clients, its "
+                             "speed there, and its speed on the idle server against unpaced, with its targets")
     parser.add_argument("--end-to-end", action="store_true",
                         help="only until a consumer holds every row: per-row and batched backfills until delivered, unbound and "
                              "as a pipeline's (slot and publication named), "
@@ -926,6 +964,8 @@ def main():
         elif args.checksum:
             loopback_server(conn)
             results, load = checksum_costs(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat), []
+        elif args.gentle_default:
+            load = gentle_default(conn, args.pgbench_seconds, args.repeat)
         elif args.load_signal:
             load = load_signal(conn, args.pgbench_seconds, args.repeat, [int(n) for n in args.load_signal.split(",")])
         elif args.many_tables:
@@ -947,7 +987,7 @@ def main():
                     print(f"{'lock_mode ' + r['lock_mode']:24} {r['tps']:>8.0f} {r['p99_latency_ms']:>8.2f} "
                           f"{r['rows_backfilled_per_second']:>16.0f} {r['share_of_pages_table_locked']:>19.0%}")
             results = cost
-        only = (args.source_cost or args.load_signal or args.checksum or args.end_to_end or args.spill or args.many_tables
+        only = (args.source_cost or args.load_signal or args.gentle_default or args.checksum or args.end_to_end or args.spill or args.many_tables
                 or args.ddl_cost)
         for shape in ([] if only else args.shapes.split(",")):
             for size in map(int, args.sizes.split(",")):

@@ -76,10 +76,10 @@ class Cluster:
     def start(self, extra_conf: str = "", initdb_args: str = "") -> None:
         """`extra_conf`: postgresql.conf lines, in bash's $'...' (so \\n separates lines).
 
-        A backfill started with no pacing option gives way to other active sessions
-        (backfill.default_max_active_sessions): the tests' own writers would hold it to a page a
-        second. The test clusters turn that default off; test_backpressure.py tests it."""
-        extra_conf = "backfill.default_max_active_sessions = 0" + (f"\\n{extra_conf}" if extra_conf else "")
+        A backfill started with no pacing option rests after each page while other sessions are
+        active (backfill.default_duty_cycle): the tests' own writers would make it ten times
+        slower. The test clusters turn that rest off; test_backpressure.py tests it."""
+        extra_conf = "backfill.default_duty_cycle = 100" + (f"\\n{extra_conf}" if extra_conf else "")
         quoted = extra_conf.replace("'", "\\'")
         cluster_cmd(f"cluster_start '{self.dir}' {self.port} $'{quoted}' '{initdb_args}'", self.major)
 

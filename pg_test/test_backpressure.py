@@ -1,7 +1,8 @@
 """Back-pressure from the whole source: a physical standby that replays too far behind and a
 replication slot that retains too much WAL pause a backfill's pages (max_replica_lag,
 max_retained_wal); active client sessions past max_active_sessions slow it down, and it
-recovers by itself when the load goes."""
+recovers by itself when the load goes; a backfill with no pacing of its own rests after each
+page while the server is busy (backfill.default_duty_cycle)."""
 
 import subprocess
 import threading
@@ -108,8 +109,10 @@ def cancel_running(conn) -> None:
 def cancel_and_wait_for_its_workers(conn, backfill_id: int) -> None:
     """Cancels the backfill and waits until its worker has exited: until then it counts against
     backfill.max_workers, and a test's next start could be refused for it (a worker ends at its
-    next page or wait, however long a loaded machine takes to get there)."""
-    conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
+    next page or wait, however long a loaded machine takes to get there). One that is done
+    already (an unpaced one of a small table can be) is left as it is."""
+    with suppress(psycopg.errors.ObjectNotInPrerequisiteState):
+        conn.execute("SELECT backfill_cancel(%s)", [backfill_id])
     wait_until_ended(conn, backfill_id)
     wait_for(lambda: worker_pid(conn, backfill_id) is None, what=f"backfill {backfill_id}'s worker to exit")
 
@@ -434,37 +437,126 @@ def test_source_limits_refuse_null_ids_other_roles_and_keep_huge_values(items, r
         cancel_running(items)
 
 
-def test_a_backfill_started_with_no_pacing_option_gives_way_to_load(cluster, db):
-    """The gentle default (backfill.default_max_active_sessions, 1): a backfill started with no
-    pacing option slows down while other client sessions are active; an explicit option (max_active_sessions,
-    rows_per_second) or the setting at 0 runs it as asked. (Before, the README's first command
-    took 73% of a busy server's TPS.) The test clusters turn the default off (conftest.py): this
-    session turns it back on."""
+def recorded_pacing(conn, backfill_id: int):
+    """(rows_per_second, max_active_sessions) as the start recorded them in backfill.job (the
+    view shows an option of 0 and none alike: no limit)."""
+    return conn.execute("SELECT rows_per_second, max_active_sessions FROM backfill.job WHERE id = %s",
+                        [backfill_id]).fetchone()
+
+
+def set_duty_cycle(conn, percent) -> None:
+    """backfill.default_duty_cycle for the whole test cluster (a reload setting); None: back to
+    the test clusters' 100 (conftest.py), which turns the rest off."""
+    if percent is None:
+        conn.execute("ALTER SYSTEM RESET backfill.default_duty_cycle")
+    else:
+        conn.execute(f"ALTER SYSTEM SET backfill.default_duty_cycle = {int(percent)}")
+    conn.execute("SELECT pg_reload_conf()")
+    # Once a session sees it, the postmaster has it, and so does every worker it starts next.
+    settles_to(lambda: conn.execute("SELECT current_setting('backfill.default_duty_cycle')").fetchone()[0],
+               str(percent or 100), what="backfill.default_duty_cycle")
+
+
+def test_a_start_with_no_pacing_option_records_no_pacing_and_given_options_keep_theirs(db):
+    """The gentle default is no recorded limit: a start with no pacing option records neither
+    rows_per_second nor max_active_sessions (its workers then follow
+    backfill.default_duty_cycle); each option given is recorded as given, max_active_sessions
+    => 0 (unpaced) apart from none; backfill.default_max_active_sessions, where a DBA sets it, is
+    recorded as before."""
+    db.execute(
+        """CREATE TABLE quiet (id bigint PRIMARY KEY, v int NOT NULL);
+           INSERT INTO quiet SELECT g, g % 7 FROM generate_series(1, 2000) g; ANALYZE quiet"""
+    )
+    assert db.execute("SELECT current_setting('backfill.default_max_active_sessions')").fetchone()[0] == "0"
+    assert db.execute("SELECT boot_val FROM pg_settings WHERE name = 'backfill.default_duty_cycle'").fetchone()[0] == "15"
+    recorded = {}
+    try:
+        for options in ["", ", max_active_sessions => 0", ", rows_per_second => 100000", ", max_active_sessions => 3",
+                        ", rows_per_second => 100000, max_active_sessions => 0"]:
+            backfill_id = db.execute(f"SELECT backfill_start('quiet', confirm => true{options})").fetchone()[0]
+            recorded[options] = recorded_pacing(db, backfill_id)
+            cancel_and_wait_for_its_workers(db, backfill_id)
+        db.execute("SET backfill.default_max_active_sessions = 2")
+        backfill_id = db.execute("SELECT backfill_start('quiet', confirm => true)").fetchone()[0]
+        recorded["default_max_active_sessions 2"] = recorded_pacing(db, backfill_id)
+        assert status(db, backfill_id, "max_active_sessions") == 2
+        cancel_and_wait_for_its_workers(db, backfill_id)
+    finally:
+        db.execute("RESET backfill.default_max_active_sessions")
+        cancel_running(db)
+    assert recorded == {
+        "": (None, None),
+        ", max_active_sessions => 0": (None, 0),
+        ", rows_per_second => 100000": (100000, None),
+        ", max_active_sessions => 3": (None, 3),
+        ", rows_per_second => 100000, max_active_sessions => 0": (100000, 0),
+        "default_max_active_sessions 2": (None, 2),
+    }, recorded
+
+
+def never_load(conn, backfill_id: int, seconds: float) -> None:
+    """Samples waiting_kind every 0.2 s for `seconds`, or until the backfill ends: the load never
+    holds it back. (This session is active a few milliseconds in each 0.2 s: far from the half
+    of a session on average that makes the server busy.)"""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        state, waiting_kind, waiting_for = status(conn, backfill_id, "state", "waiting_kind", "waiting_for")
+        assert waiting_kind != "load", f"backfill {backfill_id}: {waiting_for}"
+        if state != "running":
+            return
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_with_no_pacing_option_a_busy_server_makes_the_backfill_rest_and_an_idle_one_does_not(cluster, db):
+    """Under load, a backfill with no pacing of its own rests after each page
+    (backfill.default_duty_cycle; 1% here, so that it runs under the load for many seconds on
+    any machine): waiting_kind load, waiting_for naming the setting, its share and the rate, and it
+    keeps delivering. The load gone, it stops resting and finishes; on an idle server it never
+    rests. Backfills with pacing of
+    their own (rows_per_second, max_active_sessions => 0) never rest; a DBA's
+    backfill.default_max_active_sessions slows one down as max_active_sessions does."""
     db.execute(
         """CREATE TABLE busy (id bigint PRIMARY KEY, v int NOT NULL);
            INSERT INTO busy SELECT g, g % 7 FROM generate_series(1, 200000) g; ANALYZE busy"""
     )
-    db.execute("SET backfill.default_max_active_sessions = 1")
-    recorded = {}
-    for options in ["", ", max_active_sessions => 0", ", rows_per_second => 100000", ", max_active_sessions => 3"]:
-        backfill_id = db.execute(f"SELECT backfill_start('busy', confirm => true{options})").fetchone()[0]
-        recorded[options] = status(db, backfill_id, "max_active_sessions")
-        cancel_and_wait_for_its_workers(db, backfill_id)
-    assert recorded == {"": 1, ", max_active_sessions => 0": None, ", rows_per_second => 100000": None,
-                        ", max_active_sessions => 3": 3}, recorded
-    db.execute("SET backfill.default_max_active_sessions = 0")
-    backfill_id = db.execute("SELECT backfill_start('busy', confirm => true)").fetchone()[0]
-    assert status(db, backfill_id, "max_active_sessions") is None
-    cancel_and_wait_for_its_workers(db, backfill_id)
-
-    db.execute("SET backfill.default_max_active_sessions = 1")
-    load = ActiveSessions(cluster, db.info.dbname, 4)
+    load = None
     try:
+        set_duty_cycle(db, 1)
+        backfill_id = db.execute("SELECT backfill_start('busy', confirm => true)").fetchone()[0]
+        never_load(db, backfill_id, 120)
+        assert wait_until_ended(db, backfill_id) == "done"
+
+        load = ActiveSessions(cluster, db.info.dbname, 4)
         wait_for(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s AND state = 'active'",
                                     [ActiveSessions.QUERY]).fetchone()[0] >= 3, what="the load")
+        for options in [", rows_per_second => 1000", ", max_active_sessions => 0"]:
+            paced = db.execute(f"SELECT backfill_start('busy', confirm => true{options})").fetchone()[0]
+            wait_for(lambda: (status(db, paced, "rows_done") or 0) > 0, what="the first page")
+            never_load(db, paced, 2)
+            cancel_and_wait_for_its_workers(db, paced)
+        db.execute("SET backfill.default_max_active_sessions = 1")
+        limited = db.execute("SELECT backfill_start('busy', confirm => true)").fetchone()[0]
+        db.execute("RESET backfill.default_max_active_sessions")
+        wait_for_reason(db, limited, "load", "more than max_active_sessions 1", timeout=30)
+        cancel_and_wait_for_its_workers(db, limited)
+
         backfill_id = db.execute("SELECT backfill_start('busy', confirm => true)").fetchone()[0]
-        reason = wait_for_reason(db, backfill_id, "load", "server load", "max_active_sessions", timeout=30)
+        reason = wait_for_reason(db, backfill_id, "load", "server load", "active sessions", "pages take 1% of the time",
+                                 "backfill.default_duty_cycle", "rows/s", timeout=30)
         assert status(db, backfill_id, "state") == "running", reason
-    finally:
+        assert status(db, backfill_id, "max_active_sessions") is None  # no limit: a duty cycle
+        moved = status(db, backfill_id, "rows_done")
+        wait_for(lambda: status(db, backfill_id, "rows_done") > moved, timeout=60, what="a page more, under the load")
+
         load.stop()
+        load = None
+        # The count is averaged over about a second: a second or two later, it no longer rests.
+        wait_for(lambda: status(db, backfill_id, "waiting_kind") != "load", timeout=30, what="the rests to end")
+        never_load(db, backfill_id, 2)
+        assert wait_until_ended(db, backfill_id) == "done"
+    finally:
+        if load is not None:
+            load.stop()
         cancel_running(db)
+        set_duty_cycle(db, None)

@@ -13,7 +13,8 @@
 //!   (`read_guard.rs`), where PostgreSQL's C API differs between the majors built for, one shim
 //!   per difference (`compat.rs`), whether the catalog a publication is read from may have
 //!   changed, from PostgreSQL's invalidations (`catalog_changes.rs`), and what Citus's metadata
-//!   says of a table: a shard's distributed table, a table's distribution (`citus.rs`).
+//!   says of a table: a shard's distributed table, a table's distribution (`citus.rs`), and the
+//!   flush of the process's own last commit (`wal.rs`).
 //! - `model/`: a table as a backfill sees it, its key and columns (`table.rs`); the states
 //!   and modes of backfills and their ranges (`state.rs`); what a caller asks of a backfill,
 //!   one typed request per verb (`request.rs`).
@@ -34,7 +35,7 @@
 //!   executor to message (`delivery.rs`).
 //! - `throttle/`: what holds a backfill back: how pages lock (`lock.rs`), rows_per_second
 //!   (`pacing.rs`), the consumer's slot (`pipeline.rs`), the source's standbys, slots and load
-//!   (`backpressure.rs`), and the typed
+//!   (`backpressure.rs`), the gentle default's rests on a busy server (`duty.rs`), and the typed
 //!   reason a page waits (`wait.rs`).
 //! - `verify/`: backfill_checksum() (`checksum.rs`, `aggregate.rs`, `row_hash.rs`,
 //!   `row_encoding.rs`: what a row's hash is computed over, `numeric_jsonb.rs`: numeric's and

@@ -79,8 +79,9 @@ const DEFAULT_BATCH_SIZE: i32 = 1000;
 
 impl StartRequest {
     /// The limits on the source the backfill records: as given, and for a backfill started with
-    /// no pacing option (neither rows_per_second nor max_active_sessions), the gentle default
-    /// backfill.default_max_active_sessions, so that it gives way to the application's load.
+    /// no pacing option (neither rows_per_second nor max_active_sessions),
+    /// backfill.default_max_active_sessions where the DBA set one. Otherwise it records no
+    /// pacing, and its workers follow the duty cycle of the gentle default (throttle/duty.rs).
     pub fn recorded_source_limits(&self) -> SourceOptions {
         let source = self.options.source;
         let unpaced = self.options.rows_per_second.is_none() && source.max_active_sessions.is_none();

@@ -14,3 +14,4 @@ pub(crate) mod read_guard;
 pub(crate) mod receiver;
 pub(crate) mod settings;
 pub(crate) mod spi;
+pub(crate) mod wal;

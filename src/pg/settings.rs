@@ -53,8 +53,13 @@ static MAX_ACTIVE_SESSIONS: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// How often a running backfill logs a progress line (seconds; 0 turns it off).
 static LOG_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
 
-/// The load limit of a backfill started with no pacing option (active sessions; 0: none).
-static DEFAULT_MAX_ACTIVE_SESSIONS: GucSetting<i32> = GucSetting::<i32>::new(1);
+/// The load limit a backfill started with no pacing option records (active sessions; 0: none,
+/// and it runs on the duty cycle of backfill.default_duty_cycle instead).
+static DEFAULT_MAX_ACTIVE_SESSIONS: GucSetting<i32> = GucSetting::<i32>::new(0);
+
+/// The share of its time (percent) a worker of a backfill with no pacing of its own spends on
+/// pages while the server is busy; 100: no rest.
+static DEFAULT_DUTY_CYCLE: GucSetting<i32> = GucSetting::<i32>::new(15);
 
 /// How often backfill_wait() reports the progress of what it waits for (seconds; 0: never).
 static WAIT_REPORT_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(10);
@@ -249,15 +254,30 @@ pub fn define() {
     );
     GucRegistry::define_int_guc(
         c"backfill.default_max_active_sessions",
-        c"The max_active_sessions of a backfill started with no pacing option (neither rows_per_second nor max_active_sessions).",
-        c"A backfill a DBA starts with no option on a busy primary then gives way to the \
-          application: while more client sessions than this are active its rate halves, down to a \
-          page a second, and recovers when they are not. 0 lets such a backfill run unpaced; so \
-          does max_active_sessions => 0 for one backfill.",
+        c"The max_active_sessions a backfill started with no pacing option records (neither rows_per_second nor max_active_sessions); 0: none.",
+        c"0 (the default) records none: such a backfill runs on the duty cycle of \
+          backfill.default_duty_cycle. A positive value makes it slow down as \
+          max_active_sessions does: while more client sessions than this are active its rate \
+          halves, down to a page a second.",
         &DEFAULT_MAX_ACTIVE_SESSIONS,
         0,
         pg_sys::MAX_BACKENDS as i32,
         RECORDED_BY_A_START,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"backfill.default_duty_cycle",
+        c"The share of its time, in percent, a worker of a backfill with no pacing of its own spends on pages while the server is busy.",
+        c"A backfill with neither rows_per_second nor max_active_sessions rests after each page, \
+          while client sessions are active (more than half a session on average over about a \
+          second), for as long as keeps its pages to this share of its time: at 15, 85/15 (5.7) times \
+          the page's own time. Its cost to the application is then bounded however many \
+          sessions are active; on an idle server it runs at full speed. 100 turns the rest off. \
+          Read by running backfills at their next page.",
+        &DEFAULT_DUTY_CYCLE,
+        1,
+        100,
+        GucContext::Sighup,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
@@ -451,6 +471,13 @@ pub fn log_interval() -> Option<Duration> {
 pub fn default_max_active_sessions() -> Option<i64> {
     let sessions = DEFAULT_MAX_ACTIVE_SESSIONS.get();
     (sessions > 0).then_some(i64::from(sessions))
+}
+
+/// The share of its time a worker of a backfill with no pacing of its own spends on pages while
+/// the server is busy, as a fraction; None: all of it (backfill.default_duty_cycle = 100).
+pub fn default_duty_cycle() -> Option<f64> {
+    let percent = DEFAULT_DUTY_CYCLE.get();
+    (percent < 100).then(|| f64::from(percent) / 100.0)
 }
 
 /// How often backfill_wait() reports progress; None: never (backfill.wait_report_interval).

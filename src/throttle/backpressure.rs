@@ -160,8 +160,8 @@ impl LoadGovernor {
     /// The rate the load allows this worker now (None: any), given the limit in force, the
     /// worker's share of its pacing and the slowest it may go (`floor`: one page a second, so
     /// that a busy server still sees the backfill progress). Samples the load at most every
-    /// [`SAMPLE_EVERY`].
-    pub fn allowed_rate(&mut self, limit: Option<i64>, paced: Option<f64>, floor: f64) -> Option<f64> {
+    /// [`SAMPLE_EVERY`]: with a limit, or when `watched` (the duty cycle reads it: duty.rs).
+    pub fn allowed_rate(&mut self, limit: Option<i64>, watched: bool, paced: Option<f64>, floor: f64) -> Option<f64> {
         let elapsed = self.last_sample.elapsed();
         if elapsed < SAMPLE_EVERY {
             return self.cap.filter(|_| limit.is_some());
@@ -175,13 +175,18 @@ impl LoadGovernor {
         if self.cap.is_none() && paced.is_none() && achieved > 0.0 {
             self.free_rate = if self.free_rate == 0.0 { achieved } else { 0.8 * self.free_rate + 0.2 * achieved };
         }
+        if limit.is_some() || watched {
+            let now_active = active_sessions() as f64;
+            let weight = 1.0 - (-seconds / SMOOTHING.as_secs_f64()).exp();
+            self.active =
+                if self.active.is_nan() { now_active } else { self.active + weight * (now_active - self.active) };
+        } else {
+            self.active = f64::NAN;
+        }
         let Some(limit) = limit else {
             self.cap = None;
             return None;
         };
-        let now_active = active_sessions() as f64;
-        let weight = 1.0 - (-seconds / SMOOTHING.as_secs_f64()).exp();
-        self.active = if self.active.is_nan() { now_active } else { self.active + weight * (now_active - self.active) };
         let floor = paced.map_or(floor, |paced| floor.min(paced));
         let ceiling = paced.unwrap_or(self.free_rate).max(floor);
         // (A worker that slept through a long pacing wait adapts as if for one second.)
@@ -196,6 +201,12 @@ impl LoadGovernor {
             None
         };
         self.cap
+    }
+
+    /// The active client sessions, averaged over about a second; None while they are not
+    /// counted (neither a limit nor the duty cycle reads them).
+    pub fn active(&self) -> Option<f64> {
+        (!self.active.is_nan()).then_some(self.active)
     }
 
     /// What the load does to the backfill now, for backfill_status.waiting_for; None when the

@@ -16,6 +16,10 @@ pub enum WaitReason {
     /// More client sessions are active than max_active_sessions: pages slow down (to `rate`
     /// rows/s), and keep slowed while the load recovers.
     Load { active: f64, limit: i64, rate: f64 },
+    /// A backfill with no pacing of its own, on a busy server: its workers rest after each page,
+    /// so that pages take `percent` of their time (backfill.default_duty_cycle; duty.rs); a
+    /// worker goes at `rate` rows/s.
+    DutyCycle { active: f64, percent: i32, rate: f64 },
 }
 
 impl WaitReason {
@@ -26,7 +30,7 @@ impl WaitReason {
             WaitReason::ConsumerLag { .. } => "consumer_lag",
             WaitReason::ReplicaLag { .. } => "replica_lag",
             WaitReason::RetainedWal { .. } => "retained_wal",
-            WaitReason::Load { .. } => "load",
+            WaitReason::Load { .. } | WaitReason::DutyCycle { .. } => "load",
         }
     }
 }
@@ -52,6 +56,17 @@ impl fmt::Display for WaitReason {
                 f,
                 "server load: {active:.1} active sessions, at most max_active_sessions {limit}; recovering, at {rate:.0} rows/s"
             ),
+            WaitReason::DutyCycle { active, percent, rate } => {
+                write!(
+                    f,
+                    "server load: {active:.1} active sessions; with no pacing option, pages take {percent}% of the \
+                     time (backfill.default_duty_cycle)"
+                )?;
+                if *rate > 0.0 {
+                    write!(f, ", at {rate:.0} rows/s")?;
+                }
+                Ok(())
+            }
         }
     }
 }

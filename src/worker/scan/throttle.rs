@@ -1,10 +1,12 @@
 //! What holds a scan's pages back, and the page size that follows from it: the backfill's rate
-//! (pacing), the server's load, the consumer's slot and the source (pipeline, back-pressure:
-//! the wait gate), and how pages lock (a lock conflict halves the page; pages grow back).
+//! (pacing), the server's load (max_active_sessions, or the gentle default's duty cycle), the
+//! consumer's slot and the source (pipeline, back-pressure: the wait gate), and how pages lock
+//! (a lock conflict halves the page; pages grow back).
 
 use crate::catalog::job::Job;
 use crate::model::state::LockMode;
 use crate::throttle::backpressure::{self, LoadGovernor, SourceLimit};
+use crate::throttle::duty::DutyCycle;
 use crate::throttle::lock::{LockPolicy, Locking};
 use crate::throttle::pacing::{self, Pacer};
 use crate::throttle::pipeline;
@@ -20,6 +22,8 @@ pub struct Throttle {
     pacer: Pacer,
     /// What the server's load allows this worker (backfill.max_active_sessions).
     load: LoadGovernor,
+    /// The rests of a backfill with no pacing of its own on a busy server (the gentle default).
+    duty: DutyCycle,
     locks: LockPolicy,
     /// The backfill's batch_size (backfill_set() may change it): the most rows of a page.
     batch_size: i32,
@@ -42,6 +46,7 @@ impl Throttle {
             rows_per_page: job.batch_size.min(pacer.first_page_limit()),
             pacer,
             load: LoadGovernor::new(),
+            duty: DutyCycle::new(),
             locks: LockPolicy::new(job.lock_mode, partitioned, job.batch_size),
             batch_size: job.batch_size,
             rows_within_bytes: i32::MAX,
@@ -50,30 +55,39 @@ impl Throttle {
         }
     }
 
-    /// Follows the backfill as it is now: its batch_size, and its rate shared by `sharing`
-    /// workers and held down by the server's load.
+    /// Follows the backfill as it is now: its batch_size, its rate shared by `sharing` workers
+    /// and held down by the server's load, and, with no pacing of its own, the duty cycle.
     pub(super) fn follow(&mut self, job: &Job, sharing: i64) {
         self.batch_size = job.batch_size;
         let share = pacing::share(job.rows_per_second, sharing);
         let limit = SourceLimit::ActiveSessions.in_force(job.source.max_active_sessions);
-        let rate = match self.load.allowed_rate(limit, share, f64::from(job.batch_size)) {
+        // No pacing of its own: max_active_sessions => 0 is the DBA's "unpaced".
+        let gentle = job.rows_per_second.is_none() && job.source.max_active_sessions.is_none();
+        let rate = match self.load.allowed_rate(limit, gentle, share, f64::from(job.batch_size)) {
             Some(allowed) => Some(share.map_or(allowed, |share| share.min(allowed))),
             None => share,
         };
         self.pacer.set_rate(rate);
+        self.duty.follow(gentle, self.load.active());
     }
 
-    /// Whether the next page fits the rate now (if not, it slept toward it, at most a second).
+    /// Whether the next page may begin now: the worker's rest after its last page is over, and
+    /// the page fits the rate (if not, it slept toward both, at most a second).
     pub fn ready_for_page(&mut self) -> bool {
         self.rows_per_page =
             self.rows_per_page.min(self.batch_size).min(self.pacer.page_limit()).min(self.rows_within_bytes);
-        self.pacer.ready_for(self.rows_per_page)
+        let ready = self.duty.rested() && self.pacer.ready_for(self.rows_per_page);
+        if ready {
+            self.duty.page_begins();
+        }
+        ready
     }
 
-    /// A page was delivered: its rows are spent from the rate, and the next may grow back after a
-    /// lock conflict made pages small.
+    /// A page was delivered: its rows are spent from the rate, the worker rests for its duty
+    /// cycle, and the next page may grow back after a lock conflict made pages small.
     pub fn page_delivered(&mut self) {
         self.pacer.spend(self.rows_per_page);
+        self.duty.page_delivered(self.rows_per_page);
         self.rows_per_page = (self.rows_per_page * 2).min(self.batch_size);
     }
 
@@ -109,10 +123,11 @@ impl Throttle {
         true
     }
 
-    /// What the server's load does to the backfill now, if anything (logged when that changes).
+    /// What the server's load does to the backfill now, if anything (logged when that changes):
+    /// a limit on the active sessions, or the duty cycle.
     pub(super) fn slowed_by_load(&mut self, job: &Job, backfill_id: i64) -> Option<WaitReason> {
         let limit = SourceLimit::ActiveSessions.in_force(job.source.max_active_sessions);
-        let slowed = self.load.holding_back(limit);
+        let slowed = self.load.holding_back(limit).or_else(|| self.duty.holding_back());
         if slowed.is_some() != self.slowed_by_load {
             match &slowed {
                 Some(reason) => log!("{}: slows down for {reason}", who(backfill_id)),

@@ -1,0 +1,97 @@
+//! The gentle default: a backfill with no pacing of its own (neither rows_per_second nor
+//! max_active_sessions) works a bounded share of its time while the server is busy.
+//!
+//! After each page, its worker rests for a multiple of the page's own time (gh-ost's
+//! `--nice-ratio`): at a duty cycle of 15% (the default), 85/15 = 5.7 times as long as the page took. The page's time
+//! is its wall time, so it counts what the page cost the server and what the server made it
+//! wait (for a CPU, for the disk: a resting worker waits for its page's WAL to be flushed): the
+//! busier the server, the longer each page and each rest. The worker's share of a core, of the WAL written and of the locks held is then at most the duty
+//! cycle, however many sessions are active, and the backfill still moves at that share of its
+//! speed; a session count only says whether anyone is there to be disturbed. On an idle server
+//! it does not rest at all.
+
+use crate::pg::settings;
+use crate::throttle::pacing::{sleep, LONGEST_SLEEP};
+use crate::throttle::wait::WaitReason;
+use std::time::{Duration, Instant};
+
+/// The server is busy while more client sessions than this are active, on average over about a
+/// second (backpressure.rs counts them): a session at work most of the time, not a psql session
+/// that looks at backfill_status now and then.
+pub const BUSY_ABOVE: f64 = 0.5;
+
+/// How much of the last cycle's rate the rate shown keeps: smoothed over a few pages.
+const SMOOTHING: f64 = 0.8;
+
+pub struct DutyCycle {
+    /// The share of its time the worker may work now (from backfill.default_duty_cycle); None
+    /// while it need not rest (a backfill with pacing of its own, an idle server).
+    share: Option<f64>,
+    /// The active sessions that made the server busy, for waiting_for.
+    active: f64,
+    /// When the page under way began (the worker's turn came).
+    page_began: Instant,
+    /// Until when the worker rests after its last page.
+    rest_until: Instant,
+    /// The worker's rate over its last pages and rests (rows/s, smoothed); 0 before the first.
+    rate: f64,
+}
+
+impl DutyCycle {
+    pub fn new() -> Self {
+        let now = Instant::now();
+        DutyCycle { share: None, active: 0.0, page_began: now, rest_until: now, rate: 0.0 }
+    }
+
+    /// Follows the backfill and the server as they are now: `gentle` for a backfill with no
+    /// pacing of its own, `active` the sessions counted (None: not counted).
+    pub fn follow(&mut self, gentle: bool, active: Option<f64>) {
+        let busy = active.filter(|active| *active > BUSY_ABOVE);
+        self.share = if gentle { busy.and(settings::default_duty_cycle()) } else { None };
+        match (self.share, busy) {
+            (Some(_), Some(active)) => self.active = active,
+            // No longer resting (backfill_set() gave it pacing of its own, the server is idle):
+            // the next page goes at once.
+            _ => self.rest_until = Instant::now(),
+        }
+    }
+
+    /// Whether the worker's rest is over; if not, rests toward its end (at most
+    /// [`LONGEST_SLEEP`]) and tells whether it is over after that.
+    pub fn rested(&mut self) -> bool {
+        let left = self.rest_until.saturating_duration_since(Instant::now());
+        if !left.is_zero() {
+            // Whole milliseconds, rounded up (a latch wait's unit): the rest is then over.
+            sleep(Duration::from_millis(left.as_millis() as u64 + 1).min(LONGEST_SLEEP));
+        }
+        Instant::now() >= self.rest_until
+    }
+
+    /// The worker's turn came: its page begins now.
+    pub fn page_begins(&mut self) {
+        self.page_began = Instant::now();
+    }
+
+    /// A page of `rows` rows was delivered: the worker rests for its share of the page's time.
+    pub fn page_delivered(&mut self, rows: i32) {
+        let Some(share) = self.share else { return };
+        // Pages commit without waiting for their WAL to reach the disk (worker/process.rs): the
+        // application's next commits would flush it for them, and pay for it. A resting worker
+        // flushes its page's WAL itself, so that the page's time, and its rest, count that too:
+        // on a server whose disk is its bottleneck, the rests bound the backfill's share of it.
+        crate::pg::wal::flush_last_commit();
+        let worked = self.page_began.elapsed();
+        let rest = worked.mul_f64((1.0 - share) / share);
+        self.rest_until = Instant::now() + rest;
+        let cycle = (worked + rest).max(Duration::from_micros(1)).as_secs_f64();
+        let rate = f64::from(rows) / cycle;
+        self.rate = if self.rate == 0.0 { rate } else { SMOOTHING * self.rate + (1.0 - SMOOTHING) * rate };
+    }
+
+    /// What the duty cycle does to the backfill now, for backfill_status.waiting_for; None
+    /// while the worker does not rest.
+    pub fn holding_back(&self) -> Option<WaitReason> {
+        let share = self.share?;
+        Some(WaitReason::DutyCycle { active: self.active, percent: (share * 100.0).round() as i32, rate: self.rate })
+    }
+}
