@@ -243,3 +243,8 @@ SELECT 'backfills cannot be started by PUBLIC',
 $$;
 COMMENT ON FUNCTION backfill_security_check() IS
 'Checks the privileges that keep the message stream trustworthy: each row states what should hold, ok says whether it does, and a row that is not ok has the statement that fixes it.';
+
+-- ===== The default backfill rests under load (backfill.default_duty_cycle): what the status says =====
+COMMENT ON COLUMN backfill_status.waiting_for IS 'What a running backfill''s workers wait for now, if anything: a row lock held by another process (its pid), the slot''s consumer (none connected, or lagging past max_lag_bytes), a standby replaying past max_replica_lag_bytes, a slot retaining more than max_retained_wal_bytes, or the server''s load: past max_active_sessions (then it slows down rather than waits), or, for a backfill with no pacing option, a busy server (then it rests after each page, backfill.default_duty_cycle)';
+COMMENT ON COLUMN backfill_status.waiting_kind IS 'The kind of what a running backfill''s workers wait for now, stable for monitoring: row_lock, consumer_away, consumer_lag, replica_lag, retained_wal or load (then it slows down, or rests after each page, rather than waits); NULL when nothing holds it back';
+COMMENT ON FUNCTION backfill.waiting_for(bigint) IS 'What the workers of a backfill wait for now (a row lock held by a pid, the slot''s consumer, the source''s limits or load), or NULL';
