@@ -20,7 +20,11 @@ def test_max_workers_caps_the_workers_that_run_at_once(db):
     samples = []
 
     def workers():
-        samples.append(value(db, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_backfill'"))
+        # Backfill workers as the cap counts them, admitted (each names itself 'pg_backfill <id>'):
+        # not the resumer or a follow's dispatcher, which are pg_backfill's processes too (counting
+        # them, "two workers" was once the resumer and one, and a third start passed).
+        samples.append(value(db, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_backfill'"
+                                 " AND application_name ~ '^pg_backfill [0-9]'"))
         return samples[-1]
 
     wait_for(lambda: workers() == 0, what="the workers of earlier tests to exit")
