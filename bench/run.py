@@ -74,7 +74,7 @@ VERSUS_DIR, VERSUS_PORT = f"{DIR}_versus", PORT + 1
 def versus_cluster(bin_dir):
     """A cluster of the other installation (--versus), configured as this run's, with pg_backfill."""
     sh(f"BACKFILL_PG_BIN='{bin_dir}' cluster_start {VERSUS_DIR} {VERSUS_PORT} {CLUSTER_SETTINGS}")
-    conn = psycopg.connect(host="127.0.0.1", port=VERSUS_PORT, user="postgres", dbname="postgres", autocommit=True)
+    conn = connect(VERSUS_PORT)
     conn.execute("CREATE EXTENSION pg_backfill")
     return conn
 
@@ -83,8 +83,9 @@ def sh(command):
     subprocess.run(["bash", "-c", f"source '{ROOT}/scripts/lib/cluster.sh' && {command}"], check=True)
 
 
-def connect():
-    return psycopg.connect(host="127.0.0.1", port=PORT, user="postgres", dbname="postgres", autocommit=True)
+def connect(port=None, dbname="postgres"):
+    """A connection to this run's cluster (another's, given its port), in autocommit."""
+    return psycopg.connect(host="127.0.0.1", port=port or PORT, user="postgres", dbname=dbname, autocommit=True)
 
 
 def wal_lsn(conn):
@@ -537,7 +538,7 @@ def e2e_tablesync(conn, table, slot):
     made first, then CREATE SUBSCRIPTION ... (create_slot = false); until the table is ready."""
     conn.execute("DROP DATABASE IF EXISTS e2e_target")
     conn.execute("CREATE DATABASE e2e_target")
-    with psycopg.connect(host="127.0.0.1", port=PORT, user="postgres", dbname="e2e_target", autocommit=True) as target:
+    with connect(dbname="e2e_target") as target:
         target.execute(TABLE_DDL[table])
         conn.execute("SELECT pg_create_logical_replication_slot('e2e_sub', 'pgoutput')")
         started = time.perf_counter()
