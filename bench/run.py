@@ -918,7 +918,8 @@ def main():
                         help="only what a live FOR ALL TABLES follow of 30,000 tables costs an ALTER TABLE and a CREATE TABLE")
     parser.add_argument("--batched", default="1000", help="rows_per_message of the batched backfills of --end-to-end")
     parser.add_argument("--e2e-methods", default="",
-                        help="only these methods of --end-to-end (as printed, comma-separated), e.g. 'pipeline batched 1000'")
+                        help="only these methods of --end-to-end, as printed, separated by ';' (some names hold a comma), "
+                             "e.g. 'pipeline batched 1000;tablesync, ready'")
     parser.add_argument("--versus", default="",
                         help="with --end-to-end: the bin directory of another installation of the same major, with another "
                              "build of pg_backfill installed (scripts/lib/install.sh with BACKFILL_PG_BIN): each method "
@@ -956,7 +957,7 @@ def main():
                         [args.versus]).fetchone()[0]
                 results = end_to_end(servers, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat,
                                      [int(n) for n in args.batched.split(",")],
-                                     [m for m in args.e2e_methods.split(",") if m])
+                                     [m.strip() for m in args.e2e_methods.split(";") if m.strip()])
             else:
                 conn.execute("CREATE TABLE e2e_flush (n int)")
                 results = spill_probe(conn, int(args.spill), [(1000, 1, 1), (1000, 1000, 1), (1000, 1000, 2), (10000, 1, 1),
