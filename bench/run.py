@@ -366,20 +366,41 @@ def load_signal(conn, seconds, repeat, thresholds, clients=(4,), unpaced_under_l
     threshold: the scenarios take turns in each round, in the reverse order every other round;
     medians over the rounds, and each figure
     as a share of the same round's alone. Each round first times a whole backfill of the table
-    on the idle server, the default and unpaced in turn: their speeds, and the default's as a
-    share of unpaced."""
+    on the idle server, the default and unpaced in turn, from its start until its consumer was
+    sent the last page: their speeds, and the default's as a share of unpaced.
+
+    All of it in the README's configuration: a pipeline (a pgoutput slot, a publication of
+    pgbench's tables, a real consumer: pg_recvlogical, status every second) streams pgbench's
+    changes throughout, pgbench alone included, and every backfill names its slot and
+    publication, so that it waits on the consumer's feedback, and the walsender decodes its
+    messages beside pgbench's changes."""
     subprocess.run([PGBENCH, "-i", "-q", "-s", "10", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     conn.execute("VACUUM ANALYZE pgbench_accounts")
-    # "default": no option, as the README's first command (backfill.default_duty_cycle);
+    conn.execute("CREATE TABLE IF NOT EXISTS e2e_flush (n int)")
+    conn.execute("CREATE PUBLICATION load_pub FOR TABLE pgbench_accounts, pgbench_branches, pgbench_tellers, pgbench_history")
+    conn.execute("SELECT pg_create_logical_replication_slot('load_slot', 'pgoutput')")
+    receiver = Receiver("load_slot", "load_pub")
+    while not conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = 'load_slot'").fetchone()[0]:
+        time.sleep(0.01)
+    try:
+        return load_signal_rounds(conn, seconds, repeat, thresholds, clients, unpaced_under_load)
+    finally:
+        receiver.stop()
+        conn.execute("SELECT pg_drop_replication_slot('load_slot')")
+        conn.execute("DROP PUBLICATION load_pub")
+
+
+def load_signal_rounds(conn, seconds, repeat, thresholds, clients, unpaced_under_load):
+    """load_signal's rounds, its pipeline streaming."""
+    # "default": no pacing option, as the README's worked example (backfill.default_duty_cycle);
     # "unpaced": max_active_sessions => 0, the default turned off.
-    starts = {"default backfill": "SELECT backfill_start('pgbench_accounts', confirm => true)",
-              "unpaced backfill": "SELECT backfill_start('pgbench_accounts', confirm => true, max_active_sessions => 0)"}
+    start = "SELECT backfill_start('pgbench_accounts', confirm => true, slot => 'load_slot', publication => 'load_pub'{})"
+    starts = {"default backfill": start.format(""), "unpaced backfill": start.format(", max_active_sessions => 0")}
     scenarios = [("no backfill", None), ("default backfill", starts["default backfill"])]
     if unpaced_under_load:
         scenarios.append(("unpaced backfill", starts["unpaced backfill"]))
-    scenarios += [(f"max_active_sessions {n}",
-                   f"SELECT backfill_start('pgbench_accounts', confirm => true, max_active_sessions => {n})") for n in thresholds]
+    scenarios += [(f"max_active_sessions {n}", start.format(f", max_active_sessions => {n}")) for n in thresholds]
     rounds, idle = [], {"default backfill": [], "unpaced backfill": []}
     for round_number in range(repeat):
         # The idle server first: a whole backfill of pgbench_accounts with nothing else running,
@@ -391,8 +412,9 @@ def load_signal(conn, seconds, repeat, thresholds, clients=(4,), unpaced_under_l
             conn.execute("CHECKPOINT")
             started = time.perf_counter()
             backfill = conn.execute(starts[label]).fetchone()[0]
-            conn.execute("SELECT backfill_wait(%s)", [backfill])
-            elapsed = time.perf_counter() - started
+            while conn.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill]).fetchone()[0] == "running":
+                time.sleep(0.005)
+            elapsed = sent_past(conn, "load_slot", flushed_lsn(conn), started)
             rows = conn.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill]).fetchone()[0]
             idle[label].append(rows / elapsed)
         figures = {}
