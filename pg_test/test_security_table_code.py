@@ -13,6 +13,35 @@ from conftest import (as_reads, backfill_messages, error_of, extra_cluster, stat
 from security_helpers import escalation, is_superuser, start, TRAP, value
 
 
+# --- a value made before its row type was altered ----------------------------------------------
+
+def test_a_composite_value_made_before_its_type_was_altered_is_refused_not_read_with_the_new_columns(db, roles):
+    """backfill.row_hash() is anyone's. A role with no grant makes a row of a type of its own,
+    keeps it in an array, and alters the type's column from bigint to text: read with the new
+    columns, the bigint's bytes would be taken for a text's length and pointer. On the minors that
+    version composite values (15.20, 17.12: CVE-2026-6460), row_hash refuses it with 22P07, as
+    PostgreSQL's own functions do, alone or inside another row; a fresh value of the altered type
+    hashes as before."""
+    if db.execute("SELECT count(*) FROM pg_settings WHERE name = 'composite_type_mismatch'").fetchone()[0] == 0:
+        pytest.skip("this server does not version composite values (CVE-2026-6460's fix is not in this minor)")
+    nobody = roles.create("nobody")
+    conn = roles.connect(nobody)
+    conn.execute("CREATE TYPE pg_temp.pair AS (a bigint, b bigint)")
+    for label, hashed in [("alone", "stale[1]"), ("inside another row", "ROW(1, stale[1])")]:
+        e = error_of(conn, f"""DO $$
+            DECLARE stale pg_temp.pair[] := ARRAY[ROW(1234567, 42)::pg_temp.pair];
+            BEGIN
+                ALTER TYPE pg_temp.pair ALTER ATTRIBUTE a TYPE text;
+                PERFORM backfill.row_hash({hashed});
+            END $$""")
+        assert e.sqlstate == "22P07", (label, e)
+        conn.execute("DROP TYPE pg_temp.pair")
+        conn.execute("CREATE TYPE pg_temp.pair AS (a bigint, b bigint)")
+    conn.execute("ALTER TYPE pg_temp.pair ALTER ATTRIBUTE a TYPE text")
+    assert conn.execute("SELECT backfill.row_hash(ROW('1234567', 42)::pg_temp.pair)").fetchone()[0] == \
+        conn.execute("SELECT backfill.row_hash(ROW('1234567', 42::bigint))").fetchone()[0]
+
+
 # --- a table's own code runs as the table's owner -------------------------------------------------
 
 def test_a_tables_own_code_runs_as_its_owner_never_as_superuser(db, roles):

@@ -206,11 +206,27 @@ unsafe fn encode_array(element: &mut ArrayElement, value: pg_sys::Datum, encoded
     }
 }
 
+/// A composite datum's row type, as its header records it, for lookup_rowtype_tupdesc(): its type
+/// OID, and the typmod of an anonymous record (the id of its blessed descriptor), -1 otherwise.
+///
+/// Minors that version composite datums (CVE-2026-6460's fix: 15.20, 17.12) keep a named row
+/// type's version in the typmod's place: not a typmod, and left to heap_deform_tuple(), which on
+/// those minors refuses a datum made before its type was altered (22P07) rather than read it
+/// with the type's new columns. Records are never versioned.
+///
+/// # Safety
+/// `header` is a detoasted composite datum.
+pub(crate) unsafe fn row_type_of(header: pg_sys::HeapTupleHeader) -> (pg_sys::Oid, i32) {
+    let fields = &(*header).t_choice.t_datum;
+    let typmod = if fields.datum_typeid == pg_sys::RECORDOID { fields.datum_typmod } else { -1 };
+    (fields.datum_typeid, typmod)
+}
+
 /// # Safety
 /// `value` is a composite datum of the row's type.
 unsafe fn encode_composite(row: &mut RowHasher, value: pg_sys::Datum, encoded: &mut Vec<u8>) {
     let header = pg_sys::pg_detoast_datum(value.cast_mut_ptr()) as pg_sys::HeapTupleHeader;
-    let row_type = ((*header).t_choice.t_datum.datum_typeid, (*header).t_choice.t_datum.datum_typmod);
+    let row_type = row_type_of(header);
     let tupdesc = pg_sys::lookup_rowtype_tupdesc(row_type.0, row_type.1);
     let natts = (*tupdesc).natts as usize;
     let (mut values, mut nulls) = (vec![pg_sys::Datum::from(0); natts], vec![false; natts]);

@@ -25,8 +25,9 @@ struct CallState {
 fn row_hash(row: AnyElement, fcinfo: pg_sys::FunctionCallInfo) -> i64 {
     // SAFETY: `row` is a composite datum (anything else is refused before it is read as one);
     // it is detoasted and deformed with a copy of its own type's descriptor, made once a query
-    // (a row type cannot change while a query reads it) in the function's memory, which drops
-    // the state with it.
+    // (a row type cannot change while a query reads it; a value made before its type was
+    // altered, kept in a variable or an array, is refused by heap_deform_tuple() on the minors
+    // that can tell: see row_type_of()) in the function's memory, which drops the state with it.
     unsafe {
         let flinfo = (*fcinfo).flinfo;
         let mut state = (*flinfo).fn_extra.cast::<CallState>();
@@ -40,8 +41,7 @@ fn row_hash(row: AnyElement, fcinfo: pg_sys::FunctionCallInfo) -> i64 {
             );
         }
         let header = pg_sys::pg_detoast_datum(row.datum().cast_mut_ptr()) as pg_sys::HeapTupleHeader;
-        // The row's own type, as its header records it (HeapTupleHeaderGetTypeId/TypMod).
-        let row_type = ((*header).t_choice.t_datum.datum_typeid, (*header).t_choice.t_datum.datum_typmod);
+        let row_type = crate::verify::row_encoding::row_type_of(header);
         if state.is_null() || (*state).row_type != row_type {
             state = call_state(row_type, (*flinfo).fn_mcxt);
             (*flinfo).fn_extra = state.cast();
