@@ -543,7 +543,11 @@ def test_with_no_pacing_option_a_busy_server_makes_the_backfill_rest_and_an_idle
         wait_for_reason(db, limited, "load", "more than max_active_sessions 1", timeout=30)
         cancel_and_wait_for_its_workers(db, limited)
 
+        # Row locks (a table-locked page is sized to backfill.table_lock_max on its own): what
+        # sizes these pages is the duty cycle alone.
+        db.execute("SET backfill.lock_mode = 'rows'")
         backfill_id = db.execute("SELECT backfill_start('busy', confirm => true, batch_size => 20000)").fetchone()[0]
+        db.execute("RESET backfill.lock_mode")
         reason = wait_for_reason(db, backfill_id, "load", "server load", "active sessions", "pages of at most",
                                  "take 1% of the time", "backfill.default_duty_cycle", "rows/s", timeout=30)
         assert status(db, backfill_id, "state") == "running", reason

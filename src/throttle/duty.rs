@@ -98,14 +98,15 @@ impl DutyCycle {
         self.page_began = Instant::now();
     }
 
-    /// A page of `rows` rows was delivered: the worker rests for its share of the page's time.
-    pub fn page_delivered(&mut self, rows: i32) {
+    /// A page that delivered `rows` rows ended: the worker rests for its share of the page's time.
+    pub fn page_delivered(&mut self, rows: i64) {
         let Some(share) = self.share else { return };
         // The next page's rows, for BUSY_PAGE_TIME at this page's speed: twice as many at most,
         // as pages grow back after a lock conflict, so that one fast page does not undo the rest.
         let read = self.page_began.elapsed().as_secs_f64().max(1e-6);
-        let fitting = f64::from(rows.max(1)) * BUSY_PAGE_TIME.as_secs_f64() / read;
-        self.page_rows = (fitting.min(f64::from(rows.max(1)) * 2.0) as i32).max(FEWEST_BUSY_PAGE_ROWS);
+        let rows = rows.max(1) as f64;
+        let fitting = (rows * BUSY_PAGE_TIME.as_secs_f64() / read).min(rows * 2.0);
+        self.page_rows = (fitting.min(f64::from(i32::MAX)) as i32).max(FEWEST_BUSY_PAGE_ROWS);
         // Pages commit without waiting for their WAL to reach the disk (worker/process.rs): the
         // application's next commits would flush it for them, and pay for it. A resting worker
         // flushes its page's WAL itself, so that the page's time, and its rest, count that too:
@@ -115,7 +116,7 @@ impl DutyCycle {
         let rest = worked.mul_f64((1.0 - share) / share);
         self.rest_until = Instant::now() + rest;
         let cycle = (worked + rest).max(Duration::from_micros(1)).as_secs_f64();
-        let rate = f64::from(rows) / cycle;
+        let rate = rows / cycle;
         self.rate = if self.rate == 0.0 { rate } else { SMOOTHING * self.rate + (1.0 - SMOOTHING) * rate };
     }
 

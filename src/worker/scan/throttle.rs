@@ -33,6 +33,8 @@ pub struct Throttle {
     /// Rows of the last page's size in bytes that fit settings::page_bytes_bound(): a page
     /// larger than the decoder's memory would be spilled to disk by every walsender.
     rows_within_bytes: i32,
+    /// Rows the page under way delivered (its lock may have given it fewer than rows_per_page).
+    page_rows_delivered: i64,
     /// The kind of what the backfill waits for now, if anything: logged when it changes.
     waiting: Option<&'static str>,
     /// Whether the load slows it down now: logged when it changes.
@@ -50,6 +52,7 @@ impl Throttle {
             locks: LockPolicy::new(job.lock_mode, partitioned, job.batch_size),
             batch_size: job.batch_size,
             rows_within_bytes: i32::MAX,
+            page_rows_delivered: 0,
             waiting: None,
             slowed_by_load: false,
         }
@@ -91,7 +94,7 @@ impl Throttle {
     /// cycle, and the next page may grow back after a lock conflict made pages small.
     pub fn page_delivered(&mut self) {
         self.pacer.spend(self.rows_per_page);
-        self.duty.page_delivered(self.rows_per_page);
+        self.duty.page_delivered(std::mem::take(&mut self.page_rows_delivered));
         self.rows_per_page = (self.rows_per_page * 2).min(self.batch_size);
     }
 
@@ -151,6 +154,7 @@ impl Throttle {
     /// A page delivered `rows` rows in `bytes` of messages (the load counts the rows).
     pub(super) fn delivered(&mut self, rows: i64, bytes: i64) {
         self.load.delivered(rows);
+        self.page_rows_delivered = rows;
         // The next pages are sized to the rows of this one: wide rows, small pages.
         if rows > 0 && bytes > 0 {
             let fitting = crate::pg::settings::page_bytes_bound() as f64 * rows as f64 / bytes as f64;
