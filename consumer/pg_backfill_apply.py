@@ -31,7 +31,7 @@ import hmac
 import io
 import json
 import select
-import struct
+import signal
 import sys
 import time
 
@@ -539,6 +539,11 @@ def main():
     parser.add_argument("--progress", type=float, default=10.0, metavar="SECONDS",
                         help="seconds between progress lines on stderr (default 10)")
     args = parser.parse_args()
+    # SIGTERM (a service manager's stop) and SIGINT stop it alike: whatever the destination has
+    # not committed is rolled back and comes again from the slot. (SIGINT explicitly: a shell
+    # starts background jobs with it ignored.)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     applier = None
     try:
         applier = Applier(args)

@@ -64,7 +64,7 @@ class Consumer:
     def stop(self):
         self.stopping.set()
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
@@ -129,6 +129,28 @@ class Writers:
             with conn.transaction():
                 conn.execute("INSERT INTO notes (n, body) VALUES (0, 'new note')")
                 conn.execute("UPDATE items SET v = v + 1 WHERE id = %s", [some_item])
+
+
+class Heartbeat:
+    """A commit every 50 ms, to a table outside the publication."""
+
+    def __init__(self, cluster, dbname):
+        self.conn = cluster.connect(dbname)
+        self.conn.execute("CREATE TABLE IF NOT EXISTS heartbeat (at timestamptz)")
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run)
+
+    def run(self):
+        while not self.stop.wait(0.05):
+            self.conn.execute("INSERT INTO heartbeat VALUES (now())")
+
+    def __enter__(self):
+        self.thread.start()
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        self.conn.close()
 
 
 SCHEMA = """
@@ -242,7 +264,8 @@ def test_migration_rehearsal_with_kills_ends_in_an_exact_copy(cluster, scratch_d
             wait_for(lambda: consumer.starts > starts and status(conn, backfill_id, "rows_done") >= 6000,
                      timeout=120, what="the consumer's restart and 6,000 rows backfilled")
             os.kill(wait_for(lambda: worker_pid(conn, backfill_id), what="the backfill's worker"), signal.SIGKILL)
-            conn.close()
+            # (Until the server has dropped this connection too, a new one might be dropped as well.)
+            wait_for(lambda: dropped(conn), timeout=60, what="the server's crash restart")
             conn = wait_for(lambda: reconnect(source, "shop"), timeout=60, what="the source to restart")
             ops = writers.ops
             wait_for(lambda: writers.ops > ops + 300 and worker_pid(conn, backfill_id), timeout=120,
@@ -252,14 +275,18 @@ def test_migration_rehearsal_with_kills_ends_in_an_exact_copy(cluster, scratch_d
         assert writers.errors == [] and writers.reconnects > 0, writers.errors
         assert status(conn, backfill_id, "state") == "done"
         assert consumer.starts >= 3, consumer.output()  # started, killed, and dropped by the restart
+        print(f"{writers.ops} writes ({writers.reconnects} reconnections), consumer started {consumer.starts} times")
 
         # The copy, judged once the consumer has applied and confirmed everything (backfill_compare
-        # waits on the backfill's slot before it reads the destination).
-        for table in ("items", "notes"):
-            assert conn.execute(f"SELECT * FROM backfill_compare('{table}', 'dest.{table}')").fetchall() == [], \
-                consumer.output()[-3000:]
-            assert conn.execute(f"SELECT backfill_repair('{table}', 'dest.{table}', confirm => true)").fetchone()[0] is None
-            assert rows_of(conn, table) == rows_of(conn, f"dest.{table}")
+        # waits on the backfill's slot before it reads the destination). The heartbeat: a live
+        # source's commits flush the WAL that the comparison's wait needs sent and confirmed; a
+        # source with no commit at all flushes it only every 15 s or so (the background writer).
+        with Heartbeat(source, "shop"):
+            for table in ("items", "notes"):
+                assert conn.execute(f"SELECT * FROM backfill_compare('{table}', 'dest.{table}')").fetchall() == [], \
+                    consumer.output()[-3000:]
+                assert conn.execute(f"SELECT backfill_repair('{table}', 'dest.{table}', confirm => true)").fetchone()[0] is None
+                assert rows_of(conn, table) == rows_of(conn, f"dest.{table}")
         # The sequence: past every id the source handed out before the table's scan ended.
         with cluster.connect(destination) as dest:
             assert dest.execute("SELECT nextval('notes_id_seq')").fetchone()[0] > NOTES
@@ -267,6 +294,14 @@ def test_migration_rehearsal_with_kills_ends_in_an_exact_copy(cluster, scratch_d
         if consumer:
             consumer.stop()
         source.stop()
+
+
+def dropped(conn):
+    try:
+        conn.execute("SELECT 1")
+        return False
+    except psycopg.OperationalError:
+        return True
 
 
 def reconnect(cluster, dbname):
