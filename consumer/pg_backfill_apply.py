@@ -26,13 +26,14 @@ The destination must have the tables, with the source's columns and a primary ke
 """
 
 import argparse
-import hashlib
 import hmac
 import io
 import json
+import queue
 import select
 import signal
 import sys
+import threading
 import time
 
 import psycopg2
@@ -40,7 +41,7 @@ import psycopg2.errors
 import psycopg2.extras
 from psycopg2 import sql
 
-PREFIX = "backfill"
+PREFIX_BYTES = b"backfill"
 JSON_TYPES = {114, 3802}  # json, jsonb: a pgoutput value of theirs is JSON text already
 EXIT_USER_ERROR, EXIT_FORGED = 2, 3
 
@@ -134,7 +135,10 @@ class Target:
         # key (stream order: seq, then the row's place in its batch); its deletes and upserts.
         self.apply = sql.SQL("""
             WITH ops AS (
-                SELECT seq, 0::bigint AS sub, op, doc FROM pg_backfill_apply_stage WHERE target = {n} AND op <> 'b'
+                SELECT seq, 0::bigint AS sub,
+                       CASE op WHEN 'r' THEN 'u' WHEN 'a' THEN 'd' ELSE op END,
+                       CASE op WHEN 'r' THEN doc -> 'data' WHEN 'a' THEN doc -> 'key' ELSE doc END
+                  FROM pg_backfill_apply_stage WHERE target = {n} AND op <> 'b'
                 UNION ALL
                 SELECT s.seq, e.sub, 'u', e.row -> 'data'
                   FROM pg_backfill_apply_stage s, json_array_elements(s.doc -> 'rows') WITH ORDINALITY AS e(row, sub)
@@ -164,9 +168,14 @@ def connect(dsn, what, **kw):
 
 
 class Destination:
+    """The destination: a connection that applies (in the apply thread), and one that reads the
+    catalog (in the stream's thread)."""
+
     def __init__(self, dsn):
         self.conn = connect(dsn, "destination")
         self.conn.set_client_encoding("UTF8")
+        self.catalog = connect(dsn, "destination")
+        self.catalog.autocommit = True
         self.targets = {}  # (schema, name) -> Target
         with self.conn.cursor() as cur:
             # As a subscription's apply worker does: no triggers, no foreign key checks, since
@@ -187,10 +196,9 @@ class Destination:
         found = self.targets.get((schema, name))
         if found:
             return found
-        with self.conn.cursor() as cur:
+        with self.catalog.cursor() as cur:
             cur.execute("""
-                SELECT c.oid,
-                       array(SELECT attname FROM pg_attribute WHERE attrelid = c.oid AND attnum > 0
+                SELECT array(SELECT attname FROM pg_attribute WHERE attrelid = c.oid AND attnum > 0
                               AND NOT attisdropped AND attgenerated = '' ORDER BY attnum),
                        array(SELECT a.attname FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, n), pg_attribute a
                               WHERE i.indrelid = c.oid AND i.indisprimary AND a.attrelid = c.oid AND a.attnum = k.attnum
@@ -201,11 +209,74 @@ class Destination:
         if row is None:
             raise UserError(f"table {schema}.{name} does not exist at the destination: create it there with the "
                             f"source's columns and primary key (e.g. pg_dump --schema-only of the source)")
-        _, columns, key = row
+        columns, key = row
         if not key:
             raise UserError(f"table {schema}.{name} at the destination has no primary key: rows are applied by key")
         found = self.targets[(schema, name)] = Target(len(self.targets), schema, name, columns, key)
         return found
+
+
+def envelope(content: bytes, known={}) -> dict:
+    """A pg_backfill message's envelope (op, backfill_id, slot, schema, table), parsed without
+    its rows: the destination parses those (json_populate_record). The envelope comes first
+    (src/stream/message.rs) and is the same for every read of a table's backfill: each one is
+    parsed once (`known`). A message of another form is parsed whole."""
+    for rows_start in (b',"rows":[', b',"key":'):
+        at = content.find(rows_start)
+        if at > 0:
+            head = content[:at]
+            found = known.get(head)
+            if found is None:
+                try:
+                    found = json.loads(head + b"}")
+                except ValueError:
+                    break
+                if len(known) < 10_000:
+                    known[head] = found
+            return found
+    return json.loads(content)
+
+
+# --- applying: a thread of its own, so that the stream is read while the destination works ---
+
+class ApplyThread(threading.Thread):
+    """Runs the work the stream's thread queues, in order, in the destination's transaction:
+    ("apply", COPY data, targets, rows), ("sql", statement, parameters), ("commit", lsn). After
+    a commit, `committed_lsn` is the source position the destination now holds everything
+    before: the only position ever confirmed to the slot."""
+
+    def __init__(self, destination):
+        super().__init__(daemon=True)
+        self.conn = destination.conn
+        self.work = queue.Queue(maxsize=4)  # bounds memory: the stream waits on a slow destination
+        self.committed_lsn = 0
+        self.rows_applied = self.commits = 0
+        self.failure = None
+
+    def run(self):
+        try:
+            while True:
+                item = self.work.get()
+                with self.conn.cursor() as cur:
+                    if item[0] == "apply":
+                        _, data, targets, rows = item
+                        cur.copy_expert("COPY pg_backfill_apply_stage FROM STDIN", io.BytesIO(data))
+                        for target in targets:
+                            cur.execute(target.apply)
+                        cur.execute("DELETE FROM pg_backfill_apply_stage")
+                        self.rows_applied += rows
+                    elif item[0] == "sql":
+                        cur.execute(item[1], item[2])
+                    else:
+                        self.conn.commit()
+                        self.commits += 1
+                        self.committed_lsn = item[1]
+                self.work.task_done()
+        except BaseException as e:  # the stream's thread raises it
+            self.failure = e
+
+    def idle(self):
+        return self.work.unfinished_tasks == 0
 
 
 # --- the stream ---
@@ -222,20 +293,22 @@ class Applier:
         # Every table of the publication must exist at the destination before anything is applied.
         for schema, name in self.published():
             self.destination.target(schema, name)
-        self.destination.conn.commit()
+        self.applier = ApplyThread(self.destination)
+        self.applier.start()
         self.relations = {}  # pgoutput relation id -> Relation
-        self.staged = []  # COPY lines for pg_backfill_apply_stage
+        self.staged = []  # COPY lines for pg_backfill_apply_stage: the segment being collected
         self.staged_rows = 0
-        self.uncommitted_rows = 0  # staged or applied since the destination's last commit
-        self.batch_started = None
         self.touched = set()  # Targets with staged operations
+        self.uncommitted_rows = 0  # rows queued since the last commit
+        self.queued_since_commit = False
+        self.batch_started = None
         self.seq = 0
         self.xid = None
         self.in_transaction = False
-        self.dest_open = False  # the destination transaction has applied something not yet committed
-        self.pending_lsn = 0  # end of the last source transaction applied, not yet committed
+        self.pending_lsn = 0  # end of the last source transaction received whole
+        self.handed_lsn = 0  # the position of the last commit queued
         self.confirmed_lsn = 0
-        self.rows_applied = self.transactions = self.batches = 0
+        self.transactions = 0
         self.started = time.monotonic()
         self.progress_at = self.started + args.progress
 
@@ -273,7 +346,7 @@ class Applier:
             except psycopg2.errors.InsufficientPrivilege:
                 raise UserError("the source role may not read backfill.message_key, which checking the messages needs: "
                                 "see the consumer grants in docs/security.md") from None
-            self.keys = {i: bytes(k) for i, k in cur.fetchall()}
+            self.keys = {str(i).encode(): bytes(k) for i, k in cur.fetchall()}  # by key id as the tag writes it
 
     def genuine(self, content: bytes) -> bool:
         """docs/consumers.md's check: HMAC-SHA256 keyed with the key the tag names, over "<xid>:"
@@ -282,59 +355,91 @@ class Applier:
         if at < 0 or not content.endswith(b'"}'):
             return False
         key_id, _, tag = content[at + 9:-2].partition(b":")
-        if not key_id.isdigit():
-            return False
-        if int(key_id) not in self.keys:
+        key = self.keys.get(key_id)
+        if key is None:
             self.load_keys()  # a key made by a rotation since the last load
-        key = self.keys.get(int(key_id))
-        signed = str(self.xid).encode() + b":" + content[:at] + b"}"
-        return key is not None and hmac.compare_digest(hmac.new(key, signed, hashlib.sha256).hexdigest().encode(), tag)
+            key = self.keys.get(key_id)
+        if key is None or len(tag) != 64:
+            return False
+        signed = b"%d:%s}" % (self.xid, content[:at])
+        return hmac.compare_digest(hmac.digest(key, signed, "sha256").hex().encode(), tag)
 
-    # -- staging --
+    # -- staging and handing over --
 
     def stage(self, target: Target, op: str, doc, rows=1):
-        """One operation in stream order: op 'u' upsert (doc: the row), 'd' delete (doc: the key),
-        'b' a `reads` batch (doc: the message, its rows upserted in order). doc: str or bytes."""
+        """One operation in stream order. op 'u': upsert the row doc; 'd': delete the key doc;
+        'r': a `read` message (its data upserted); 'a': an `absent` message (its key deleted);
+        'b': a `reads` message (its rows' data upserted in order). doc: str or bytes."""
         if isinstance(doc, str):
             doc = doc.encode()
         # COPY text format: backslash, newline, carriage return and tab escaped.
-        doc = doc.replace(b"\\", b"\\\\").replace(b"\n", b"\\n").replace(b"\r", b"\\r").replace(b"\t", b"\\t")
+        if b"\\" in doc:
+            doc = doc.replace(b"\\", b"\\\\")
+        if b"\n" in doc or b"\r" in doc or b"\t" in doc:
+            doc = doc.replace(b"\n", b"\\n").replace(b"\r", b"\\r").replace(b"\t", b"\\t")
         self.seq += 1
         self.staged.append(b"%d\t%d\t%s\t%s\n" % (target.number, self.seq, op.encode(), doc))
         self.staged_rows += rows
         self.uncommitted_rows += rows
         self.touched.add(target)
         if self.staged_rows >= self.args.batch_rows:
-            self.apply_staged()  # bounds memory within a large source transaction
+            self.hand_over_staged()  # bounds memory within a large source transaction
 
-    def apply_staged(self):
-        """Applies the staged operations within the open destination transaction (not committed)."""
+    def hand(self, item):
+        """Queues work for the apply thread (waiting while its queue is full)."""
+        while True:
+            self.check_applier()
+            try:
+                self.applier.work.put(item, timeout=1)
+                return
+            except queue.Full:
+                continue
+
+    def check_applier(self):
+        if self.applier.failure is not None:
+            raise self.applier.failure
+
+    def hand_over_staged(self):
+        """The segment collected so far, to be applied in the open destination transaction."""
         if not self.staged:
             return
-        with self.destination.conn.cursor() as cur:
-            cur.copy_expert("COPY pg_backfill_apply_stage FROM STDIN", io.BytesIO(b"".join(self.staged)))
-            for target in sorted(self.touched, key=lambda t: t.number):
-                cur.execute(target.apply)
-            cur.execute("DELETE FROM pg_backfill_apply_stage")
-        self.rows_applied += self.staged_rows
+        self.hand(("apply", b"".join(self.staged), sorted(self.touched, key=lambda t: t.number), self.staged_rows))
         self.staged, self.staged_rows, self.touched = [], 0, set()
-        self.dest_open = True
+        self.queued_since_commit = True
 
-    def commit(self, cursor):
-        """Commits the destination, then, and only then, confirms the source's position."""
-        self.apply_staged()
-        if self.dest_open:
-            self.destination.conn.commit()
-            self.dest_open = False
-            self.batches += 1
+    def hand_sql(self, statement, parameters=None):
+        """A statement in its place in the stream: what was staged before it is applied first."""
+        self.hand_over_staged()
+        self.hand(("sql", statement, parameters))
+        self.queued_since_commit = True
+
+    def commit(self):
+        """Queues the destination's commit of everything received up to the last whole source
+        transaction; the slot is confirmed once the apply thread has committed it (confirm())."""
+        self.hand_over_staged()
+        if self.queued_since_commit or self.pending_lsn > self.handed_lsn:
+            self.hand(("commit", self.pending_lsn))
+            self.handed_lsn = self.pending_lsn
+            self.queued_since_commit = False
         self.uncommitted_rows, self.batch_started = 0, None
-        if self.pending_lsn > self.confirmed_lsn:
-            self.confirmed_lsn = self.pending_lsn
-            cursor.send_feedback(flush_lsn=self.confirmed_lsn, force=True)
+
+    def confirm(self, cursor):
+        """Confirms to the slot what the destination has committed, and only that."""
+        self.check_applier()
+        committed = self.applier.committed_lsn
+        if committed > self.confirmed_lsn:
+            self.confirmed_lsn = committed
+            cursor.send_feedback(flush_lsn=committed, force=True)
 
     # -- messages --
 
-    def handle(self, payload: bytes, cursor):
+    def handle(self, payload: bytes):
+        if payload[0] == 0x4D:  # 'M', a logical decoding message: most of a backfill, so first
+            # flags (1), lsn (8), prefix (NUL-terminated), length (4), content
+            end = payload.index(b"\0", 10)
+            if payload[1] & 1 and payload[10:end] == PREFIX_BYTES:
+                self.backfill_message(payload[end + 5:])
+            return
         kind = payload[0:1]
         r = Reader(payload)
         if kind == b"B":
@@ -390,81 +495,64 @@ class Applier:
             targets = [self.relations[r.int(4)].target for _ in range(count)]
             targets = [t for t in targets if t]
             if targets:
-                self.apply_staged()  # what came before the truncate first
-                with self.destination.conn.cursor() as cur:
-                    cur.execute(sql.SQL("TRUNCATE {}{}{}").format(
-                        sql.SQL(", ").join(t.table for t in targets),
-                        sql.SQL(" RESTART IDENTITY" if options & 2 else ""), sql.SQL(" CASCADE" if options & 1 else "")))
-                self.dest_open = True
-        elif kind == b"M":
-            flags = r.int(1)
-            r.int(8)
-            prefix = r.string()
-            content = r.bytes(r.int(4))
-            if prefix == PREFIX and flags & 1:
-                self.backfill_message(content)
+                self.hand_sql(sql.SQL("TRUNCATE {}{}{}").format(
+                    sql.SQL(", ").join(t.table for t in targets),
+                    sql.SQL(" RESTART IDENTITY" if options & 2 else ""), sql.SQL(" CASCADE" if options & 1 else "")))
 
     def key_of(self, relation, values):
         index = {c: i for i, c in enumerate(relation.columns)}
         return tuple(values[index[c]] for c in relation.target.key)
 
     def patch(self, relation, new):
-        """An update that left TOASTed values out (unchanged): the columns it has, by key, in its
-        place in the stream (what is staged before it is applied first)."""
-        self.apply_staged()
+        """An update that left TOASTed values out (unchanged): the columns it has, by key."""
         target = relation.target
         present = [c for c, v in zip(relation.columns, new) if v is not UNCHANGED and c in target.columns]
-        with self.destination.conn.cursor() as cur:
-            cur.execute(sql.SQL("UPDATE {t} AS d SET {sets} FROM json_populate_record(NULL::{t}, %s) AS r WHERE {match}").format(
-                t=target.table,
-                sets=sql.SQL(", ").join(sql.SQL("{c} = r.{c}").format(c=sql.Identifier(c)) for c in present),
-                match=sql.SQL(" AND ").join(sql.SQL("d.{c} = r.{c}").format(c=sql.Identifier(c)) for c in target.key)),
-                [relation.as_json(new)])
-        self.rows_applied += 1
+        self.hand_sql(sql.SQL("UPDATE {t} AS d SET {sets} FROM json_populate_record(NULL::{t}, %s) AS r WHERE {match}").format(
+            t=target.table,
+            sets=sql.SQL(", ").join(sql.SQL("{c} = r.{c}").format(c=sql.Identifier(c)) for c in present),
+            match=sql.SQL(" AND ").join(sql.SQL("d.{c} = r.{c}").format(c=sql.Identifier(c)) for c in target.key)),
+            [relation.as_json(new)])
         self.uncommitted_rows += 1
-        self.dest_open = True
 
     def backfill_message(self, content: bytes):
         if not self.genuine(content):
             raise Forged(f"a pg_backfill message in transaction {self.xid} failed its authentication check "
                          f"(forged, altered, or signed with a key the source no longer has): refused, nothing after "
                          f"it applied. Its start: {content[:200]!r}")
-        message = json.loads(content)
+        message = envelope(content)
         if message.get("slot", self.args.slot) != self.args.slot:
             return  # a backfill bound to another slot: its consumer applies it
         op = message["op"]
         if op in ("read", "reads", "absent"):
+            # The message as it is: the destination takes the row (its data), the rows, or the
+            # key from it.
             target = self.destination.target(message["schema"], message["table"])
-            if op == "read":
-                self.stage(target, "u", json.dumps(message["data"]))
-            elif op == "reads":
-                # The message as it is: the destination takes each row's data from it, in order.
-                self.stage(target, "b", content, rows=len(message["rows"]))
+            if op == "reads":
+                # (The rows' count, for the batch's size only: a "key" object nested in a json value
+                # may count too.)
+                self.stage(target, "b", content, rows=content.count(b'{"key":'))
             else:
-                self.stage(target, "d", json.dumps(message["key"]))
+                self.stage(target, "r" if op == "read" else "a", content)
         elif op == "table_start":
             self.destination.target(message["schema"], message["table"])
             self.say(f"backfill {message['backfill_id']}: {message['schema']}.{message['table']} started "
                      f"(about {message.get('rows_estimated')} rows)")
         elif op == "table_end":
-            self.sequences(message.get("sequences") or [])
+            for s in message.get("sequences") or []:
+                if s.get("next_value") is not None:
+                    self.sequence(s["sequence"], s["next_value"])
             self.say(f"backfill {message['backfill_id']}: {message['schema']}.{message['table']} read whole "
                      f"({message['rows']} rows)")
 
-    def sequences(self, sequences):
-        """A table's owned sequences at the end of its scan: the destination's same-named
-        sequence is moved forward to the source's next value (never back), so that ids the
-        destination issues after a cutover do not collide with the source's."""
-        with self.destination.conn.cursor() as cur:
-            for s in sequences:
-                if s.get("next_value") is None:
-                    continue
-                cur.execute("""SELECT setval(r, %(next)s, false)
-                                 FROM to_regclass(%(name)s) AS r JOIN pg_sequence q ON q.seqrelid = r
-                                WHERE q.seqincrement > 0
-                                  AND coalesce(pg_sequence_last_value(r) + q.seqincrement, q.seqstart) < %(next)s""",
-                            {"next": s["next_value"], "name": s["sequence"]})
-        self.dest_open = True
+    def sequence(self, name, next_value):
+        """A sequence a table's columns own, at the end of the table's scan: the destination's
+        same-named sequence is moved forward to the source's next value (never back), so that
+        ids the destination issues after a cutover do not collide with the source's."""
+        self.hand_sql("""SELECT setval(r, %(next)s, false)
+                           FROM to_regclass(%(name)s) AS r JOIN pg_sequence q ON q.seqrelid = r
+                          WHERE q.seqincrement > 0
+                            AND coalesce(pg_sequence_last_value(r) + q.seqincrement, q.seqstart) < %(next)s""",
+                      {"next": next_value, "name": name})
 
     def say(self, line):
         print(f"pg_backfill_apply: {line}", file=sys.stderr, flush=True)
@@ -474,9 +562,9 @@ class Applier:
         if not force and now < self.progress_at:
             return
         self.progress_at = now + self.args.progress
-        lsn = self.confirmed_lsn
-        self.say(f"{self.rows_applied} rows applied from {self.transactions} transactions in {self.batches} commits, "
-                 f"confirmed {lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}, {self.rows_applied / max(now - self.started, 1e-9):.0f} rows/s")
+        lsn, rows = self.confirmed_lsn, self.applier.rows_applied
+        self.say(f"{rows} rows applied from {self.transactions} transactions in {self.applier.commits} commits, "
+                 f"confirmed {lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}, {rows / max(now - self.started, 1e-9):.0f} rows/s")
 
     # -- the loop --
 
@@ -494,26 +582,30 @@ class Applier:
         while True:
             msg = cur.read_message()
             if msg is not None:
-                self.handle(msg.payload, cur)
+                self.handle(msg.payload)
                 if self.batch_started is None:
                     self.batch_started = time.monotonic()
                 # Between two source transactions, commit when the batch is full or old enough.
                 if not self.in_transaction and (
                         self.uncommitted_rows >= self.args.batch_rows
                         or time.monotonic() - self.batch_started >= self.args.batch_seconds):
-                    self.commit(cur)
+                    self.commit()
+                self.confirm(cur)
                 continue
             # Nothing more to read right now: apply and confirm what is complete, so that a
             # backfill bound to the slot, which waits on the slot's confirmation, goes on.
             if not self.in_transaction:
-                self.commit(cur)
-                # Idle and all applied: the server's position may be confirmed too (transactions
-                # the publication does not concern are not sent, only this position).
-                if not self.dest_open and not self.staged and cur.wal_end > self.confirmed_lsn:
-                    self.confirmed_lsn = cur.wal_end
-                    cur.send_feedback(flush_lsn=self.confirmed_lsn)
+                self.commit()
+            self.confirm(cur)
+            if (not self.in_transaction and self.applier.idle() and self.confirmed_lsn == self.handed_lsn
+                    and cur.wal_end > self.confirmed_lsn):
+                # Idle and everything received committed: the server's position may be confirmed
+                # too (transactions the publication does not concern are not sent, only this position).
+                self.confirmed_lsn = self.handed_lsn = cur.wal_end
+                cur.send_feedback(flush_lsn=self.confirmed_lsn)
             self.progress()
-            select.select([cur], [], [], 1.0)
+            # (Briefly while the apply thread has work: its commit is to be confirmed soon.)
+            select.select([cur], [], [], 1.0 if self.applier.idle() else 0.01)
 
 
 class Forged(Exception):
