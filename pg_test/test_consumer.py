@@ -225,6 +225,41 @@ def test_help_and_the_errors_a_user_can_make(cluster, db, scratch_database):
           "replication slot 'other' uses test_decoding")
 
 
+def test_a_per_row_backfill_and_live_writes_end_in_an_equal_copy(cluster, db, scratch_database):
+    """One `read` per row (the rehearsal below sends `reads` batches), into a database of the same
+    cluster; then the consumer stopped (SIGTERM) and started again, which applies nothing twice
+    that matters."""
+    source = db.info.dbname
+    make_source(db)
+    destination = scratch_database("consumer_per_row_dest")
+    copy_schema(cluster, source, cluster, destination)
+    with cluster.connect(destination) as dest:
+        dest.execute("CREATE EXTENSION pg_backfill")
+    link_destination(db, cluster, destination)
+    db.execute("CREATE PUBLICATION migrate FOR TABLE items, notes")
+    db.execute("SELECT pg_create_logical_replication_slot('migrate', 'pgoutput')")
+    consumer = Consumer(consumer_command(dsn(cluster, source), dsn(cluster, destination)))
+    try:
+        with Writers(cluster, source) as writers:
+            backfill_id = db.execute(
+                "SELECT backfill_start(publication => 'migrate', slot => 'migrate', confirm => true,"
+                " batch_size => 500, rows_per_second => 2000)").fetchone()[0]
+            wait_for(lambda: status(db, backfill_id, "rows_done") >= 3000 and writers.ops > 500, timeout=120,
+                     what="3,000 rows backfilled and 500 writes")
+            consumer.process.terminate()  # (its supervisor starts it again)
+            db.execute("SELECT backfill_set(%s, rows_per_second => 50000)", [backfill_id])
+            wait_for(lambda: status(db, backfill_id, "state") != "running", timeout=120, what="the backfill to end")
+        assert writers.errors == [] and status(db, backfill_id, "state") == "done"
+        with Heartbeat(cluster, source):
+            for table in ("items", "notes"):
+                assert db.execute(f"SELECT * FROM backfill_compare('{table}', 'dest.{table}')").fetchall() == [], \
+                    consumer.output()[-3000:]
+                assert rows_of(db, table) == rows_of(db, f"dest.{table}")
+        assert consumer.starts >= 2 and "public.items read whole" in consumer.output(), consumer.output()
+    finally:
+        consumer.stop()
+
+
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_migration_rehearsal_with_kills_ends_in_an_exact_copy(cluster, scratch_database):
