@@ -580,7 +580,11 @@ class Applier:
             raise UserError(f"replication slot {self.args.slot!r} is in use by another consumer") from None
         self.say(f"streaming slot {self.args.slot} (publication {self.args.publication}) into the destination")
         while True:
-            msg = cur.read_message()
+            try:
+                msg = cur.read_message()
+            except psycopg2.Error as e:
+                raise StreamLost(f"the source's replication stream broke off ({str(e).strip()}): started again, "
+                                 f"this consumer resumes from the slot's confirmed position") from None
             if msg is not None:
                 self.handle(msg.payload)
                 if self.batch_started is None:
@@ -609,6 +613,10 @@ class Applier:
 
 
 class Forged(Exception):
+    pass
+
+
+class StreamLost(Exception):
     pass
 
 
@@ -650,6 +658,9 @@ def main():
         if applier:
             applier.progress(force=True)
         return 130
+    except StreamLost as e:
+        print(f"pg_backfill_apply: error: {e}", file=sys.stderr)
+        return 1
     except psycopg2.Error as e:
         # A server's error (a constraint, a lost connection): nothing after the last confirmed
         # position is lost, the slot sends it again on the next start.
