@@ -292,7 +292,12 @@ class Applier:
         self.destination = Destination(args.destination)
         # Every table of the publication must exist at the destination before anything is applied.
         for schema, name in self.published():
-            self.destination.target(schema, name)
+            target = self.destination.target(schema, name)
+            # (json_populate_record would drop a column the destination lacks without a word.)
+            missing = [c for c in self.source_columns(schema, name) if c not in target.columns]
+            if missing:
+                raise UserError(f"table {target} at the destination has no column {', '.join(missing)}, "
+                                f"which the source's has: add it there")
         self.applier = ApplyThread(self.destination)
         self.applier.start()
         self.relations = {}  # pgoutput relation id -> Relation
@@ -338,6 +343,13 @@ class Applier:
             cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
                         [self.args.publication])
             return cur.fetchall()
+
+    def source_columns(self, schema, name):
+        with self.source.cursor() as cur:
+            cur.execute("""SELECT attname FROM pg_attribute
+                            WHERE attrelid = format('%%I.%%I', %s::text, %s::text)::regclass
+                              AND attnum > 0 AND NOT attisdropped AND attgenerated = ''""", [schema, name])
+            return [c for c, in cur.fetchall()]
 
     def load_keys(self):
         with self.source.cursor() as cur:

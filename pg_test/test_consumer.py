@@ -200,6 +200,8 @@ def test_help_and_the_errors_a_user_can_make(cluster, db, scratch_database):
     destination = scratch_database("consumer_errors_dest")
     db.execute(SCHEMA + "CREATE PUBLICATION migrate FOR TABLE items, notes")
     db.execute("SELECT pg_create_logical_replication_slot('migrate', 'pgoutput')")
+    with cluster.connect(destination) as conn:
+        conn.execute(SCHEMA.split(";")[1])  # notes: items is the table the errors name
 
     def fails(result, *words):
         assert result.returncode == 2, result
@@ -220,6 +222,10 @@ def test_help_and_the_errors_a_user_can_make(cluster, db, scratch_database):
         conn.execute("CREATE TABLE items (id bigint, v int, payload text)")
     fails(run_consumer_once(dsn(cluster, source), dsn(cluster, destination)),
           "table public.items at the destination has no primary key")
+    with cluster.connect(destination) as conn:
+        conn.execute("ALTER TABLE items ADD PRIMARY KEY (id), DROP COLUMN payload")
+    fails(run_consumer_once(dsn(cluster, source), dsn(cluster, destination)),
+          "table public.items at the destination has no column payload")
     db.execute("SELECT pg_create_logical_replication_slot('other', 'test_decoding')")
     fails(run_consumer_once(dsn(cluster, source), dsn(cluster, destination), slot="other"),
           "replication slot 'other' uses test_decoding")
