@@ -19,7 +19,8 @@ It applies in batches: the rows of many source transactions are copied (COPY) in
 staging table of the destination, then each table gets one DELETE and one INSERT ... ON
 CONFLICT of the last state of each key in the batch. Only the last operation on a key within a
 batch matters, and the keys deleted and the keys upserted are then disjoint, so the two
-statements need no order between them: stream order per key is kept.
+statements need no order between them: stream order per key is kept. The destination's work runs
+in a thread of its own, so that the stream is read meanwhile.
 
 The destination must have the tables, with the source's columns and a primary key (pg_dump
 --schema-only of the source, for example). The source's slot must use pgoutput.

@@ -226,6 +226,18 @@ def test_help_and_the_errors_a_user_can_make(cluster, db, scratch_database):
         conn.execute("ALTER TABLE items ADD PRIMARY KEY (id), DROP COLUMN payload")
     fails(run_consumer_once(dsn(cluster, source), dsn(cluster, destination)),
           "table public.items at the destination has no column payload")
+    # A message with pg_backfill's prefix and a tag that does not verify: refused, status 3,
+    # nothing after it applied.
+    with cluster.connect(destination) as conn:
+        conn.execute("ALTER TABLE items ADD COLUMN payload text NOT NULL")
+    db.execute("""SELECT pg_logical_emit_message(true, 'backfill', '{"op":"read","backfill_id":1,"schema":"public",'
+                  '"table":"items","key":{"id":1},"data":{"id":1,"v":0,"payload":"forged"},"commit_lsn":"0/0",'
+                  '"auth":"1:' || repeat('0', 64) || '"}')""")
+    db.execute("INSERT INTO items VALUES (2, 0, 'after the forged message')")
+    forged = run_consumer_once(dsn(cluster, source), dsn(cluster, destination))
+    assert forged.returncode == 3 and "failed its authentication check" in forged.stderr, forged
+    with cluster.connect(destination) as conn:
+        assert conn.execute("SELECT count(*) FROM items").fetchone()[0] == 0
     db.execute("SELECT pg_create_logical_replication_slot('other', 'test_decoding')")
     fails(run_consumer_once(dsn(cluster, source), dsn(cluster, destination), slot="other"),
           "replication slot 'other' uses test_decoding")
