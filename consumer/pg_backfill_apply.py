@@ -72,11 +72,6 @@ class Reader:
         self.at = end + 1
         return value
 
-    def bytes(self, size: int) -> bytes:
-        value = self.data[self.at:self.at + size]
-        self.at += size
-        return value
-
     def tuple(self):
         """TupleData: one entry per column, the value's text, None for NULL, or UNCHANGED for an
         unchanged TOASTed value (an update that did not touch it does not send it)."""
@@ -85,7 +80,9 @@ class Reader:
             kind = self.data[self.at]
             self.at += 1
             if kind == 0x74:  # 't'
-                values.append(self.bytes(self.int(4)).decode())
+                size = self.int(4)
+                values.append(self.data[self.at:self.at + size].decode())
+                self.at += size
             elif kind == 0x6E:  # 'n'
                 values.append(None)
             elif kind == 0x75:  # 'u'
