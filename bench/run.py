@@ -500,6 +500,59 @@ class Receiver:
             self.process.wait()
 
 
+APPLIER = ROOT / "consumer" / "pg_backfill_apply.py"
+APPLY_DB = "e2e_apply"
+
+
+class Applier:
+    """The reference consumer (consumer/pg_backfill_apply.py) applying the slot's stream to a
+    database of the same cluster, as tablesync applies into one: the destination's tables (the
+    publication's) made first, then the consumer started, neither timed."""
+
+    def __init__(self, conn, slot, publication, table):
+        conn.execute(f"DROP DATABASE IF EXISTS {APPLY_DB}")
+        conn.execute(f"CREATE DATABASE {APPLY_DB}")
+        with connect(dbname=APPLY_DB) as target:
+            # (The publication's two tables: the one backfilled, and the ordinary changes' copy.)
+            target.execute(TABLE_DDL[table])
+            target.execute(TABLE_DDL[table].replace(table, f"{table}_changes", 1))
+        command = [sys.executable, str(APPLIER), "--source", f"host=127.0.0.1 port={PORT} user=postgres dbname=postgres",
+                   "--slot", slot, "--publication", publication,
+                   "--destination", f"host=127.0.0.1 port={PORT} user=postgres dbname={APPLY_DB}", "--progress", "3600"]
+        if PROFILE_DIR:
+            # One profile per run (cProfile), for `python3 -m pstats`: where the consumer's time goes.
+            PROFILE_DIR.mkdir(parents=True, exist_ok=True)
+            command[1:1] = ["-m", "cProfile", "-o", str(PROFILE_DIR / f"{slot}-{time.time():.0f}.prof")]
+        self.conn, self.process = conn, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            _, err = self.process.communicate()
+        if "error" in err:
+            print(err, file=sys.stderr)
+        self.conn.execute(f"DROP DATABASE {APPLY_DB} WITH (FORCE)")
+
+
+PROFILE_DIR = None  # --profile-consumer
+
+
+def confirmed_past(conn, slot, lsn, started, timeout=900):
+    """Seconds from `started` until the slot's consumer has confirmed `lsn`: the reference consumer
+    confirms a position only once the destination has committed everything before it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = conn.execute("SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                           [lsn, slot]).fetchone()
+        if row and row[0]:
+            return time.perf_counter() - started
+        time.sleep(0.005)
+    raise RuntimeError(f"slot {slot} never confirmed {lsn}")
+
+
 def sent_past(conn, slot, lsn, started, timeout=900):
     """Seconds from `started` until the slot's walsender has sent everything up to `lsn` (its
     sent_lsn, polled every 5 ms: a logical walsender sends a transaction as it decodes its
@@ -528,11 +581,12 @@ def spilled(conn, slot):
                             [slot]).fetchone()[0] or 0)
 
 
-def e2e_backfill(rows_per_message, batch_size=1000, pipeline=False):
+def e2e_backfill(rows_per_message, batch_size=1000, pipeline=False, applied=False):
     """pg_backfill until every row is delivered: from backfill_start to the walsender having sent
     the last page's transaction. A pipeline's backfill names the consumer's slot and publication,
     as the README's worked example does: it waits on the consumer's feedback, and each page checks
-    the publication still holds the table."""
+    the publication still holds the table. `applied`: until the reference consumer has committed
+    every row at the destination (and confirmed it), and the destination holds them all."""
     def run(conn, table, slot):
         started = time.perf_counter()
         bound = ", slot => %s, publication => 'e2e_pub'" if pipeline else ""
@@ -542,7 +596,14 @@ def e2e_backfill(rows_per_message, batch_size=1000, pipeline=False):
         while conn.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill_id]).fetchone()[0] == "running":
             time.sleep(0.005)
         source_seconds = time.perf_counter() - started
-        return sent_past(conn, slot, flushed_lsn(conn), started), source_seconds
+        if not applied:
+            return sent_past(conn, slot, flushed_lsn(conn), started), source_seconds
+        seconds = confirmed_past(conn, slot, flushed_lsn(conn), started)
+        with connect(dbname=APPLY_DB) as target:
+            held, expected = target.execute(f"SELECT count(*) FROM {table}").fetchone()[0], int(table.rsplit("_", 1)[1])
+        if held != expected:
+            raise RuntimeError(f"the destination holds {held} rows of {table}, not {expected}")
+        return seconds, source_seconds
     return run
 
 
@@ -592,10 +653,12 @@ def end_to_end(servers, shapes, sizes, repeat, batched, only_methods=None):
     `servers`: {name: (port, connection)}, one cluster, or two (--versus: two builds of
     pg_backfill, each in its own installation): each method runs on each in turn, every round."""
     global PORT
-    methods = {"per-row, delivered": e2e_backfill(1), "pipeline per-row": e2e_backfill(1, pipeline=True)}
+    methods = {"per-row, delivered": e2e_backfill(1), "pipeline per-row": e2e_backfill(1, pipeline=True),
+               "pipeline per-row, applied": e2e_backfill(1, pipeline=True, applied=True)}
     for n in batched:
         methods[f"batched {n}, delivered"] = e2e_backfill(n)
         methods[f"pipeline batched {n}"] = e2e_backfill(n, pipeline=True)
+        methods[f"pipeline batched {n}, applied"] = e2e_backfill(n, pipeline=True, applied=True)
     methods["ordinary changes"] = e2e_changes
     methods["tablesync, ready"] = e2e_tablesync
     if only_methods:
@@ -630,7 +693,8 @@ def end_to_end(servers, shapes, sizes, repeat, batched, only_methods=None):
                     receiver = None
                     if method != "tablesync, ready":
                         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
-                        receiver = Receiver(slot, "e2e_pub")
+                        receiver = (Applier(conn, slot, "e2e_pub", table)
+                                    if method.endswith(", applied") else Receiver(slot, "e2e_pub"))
                         while not conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
                                                [slot]).fetchone()[0]:
                             time.sleep(0.01)
@@ -942,6 +1006,9 @@ def main():
     parser.add_argument("--e2e-methods", default="",
                         help="only these methods of --end-to-end, as printed, separated by ';' (some names hold a comma), "
                              "e.g. 'pipeline batched 1000;tablesync, ready'")
+    parser.add_argument("--profile-consumer", default="", metavar="DIR",
+                        help="with --end-to-end: run the reference consumer of the ', applied' methods under cProfile, "
+                             "one profile per run in DIR (python3 -m pstats DIR/FILE)")
     parser.add_argument("--versus", default="",
                         help="with --end-to-end: the bin directory of another installation of the same major, with another "
                              "build of pg_backfill installed (scripts/lib/install.sh with BACKFILL_PG_BIN): each method "
@@ -952,6 +1019,8 @@ def main():
                         help="only the source's cost on quiet frozen tables (lock modes, batches), and writers' p99 latency "
                              "per lock mode; at least 7 rounds")
     args = parser.parse_args()
+    global PROFILE_DIR
+    PROFILE_DIR = Path(args.profile_consumer).resolve() if args.profile_consumer else None
     if (args.source_cost or args.checksum) and args.repeat < 7:
         # Steady figures: best and median of at least 7 interleaved rounds (issue 25).
         args.repeat = 7
