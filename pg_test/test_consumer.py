@@ -130,28 +130,6 @@ class Writers:
                 conn.execute("UPDATE items SET v = v + 1 WHERE id = %s", [some_item])
 
 
-class Heartbeat:
-    """A commit every 50 ms, to a table outside the publication."""
-
-    def __init__(self, cluster, dbname):
-        self.conn = cluster.connect(dbname)
-        self.conn.execute("CREATE TABLE IF NOT EXISTS heartbeat (at timestamptz)")
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run)
-
-    def run(self):
-        while not self.stop.wait(0.05):
-            self.conn.execute("INSERT INTO heartbeat VALUES (now())")
-
-    def __enter__(self):
-        self.thread.start()
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-        self.conn.close()
-
-
 SCHEMA = """
     CREATE TABLE items (id bigint PRIMARY KEY, v int NOT NULL DEFAULT 0, payload text NOT NULL);
     CREATE TABLE notes (id serial PRIMARY KEY, n int NOT NULL, body text NOT NULL);
@@ -267,11 +245,10 @@ def test_a_per_row_backfill_and_live_writes_end_in_an_equal_copy(cluster, db, sc
             db.execute("SELECT backfill_set(%s, rows_per_second => 50000)", [backfill_id])
             wait_for(lambda: status(db, backfill_id, "state") != "running", timeout=120, what="the backfill to end")
         assert writers.errors == [] and status(db, backfill_id, "state") == "done"
-        with Heartbeat(cluster, source):
-            for table in ("items", "notes"):
-                assert db.execute(f"SELECT * FROM backfill_compare('{table}', 'dest.{table}')").fetchall() == [], \
-                    consumer.output()[-3000:]
-                assert rows_of(db, table) == rows_of(db, f"dest.{table}")
+        for table in ("items", "notes"):
+            assert db.execute(f"SELECT * FROM backfill_compare('{table}', 'dest.{table}')").fetchall() == [], \
+                consumer.output()[-3000:]
+            assert rows_of(db, table) == rows_of(db, f"dest.{table}")
         assert consumer.starts >= 2 and "public.items read whole" in consumer.output(), consumer.output()
     finally:
         consumer.stop()
@@ -332,15 +309,12 @@ def test_migration_rehearsal_with_kills_ends_in_an_exact_copy(cluster, scratch_d
         print(f"{writers.ops} writes ({writers.reconnects} reconnections), consumer started {consumer.starts} times")
 
         # The copy, judged once the consumer has applied and confirmed everything (backfill_compare
-        # waits on the backfill's slot before it reads the destination). The heartbeat: a live
-        # source's commits flush the WAL that the comparison's wait needs sent and confirmed; a
-        # source with no commit at all flushes it only every 15 s or so (the background writer).
-        with Heartbeat(source, "shop"):
-            for table in ("items", "notes"):
-                assert conn.execute(f"SELECT * FROM backfill_compare('{table}', 'dest.{table}')").fetchall() == [], \
-                    consumer.output()[-3000:]
-                assert conn.execute(f"SELECT backfill_repair('{table}', 'dest.{table}', confirm => true)").fetchone()[0] is None
-                assert rows_of(conn, table) == rows_of(conn, f"dest.{table}")
+        # waits on the backfill's slot before it reads the destination; the source is idle now).
+        for table in ("items", "notes"):
+            assert conn.execute(f"SELECT * FROM backfill_compare('{table}', 'dest.{table}')").fetchall() == [], \
+                consumer.output()[-3000:]
+            assert conn.execute(f"SELECT backfill_repair('{table}', 'dest.{table}', confirm => true)").fetchone()[0] is None
+            assert rows_of(conn, table) == rows_of(conn, f"dest.{table}")
         # The sequence: past every id the source handed out before the table's scan ended.
         with cluster.connect(destination) as dest:
             assert dest.execute("SELECT nextval('notes_id_seq')").fetchone()[0] > NOTES

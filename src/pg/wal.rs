@@ -15,3 +15,17 @@ pub fn flush_last_commit() {
         }
     }
 }
+
+/// Flushes the WAL inserted so far, on a primary: a walsender sends only flushed WAL, and on a
+/// source that commits nothing more the tail of it (a non-transactional record, an asynchronous
+/// commit's) may wait for the background writers, seconds (measured: a comparison bound to a
+/// slot waited 21 s on an idle source for what it took 1.9 s to see with commits going on).
+pub fn flush_inserted() {
+    // SAFETY: outside recovery, XLogFlush takes any position up to the WAL inserted, which
+    // GetXLogInsertRecPtr returns; RecoveryInProgress only reads shared state.
+    unsafe {
+        if !pg_sys::RecoveryInProgress() {
+            pg_sys::XLogFlush(pg_sys::GetXLogInsertRecPtr());
+        }
+    }
+}

@@ -211,6 +211,8 @@ impl StreamPosition {
             return StreamPosition::Spread(fan_out.stream_position(*relid));
         }
         let here = crate::pg::spi::select_one::<String>(INSERT_POSITION, &[]).or_internal("read the WAL position");
+        // Sent only once flushed: on an idle source nothing else may flush it for seconds.
+        crate::pg::wal::flush_inserted();
         StreamPosition::Here(here.unwrap_or_default())
     }
 
