@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections import Counter
 from contextlib import suppress
@@ -374,6 +375,25 @@ def doc_block(doc, name) -> str:
 def readme_grants(kind, role) -> str:
     """The ```sql block of docs/security.md after `<!-- {kind} grants: the tests run this block -->`, for `role`."""
     return re.sub(rf"\b{GRANT_BLOCKS[kind]}\b", role, doc_block(GRANTS_DOC, f"{kind} grants"))
+
+
+class Background:
+    """`count` threads, each running self.run(index, count), while a `with` block runs; at its end
+    self.stop is set and they are joined."""
+
+    def __init__(self, count):
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run, args=(w, count)) for w in range(count)]
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
 
 
 class Roles:

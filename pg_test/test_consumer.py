@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import PG_BIN, ROOT, extra_cluster, status, wait_for, worker_pid
+from conftest import PG_BIN, ROOT, Background, extra_cluster, status, wait_for, worker_pid
 
 CONSUMER = ROOT / "consumer" / "pg_backfill_apply.py"
 ITEMS = 20_000  # even ids 2..40000; the writers insert odd ids
@@ -74,26 +74,15 @@ class Consumer:
         return Path(self.log.name).read_text()
 
 
-class Writers:
+class Writers(Background):
     """pgbench-like application traffic on the source: updates, inserts, deletes and key changes
     of items, updates of notes that leave the TOASTed body alone. A writer whose connection the
     server drops (a crash restart) connects again."""
 
     def __init__(self, cluster, dbname, count=2):
+        super().__init__(count)
         self.cluster, self.dbname = cluster, dbname
-        self.stop = threading.Event()
         self.ops, self.reconnects, self.errors = 0, 0, []
-        self.threads = [threading.Thread(target=self.run, args=(w, count)) for w in range(count)]
-
-    def __enter__(self):
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join()
 
     def run(self, writer, writers):
         rng = random.Random(writer)

@@ -6,37 +6,25 @@ The same scenario with the row locks switched off (a test-only setting) must fai
 the test can catch the race the locks prevent."""
 
 import random
-import threading
 import time
 
 import pytest
 
-from conftest import as_reads, backfill_messages, wait_for, wait_until_ended, wal2json_changes
+from conftest import Background, as_reads, backfill_messages, wait_for, wait_until_ended, wal2json_changes
 
 ROWS = 30_000  # even ids 2..60000; writers insert odd ids, so no key is ever reused
 BATCH = 100
 WRITES = 1_000  # the writes a scenario waits for while its backfill runs
 
 
-class Writers:
+class Writers(Background):
     """Application traffic: updates (many just ahead of the backfill's cursor), inserts below and
     above the cursor, deletes, key changes, and two-row transactions in random order."""
 
     def __init__(self, cluster, dbname, backfill_id, count=2):
+        super().__init__(count)
         self.cluster, self.dbname, self.backfill_id = cluster, dbname, backfill_id
-        self.stop = threading.Event()
         self.errors, self.ops = [], 0
-        self.threads = [threading.Thread(target=self.run, args=(w, count)) for w in range(count)]
-
-    def __enter__(self):
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join()
 
     def run(self, writer, writers):
         rng = random.Random(writer)
