@@ -15,7 +15,7 @@
 # pg_config.h is written by configure for its machine (aarch64 has USE_ARMV8_CRC32C where x86_64
 # has USE_SSE42_CRC32C, no HAVE__GET_CPUID, ...), and the C shim of pgrx compiles its inline
 # functions. The server package comes too: package.sh checks the library's server symbols against
-# the arm64 postgres, and libc6 and libgcc-s1 for dpkg-shlibdeps (bookworm's: the cross compiler
+# the arm64 postgres, libicu-dev for the ICU headers the server's include, and libc6 and libgcc-s1 for dpkg-shlibdeps (bookworm's: the cross compiler
 # links against bookworm's C library, libc6-dev-arm64-cross). apt gets a sources directory, lists
 # and status of its own, under DIR/../apt: the system's apt state is left as it was.
 
@@ -96,7 +96,8 @@ arm64_sysroot() {
     local major=$1 dir=$2 suites server
     suites=$(arm64_suites_of "$major") || return 1
     arm64_log "Debian's arm64 packages of PostgreSQL $major ($suites) into $dir"
-    arm64_download "$suites" "$dir" "postgresql-server-dev-$major" "postgresql-$major" || return 1
+    # (libicu-dev: the server's headers include ICU's, as PostgreSQL is built with ICU.)
+    arm64_download "$suites" "$dir" "postgresql-server-dev-$major" "postgresql-$major" libicu-dev || return 1
     arm64_download bookworm "$dir" libc6 libgcc-s1 || return 1
     server=$dir/postgresql-server-dev-$major/usr/include/postgresql/$major/server
     [ -f "$server/pg_config.h" ] || { echo "arm64.sh: no $server/pg_config.h" >&2; return 1; }
@@ -114,7 +115,7 @@ case "\$1" in
     --pkglibdir) echo /usr/lib/postgresql/$major/lib ;;
     --sharedir) echo /usr/share/postgresql/$major ;;
     --bindir) echo /usr/lib/postgresql/$major/bin ;;
-    --cppflags) echo "-D_GNU_SOURCE" ;;
+    --cppflags) echo "-D_GNU_SOURCE -I$dir/libicu-dev/usr/include" ;;
     --configure | --cflags | --ldflags | --libs) echo "" ;;
     *) echo "pg_config (arm64 headers): \$1 is not known here" >&2; exit 1 ;;
 esac
