@@ -86,9 +86,14 @@ arm64_download() {
         rm -f "$dir/debs/${package}"_*.deb
         # (As root, apt downloads unsandboxed into a directory its _apt user cannot write: it says so.)
         (cd "$dir/debs" && apt-get "${apt[@]}" download -qq "$package:arm64" 2>&1 | grep -v 'unsandboxed as root' >&2 || true)
-        deb=$(ls "$dir/debs/${package}"_*_arm64.deb)
-        rm -rf "${dir:?}/$package"
-        dpkg-deb -R "$deb" "$dir/$package"
+        deb=$(ls "$dir/debs/${package}"_*_arm64.deb) || { echo "arm64.sh: apt did not download $package:arm64" >&2; return 1; }
+        # Unpacked again only when it is another version: new files under the same names would
+        # make cargo run pgrx's bindgen again (it watches the headers).
+        if [ "$(cat "$dir/$package.unpacked" 2>/dev/null)" != "${deb##*/}" ]; then
+            rm -rf "${dir:?}/$package"
+            dpkg-deb -R "$deb" "$dir/$package"
+            echo "${deb##*/}" >"$dir/$package.unpacked"
+        fi
     done
 }
 
@@ -115,6 +120,7 @@ case "\$1" in
     --pkglibdir) echo /usr/lib/postgresql/$major/lib ;;
     --sharedir) echo /usr/share/postgresql/$major ;;
     --bindir) echo /usr/lib/postgresql/$major/bin ;;
+    --libdir) echo "$dir/postgresql-$major/usr/lib/postgresql/$major/lib" ;;  # (a link search path only: nothing is linked from it)
     --cppflags) echo "-D_GNU_SOURCE -I$dir/libicu-dev/usr/include" ;;
     --configure | --cflags | --ldflags | --libs) echo "" ;;
     *) echo "pg_config (arm64 headers): \$1 is not known here" >&2; exit 1 ;;
