@@ -7,8 +7,9 @@ manifest, the config and the layers, each blob checked against its digest), star
 server with those two settings pointing into it and pg_backfill preloaded from it, CREATE EXTENSION,
 and backfill a table through a slot with every row read once. The server must have taken the
 extension's files from the image: this machine's PostgreSQL 18 may have pg_backfill installed too
-(the suite installs it), so the image's directories come first in both paths, and the test checks
-that the library the server mapped is the image's.
+(the suite installs it), so extension_control_path names the image's share/ alone, the image's lib/
+comes first in dynamic_library_path, and the test checks that the library the server mapped is the
+image's.
 
 Run by scripts/test_packages.sh (CI's package part). PostgreSQL 18 is BACKFILL_PG_BIN's when set
 (another installation of 18), else scripts/lib/pg_major.sh's; the port is BACKFILL_IMAGE_TEST_PORT's,
@@ -82,7 +83,9 @@ def test_the_image_unpacked_serves_a_backfill_to_postgresql_18_pointed_at_it(ima
     # The server runs as postgres: the image's files are read-only to it, as a mounted image's are.
     subprocess.run(["chmod", "-R", "a+rX", str(TEST_DIR)], check=True)
 
-    conf = (f"extension_control_path = '{mount}/share:$system'\n"
+    # The image's share/ alone (the operator puts it after $system): the control and SQL files
+    # can then only be the image's. Its lib/ before $libdir, and the library mapped checked below.
+    conf = (f"extension_control_path = '{mount}/share'\n"
             f"dynamic_library_path = '{mount}/lib:$libdir'\n"
             "shared_preload_libraries = 'pg_backfill'")
     env = {"PG_MAJOR": str(MAJOR), "IMAGE_CONF": conf}  # (in the environment: "$system" stays as it is)

@@ -180,7 +180,7 @@ CONTROL
 # cross_library MAJOR ARCH SYSROOT WORK LIBRARY: LIBRARY replaced by the library cross-compiled for
 # ARCH (arm64) against Debian's ARCH headers of MAJOR, unpacked into SYSROOT. The same release
 # build as `cargo pgrx package`'s (cargo's release profile, the pgMAJOR feature, no test hooks),
-# in a target directory of its own.
+# in a target directory of its own (target/ARCH-MAJOR).
 cross_library() {
     local major=$1 arch=$2 sysroot=$3 work=$4 library=$5 env
     [ "$arch" = arm64 ] || { echo "package.sh: no cross build known for $arch (arm64 only)" >&2; return 1; }
@@ -188,10 +188,11 @@ cross_library() {
     logged "$work/build.log" arm64_sysroot "$major" "$sysroot"
     log "cross-compiling the library for $arch against Debian's $arch headers of $("$sysroot/pg_config" --version)"
     mapfile -t env < <(arm64_cargo_env "$major" "$sysroot")
-    logged "$work/build.log" env "${env[@]}" CARGO_TARGET_DIR="$PWD/target/$ARM64_TARGET" \
+    # (A target directory for each major: each has its own headers, which pgrx's bindgen watches.)
+    logged "$work/build.log" env "${env[@]}" CARGO_TARGET_DIR="$PWD/target/$arch-$major" \
         cargo build --lib --release --target "$ARM64_TARGET" --no-default-features --features "pg$major"
     mkdir -p "$work/cross"
-    cp "target/$ARM64_TARGET/$ARM64_TARGET/release/libpg_backfill.so" "$work/cross/pg_backfill.so"
+    cp "target/$arch-$major/$ARM64_TARGET/release/libpg_backfill.so" "$work/cross/pg_backfill.so"
     # An aarch64 shared library, or the wrong one was taken.
     readelf -h "$work/cross/pg_backfill.so" | grep -q 'Machine: *AArch64' ||
         { echo "package.sh: $work/cross/pg_backfill.so is not an AArch64 library" >&2; return 1; }
@@ -217,12 +218,6 @@ image() {
     mkdir -p "$bundle/rootfs/lib" "$bundle/rootfs/share/extension"
     cp "$tree/usr/lib/postgresql/$major/lib/pg_backfill.so" "$bundle/rootfs/lib/"
     cp "$tree/usr/share/postgresql/$major/extension/"pg_backfill* "$bundle/rootfs/share/extension/"
-    # The library by its name alone, which PostgreSQL looks up in dynamic_library_path, where
-    # the operator lists the image's lib/: '$libdir/pg_backfill' would be looked for in the
-    # server's own library directory only, as PostgreSQL 18 leaves a $libdir/ prefix as it is.
-    sed -i "s|^module_pathname = '\$libdir/pg_backfill'$|module_pathname = 'pg_backfill'|" \
-        "$bundle/rootfs/share/extension/pg_backfill.control"
-    grep -qx "module_pathname = 'pg_backfill'" "$bundle/rootfs/share/extension/pg_backfill.control"
     # The licence, beside what the operator mounts.
     mkdir -p "$bundle/rootfs/licenses/pg_backfill"
     copyright >"$bundle/rootfs/licenses/pg_backfill/copyright"
