@@ -1,23 +1,28 @@
 # What building pg_backfill for arm64 on an amd64 machine needs (scripts/package.sh --arch arm64).
 # Sourced, not run; as root.
 #
-#   arm64_toolchain                 Debian's cross compiler and arm64 C library (gcc-aarch64-linux-gnu,
-#                                   libc6-dev-arm64-cross) and Rust's aarch64 standard library
+#   arm64_toolchain                 Debian's cross compiler and arm64 C library
+#                                   (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross) and Rust's
+#                                   aarch64 standard library
 #   arm64_sysroot MAJOR DIR         Debian's arm64 packages of MAJOR into DIR, each unpacked under
 #                                   DIR/<package> (dpkg-deb -R: its files and its DEBIAN/), and
 #                                   DIR/pg_config, a pg_config for pgrx naming their headers
-#   arm64_cargo_env MAJOR DIR       the environment (NAME=VALUE lines) that cross-builds the library
-#                                   with `cargo build --target aarch64-unknown-linux-gnu` against DIR
+#   arm64_cargo_env MAJOR DIR       the environment (NAME=VALUE lines) that cross-builds the
+#                                   library with `cargo build --target aarch64-unknown-linux-gnu`
+#                                   against DIR
 #
 # The headers are Debian's own arm64 builds, postgresql-server-dev-MAJOR:arm64, from the suite
 # that carries MAJOR: 15 bookworm's, 17 trixie's, 18 sid's (the suite whose source package
-# scripts/build_postgres.sh builds the host's 18 from), 19 experimental's. Not the host's headers:
-# pg_config.h is written by configure for its machine (aarch64 has USE_ARMV8_CRC32C where x86_64
-# has USE_SSE42_CRC32C, no HAVE__GET_CPUID, ...), and the C shim of pgrx compiles its inline
-# functions. The server package comes too: package.sh checks the library's server symbols against
-# the arm64 postgres, libicu-dev for the ICU headers the server's include, and libc6 and libgcc-s1 for dpkg-shlibdeps (bookworm's: the cross compiler
-# links against bookworm's C library, libc6-dev-arm64-cross). apt gets a sources directory, lists
-# and status of its own, under DIR/../apt: the system's apt state is left as it was.
+# scripts/build_postgres.sh builds the host's 18 from), 19 experimental's; each the same release as
+# the host's of that major. Not the host's headers: pg_config.h is written by configure for its
+# machine. Its sizes and alignments are the same on aarch64 and x86_64 (both LP64), but aarch64's
+# has USE_ARMV8_CRC32C_WITH_RUNTIME_CHECK where x86_64's has USE_SSE42_CRC32C_WITH_RUNTIME_CHECK,
+# HAVE__GET_CPUID and HAVE_X86_64_POPCNTQ (15.20's, compared), and pgrx's C shim compiles the
+# headers' inline functions. Also taken: the server package (package.sh checks the library's
+# server symbols against the arm64 postgres), libicu-dev (the server's headers include ICU's), and
+# libc6 and libgcc-s1 for dpkg-shlibdeps (bookworm's: the cross compiler links against bookworm's
+# C library, libc6-dev-arm64-cross). apt gets a sources directory, lists and status of its own,
+# under DIR/../apt: the system's apt state is left as it was.
 
 ARM64_TARGET=aarch64-unknown-linux-gnu
 ARM64_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -42,7 +47,7 @@ arm64_toolchain() {
     fi
 }
 
-# arm64_suite_of MAJOR: the Debian suite (sources lines) whose arm64 packages of MAJOR are taken.
+# arm64_suites_of MAJOR: the Debian suites whose arm64 packages of MAJOR are taken.
 arm64_suites_of() {
     case $1 in
         15) echo bookworm ;;
