@@ -91,7 +91,8 @@ class DebianRoot:
     def files_named_pg_backfill(self) -> list[str]:
         found = subprocess.run(["chroot", str(self.dir), "find", "/usr", "/etc", "/var/lib/dpkg/info", "-name", "*pg_backfill*",
                                 "-o", "-name", "*pg-backfill*"], capture_output=True, text=True).stdout
-        return sorted(found.split())
+        # (Not the root's own apt setting that scripts/lib/debian_root.sh writes, 99pg_backfill-snapshot.)
+        return sorted(f for f in found.split() if not f.startswith("/etc/apt/"))
 
     def cluster(self, command: str) -> None:
         bash(f"source scripts/lib/cluster.sh && {command}", env=self.env())
