@@ -189,6 +189,11 @@ cross_library() {
     log "cross-compiling the library for $arch against Debian's $arch headers of $("$sysroot/pg_config" --version)"
     mapfile -t env < <(arm64_cargo_env "$major" "$sysroot")
     # (A target directory for each major: each has its own headers, which pgrx's bindgen watches.)
+    # Linked as cargo links by default, the linker dropping unreferenced sections: `cargo pgrx
+    # package` adds --no-gc-sections, for its schema generator, which reads the library's symbols
+    # and is not run here. The functions PostgreSQL looks up are exported, so they stay; code no
+    # export reaches goes, and with it calls into the server: 17's arm64 library does not call
+    # heap_datum_check where its amd64 one does, and server_dependency below reads which it calls.
     logged "$work/build.log" env "${env[@]}" CARGO_TARGET_DIR="$PWD/target/$arch-$major" \
         cargo build --lib --release --target "$ARM64_TARGET" --no-default-features --features "pg$major"
     mkdir -p "$work/cross"
