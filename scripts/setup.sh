@@ -10,9 +10,10 @@ cd "$(dirname "$0")/.."
 source scripts/lib/pg_major.sh
 
 PGRX_VERSION=0.19.4  # the pgrx of Cargo.toml
-# (lintian: scripts/package.sh checks each package it builds with it.)
+# (lintian: scripts/package.sh checks each package it builds with it; umoci makes its extension
+# images, --format image.)
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-wal2json
-              clang libclang-dev sudo pkg-config libssl-dev build-essential lintian)
+              clang libclang-dev sudo pkg-config libssl-dev build-essential lintian umoci)
 if [ "$PG_MAJOR" = 18 ]; then
     # What scripts/build_postgres.sh needs to build PostgreSQL from source, and Citus.
     APT_PACKAGES+=(bison flex libreadline-dev zlib1g-dev libicu-dev liblz4-dev libzstd-dev libkrb5-dev)

@@ -4,7 +4,9 @@
 # 2.38 and Debian 12 has 2.36, so they run in a trixie root (see pg_major.sh); the package tests
 # install Debian 12's postgresql-15 into a bookworm root, away from the host's PostgreSQL 15.
 #
-#   debian_root_make DIR SUITE [PACKAGE...]   makes DIR once (later runs reuse it), installs PACKAGEs
+#   debian_root_make DIR SUITE [PACKAGE...]   makes DIR once (later runs reuse it), installs PACKAGEs;
+#                                             of DEBIAN_ROOT_ARCH's packages if set (arm64: its
+#                                             programs run through qemu-user-static, see below)
 #   debian_root_source_from DIR SUITE SOURCE  DIR's apt takes the binary packages of the source
 #                                             package SOURCE from SUITE too (such as experimental)
 #   debian_root_mount DIR                     /proc, /dev, /dev/shm and the host's /tmp inside it
@@ -22,6 +24,12 @@ debian_root_log() { printf '\033[1m[debian_root]\033[0m %s\n' "$*"; }
 debian_root_make() {
     local dir=$1 suite=$2
     shift 2
+    local arch=()
+    if [ -n "${DEBIAN_ROOT_ARCH:-}" ] && [ "$DEBIAN_ROOT_ARCH" != "$(dpkg --print-architecture)" ]; then
+        # (Again for a root made before: binfmt_misc's registrations go with a reboot.)
+        debian_root_emulate "$DEBIAN_ROOT_ARCH" || return 1
+        arch=(--arch "$DEBIAN_ROOT_ARCH")
+    fi
     if [ ! -f "$dir/.pg_backfill-bootstrapped" ]; then
         command -v debootstrap >/dev/null || {
             debian_root_log "installing debootstrap (Debian package)"
@@ -37,7 +45,7 @@ debian_root_make() {
         fi
         rm -rf "$dir"
         mkdir -p "$(dirname "$dir")"
-        debootstrap --variant=minbase --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
+        debootstrap --variant=minbase --keyring=/usr/share/keyrings/debian-archive-keyring.gpg "${arch[@]}" \
             "$suite" "$dir" "$DEBIAN_MIRROR" >"$dir.debootstrap.log" 2>&1 ||
             { tail -20 "$dir.debootstrap.log"; return 1; }
         # No service starts inside the root (postgresql-common would start a cluster), and
@@ -56,6 +64,11 @@ debian_root_make() {
         touch "$dir/.pg_backfill-bootstrapped"
     fi
     local missing=() package
+    # A stable release's point updates and security updates, as a Debian system has them: the
+    # packages are built against the newest headers of the release (the host's, the arm64 ones of
+    # scripts/lib/arm64.sh), and may need its newest server (package.sh's versioned Depends). Once
+    # added, the packages asked for are installed again, which upgrades them.
+    if [ -n "${DEBIAN_ROOT_ARCH:-}" ] && debian_root_updates "$dir" "$suite"; then missing=("$@"); fi
     for package in "$@"; do
         chroot "$dir" dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
             missing+=("$package")
@@ -71,6 +84,47 @@ debian_root_make() {
         chroot "$dir" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
             >"$dir.apt.log" 2>&1 || { tail -20 "$dir.apt.log"; return 1; }
     fi
+}
+
+# debian_root_emulate ARCH: the kernel runs ARCH's programs (arm64's) through Debian's
+# qemu-user-static, registered with binfmt_misc with its "F" flag: the kernel opens the emulator
+# when it is registered, so that it runs programs inside a root too, where the emulator's path does
+# not exist. Every program of the root, apt's and PostgreSQL's too, then runs emulated: several
+# times slower, with the same system calls (the kernel is the host's).
+debian_root_emulate() {
+    local arch=$1 qemu
+    case $arch in
+        arm64) qemu=qemu-aarch64 ;;
+        *) echo "debian_root.sh: no emulator known for $arch" >&2; return 1 ;;
+    esac
+    local missing=() package
+    for package in qemu-user-static binfmt-support; do
+        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        debian_root_log "installing ${missing[*]} (Debian packages)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null ||
+            { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; }
+    fi
+    mountpoint -q /proc/sys/fs/binfmt_misc || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+    update-binfmts --enable "$qemu" 2>/dev/null || true
+    grep -qx enabled "/proc/sys/fs/binfmt_misc/$qemu" 2>/dev/null || {
+        echo "debian_root.sh: binfmt_misc does not run $arch's programs through $qemu" >&2
+        return 1
+    }
+    grep -q '^flags: .*F' "/proc/sys/fs/binfmt_misc/$qemu" || {
+        echo "debian_root.sh: $qemu is registered without the F flag: it would not run inside a root" >&2
+        return 1
+    }
+}
+
+# debian_root_updates DIR SUITE: DIR's apt takes SUITE's updates and security updates too, when
+# SUITE is a stable release; true when that was added now.
+debian_root_updates() {
+    local dir=$1 suite=$2 list=$1/etc/apt/sources.list.d/updates.list
+    case $suite in bookworm | trixie) ;; *) return 1 ;; esac
+    [ ! -f "$list" ] || return 1
+    printf 'deb %s %s-updates main\ndeb %s-security %s-security main\n' "$DEBIAN_MIRROR" "$suite" "$DEBIAN_MIRROR" "$suite" >"$list"
 }
 
 debian_root_source_from() {
