@@ -9,12 +9,6 @@
 //! cycle, however many sessions are active, and the backfill still moves at that share of its
 //! speed; a session count only says whether anyone is there to be disturbed. On an idle server
 //! it does not rest at all.
-//!
-//! While it rests, its pages are also kept short (`--chunk-time` in gh-ost and
-//! pt-online-schema-change): the share bounds what the backfill takes from the application on
-//! average, a page's length how long any one of the application's transactions waits behind it,
-//! for a CPU, for a row the page locked. On 2 cores at 4 pgbench clients, pages of 1,000 rows
-//! at 15% kept the TPS but added a quarter to pgbench's p99 latency.
 
 use crate::pg::settings;
 use crate::throttle::pacing::{sleep, LONGEST_SLEEP};
@@ -29,15 +23,6 @@ pub const BUSY_ABOVE: f64 = 0.5;
 /// How much of the last cycle's rate the rate shown keeps: smoothed over a few pages.
 const SMOOTHING: f64 = 0.8;
 
-/// How long a page may read while the worker rests between pages: about one of pgbench's
-/// transactions at 4 clients on 2 cores. Its WAL flush (page_delivered) is not counted: a
-/// flush waits for the disk, it keeps no CPU and no row from the application.
-pub const BUSY_PAGE_TIME: Duration = Duration::from_millis(2);
-
-/// The fewest rows a page has for BUSY_PAGE_TIME: a page's fixed cost (its transaction, its
-/// checks) must stay a small part of it.
-const FEWEST_BUSY_PAGE_ROWS: i32 = 50;
-
 pub struct DutyCycle {
     /// The share of its time the worker may work now (from backfill.default_duty_cycle); None
     /// while it need not rest (a backfill with pacing of its own, an idle server).
@@ -50,15 +35,12 @@ pub struct DutyCycle {
     rest_until: Instant,
     /// The worker's rate over its last pages and rests (rows/s, smoothed); 0 before the first.
     rate: f64,
-    /// The most rows the next page may have, so that it reads for about BUSY_PAGE_TIME while the
-    /// worker rests; i32::MAX while it does not.
-    page_rows: i32,
 }
 
 impl DutyCycle {
     pub fn new() -> Self {
         let now = Instant::now();
-        DutyCycle { share: None, active: 0.0, page_began: now, rest_until: now, rate: 0.0, page_rows: i32::MAX }
+        DutyCycle { share: None, active: 0.0, page_began: now, rest_until: now, rate: 0.0 }
     }
 
     /// Follows the backfill and the server as they are now: `gentle` for a backfill with no
@@ -69,17 +51,9 @@ impl DutyCycle {
         match (self.share, busy) {
             (Some(_), Some(active)) => self.active = active,
             // No longer resting (backfill_set() gave it pacing of its own, the server is idle):
-            // the next page goes at once, as long as the backfill's other limits allow.
-            _ => {
-                self.rest_until = Instant::now();
-                self.page_rows = i32::MAX;
-            }
+            // the next page goes at once.
+            _ => self.rest_until = Instant::now(),
         }
-    }
-
-    /// The most rows the next page may have (i32::MAX while the worker does not rest).
-    pub fn page_rows(&self) -> i32 {
-        self.page_rows
     }
 
     /// Whether the worker's rest is over; if not, rests toward its end (at most
@@ -98,15 +72,10 @@ impl DutyCycle {
         self.page_began = Instant::now();
     }
 
-    /// A page that delivered `rows` rows ended: the worker rests for its share of the page's time.
+    /// A page that delivered `rows` rows ended (its lock may have given it fewer rows than it
+    /// asked for): the worker rests for its share of the page's time.
     pub fn page_delivered(&mut self, rows: i64) {
         let Some(share) = self.share else { return };
-        // The next page's rows, for BUSY_PAGE_TIME at this page's speed: twice as many at most,
-        // as pages grow back after a lock conflict, so that one fast page does not undo the rest.
-        let read = self.page_began.elapsed().as_secs_f64().max(1e-6);
-        let rows = rows.max(1) as f64;
-        let fitting = (rows * BUSY_PAGE_TIME.as_secs_f64() / read).min(rows * 2.0);
-        self.page_rows = (fitting.min(f64::from(i32::MAX)) as i32).max(FEWEST_BUSY_PAGE_ROWS);
         // Pages commit without waiting for their WAL to reach the disk (worker/process.rs): the
         // application's next commits would flush it for them, and pay for it. A resting worker
         // flushes its page's WAL itself, so that the page's time, and its rest, count that too:
@@ -116,7 +85,7 @@ impl DutyCycle {
         let rest = worked.mul_f64((1.0 - share) / share);
         self.rest_until = Instant::now() + rest;
         let cycle = (worked + rest).max(Duration::from_micros(1)).as_secs_f64();
-        let rate = rows / cycle;
+        let rate = rows as f64 / cycle;
         self.rate = if self.rate == 0.0 { rate } else { SMOOTHING * self.rate + (1.0 - SMOOTHING) * rate };
     }
 
@@ -124,11 +93,6 @@ impl DutyCycle {
     /// while the worker does not rest.
     pub fn holding_back(&self) -> Option<WaitReason> {
         let share = self.share?;
-        Some(WaitReason::DutyCycle {
-            active: self.active,
-            percent: (share * 100.0).round() as i32,
-            rate: self.rate,
-            page_rows: (self.page_rows < i32::MAX).then_some(self.page_rows),
-        })
+        Some(WaitReason::DutyCycle { active: self.active, percent: (share * 100.0).round() as i32, rate: self.rate })
     }
 }

@@ -19,9 +19,7 @@ pub enum WaitReason {
     /// A backfill with no pacing of its own, on a busy server: its workers rest after each page,
     /// so that pages take `percent` of their time (backfill.default_duty_cycle; duty.rs); a
     /// worker goes at `rate` rows/s.
-    /// `page_rows`: the most rows a page has, so that it reads for about duty::BUSY_PAGE_TIME
-    /// (None before the first page under the load).
-    DutyCycle { active: f64, percent: i32, rate: f64, page_rows: Option<i32> },
+    DutyCycle { active: f64, percent: i32, rate: f64 },
 }
 
 impl WaitReason {
@@ -58,12 +56,12 @@ impl fmt::Display for WaitReason {
                 f,
                 "server load: {active:.1} active sessions, at most max_active_sessions {limit}; recovering, at {rate:.0} rows/s"
             ),
-            WaitReason::DutyCycle { active, percent, rate, page_rows } => {
-                write!(f, "server load: {active:.1} active sessions; with no pacing option, pages")?;
-                if let Some(rows) = page_rows {
-                    write!(f, " of at most {rows} rows")?;
-                }
-                write!(f, " take {percent}% of the time (backfill.default_duty_cycle)")?;
+            WaitReason::DutyCycle { active, percent, rate } => {
+                write!(
+                    f,
+                    "server load: {active:.1} active sessions; with no pacing option, pages take {percent}% of the \
+                     time (backfill.default_duty_cycle)"
+                )?;
                 if *rate > 0.0 {
                     write!(f, ", at {rate:.0} rows/s")?;
                 }
