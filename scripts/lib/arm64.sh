@@ -27,18 +27,12 @@
 ARM64_TARGET=aarch64-unknown-linux-gnu
 ARM64_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
+source "$(dirname "${BASH_SOURCE[0]}")/host_packages.sh"
+
 arm64_log() { printf '\033[1m[arm64]\033[0m %s\n' "$*"; }
 
 arm64_toolchain() {
-    local missing=() package
-    for package in gcc-aarch64-linux-gnu libc6-dev-arm64-cross binutils-aarch64-linux-gnu; do
-        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        arm64_log "installing ${missing[*]} (Debian packages)"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null ||
-            { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; }
-    fi
+    host_packages_install gcc-aarch64-linux-gnu libc6-dev-arm64-cross binutils-aarch64-linux-gnu || return 1
     local toolchain
     toolchain=$(sed -n 's/^channel = "\(.*\)"$/\1/p' rust-toolchain.toml)
     if ! rustup target list --installed --toolchain "$toolchain" | grep -qx "$ARM64_TARGET"; then

@@ -19,6 +19,8 @@
 
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
+source "$(dirname "${BASH_SOURCE[0]}")/host_packages.sh"
+
 debian_root_log() { printf '\033[1m[debian_root]\033[0m %s\n' "$*"; }
 
 debian_root_make() {
@@ -97,15 +99,7 @@ debian_root_emulate() {
         arm64) qemu=qemu-aarch64 ;;
         *) echo "debian_root.sh: no emulator known for $arch" >&2; return 1 ;;
     esac
-    local missing=() package
-    for package in qemu-user-static binfmt-support; do
-        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        debian_root_log "installing ${missing[*]} (Debian packages)"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null ||
-            { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; }
-    fi
+    host_packages_install qemu-user-static binfmt-support || return 1
     mountpoint -q /proc/sys/fs/binfmt_misc || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
     update-binfmts --enable "$qemu" 2>/dev/null || true
     grep -qx enabled "/proc/sys/fs/binfmt_misc/$qemu" 2>/dev/null || {
