@@ -359,7 +359,7 @@ def active_sessions_while(conn, bench):
     return statistics.mean(samples) if samples else 0.0
 
 
-def load_signal(conn, seconds, repeat, thresholds, clients=(4,), unpaced_under_load=True):
+def load_signal(conn, seconds, repeat, thresholds, clients=(4,), unpaced_under_load=True, duty_cycles=()):
     """The application's TPS and p99 latency (pgbench on `clients` clients, on pgbench_accounts)
     alone, under back-to-back backfills of that table started with no option (the gentle
     default) and unpaced, and under backfills held back by max_active_sessions at each
@@ -373,7 +373,11 @@ def load_signal(conn, seconds, repeat, thresholds, clients=(4,), unpaced_under_l
     pgbench's tables, a real consumer: pg_recvlogical, status every second) streams pgbench's
     changes throughout, pgbench alone included, and every backfill names its slot and
     publication, so that it waits on the consumer's feedback, and the walsender decodes its
-    messages beside pgbench's changes."""
+    messages beside pgbench's changes.
+
+    `duty_cycles`: the default backfill under pgbench once at each backfill.default_duty_cycle
+    (set before each scenario), instead of once at the server's, all taking turns in each
+    round, so that they are compared under the same load."""
     subprocess.run([PGBENCH, "-i", "-q", "-s", "10", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     conn.execute("VACUUM ANALYZE pgbench_accounts")
@@ -384,20 +388,22 @@ def load_signal(conn, seconds, repeat, thresholds, clients=(4,), unpaced_under_l
     while not conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = 'load_slot'").fetchone()[0]:
         time.sleep(0.01)
     try:
-        return load_signal_rounds(conn, seconds, repeat, thresholds, clients, unpaced_under_load)
+        return load_signal_rounds(conn, seconds, repeat, thresholds, clients, unpaced_under_load, duty_cycles)
     finally:
         receiver.stop()
         conn.execute("SELECT pg_drop_replication_slot('load_slot')")
         conn.execute("DROP PUBLICATION load_pub")
 
 
-def load_signal_rounds(conn, seconds, repeat, thresholds, clients, unpaced_under_load):
+def load_signal_rounds(conn, seconds, repeat, thresholds, clients, unpaced_under_load, duty_cycles):
     """load_signal's rounds, its pipeline streaming."""
     # "default": no pacing option, as the README's worked example (backfill.default_duty_cycle);
     # "unpaced": max_active_sessions => 0, the default turned off.
     start = "SELECT backfill_start('pgbench_accounts', confirm => true, slot => 'load_slot', publication => 'load_pub'{})"
     starts = {"default backfill": start.format(""), "unpaced backfill": start.format(", max_active_sessions => 0")}
-    scenarios = [("no backfill", None), ("default backfill", starts["default backfill"])]
+    defaults = [(duty_cycle_label(n), starts["default backfill"]) for n in duty_cycles] or [("default backfill", starts["default backfill"])]
+    duty_cycle_of = dict(zip((label for label, _ in defaults), duty_cycles))
+    scenarios = [("no backfill", None)] + defaults
     if unpaced_under_load:
         scenarios.append(("unpaced backfill", starts["unpaced backfill"]))
     scenarios += [(f"max_active_sessions {n}", start.format(f", max_active_sessions => {n}")) for n in thresholds]
@@ -407,6 +413,10 @@ def load_signal_rounds(conn, seconds, repeat, thresholds, clients, unpaced_under
         # the default and unpaced taking turns, each first in every other round (the default
         # must not slow a backfill on an idle server). VACUUM first: the first scan after
         # pgbench's updates would otherwise prune pages and set hint bits for the second.
+        if duty_cycles:
+            # The server's own duty cycle there: the idle server's backfills never rest anyway.
+            conn.execute("ALTER SYSTEM RESET backfill.default_duty_cycle")
+            conn.execute("SELECT pg_reload_conf()")
         for label in sorted(idle, reverse=round_number % 2 == 1):
             conn.execute("VACUUM pgbench_accounts")
             conn.execute("CHECKPOINT")
@@ -422,6 +432,9 @@ def load_signal_rounds(conn, seconds, repeat, thresholds, clients, unpaced_under
             # Each first in every other round, as on the idle server: the machine's other load
             # drifts over a round, and would otherwise fall on whichever always runs second.
             for label, start in (scenarios if round_number % 2 == 0 else scenarios[::-1]):
+                if label in duty_cycle_of:
+                    conn.execute(f"ALTER SYSTEM SET backfill.default_duty_cycle = {int(duty_cycle_of[label])}")
+                    conn.execute("SELECT pg_reload_conf()")
                 conn.execute("CHECKPOINT")
                 run = pgbench_under(conn, seconds, start, clients=n)
                 figures[(n, label)] = {k: run[k] for k in ("tps", "p99_latency_ms", "rows_backfilled_per_second", "active_sessions")}
@@ -456,26 +469,32 @@ def load_signal_rounds(conn, seconds, repeat, thresholds, clients, unpaced_under
     return results
 
 
-def gentle_default(conn, seconds, repeat):
+def duty_cycle_label(percent):
+    """A scenario of load_signal: the default backfill at backfill.default_duty_cycle `percent`."""
+    return f"default, duty cycle {percent}%"
+
+
+def gentle_default(conn, seconds, repeat, duty_cycles=()):
     """What the default backfill (no pacing option) costs pgbench at 4 and 16 clients and how
     fast it goes, and its speed on the idle server against unpaced (load_signal), with each of
-    the default's targets, met or not."""
-    results = load_signal(conn, seconds, repeat, [], clients=(4, 16), unpaced_under_load=False)
+    the default's targets, met or not; with `duty_cycles`, for each of them."""
+    results = load_signal(conn, seconds, repeat, [], clients=(4, 16), unpaced_under_load=False, duty_cycles=duty_cycles)
     figure = {(r["scenario"], r.get("clients")): r for r in results}
-    targets = []
-    for n in (4, 16):
-        default = figure[("default backfill", n)]
-        targets.append((f"{n} clients: TPS kept >= 0.90", default["share_of_tps_alone"], default["share_of_tps_alone"] >= 0.90))
-        targets.append((f"{n} clients: rows/s >= 10,000", default["rows_backfilled_per_second"],
-                        default["rows_backfilled_per_second"] >= 10000))
-    growth = figure[("default backfill", 4)]["p99_growth"]
-    targets.append(("4 clients: p99 latency growth <= 25%", growth, growth <= 0.25))
     idle = figure[("idle server, default backfill", None)]["share_of_unpaced_speed"]
-    targets.append(("idle server: default >= 0.95 x unpaced", idle, idle >= 0.95))
-    print(f"\n{'the default backfill':40} {'figure':>10}   (medians of {repeat})")
-    for name, value, met in targets:
-        print(f"{name:40} {value:>10.2f}   {'met' if met else 'NOT MET'}")
-    results.append({"targets": [{"target": name, "figure": value, "met": met} for name, value, met in targets]})
+    for label in [duty_cycle_label(n) for n in duty_cycles] or ["default backfill"]:
+        targets = []
+        for n in (4, 16):
+            default = figure[(label, n)]
+            targets.append((f"{n} clients: TPS kept >= 0.90", default["share_of_tps_alone"], default["share_of_tps_alone"] >= 0.90))
+            targets.append((f"{n} clients: rows/s >= 10,000", default["rows_backfilled_per_second"],
+                            default["rows_backfilled_per_second"] >= 10000))
+        growth = figure[(label, 4)]["p99_growth"]
+        targets.append(("4 clients: p99 latency growth <= 25%", growth, growth <= 0.25))
+        targets.append(("idle server: default >= 0.95 x unpaced", idle, idle >= 0.95))
+        print(f"\n{'the ' + label.replace('default backfill', 'default'):40} {'figure':>10}   (medians of {repeat})")
+        for name, value, met in targets:
+            print(f"{name:40} {value:>10.2f}   {'met' if met else 'NOT MET'}")
+        results.append({"scenario": label, "targets": [{"target": name, "figure": value, "met": met} for name, value, met in targets]})
     return results
 
 
@@ -993,6 +1012,9 @@ def main():
     parser.add_argument("--gentle-default", action="store_true",
                         help="only what the default backfill (no pacing option) costs pgbench at 4 and 16 clients, its "
                              "speed there, and its speed on the idle server against unpaced, with its targets")
+    parser.add_argument("--duty-cycles", default="", metavar="PERCENT,...",
+                        help="with --gentle-default: the default backfill under pgbench at each of these "
+                             "backfill.default_duty_cycle values, taking turns in each round, each with its targets")
     parser.add_argument("--end-to-end", action="store_true",
                         help="only until a consumer holds every row: per-row and batched backfills until delivered, unbound and "
                              "as a pipeline's (slot and publication named), "
@@ -1058,7 +1080,8 @@ def main():
             loopback_server(conn)
             results, load = checksum_costs(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat), []
         elif args.gentle_default:
-            load = gentle_default(conn, args.pgbench_seconds, args.repeat)
+            load = gentle_default(conn, args.pgbench_seconds, args.repeat,
+                                  [int(n) for n in args.duty_cycles.split(",") if n])
         elif args.load_signal:
             load = load_signal(conn, args.pgbench_seconds, args.repeat, [int(n) for n in args.load_signal.split(",")])
         elif args.many_tables:

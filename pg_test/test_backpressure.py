@@ -4,6 +4,8 @@ max_retained_wal); active client sessions past max_active_sessions slow it down,
 recovers by itself when the load goes; a backfill with no pacing of its own rests after each
 page while the server is busy (backfill.default_duty_cycle)."""
 
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -560,3 +562,54 @@ def test_with_no_pacing_option_a_busy_server_makes_the_backfill_rest_and_an_idle
             load.stop()
         cancel_running(db)
         set_duty_cycle(db, None)
+
+
+@pytest.mark.slow
+def test_a_pipelines_default_backfill_counts_the_walsenders_sending_in_each_page(cluster, db):
+    """For a pipeline's backfill, the gentle default counts in each page's time the wait until
+    the slot's walsender has sent the page (its decoding is the page's cost too), up to a second.
+    With the walsender stopped (SIGSTOP) under load, at a 50% duty cycle, each page waits that
+    second and then rests as long: at most one page per two seconds, where without the wait
+    pages of 100 rows go by the hundred. Once the walsender goes on, the backfill finishes."""
+    db.execute(
+        """CREATE TABLE decoded (id bigint PRIMARY KEY, v int NOT NULL);
+           INSERT INTO decoded SELECT g, g % 7 FROM generate_series(1, 100000) g;"""
+    )
+    db.execute("VACUUM ANALYZE decoded")
+    db.execute("SELECT pg_create_logical_replication_slot('sending', 'test_decoding')")
+    consumer = Consumer(cluster, db.info.dbname, "sending")
+    load, walsender = None, None
+    try:
+        walsender = wait_for(lambda: db.execute(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'sending'").fetchone()[0], what="the consumer")
+        set_duty_cycle(db, 50)
+        load = ActiveSessions(cluster, db.info.dbname, 4)
+        wait_for(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s AND state = 'active'",
+                                    [ActiveSessions.QUERY]).fetchone()[0] >= 3, what="the load")
+        backfill_id = db.execute(
+            "SELECT backfill_start('decoded', confirm => true, slot => 'sending', batch_size => 100)").fetchone()[0]
+        wait_for_reason(db, backfill_id, "load", "pages take 50% of the time", timeout=30)
+
+        os.kill(walsender, signal.SIGSTOP)
+        time.sleep(1.5)  # the page under way, and the one that may have begun meanwhile
+        before = status(db, backfill_id, "rows_done")
+        time.sleep(6)
+        moved = status(db, backfill_id, "rows_done") - before
+        # 6 s hold at most 3 whole cycles of a 1 s wait and a 1 s rest, plus the page under way.
+        assert moved <= 4 * 100, f"{moved} rows in 6 s with the walsender stopped"
+        assert status(db, backfill_id, "state") == "running"
+
+        os.kill(walsender, signal.SIGCONT)
+        walsender = None
+        load.stop()
+        load = None
+        assert wait_until_ended(db, backfill_id) == "done"
+    finally:
+        if walsender is not None:
+            os.kill(walsender, signal.SIGCONT)
+        if load is not None:
+            load.stop()
+        cancel_running(db)
+        set_duty_cycle(db, None)
+        consumer.stop()
+        db.execute("SELECT pg_drop_replication_slot('sending')")

@@ -301,3 +301,27 @@ pub fn slot_is_synchronized_copy() -> &'static str {
 pub fn logical_decoding_follows_slots() -> bool {
     cfg!(feature = "pg19")
 }
+
+/// The process that uses replication slot `slot` now (a walsender streaming it, a backend in
+/// `pg_logical_slot_get_changes`), or 0 for none: `pg_replication_slots.active_pid`.
+///
+/// 19 records the user's process number (`active_proc`) instead of its pid.
+///
+/// # Safety
+/// `slot` points into `ReplicationSlotCtl`'s array, in shared memory for the server's life. The
+/// field is read without the slot's spinlock (which needs C's inline functions): a plain aligned
+/// integer, read whole; the value may be stale by the time it is used, which the caller allows.
+pub unsafe fn slot_active_pid(slot: *const pg_sys::ReplicationSlot) -> c_int {
+    #[cfg(any(feature = "pg15", feature = "pg17", feature = "pg18"))]
+    {
+        std::ptr::read_volatile(std::ptr::addr_of!((*slot).active_pid))
+    }
+    #[cfg(feature = "pg19")]
+    {
+        let number = std::ptr::read_volatile(std::ptr::addr_of!((*slot).active_proc));
+        if number == pg_sys::INVALID_PROC_NUMBER || pg_sys::ProcGlobal.is_null() {
+            return 0;
+        }
+        std::ptr::read_volatile(std::ptr::addr_of!((*(*pg_sys::ProcGlobal).allProcs.add(number as usize)).pid))
+    }
+}

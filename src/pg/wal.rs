@@ -1,6 +1,8 @@
-//! The WAL of this process's own transactions.
+//! The WAL of this process's own transactions, and how far a replication slot's walsender has
+//! sent it.
 
 use pgrx::pg_sys;
+use std::ptr::{addr_of, read_volatile};
 
 /// Waits until this process's last commit is flushed to disk, as a commit with
 /// `synchronous_commit = on` would have, but after the commit, with its locks released.
@@ -27,5 +29,56 @@ pub fn flush_inserted() {
         if !pg_sys::RecoveryInProgress() {
             pg_sys::XLogFlush(pg_sys::GetXLogInsertRecPtr());
         }
+    }
+}
+
+/// How far the walsender streaming logical slot `slot` has decoded and sent the WAL (its
+/// `pg_stat_replication.sent_lsn`); None while no walsender streams it (no consumer, or one
+/// reading it with `pg_logical_slot_get_changes`).
+///
+/// Read from shared memory, as PostgreSQL's own views do, because the views show a walsender's
+/// positions only to the roles of `pg_read_all_stats`, and a worker runs as the role that
+/// started its backfill.
+pub fn slot_sent_lsn(slot: &str) -> Option<u64> {
+    let pid = slot_user_pid(slot)?;
+    // SAFETY: WalSndCtl's array has max_wal_senders entries, in shared memory for the server's
+    // life. Each field is a plain aligned integer read whole, without the walsender's spinlock
+    // (C's inline functions): a walsender that exits meanwhile, or one that reuses the entry,
+    // gives a stale position, which the caller only waits on for a bounded time.
+    unsafe {
+        let control = pg_sys::WalSndCtl;
+        if control.is_null() {
+            return None;
+        }
+        let senders = (*control).walsnds.as_ptr();
+        (0..pg_sys::max_wal_senders.max(0) as usize)
+            .map(|i| senders.add(i))
+            .find(|sender| read_volatile(addr_of!((**sender).pid)) == pid)
+            .map(|sender| read_volatile(addr_of!((*sender).sentPtr)))
+    }
+}
+
+/// The pid of the process using replication slot `slot` now, if one does.
+fn slot_user_pid(slot: &str) -> Option<i32> {
+    // SAFETY: ReplicationSlotCtl's array has max_replication_slots entries, in shared memory for
+    // the server's life. Read without ReplicationSlotControlLock: a slot created or dropped
+    // meanwhile may show a name being written, which then matches no slot, or a stale user, which
+    // the caller allows (slot_sent_lsn). The name is copied out whole before it is looked at.
+    unsafe {
+        let control = pg_sys::ReplicationSlotCtl;
+        if control.is_null() {
+            return None;
+        }
+        let slots = (*control).replication_slots.as_ptr();
+        (0..pg_sys::max_replication_slots.max(0) as usize).map(|i| slots.add(i)).find_map(|entry| {
+            if !read_volatile(addr_of!((*entry).in_use)) {
+                return None;
+            }
+            let name = read_volatile(addr_of!((*entry).data.name.data));
+            let length = name.iter().position(|c| *c == 0).unwrap_or(name.len());
+            let same = name[..length].iter().map(|c| *c as u8).eq(slot.bytes());
+            let pid = crate::pg::compat::slot_active_pid(entry);
+            (same && pid != 0).then_some(pid)
+        })
     }
 }

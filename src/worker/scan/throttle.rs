@@ -71,7 +71,7 @@ impl Throttle {
             None => share,
         };
         self.pacer.set_rate(rate);
-        self.duty.follow(gentle, self.load.active());
+        self.duty.follow(gentle, self.load.active(), job.slot_name.as_deref());
     }
 
     /// Whether the next page may begin now: the worker's rest after its last page is over, and
