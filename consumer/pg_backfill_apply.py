@@ -39,6 +39,7 @@ import argparse
 import hmac
 import io
 import json
+import operator
 import queue
 import select
 import signal
@@ -52,6 +53,7 @@ import psycopg2.extras
 from psycopg2 import sql
 
 PREFIX_BYTES = b"backfill"
+DATA = operator.itemgetter("data")  # a `reads` row's data
 JSON_TYPES = {114, 3802}  # json, jsonb: a pgoutput value of theirs is JSON text already
 EXIT_USER_ERROR, EXIT_FORGED = 2, 3
 
@@ -167,6 +169,8 @@ class Target:
         upsert = sql.SQL(" ON CONFLICT ({keys}) {on_conflict}").format(
             keys=sql.SQL(", ").join(map(sql.Identifier, key)), on_conflict=on_conflict)
         if typed:
+            # (A row's values in column order from its JSON object, in one call.)
+            self.values_in_order = operator.itemgetter(*columns) if len(columns) > 1 else lambda row: (row[columns[0]],)
             self.stage = sql.Identifier(f"pg_backfill_apply_rows_{number}")
             # (A temporary table's columns of the table's types, without its constraints: a
             # staged delete carries the key alone.)
@@ -202,6 +206,14 @@ class Target:
         # The batch's inserts, and the same as upserts: ApplyThread.apply_batch tries the first,
         # cheaper, and falls back on the second where a key is already there.
         self.apply_insert, self.apply = last + apply_last, last + apply_last + upsert
+
+    def values_of(self, row: dict):
+        """A row's JSON object's values in the table's column order, None for a column it lacks
+        (as json_populate_record leaves it NULL)."""
+        try:
+            return self.values_in_order(row)
+        except KeyError:
+            return [row.get(c) for c in self.columns]
 
     def __str__(self):
         return f"{self.schema}.{self.name}"
@@ -683,9 +695,8 @@ class Applier:
                 # text, which the column's input function reads; a message without a backslash
                 # holds no value that COPY text escapes (JSON escapes tabs and newlines).
                 whole = json.loads(content, parse_int=str, parse_float=str)
-                rows = [r["data"] for r in whole["rows"]] if op == "reads" else [whole["data" if op == "read" else "key"]]
-                columns = target.columns
-                self.stage_typed(target, "d" if op == "absent" else "u", ([row.get(c) for c in columns] for row in rows),
+                rows = map(DATA, whole["rows"]) if op == "reads" else [whole["data" if op == "read" else "key"]]
+                self.stage_typed(target, "d" if op == "absent" else "u", map(target.values_of, rows),
                                  plain=b"\\" not in content)
             elif op == "reads":
                 # The message as it is: the destination takes the rows from it (and the row or
