@@ -15,10 +15,12 @@ import datetime
 import json
 import os
 import platform
+import random
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -525,34 +527,35 @@ APPLY_DB = "e2e_apply"
 
 class Applier:
     """The reference consumer (consumer/pg_backfill_apply.py) applying the slot's stream to a
-    database of the same cluster, as tablesync applies into one: the destination's tables (the
-    publication's) made first, then the consumer started, neither timed."""
+    database of the same cluster, as tablesync applies into one: the destination's tables (`ddl`,
+    the publication's) made first, then the consumer started as docs/consumers.md says, neither
+    timed. Its stderr (progress every `progress` seconds, errors) is `output` once stopped."""
 
-    def __init__(self, conn, slot, publication, table):
+    def __init__(self, conn, slot, publication, ddl, progress=3600):
         conn.execute(f"DROP DATABASE IF EXISTS {APPLY_DB}")
         conn.execute(f"CREATE DATABASE {APPLY_DB}")
         with connect(dbname=APPLY_DB) as target:
-            # (The publication's two tables: the one backfilled, and the ordinary changes' copy.)
-            target.execute(TABLE_DDL[table])
-            target.execute(TABLE_DDL[table].replace(table, f"{table}_changes", 1))
+            for statement in ddl:
+                target.execute(statement)
         command = [sys.executable, str(APPLIER), "--source", f"host=127.0.0.1 port={PORT} user=postgres dbname=postgres",
                    "--slot", slot, "--publication", publication,
-                   "--destination", f"host=127.0.0.1 port={PORT} user=postgres dbname={APPLY_DB}", "--progress", "3600"]
+                   "--destination", f"host=127.0.0.1 port={PORT} user=postgres dbname={APPLY_DB}", "--progress", str(progress)]
         if PROFILE_DIR:
             # One profile per run (cProfile), for `python3 -m pstats`: where the consumer's time goes.
             PROFILE_DIR.mkdir(parents=True, exist_ok=True)
             command[1:1] = ["-m", "cProfile", "-o", str(PROFILE_DIR / f"{slot}-{time.time():.0f}.prof")]
         self.conn, self.process = conn, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.output = ""
 
     def stop(self):
         self.process.send_signal(signal.SIGTERM)
         try:
-            _, err = self.process.communicate(timeout=30)
+            _, self.output = self.process.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            _, err = self.process.communicate()
-        if "error" in err:
-            print(err, file=sys.stderr)
+            _, self.output = self.process.communicate()
+        if "error" in self.output:
+            print(self.output, file=sys.stderr)
         self.conn.execute(f"DROP DATABASE {APPLY_DB} WITH (FORCE)")
 
 
@@ -712,7 +715,9 @@ def end_to_end(servers, shapes, sizes, repeat, batched, only_methods=None):
                     receiver = None
                     if method != "tablesync, ready":
                         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
-                        receiver = (Applier(conn, slot, "e2e_pub", table)
+                        # (The publication's two tables: the one backfilled, and the ordinary changes' copy.)
+                        ddl = [TABLE_DDL[table], TABLE_DDL[table].replace(table, f"{table}_changes", 1)]
+                        receiver = (Applier(conn, slot, "e2e_pub", ddl)
                                     if method.endswith(", applied") else Receiver(slot, "e2e_pub"))
                         while not conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
                                                [slot]).fetchone()[0]:
@@ -987,12 +992,119 @@ def checksum_costs(conn, shapes, sizes, repeat):
     return results
 
 
-def loopback_server(conn):
-    """A postgres_fdw server that is this database, for copies behind foreign tables."""
+REHEARSAL_TABLE = "rehearsal_items"
+
+
+class LiveWrites(threading.Thread):
+    """The application's writes on the source while a rehearsal runs: about `per_second`
+    transactions a second, each an update of a random key, a delete of one, an insert (or, where
+    the key is there, an update) of one, and an insert of a new key above the table's, so that
+    reads and changes of the same keys race, deleted keys come back and the table grows."""
+
+    def __init__(self, rows, per_second=200):
+        super().__init__(daemon=True)
+        self.rows, self.pause, self.transactions, self.failure = rows, 1.0 / per_second, 0, None
+        self.stopping = threading.Event()
+
+    def run(self):
+        rng, t = random.Random(44), REHEARSAL_TABLE
+        try:
+            with connect() as conn:
+                while not self.stopping.wait(self.pause):
+                    updated, deleted, upserted = (rng.randint(1, self.rows) for _ in range(3))
+                    with conn.transaction():
+                        conn.execute(f"UPDATE {t} SET a = a + 1, c = c + 0.01 WHERE id = %s", [updated])
+                        conn.execute(f"DELETE FROM {t} WHERE id = %s", [deleted])
+                        conn.execute(f"INSERT INTO {t} VALUES (%s, 0, 0, 0) ON CONFLICT (id) DO UPDATE SET b = {t}.b + 1",
+                                     [upserted])
+                        conn.execute(f"INSERT INTO {t} VALUES (nextval('{t}_new_ids'), 1, 1, 1)")
+                    self.transactions += 1
+        except BaseException as e:  # the main thread raises it
+            self.failure = e
+
+    def stop(self):
+        self.stopping.set()
+        self.join()
+        if self.failure:
+            raise self.failure
+
+
+def rehearsal(conn, rows):
+    """Issue 44's demonstration, as docs/migrating.md walks it: a source table of `rows` narrow
+    rows under live writes, the reference consumer applying its publication's slot into a new
+    database, the README's pipeline backfill (`rows_per_message => 1000`, bound to the slot)
+    of the publication, then, the writes stopped and the consumer caught up, backfill_compare
+    against the destination. Prints the verdict and the timings; raises if the copy differs."""
+    t, slot = REHEARSAL_TABLE, "rehearsal"
+    create, fill = SHAPES["narrow"]
+    started = time.perf_counter()
+    conn.execute(create.format(t=t))
+    for lo in range(1, rows + 1, 500_000):
+        conn.execute(fill.format(t=t, lo=lo, hi=min(rows, lo + 499_999)))
+    conn.execute(f"CREATE SEQUENCE {t}_new_ids START {rows + 1}")
+    conn.execute(f"VACUUM (FREEZE, ANALYZE) {t}")
+    conn.execute("CREATE TABLE e2e_flush (n int)")  # (flushed_lsn's; not published)
+    print(f"source: {rows} rows of {t} loaded in {time.perf_counter() - started:.1f} s")
+    # docs/migrating.md, 1: the publication and the slot, the slot before the backfill.
+    conn.execute(f"CREATE PUBLICATION {slot} FOR TABLE {t}")
+    conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
+    # 2 and 3: the destination's table (schema only) and pg_backfill there, then the consumer.
+    consumer = Applier(conn, slot, slot, [create.format(t=t), "CREATE EXTENSION pg_backfill"], progress=10)
+    loopback_server(conn, "destination", APPLY_DB)
+    conn.execute("CREATE SCHEMA dest")
+    conn.execute(f"IMPORT FOREIGN SCHEMA public LIMIT TO ({t}) FROM SERVER destination INTO dest")
+    writes = LiveWrites(rows)
+    try:
+        writes.start()
+        # 4: every table of the publication, bound to the consumer's slot, in batches of 1,000.
+        started = time.perf_counter()
+        backfill_id = conn.execute("SELECT backfill_start(publication => %s, slot => %s, confirm => true, "
+                                   "rows_per_message => 1000)", [slot, slot]).fetchone()[0]
+        conn.execute("SELECT backfill_wait(%s)", [backfill_id])
+        backfill_seconds = time.perf_counter() - started
+        state, rows_done = conn.execute("SELECT state, rows_done FROM backfill_status WHERE id = %s",
+                                        [backfill_id]).fetchone()
+        writes.stop()
+        # The cut-over's step 2: the writes stopped, until the consumer confirmed the source's position.
+        stopped = time.perf_counter()
+        caught_up = confirmed_past(conn, slot, flushed_lsn(conn), stopped)
+        # 5: the comparison.
+        started = time.perf_counter()
+        differences = conn.execute(f"SELECT * FROM backfill_compare('{t}', 'dest.{t}')").fetchall()
+        compare_seconds = time.perf_counter() - started
+        source_rows = conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+        with connect(dbname=APPLY_DB) as destination:
+            destination_rows = destination.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+    finally:
+        if writes.is_alive():
+            writes.stopping.set()
+        consumer.stop()
+    print("consumer's output:\n  " + "\n  ".join(consumer.output.strip().splitlines()))
+    print(f"backfill {backfill_id}: {state}, {rows_done} rows read in {backfill_seconds:.1f} s "
+          f"(backfill_start to backfill_wait's return), {rows_done / backfill_seconds:.0f} rows/s")
+    print(f"live writes: {writes.transactions} transactions (4 writes each) during the backfill")
+    print(f"consumer caught up {caught_up:.2f} s after the writes stopped")
+    print(f"rows: source {source_rows}, destination {destination_rows}")
+    print(f"backfill_compare('{t}', 'dest.{t}'): {len(differences)} rows in {compare_seconds:.1f} s: "
+          + ("EQUAL" if not differences else "DIFFERENT"))
+    result = {"method": "rehearsal", "rows": rows, "backfill_seconds": backfill_seconds, "rows_done": rows_done,
+              "write_transactions": writes.transactions, "catch_up_seconds": caught_up,
+              "compare_seconds": compare_seconds, "source_rows": source_rows, "destination_rows": destination_rows,
+              "differences": [list(map(str, d)) for d in differences[:20]], "equal": not differences}
+    if differences or source_rows != destination_rows:
+        for d in differences[:20]:
+            print(f"  {d}")
+        raise RuntimeError(f"the copy differs: {len(differences)} keys reported by backfill_compare")
+    return [result]
+
+
+def loopback_server(conn, name="loopback", dbname="postgres"):
+    """A postgres_fdw server that is a database of this cluster (this one unless `dbname`), for
+    copies behind foreign tables."""
     conn.execute("CREATE EXTENSION IF NOT EXISTS postgres_fdw")
     conn.execute("CREATE EXTENSION IF NOT EXISTS dblink")
-    conn.execute(f"CREATE SERVER loopback FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '127.0.0.1', port '{PORT}', dbname 'postgres')")
-    conn.execute("CREATE USER MAPPING FOR CURRENT_USER SERVER loopback")
+    conn.execute(f"CREATE SERVER {name} FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '127.0.0.1', port '{PORT}', dbname '{dbname}')")
+    conn.execute(f"CREATE USER MAPPING FOR CURRENT_USER SERVER {name}")
 
 
 def main():
@@ -1037,6 +1149,10 @@ def main():
                              "runs on a cluster of each, in turn in every round (two builds, side by side in one run)")
     parser.add_argument("--spill", default="",
                         help="only the walsender's spill for backfills of this many wide rows, at several batch sizes")
+    parser.add_argument("--rehearsal", action="store_true",
+                        help="only issue 44's demonstration: a table of --rows narrow rows under live writes, the reference "
+                             "consumer applying the README's pipeline backfill into a new database, backfill_compare then")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="the rows of --rehearsal's table")
     parser.add_argument("--source-cost", action="store_true",
                         help="only the source's cost on quiet frozen tables (lock modes, batches), and writers' p99 latency "
                              "per lock mode; at least 7 rounds")
@@ -1088,6 +1204,8 @@ def main():
             results, load = many_tables(conn, args.repeat), []
         elif args.ddl_cost:
             results, load = ddl_cost(conn, args.repeat), []
+        elif args.rehearsal:
+            results, load = rehearsal(conn, args.rows), []
         elif args.source_cost:
             cost = source_cost(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat)
             load = []
@@ -1104,7 +1222,7 @@ def main():
                           f"{r['rows_backfilled_per_second']:>16.0f} {r['share_of_pages_table_locked']:>19.0%}")
             results = cost
         only = (args.source_cost or args.load_signal or args.gentle_default or args.checksum or args.end_to_end or args.spill or args.many_tables
-                or args.ddl_cost)
+                or args.ddl_cost or args.rehearsal)
         for shape in ([] if only else args.shapes.split(",")):
             for size in map(int, args.sizes.split(",")):
                 table = f"bench_{shape}_{size}"

@@ -16,11 +16,20 @@ change is applied as the row's whole new state, or its absence, by key). So noth
 nothing is doubled.
 
 It applies in batches: the rows of many source transactions are copied (COPY) into a temporary
-staging table of the destination, then each table gets one DELETE and one INSERT ... ON
-CONFLICT of the last state of each key in the batch. Only the last operation on a key within a
-batch matters, and the keys deleted and the keys upserted are then disjoint, so the two
-statements need no order between them: stream order per key is kept. The destination's work runs
-in a thread of its own, so that the stream is read meanwhile.
+staging table of the destination, then each table gets one DELETE and one INSERT of the last
+state of each key in the batch. Only the last operation on a key within a batch matters, and the
+keys deleted and the keys upserted are then disjoint, so the two statements need no order
+between them: stream order per key is kept. The destination's work runs in a thread of its own,
+so that the stream is read meanwhile. Two things spare the destination work where they can:
+
+- A table whose columns are all of built-in scalar types gets its rows as COPY text, in a
+  staging table of its own column types: the consumer turns each row's JSON (a `read`, each row
+  of a `reads`) or pgoutput text into COPY's text, and the destination parses no JSON. Other
+  tables (json, jsonb, arrays, composites, domains, extensions' types) are staged as JSON and
+  made rows at the destination (json_populate_record).
+- The INSERT is tried plain first, under a savepoint, and made an INSERT ... ON CONFLICT (an
+  upsert) only when a key of the batch is already there: a backfill's rows mostly arrive
+  before anything else of theirs, and a plain insert is cheaper.
 
 The destination must have the tables, with the source's columns and a primary key (pg_dump
 --schema-only of the source, for example). The source's slot must use pgoutput.
@@ -30,6 +39,7 @@ import argparse
 import hmac
 import io
 import json
+import operator
 import queue
 import select
 import signal
@@ -43,6 +53,7 @@ import psycopg2.extras
 from psycopg2 import sql
 
 PREFIX_BYTES = b"backfill"
+DATA = operator.itemgetter("data")  # a `reads` row's data
 JSON_TYPES = {114, 3802}  # json, jsonb: a pgoutput value of theirs is JSON text already
 EXIT_USER_ERROR, EXIT_FORGED = 2, 3
 
@@ -98,9 +109,18 @@ UNCHANGED = object()
 class Relation:
     """A source table as pgoutput describes it, and the destination table it is applied to."""
 
-    def __init__(self, schema, name, columns, types):
+    def __init__(self, schema, name, columns, types, target=None):
         self.schema, self.name, self.columns, self.types = schema, name, columns, types
-        self.target = None  # a Target, or None for a table this consumer leaves alone
+        self.target = target  # a Target, or None for a table this consumer leaves alone
+        if target:
+            # Where each of the target's columns is in this relation's tuples (None: not sent).
+            place = {c: i for i, c in enumerate(columns)}
+            self.places = [place.get(c) for c in target.columns]
+
+    def target_values(self, values):
+        """A tuple's values in the target's column order, None where the source sends none (as
+        json_populate_record leaves a column missing from the JSON NULL)."""
+        return [None if i is None or values[i] is UNCHANGED else values[i] for i in self.places]
 
     def as_json(self, values) -> str:
         """The row as a JSON object, the input of json_populate_record at the destination: text
@@ -116,46 +136,113 @@ class Relation:
 
 # --- the destination ---
 
-class Target:
-    """A destination table and the statements that apply a batch's staged operations to it."""
+JSON_STAGE = sql.Identifier("pg_backfill_apply_stage")
 
-    def __init__(self, number, schema, name, columns, key):
+
+class Target:
+    """A destination table and the statements that apply a batch's staged operations to it.
+
+    `typed`: every column is of a type whose row_to_json rendering is a JSON string, number,
+    boolean or null, never an object or array (a built-in scalar type: not json, jsonb, an array,
+    a composite, a domain or an extension's type, which may cast itself to JSON): the consumer
+    then stages its rows as COPY text in a staging table of the table's own column types
+    (`stage`), and the destination parses no JSON. Other tables' operations are staged as JSON
+    (pg_backfill_apply_stage) and json_populate_record makes their rows."""
+
+    def __init__(self, number, schema, name, columns, key, typed):
         self.number, self.schema, self.name, self.columns, self.key = number, schema, name, columns, key
-        table = sql.Identifier(schema, name)
+        self.typed = typed
+        self.table = table = sql.Identifier(schema, name)
         cols = sql.SQL(", ").join(map(sql.Identifier, columns))
-        key_cols = sql.SQL(", ").join(sql.Identifier("r", c) for c in key)
         key_match = sql.SQL(" AND ").join(
             sql.SQL("d.{c} = last.{c}").format(c=sql.Identifier(c)) for c in key)
         non_key = [c for c in columns if c not in key]
         on_conflict = (sql.SQL("DO UPDATE SET ") + sql.SQL(", ").join(
             sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in non_key)) if non_key else sql.SQL("DO NOTHING")
-        # The staged operations of this table, a `reads` batch as its rows; the last one per
-        # key (stream order: seq, then the row's place in its batch); its deletes and upserts.
-        self.apply = sql.SQL("""
-            WITH ops AS (
-                SELECT seq, 0::bigint AS sub,
-                       CASE op WHEN 'r' THEN 'u' WHEN 'a' THEN 'd' ELSE op END,
-                       CASE op WHEN 'r' THEN doc -> 'data' WHEN 'a' THEN doc -> 'key' ELSE doc END
-                  FROM pg_backfill_apply_stage WHERE target = {n} AND op <> 'b'
-                UNION ALL
-                SELECT s.seq, e.sub, 'u', e.row -> 'data'
-                  FROM pg_backfill_apply_stage s, json_array_elements(s.doc -> 'rows') WITH ORDINALITY AS e(row, sub)
-                 WHERE s.target = {n} AND s.op = 'b'
-            ), last AS MATERIALIZED (
-                SELECT DISTINCT ON ({key_cols}) ops.op AS pg_backfill_apply_op, r.*
-                  FROM ops, json_populate_record(NULL::{table}, ops.doc) AS r
-                 ORDER BY {key_cols}, ops.seq DESC, ops.sub DESC
-            ), deleted AS (
+        # `last`: the last staged operation per key, in stream order; its deletes and inserts.
+        apply_last = sql.SQL("""
+            deleted AS (
                 DELETE FROM {table} AS d USING last WHERE last.pg_backfill_apply_op = 'd' AND {key_match}
             )
-            INSERT INTO {table} ({cols}) SELECT {cols} FROM last WHERE pg_backfill_apply_op = 'u'
-            ON CONFLICT ({keys}) {on_conflict}""").format(
-            n=sql.Literal(number), table=table, cols=cols, key_cols=key_cols, key_match=key_match,
+            INSERT INTO {table} ({cols}) SELECT {cols} FROM last WHERE pg_backfill_apply_op = 'u'""").format(
+            table=table, cols=cols, key_match=key_match)
+        upsert = sql.SQL(" ON CONFLICT ({keys}) {on_conflict}").format(
             keys=sql.SQL(", ").join(map(sql.Identifier, key)), on_conflict=on_conflict)
-        self.table = table
+        if typed:
+            # (A row's values in column order from its JSON object, in one call.)
+            self.values_in_order = operator.itemgetter(*columns) if len(columns) > 1 else lambda row: (row[columns[0]],)
+            self.stage = sql.Identifier(f"pg_backfill_apply_rows_{number}")
+            # (A temporary table's columns of the table's types, without its constraints: a
+            # staged delete carries the key alone.)
+            self.create_stage = sql.SQL("""
+                CREATE TEMPORARY TABLE {stage} ON COMMIT DELETE ROWS AS
+                SELECT NULL::bigint AS pg_backfill_apply_seq, NULL::"char" AS pg_backfill_apply_op, {cols}
+                  FROM {table} WITH NO DATA""").format(stage=self.stage, cols=cols, table=table)
+            key_cols = sql.SQL(", ").join(map(sql.Identifier, key))
+            last = sql.SQL("""
+                WITH last AS MATERIALIZED (
+                    SELECT DISTINCT ON ({key_cols}) * FROM {stage} ORDER BY {key_cols}, pg_backfill_apply_seq DESC
+                ), """).format(key_cols=key_cols, stage=self.stage)
+        else:
+            self.stage = JSON_STAGE
+            key_cols = sql.SQL(", ").join(sql.Identifier("r", c) for c in key)
+            # The staged operations of this table, a `reads` batch as its rows; the last one per
+            # key (stream order: seq, then the row's place in its batch).
+            last = sql.SQL("""
+                WITH ops AS (
+                    SELECT seq, 0::bigint AS sub,
+                           CASE op WHEN 'r' THEN 'u' WHEN 'a' THEN 'd' ELSE op END,
+                           CASE op WHEN 'r' THEN doc -> 'data' WHEN 'a' THEN doc -> 'key' ELSE doc END
+                      FROM pg_backfill_apply_stage WHERE target = {n} AND op <> 'b'
+                    UNION ALL
+                    SELECT s.seq, e.sub, 'u', e.row -> 'data'
+                      FROM pg_backfill_apply_stage s, json_array_elements(s.doc -> 'rows') WITH ORDINALITY AS e(row, sub)
+                     WHERE s.target = {n} AND s.op = 'b'
+                ), last AS MATERIALIZED (
+                    SELECT DISTINCT ON ({key_cols}) ops.op AS pg_backfill_apply_op, r.*
+                      FROM ops, json_populate_record(NULL::{table}, ops.doc) AS r
+                     ORDER BY {key_cols}, ops.seq DESC, ops.sub DESC
+                ), """).format(n=sql.Literal(number), table=table, key_cols=key_cols)
+        # The batch's inserts, and the same as upserts: ApplyThread.apply_batch tries the first,
+        # cheaper, and falls back on the second where a key is already there.
+        self.apply_insert, self.apply = last + apply_last, last + apply_last + upsert
+
+    def values_of(self, row: dict):
+        """A row's JSON object's values in the table's column order, None for a column it lacks
+        (as json_populate_record leaves it NULL)."""
+        try:
+            return self.values_in_order(row)
+        except KeyError:
+            return [row.get(c) for c in self.columns]
 
     def __str__(self):
         return f"{self.schema}.{self.name}"
+
+
+def copy_field(value) -> str:
+    """A value in COPY's text format: a row_to_json value parsed with its numbers kept as text
+    (parse_int=str, parse_float=str), or a pgoutput value's text."""
+    if value is None:
+        return "\\N"
+    if value is True or value is False:
+        return "t" if value else "f"
+    if type(value) is not str:
+        raise ValueError(f"a JSON {type(value).__name__} for a column of a type staged as text")
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        value = value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    return value
+
+
+def copy_fields(values, plain=False) -> str:
+    """A row's values as one line of COPY text (without its newline). `plain`: the caller knows
+    no value holds a backslash, tab, newline or carriage return (a JSON text without a
+    backslash), so that values that are all strings are joined as they are."""
+    if plain:
+        try:
+            return "\t".join(values)
+        except TypeError:  # a NULL or a boolean among them
+            pass
+    return "\t".join(map(copy_field, values))
 
 
 def connect(dsn, what, **kw):
@@ -200,17 +287,23 @@ class Destination:
                               AND NOT attisdropped AND attgenerated = '' ORDER BY attnum),
                        array(SELECT a.attname FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, n), pg_attribute a
                               WHERE i.indrelid = c.oid AND i.indisprimary AND a.attrelid = c.oid AND a.attnum = k.attnum
-                              ORDER BY k.n)
+                              ORDER BY k.n),
+                       -- (Target's `typed`: built-in scalar types only.)
+                       coalesce((SELECT bool_and(t.typnamespace = 'pg_catalog'::regnamespace AND t.typtype IN ('b', 'r', 'm')
+                                                 AND t.typcategory <> 'A' AND t.oid NOT IN ('json'::regtype, 'jsonb'::regtype))
+                                   FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+                                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
+                                false)
                   FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
                  WHERE s.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')""", [schema, name])
             row = cur.fetchone()
         if row is None:
             raise UserError(f"table {schema}.{name} does not exist at the destination: create it there with the "
                             f"source's columns and primary key (e.g. pg_dump --schema-only of the source)")
-        columns, key = row
+        columns, key, typed = row
         if not key:
             raise UserError(f"table {schema}.{name} at the destination has no primary key: rows are applied by key")
-        found = self.targets[(schema, name)] = Target(len(self.targets), schema, name, columns, key)
+        found = self.targets[(schema, name)] = Target(len(self.targets), schema, name, columns, key, typed)
         return found
 
 
@@ -239,7 +332,8 @@ def envelope(content: bytes, known={}) -> dict:
 
 class ApplyThread(threading.Thread):
     """Runs the work the stream's thread queues, in order, in the destination's transaction:
-    ("apply", COPY data, targets, rows), ("sql", statement, parameters), ("commit", lsn). After
+    ("apply", [(staging table, COPY data)], targets, rows), ("sql", statement, parameters),
+    ("commit", lsn). After
     a commit, `committed_lsn` is the source position the destination now holds everything
     before: the only position ever confirmed to the slot."""
 
@@ -250,6 +344,10 @@ class ApplyThread(threading.Thread):
         self.committed_lsn = 0
         self.rows_applied = self.commits = 0
         self.failure = None
+        self.typed_stages = set()  # the typed targets whose staging table this session has made
+        # Per target: its batches' plain inserts that failed in a row, and the batches still to
+        # apply as upserts without trying one (apply_batch).
+        self.failed_inserts, self.upserts_ahead = {}, {}
 
     def run(self):
         try:
@@ -257,11 +355,17 @@ class ApplyThread(threading.Thread):
                 item = self.work.get()
                 with self.conn.cursor() as cur:
                     if item[0] == "apply":
-                        _, data, targets, rows = item
-                        cur.copy_expert("COPY pg_backfill_apply_stage FROM STDIN", io.BytesIO(data))
+                        _, staged, targets, rows = item
                         for target in targets:
-                            cur.execute(target.apply)
-                        cur.execute("DELETE FROM pg_backfill_apply_stage")
+                            if target.typed and target.number not in self.typed_stages:
+                                cur.execute(target.create_stage)
+                                self.typed_stages.add(target.number)
+                        for stage, data in staged:
+                            cur.copy_expert(sql.SQL("COPY {} FROM STDIN").format(stage), io.BytesIO(data))
+                        for target in targets:
+                            self.apply_batch(cur, target)
+                        for stage, _ in staged:
+                            cur.execute(sql.SQL("DELETE FROM {}").format(stage))
                         self.rows_applied += rows
                     elif item[0] == "sql":
                         cur.execute(item[1], item[2])
@@ -272,6 +376,31 @@ class ApplyThread(threading.Thread):
                 self.work.task_done()
         except BaseException as e:  # the stream's thread raises it
             self.failure = e
+
+    def apply_batch(self, cur, target):
+        """A target's staged operations. First as plain inserts, under a savepoint: when the
+        destination holds none of the batch's keys (a backfilled table's rows arriving ahead of
+        any change of theirs) that is the whole work, and cheaper than INSERT ... ON CONFLICT.
+        A key already there fails it (unique_violation) before it commits anything: rolled
+        back to the savepoint, the batch is applied as upserts, the same statement with ON
+        CONFLICT, so that either way each key ends in its last state of the stream. After a
+        failure, the table's next batches go straight to upserts (1, 2, 4, ... up to 64 of
+        them while the tries keep failing): a table under live changes pays for few failed tries."""
+        ahead = self.upserts_ahead.get(target.number, 0)
+        if ahead:
+            self.upserts_ahead[target.number] = ahead - 1
+        else:
+            cur.execute("SAVEPOINT pg_backfill_apply_insert")
+            try:
+                cur.execute(target.apply_insert)
+                cur.execute("RELEASE SAVEPOINT pg_backfill_apply_insert")
+                self.failed_inserts[target.number] = 0
+                return
+            except psycopg2.errors.UniqueViolation:
+                cur.execute("ROLLBACK TO SAVEPOINT pg_backfill_apply_insert")
+                failed = self.failed_inserts[target.number] = self.failed_inserts.get(target.number, 0) + 1
+                self.upserts_ahead[target.number] = min(2 ** (failed - 1), 64)
+        cur.execute(target.apply)
 
     def idle(self):
         return self.work.unfinished_tasks == 0
@@ -299,7 +428,9 @@ class Applier:
         self.applier = ApplyThread(self.destination)
         self.applier.start()
         self.relations = {}  # pgoutput relation id -> Relation
-        self.staged = []  # COPY lines for pg_backfill_apply_stage: the segment being collected
+        # The segment being collected: COPY lines for pg_backfill_apply_stage (bytes), and for
+        # each typed target's staging table (str).
+        self.json_staged, self.typed_staged = [], {}
         self.staged_rows = 0
         self.touched = set()  # Targets with staged operations
         self.uncommitted_rows = 0  # rows queued since the last commit
@@ -376,10 +507,29 @@ class Applier:
 
     # -- staging and handing over --
 
+    def stage_change(self, relation, op, values):
+        """A pgoutput change of a row: op 'u', upsert its values; 'd', delete its key."""
+        if relation.target.typed:
+            self.stage_typed(relation.target, op, [relation.target_values(values)])
+        else:
+            self.stage(relation.target, op, relation.as_json(values))
+
+    def stage_typed(self, target: Target, op: str, rows, plain=False):
+        """Operations of a typed target in stream order, one per row of `rows` (each the values in
+        the target's column order): op 'u' upserts it, 'd' deletes its key. `plain`: as
+        copy_fields' (no value holds a character COPY escapes)."""
+        lines, seq = self.typed_staged.setdefault(target, []), self.seq
+        for values in rows:
+            seq += 1
+            lines.append(f"{seq}\t{op}\t{copy_fields(values, plain)}\n")
+        self.staged_more(target, seq - self.seq)
+        self.seq = seq
+
     def stage(self, target: Target, op: str, doc, rows=1):
-        """One operation in stream order. op 'u': upsert the row doc; 'd': delete the key doc;
-        'r': a `read` message (its data upserted); 'a': an `absent` message (its key deleted);
-        'b': a `reads` message (its rows' data upserted in order). doc: str or bytes."""
+        """One operation of a target staged as JSON, in stream order. op 'u': upsert the row doc;
+        'd': delete the key doc; 'r': a `read` message (its data upserted); 'a': an `absent`
+        message (its key deleted); 'b': a `reads` message (its rows' data upserted in order).
+        doc: str or bytes."""
         if isinstance(doc, str):
             doc = doc.encode()
         # COPY text format: backslash, newline, carriage return and tab escaped.
@@ -388,7 +538,10 @@ class Applier:
         if b"\n" in doc or b"\r" in doc or b"\t" in doc:
             doc = doc.replace(b"\n", b"\\n").replace(b"\r", b"\\r").replace(b"\t", b"\\t")
         self.seq += 1
-        self.staged.append(b"%d\t%d\t%s\t%s\n" % (target.number, self.seq, op.encode(), doc))
+        self.json_staged.append(b"%d\t%d\t%s\t%s\n" % (target.number, self.seq, op.encode(), doc))
+        self.staged_more(target, rows)
+
+    def staged_more(self, target, rows):
         self.staged_rows += rows
         self.uncommitted_rows += rows
         self.touched.add(target)
@@ -411,10 +564,13 @@ class Applier:
 
     def hand_over_staged(self):
         """The segment collected so far, to be applied in the open destination transaction."""
-        if not self.staged:
+        if not self.touched:
             return
-        self.hand(("apply", b"".join(self.staged), sorted(self.touched, key=lambda t: t.number), self.staged_rows))
-        self.staged, self.staged_rows, self.touched = [], 0, set()
+        staged = [(target.stage, "".join(lines).encode()) for target, lines in self.typed_staged.items()]
+        if self.json_staged:
+            staged.append((JSON_STAGE, b"".join(self.json_staged)))
+        self.hand(("apply", staged, sorted(self.touched, key=lambda t: t.number), self.staged_rows))
+        self.json_staged, self.typed_staged, self.staged_rows, self.touched = [], {}, 0, set()
         self.queued_since_commit = True
 
     def hand_sql(self, statement, parameters=None):
@@ -470,15 +626,14 @@ class Applier:
                 columns.append(r.string())
                 types.append(r.int(4))
                 r.int(4)
-            relation = Relation(schema, name, columns, types)
-            if schema != "backfill":  # pg_backfill's own state tables (a FOR ALL TABLES publication)
-                relation.target = self.destination.target(schema, name)
-            self.relations[relid] = relation
+            # (Not pg_backfill's own state tables, which a FOR ALL TABLES publication sends.)
+            target = self.destination.target(schema, name) if schema != "backfill" else None
+            self.relations[relid] = Relation(schema, name, columns, types, target)
         elif kind == b"I":
             relation = self.relations[r.int(4)]
             r.int(1)  # 'N'
             if relation.target:
-                self.stage(relation.target, "u", relation.as_json(r.tuple()))
+                self.stage_change(relation, "u", r.tuple())
         elif kind == b"U":
             relation = self.relations[r.int(4)]
             old = None
@@ -490,16 +645,16 @@ class Applier:
             if not relation.target:
                 return
             if old is not None and self.key_of(relation, old) != self.key_of(relation, new):
-                self.stage(relation.target, "d", relation.as_json(old))
+                self.stage_change(relation, "d", old)
             if UNCHANGED in new:
                 self.patch(relation, new)
             else:
-                self.stage(relation.target, "u", relation.as_json(new))
+                self.stage_change(relation, "u", new)
         elif kind == b"D":
             relation = self.relations[r.int(4)]
             r.int(1)  # 'K' or 'O'
             if relation.target:
-                self.stage(relation.target, "d", relation.as_json(r.tuple()))
+                self.stage_change(relation, "d", r.tuple())
         elif kind == b"T":
             count, options = r.int(4), r.int(1)
             targets = [self.relations[r.int(4)].target for _ in range(count)]
@@ -534,12 +689,19 @@ class Applier:
             return  # a backfill bound to another slot: its consumer applies it
         op = message["op"]
         if op in ("read", "reads", "absent"):
-            # The message as it is: the destination takes the row (its data), the rows, or the
-            # key from it.
             target = self.destination.target(message["schema"], message["table"])
-            if op == "reads":
-                # (The rows' count, for the batch's size only: a "key" object nested in a json value
-                # may count too.)
+            if target.typed:
+                # The row (its data), the rows or the key as COPY text: numbers kept as their
+                # text, which the column's input function reads; a message without a backslash
+                # holds no value that COPY text escapes (JSON escapes tabs and newlines).
+                whole = json.loads(content, parse_int=str, parse_float=str)
+                rows = map(DATA, whole["rows"]) if op == "reads" else [whole["data" if op == "read" else "key"]]
+                self.stage_typed(target, "d" if op == "absent" else "u", map(target.values_of, rows),
+                                 plain=b"\\" not in content)
+            elif op == "reads":
+                # The message as it is: the destination takes the rows from it (and the row or
+                # the key of the others). (The rows' count, for the batch's size only: a "key"
+                # object nested in a json value may count too.)
                 self.stage(target, "b", content, rows=content.count(b'{"key":'))
             else:
                 self.stage(target, "r" if op == "read" else "a", content)
