@@ -148,7 +148,7 @@ pub struct LoadGovernor {
 
 impl LoadGovernor {
     pub fn new() -> Self {
-        // The first look is at once, and a worker that starts on a busy server starts slow.
+        // The first look is at once.
         let last_sample = Instant::now().checked_sub(SAMPLE_EVERY).unwrap_or_else(Instant::now);
         LoadGovernor { active: f64::NAN, cap: None, free_rate: 0.0, rows_since_sample: 0, last_sample }
     }
@@ -176,10 +176,17 @@ impl LoadGovernor {
             self.free_rate = if self.free_rate == 0.0 { achieved } else { 0.8 * self.free_rate + 0.2 * achieved };
         }
         if limit.is_some() || watched {
-            let now_active = active_sessions() as f64;
             let weight = 1.0 - (-seconds / SMOOTHING.as_secs_f64()).exp();
-            self.active =
-                if self.active.is_nan() { now_active } else { self.active + weight * (now_active - self.active) };
+            self.active = if self.active.is_nan() {
+                // Under a limit, the first look is the average: a worker that starts on a server
+                // past the DBA's limit starts slow. The duty cycle's first count is the mean of a
+                // few looks instead: one look may catch a session at work for a moment (a
+                // monitor's query, the starter's own), and resting for it cost an idle server's
+                // backfill a tenth of its speed (measured, bench/README.md).
+                if limit.is_some() { active_sessions() as f64 } else { first_count() }
+            } else {
+                self.active + weight * (active_sessions() as f64 - self.active)
+            };
         } else {
             self.active = f64::NAN;
         }
@@ -215,6 +222,22 @@ impl LoadGovernor {
         let (rate, limit) = (self.cap?, limit?);
         Some(WaitReason::Load { active: self.active, limit, rate })
     }
+}
+
+/// The looks of the duty cycle's first count, [`FIRST_COUNT_STEP`] apart.
+const FIRST_COUNT_LOOKS: u32 = 5;
+const FIRST_COUNT_STEP: Duration = Duration::from_millis(20);
+
+/// The active client sessions on average over the first count's looks.
+fn first_count() -> f64 {
+    let mut total = 0;
+    for look in 0..FIRST_COUNT_LOOKS {
+        if look > 0 {
+            crate::throttle::pacing::sleep(FIRST_COUNT_STEP);
+        }
+        total += active_sessions();
+    }
+    total as f64 / f64::from(FIRST_COUNT_LOOKS)
 }
 
 /// Client sessions running a statement now, this one aside (a worker is not a client backend),

@@ -2,7 +2,7 @@
 //! max_active_sessions) works a bounded share of its time while the server is busy.
 //!
 //! After each page, its worker rests for a multiple of the page's own time (gh-ost's
-//! `--nice-ratio`): at a duty cycle of 15% (the default), 85/15 = 5.7 times as long as the page
+//! `--nice-ratio`): at a duty cycle of 20% (the default), 80/20 = 4 times as long as the page
 //! took. The page's time is its wall time, so it counts what the page cost the server and what
 //! the server made it wait (for a CPU, for the disk: a resting worker waits for its page's WAL to
 //! be flushed), and, for a pipeline's backfill, until the slot's walsender has decoded and sent
