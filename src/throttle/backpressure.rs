@@ -183,7 +183,11 @@ impl LoadGovernor {
                 // few looks instead: one look may catch a session at work for a moment (a
                 // monitor's query, the starter's own), and resting for it cost an idle server's
                 // backfill a tenth of its speed (measured, bench/README.md).
-                if limit.is_some() { active_sessions() as f64 } else { first_count() }
+                if limit.is_some() {
+                    active_sessions() as f64
+                } else {
+                    first_count()
+                }
             } else {
                 self.active + weight * (active_sessions() as f64 - self.active)
             };

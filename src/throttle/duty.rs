@@ -6,8 +6,8 @@
 //! took. The page's time is its wall time, so it counts what the page cost the server and what
 //! the server made it wait (for a CPU, for the disk: a resting worker waits for its page's WAL to
 //! be flushed), and, for a pipeline's backfill, until the slot's walsender has decoded and sent
-//! the page: the decoding is the page's cost too, paid by another process (measured: on 2 cores
-//! under pgbench, leaving it out cost pgbench a tenth of its TPS more than the duty cycle allowed).
+//! the page: the decoding is the page's cost too, paid by another process (left out, the rests
+//! bounded only the worker's share, and on 2 cores pgbench paid for the walsender's: bench/README.md).
 //! The busier the server, the longer each page and each rest. The backfill's share of a core, of
 //! the WAL written and of the locks held is then at most the duty cycle, however many sessions
 //! are active, and it still moves at that share of its speed; a session count only says whether
