@@ -399,7 +399,7 @@ def load_signal(conn, seconds, repeat, thresholds, clients=(4,), unpaced_under_l
 
 def load_signal_rounds(conn, seconds, repeat, thresholds, clients, unpaced_under_load, duty_cycles):
     """load_signal's rounds, its pipeline streaming."""
-    # "default": no pacing option, as the README's worked example (backfill.default_duty_cycle);
+    # "default": no pacing option, as the README's first backfill (backfill.default_duty_cycle);
     # "unpaced": max_active_sessions => 0, the default turned off.
     start = "SELECT backfill_start('pgbench_accounts', confirm => true, slot => 'load_slot', publication => 'load_pub'{})"
     starts = {"default backfill": start.format(""), "unpaced backfill": start.format(", max_active_sessions => 0")}
@@ -606,7 +606,7 @@ def spilled(conn, slot):
 def e2e_backfill(rows_per_message, batch_size=1000, pipeline=False, applied=False):
     """pg_backfill until every row is delivered: from backfill_start to the walsender having sent
     the last page's transaction. A pipeline's backfill names the consumer's slot and publication,
-    as the README's worked example does: it waits on the consumer's feedback, and each page checks
+    as docs/tutorial.md's worked example does: it waits on the consumer's feedback, and each page checks
     the publication still holds the table. `applied`: until the reference consumer has committed
     every row at the destination (and confirmed it), and the destination holds them all."""
     def run(conn, table, slot):

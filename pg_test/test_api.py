@@ -415,7 +415,7 @@ DONE = ("SELECT backfill_start('orders', confirm => true)", "SELECT backfill_wai
     (("SELECT backfill_start('orders', confirm => true, rows_per_second => 10)",), "SELECT backfill_set(1, max_lag => 1000000)"),
 ])
 def test_every_error_a_user_causes_has_a_hint(orders, setup, call):
-    """The README promises a hint with every error a user can cause; these had none (issue 35)."""
+    """docs/reference.md promises a hint with every error a user can cause; these had none (issue 35)."""
     for statement in setup:
         orders.execute(statement)
     e = error_of(orders, call)

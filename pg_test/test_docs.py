@@ -171,7 +171,7 @@ def shop_publication(conn):
 
 
 def a_backfill_waiting_for_its_consumer(conn):
-    """The README's worked example: orders' backfill for the slot of a pgoutput consumer that is not
+    """tutorial.md's worked example: orders' backfill for the slot of a pgoutput consumer that is not
     streaming yet, paced at 20,000 rows/s; returns once its worker waits for the consumer."""
     orders(conn)
     slot("search_index", "pgoutput")(conn)
@@ -222,7 +222,7 @@ def first_message(conn, op, where=""):
 
 
 def a_read_message(conn, cluster):
-    """The README's and consumers.md's read: row 42 of the demo's orders."""
+    """tutorial.md's and consumers.md's read: row 42 of the demo's orders."""
     conn.execute("SELECT backfill_start('orders', confirm => true)")
     conn.execute("SELECT backfill_wait(1)")
     return pretty_message(first_message(conn, "read", '"key":{"id":42}'))

@@ -411,7 +411,7 @@ def assert_progress_agrees(samples):
 
 
 def test_progress_agrees_with_itself_on_the_demo_table(db):
-    """The README's demo: 50,000 orders, paced, an application writing. (Before, the
+    """tutorial.md's demo: 50,000 orders, paced, an application writing. (Before, the
     percentage followed key-range histograms and the rows the estimate: 1.0% next to
     rows 7500/50000.)"""
     db.execute(

@@ -24,7 +24,7 @@
 # package: any error or warning fails the build. 15's and 17's pg_config are Debian's and already
 # name those directories; 18's, built from source under /usr/local/pgsql-18, names its own, which
 # the package maps to Debian's (its package is built against the same major's headers but not
-# installed by the package tests: Debian 12 has no postgresql-18 package; see the README).
+# installed by the package tests: Debian 12 has no postgresql-18 package; see docs/installing.md).
 #
 # arm64 (scripts/lib/arm64.sh): the SQL files are the same on every architecture (pgrx writes them
 # from the Rust source), so they come from the host's build of the same major, as above; the library

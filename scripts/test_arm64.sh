@@ -7,7 +7,7 @@
 # cluster there, every row read once, removes it and checks that nothing is left. Every program in
 # those roots, PostgreSQL's server too, runs under Debian's qemu-user-static (registered with
 # binfmt_misc by scripts/lib/debian_root.sh): several times slower than natively, which is why this
-# is a script of its own and not a part of .ci/run (see the README). Installs what building needs
+# is a script of its own and not a part of .ci/run (see docs/installing.md). Installs what building needs
 # first (scripts/setup.sh for 15 and 17: the SQL files come from their amd64 builds).
 #
 #   bash scripts/test_arm64.sh [pytest arguments]

@@ -9,7 +9,7 @@
 #       sid root (pg_root.sh, as 17): they need glibc 2.43. (Built from source as 18 is, it
 #       would need experimental's source package, which the archive does not serve here: its
 #       files answer 404, where experimental's binary packages download.)
-# (16 is in no Debian release: see the README's supported versions.) scripts/setup.sh installs
+# (16 is in no Debian release: see docs/installing.md, Supported versions.) scripts/setup.sh installs
 # whichever is missing. Sourced, not run; sets
 #   PG_MAJOR     15, 17, 18 or 19
 #   PG_BIN       that server's bin directory (BACKFILL_PG_BIN, if set: another installation of the
