@@ -509,13 +509,24 @@ def never_load(conn, backfill_id: int, seconds: float) -> None:
         time.sleep(0.2)
 
 
+# The most rows of a page while the duty cycle rests (throttle/duty.rs).
+RESTING_PAGE_ROWS = 200
+
+
+def rows_and_pages(db, backfill_id):
+    """A backfill's rows delivered and pages committed so far, as one snapshot sees them (each
+    page's commit updates both)."""
+    return db.execute("SELECT sum(rows_done)::bigint, sum(pages_row_locked + pages_table_locked)::bigint"
+                      " FROM backfill.job_table WHERE job_id = %s", [backfill_id]).fetchone()
+
+
 @pytest.mark.slow
 def test_with_no_pacing_option_a_busy_server_makes_the_backfill_rest_and_an_idle_one_does_not(cluster, db):
     """Under load, a backfill with no pacing of its own rests after each page
     (backfill.default_duty_cycle; 1% here, so that it runs under the load for many seconds on
     any machine): waiting_kind load, waiting_for naming the setting, its share and the rate, and it
-    keeps delivering. The load gone, it stops resting and finishes; on an idle server it never
-    rests. Backfills with pacing of
+    keeps delivering, in pages of at most 200 rows. The load gone, it stops resting and finishes;
+    on an idle server it never rests, and its pages take whole batches. Backfills with pacing of
     their own (rows_per_second, max_active_sessions => 0) never rest; a DBA's
     backfill.default_max_active_sessions slows one down as max_active_sessions does."""
     db.execute(
@@ -528,6 +539,8 @@ def test_with_no_pacing_option_a_busy_server_makes_the_backfill_rest_and_an_idle
         backfill_id = db.execute("SELECT backfill_start('busy', confirm => true)").fetchone()[0]
         never_load(db, backfill_id, 120)
         assert wait_until_ended(db, backfill_id) == "done"
+        rows, pages = rows_and_pages(db, backfill_id)
+        assert rows > RESTING_PAGE_ROWS * pages, f"{rows} rows in {pages} pages on an idle server: whole batches"
 
         load = ActiveSessions(cluster, db.info.dbname, 4)
         wait_for(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s AND state = 'active'",
@@ -550,6 +563,9 @@ def test_with_no_pacing_option_a_busy_server_makes_the_backfill_rest_and_an_idle
         assert status(db, backfill_id, "max_active_sessions") is None  # no limit: a duty cycle
         moved = status(db, backfill_id, "rows_done")
         wait_for(lambda: status(db, backfill_id, "rows_done") > moved, timeout=60, what="a page more, under the load")
+        # Every page so far was under the load, the first included (its count comes first): short ones.
+        rows, pages = rows_and_pages(db, backfill_id)
+        assert 0 < rows <= RESTING_PAGE_ROWS * pages, f"{rows} rows in {pages} pages under load"
 
         load.stop()
         load = None

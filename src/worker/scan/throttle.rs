@@ -77,8 +77,12 @@ impl Throttle {
     /// Whether the next page may begin now: the worker's rest after its last page is over, and
     /// the page fits the rate (if not, it slept toward both, at most a second).
     pub fn ready_for_page(&mut self) -> bool {
-        self.rows_per_page =
-            self.rows_per_page.min(self.batch_size).min(self.pacer.page_limit()).min(self.rows_within_bytes);
+        self.rows_per_page = self
+            .rows_per_page
+            .min(self.batch_size)
+            .min(self.pacer.page_limit())
+            .min(self.rows_within_bytes)
+            .min(self.duty.page_limit());
         let ready = self.duty.rested() && self.pacer.ready_for(self.rows_per_page);
         if ready {
             self.duty.page_begins();
