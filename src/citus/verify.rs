@@ -97,12 +97,12 @@ impl FanOut for WorkerNodes {
         rows.into_iter().zip(sums).map(|(rows, sum)| (rows, (level == Level::Hash).then(|| sum.to_string()))).collect()
     }
 
-    /// A distributed table's changes are in its worker nodes' streams: the insert position on
-    /// each (an asynchronous commit is visible before its record is written).
+    /// A distributed table's changes are in its worker nodes' streams: the end of the WAL
+    /// inserted on each (an asynchronous commit is visible before its record is written).
     fn stream_position(&self, relid: pg_sys::Oid) -> Box<dyn StreamMark> {
         let commands: Vec<(Node, String)> = nodes::group_by_node(&nodes::placements(relid))
             .into_keys()
-            .map(|node| (node, crate::verify::compare::INSERT_POSITION.to_string()))
+            .map(|node| (node, crate::pg::wal::END_OF_INSERTED_WAL.to_string()))
             .collect();
         let answers = nodes::run(&commands);
         Box::new(NodePositions(

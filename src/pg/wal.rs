@@ -18,18 +18,55 @@ pub fn flush_last_commit() {
     }
 }
 
-/// Flushes the WAL inserted so far, on a primary: a walsender sends only flushed WAL, and on a
+/// Flushes the WAL up to `end`, on a primary: a walsender sends only flushed WAL, and on a
 /// source that commits nothing more the tail of it (a non-transactional record, an asynchronous
 /// commit's) may wait for the background writers, seconds (measured: a comparison bound to a
 /// slot waited 21 s on an idle source for what it took 1.9 s to see with commits going on).
-pub fn flush_inserted() {
-    // SAFETY: outside recovery, XLogFlush takes any position up to the WAL inserted, which
-    // GetXLogInsertRecPtr returns; RecoveryInProgress only reads shared state.
+///
+/// `end` must be the end of a record already inserted, as `END_OF_INSERTED_WAL` gives it; not
+/// `pg_current_wal_insert_lsn()`, which at a page's start points past the page's header, to WAL
+/// not written yet, which XLogFlush refuses ("xlog flush request ... is not satisfied").
+pub fn flush_up_to(end: u64) {
+    // SAFETY: outside recovery, XLogFlush takes any position up to the end of the WAL inserted;
+    // RecoveryInProgress only reads shared state.
     unsafe {
         if !pg_sys::RecoveryInProgress() {
-            pg_sys::XLogFlush(pg_sys::GetXLogInsertRecPtr());
+            pg_sys::XLogFlush(end);
         }
     }
+}
+
+/// The end of the WAL inserted so far, as `pg_lsn` text; on a standby, the WAL replayed.
+///
+/// `pg_current_wal_insert_lsn()` is where the next record will start: when the last one ended
+/// at a page's end, that is past the next page's header (24 bytes; 40 on a segment's first
+/// page), which no record fills yet. The headers' sizes are checked against PostgreSQL's below.
+pub const END_OF_INSERTED_WAL: &str =
+    "SELECT (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+                  ELSE (SELECT CASE WHEN in_page OPERATOR(pg_catalog.=) header
+                                    THEN inserted OPERATOR(pg_catalog.-) header::pg_catalog.numeric
+                                    ELSE inserted END
+                          FROM (SELECT inserted, in_segment OPERATOR(pg_catalog.%) page_size AS in_page,
+                                       CASE WHEN in_segment OPERATOR(pg_catalog.<) page_size THEN 40 ELSE 24 END AS header
+                                  FROM (SELECT pg_catalog.pg_current_wal_insert_lsn() AS inserted) i,
+                                       LATERAL (SELECT (pg_catalog.pg_walfile_name_offset(inserted)).file_offset AS in_segment,
+                                                       pg_catalog.current_setting('wal_block_size')::pg_catalog.int4 AS page_size) s) w)
+             END)::pg_catalog.text";
+
+// The page headers END_OF_INSERTED_WAL steps back over: SizeOfXLogShortPHD and
+// SizeOfXLogLongPHD, MAXALIGNed.
+const _: () = {
+    const fn maxaligned(size: usize) -> usize {
+        size.next_multiple_of(pg_sys::MAXIMUM_ALIGNOF as usize)
+    }
+    assert!(maxaligned(std::mem::size_of::<pg_sys::XLogPageHeaderData>()) == 24);
+    assert!(maxaligned(std::mem::size_of::<pg_sys::XLogLongPageHeaderData>()) == 40);
+};
+
+/// A `pg_lsn`'s text ("16/B374D848") as a WAL position.
+pub fn lsn_from_text(text: &str) -> Option<u64> {
+    let (high, low) = text.split_once('/')?;
+    Some(u64::from_str_radix(high, 16).ok()? << 32 | u64::from_str_radix(low, 16).ok()?)
 }
 
 /// How far the walsender streaming logical slot `slot` has decoded and sent the WAL (its

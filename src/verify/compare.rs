@@ -187,11 +187,6 @@ pub fn last_publication_of(relid: pg_sys::Oid, slot: &str) -> Option<String> {
     .map(|t| t.0)
 }
 
-/// The source's insert position (an asynchronous commit is visible before its record is written).
-pub const INSERT_POSITION: &str =
-    "SELECT (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
-                                     ELSE pg_catalog.pg_current_wal_insert_lsn() END)::pg_catalog.text";
-
 /// Whether slot $1's consumer confirmed position $2 (no row: no such slot).
 pub const SLOT_CONFIRMED: &str =
     "SELECT coalesce(s.confirmed_flush_lsn OPERATOR(pg_catalog.>=) $2::pg_catalog.pg_lsn, false)
@@ -210,10 +205,16 @@ impl StreamPosition {
         if let Side::Spread { relid, fan_out, .. } = source {
             return StreamPosition::Spread(fan_out.stream_position(*relid));
         }
-        let here = crate::pg::spi::select_one::<String>(INSERT_POSITION, &[]).or_internal("read the WAL position");
+        // The end of the WAL inserted, not the position of the next record: an asynchronous
+        // commit is visible before its record is written.
+        let here = crate::pg::spi::select_one::<String>(crate::pg::wal::END_OF_INSERTED_WAL, &[])
+            .or_internal("read the WAL position")
+            .unwrap_or_default();
         // Sent only once flushed: on an idle source nothing else may flush it for seconds.
-        crate::pg::wal::flush_inserted();
-        StreamPosition::Here(here.unwrap_or_default())
+        if let Some(end) = crate::pg::wal::lsn_from_text(&here) {
+            crate::pg::wal::flush_up_to(end);
+        }
+        StreamPosition::Here(here)
     }
 
     /// Whether the consumer of `slot` confirmed this position: on every server, for a spread
