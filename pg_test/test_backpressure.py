@@ -629,4 +629,3 @@ def test_a_pipelines_default_backfill_counts_the_walsenders_sending_in_each_page
         set_duty_cycle(db, None)
         consumer.stop()
         db.execute("SELECT pg_drop_replication_slot('sending')")
-
