@@ -49,7 +49,9 @@ pub const END_OF_INSERTED_WAL: &str =
                           FROM (SELECT inserted, in_segment OPERATOR(pg_catalog.%) page_size AS in_page,
                                        CASE WHEN in_segment OPERATOR(pg_catalog.<) page_size THEN 40 ELSE 24 END AS header
                                   FROM (SELECT pg_catalog.pg_current_wal_insert_lsn() AS inserted) i,
-                                       LATERAL (SELECT (pg_catalog.pg_walfile_name_offset(inserted)).file_offset AS in_segment,
+                                       LATERAL (SELECT (inserted OPERATOR(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)
+                                                           OPERATOR(pg_catalog.%) pg_catalog.pg_size_bytes(pg_catalog.current_setting('wal_segment_size'))
+                                                           AS in_segment,
                                                        pg_catalog.current_setting('wal_block_size')::pg_catalog.int4 AS page_size) s) w)
              END)::pg_catalog.text";
 
