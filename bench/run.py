@@ -11,6 +11,7 @@ taken within the same run.
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -361,25 +362,13 @@ def active_sessions_while(conn, bench):
     return statistics.mean(samples) if samples else 0.0
 
 
-def load_signal(conn, seconds, repeat, thresholds, clients=(4,), unpaced_under_load=True, duty_cycles=()):
-    """The application's TPS and p99 latency (pgbench on `clients` clients, on pgbench_accounts)
-    alone, under back-to-back backfills of that table started with no option (the gentle
-    default) and unpaced, and under backfills held back by max_active_sessions at each
-    threshold: the scenarios take turns in each round, in the reverse order every other round;
-    medians over the rounds, and each figure
-    as a share of the same round's alone. Each round first times a whole backfill of the table
-    on the idle server, the default and unpaced in turn, from its start until its consumer was
-    sent the last page: their speeds, and the default's as a share of unpaced.
-
-    All of it in the README's configuration: a pipeline (a pgoutput slot, a publication of
-    pgbench's tables, a real consumer: pg_recvlogical, status every second) streams pgbench's
-    changes throughout, pgbench alone included, and every backfill names its slot and
-    publication, so that it waits on the consumer's feedback, and the walsender decodes its
-    messages beside pgbench's changes.
-
-    `duty_cycles`: the default backfill under pgbench once at each backfill.default_duty_cycle
-    (set before each scenario), instead of once at the server's, all taking turns in each
-    round, so that they are compared under the same load."""
+@contextlib.contextmanager
+def pgbench_pipeline(conn):
+    """pgbench's tables (scale 10) streamed in the README's configuration while the block runs: a
+    pipeline (a pgoutput slot, load_slot, and a publication of pgbench's tables, load_pub, with
+    a real consumer: pg_recvlogical, status every second) streams pgbench's changes throughout,
+    pgbench alone included. Every backfill then names its slot and publication, so that it waits
+    on the consumer's feedback, and the walsender decodes its messages beside pgbench's changes."""
     subprocess.run([PGBENCH, "-i", "-q", "-s", "10", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     conn.execute("VACUUM ANALYZE pgbench_accounts")
@@ -390,77 +379,66 @@ def load_signal(conn, seconds, repeat, thresholds, clients=(4,), unpaced_under_l
     while not conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = 'load_slot'").fetchone()[0]:
         time.sleep(0.01)
     try:
-        return load_signal_rounds(conn, seconds, repeat, thresholds, clients, unpaced_under_load, duty_cycles)
+        yield
     finally:
         receiver.stop()
         conn.execute("SELECT pg_drop_replication_slot('load_slot')")
         conn.execute("DROP PUBLICATION load_pub")
 
 
-def load_signal_rounds(conn, seconds, repeat, thresholds, clients, unpaced_under_load, duty_cycles):
-    """load_signal's rounds, its pipeline streaming."""
-    # "default": no pacing option, as the README's first backfill (backfill.default_duty_cycle);
-    # "unpaced": max_active_sessions => 0, the default turned off.
-    start = "SELECT backfill_start('pgbench_accounts', confirm => true, slot => 'load_slot', publication => 'load_pub'{})"
-    starts = {"default backfill": start.format(""), "unpaced backfill": start.format(", max_active_sessions => 0")}
-    defaults = [(duty_cycle_label(n), starts["default backfill"]) for n in duty_cycles] or [("default backfill", starts["default backfill"])]
-    duty_cycle_of = dict(zip((label for label, _ in defaults), duty_cycles))
-    scenarios = [("no backfill", None)] + defaults
-    if unpaced_under_load:
-        scenarios.append(("unpaced backfill", starts["unpaced backfill"]))
-    scenarios += [(f"max_active_sessions {n}", start.format(f", max_active_sessions => {n}")) for n in thresholds]
-    rounds, idle = [], {"default backfill": [], "unpaced backfill": []}
-    for round_number in range(repeat):
-        # The idle server first: a whole backfill of pgbench_accounts with nothing else running,
-        # the default and unpaced taking turns, each first in every other round (the default
-        # must not slow a backfill on an idle server). VACUUM first: the first scan after
-        # pgbench's updates would otherwise prune pages and set hint bits for the second.
-        if duty_cycles:
-            # The server's own duty cycle there: the idle server's backfills never rest anyway.
-            conn.execute("ALTER SYSTEM RESET backfill.default_duty_cycle")
-            conn.execute("SELECT pg_reload_conf()")
-        for label in sorted(idle, reverse=round_number % 2 == 1):
-            conn.execute("VACUUM pgbench_accounts")
-            conn.execute("CHECKPOINT")
-            started = time.perf_counter()
-            backfill = conn.execute(starts[label]).fetchone()[0]
-            while conn.execute("SELECT state FROM backfill_status WHERE id = %s", [backfill]).fetchone()[0] == "running":
-                time.sleep(0.005)
-            elapsed = sent_past(conn, "load_slot", flushed_lsn(conn), started)
-            rows = conn.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill]).fetchone()[0]
-            idle[label].append(rows / elapsed)
-        figures = {}
-        for n in clients:
-            # Each first in every other round, as on the idle server: the machine's other load
-            # drifts over a round, and would otherwise fall on whichever always runs second.
-            for label, start in (scenarios if round_number % 2 == 0 else scenarios[::-1]):
-                if label in duty_cycle_of:
-                    conn.execute(f"ALTER SYSTEM SET backfill.default_duty_cycle = {int(duty_cycle_of[label])}")
-                    conn.execute("SELECT pg_reload_conf()")
-                conn.execute("CHECKPOINT")
-                run = pgbench_under(conn, seconds, start, clients=n)
-                figures[(n, label)] = {k: run[k] for k in ("tps", "p99_latency_ms", "rows_backfilled_per_second", "active_sessions")}
-            alone = figures[(n, "no backfill")]
-            for label, _ in scenarios:
-                f = figures[(n, label)]
-                f["share_of_tps_alone"] = f["tps"] / alone["tps"]
-                f["p99_growth"] = f["p99_latency_ms"] / alone["p99_latency_ms"] - 1
-        rounds.append(figures)
-        print(f"round {round_number + 1}: " + ", ".join(
-            f"{n}c {label}: {f['tps']:.0f} TPS ({f['share_of_tps_alone']:.2f}), {f['rows_backfilled_per_second']:.0f} rows/s"
-            for (n, label), f in figures.items() if label != "no backfill"), flush=True)
+# A backfill of pgbench_accounts by the pipeline of pgbench_pipeline(), with these options.
+PIPELINE_START = "SELECT backfill_start('pgbench_accounts', confirm => true, slot => 'load_slot', publication => 'load_pub'{})"
+# "default": no pacing option, as the README's first backfill (backfill.default_duty_cycle);
+# "unpaced": max_active_sessions => 0, the default turned off.
+IDLE_STARTS = {"default backfill": PIPELINE_START.format(""),
+               "unpaced backfill": PIPELINE_START.format(", max_active_sessions => 0")}
+
+
+def load_signal(conn, seconds, repeat, thresholds, clients=(4,)):
+    """The application's TPS and p99 latency (pgbench on `clients` clients, on pgbench_accounts)
+    alone, under back-to-back backfills of that table started with no option (the gentle
+    default) and unpaced, and under backfills held back by max_active_sessions at each
+    threshold: the scenarios take turns in each round, in the reverse order every other round;
+    medians over the rounds, and each figure as a share of the same round's alone. Each round
+    first times a whole backfill of the table on the idle server, the default and unpaced in
+    turn (idle_speeds). All of it in the README's configuration (pgbench_pipeline)."""
+    with pgbench_pipeline(conn):
+        return load_signal_rounds(conn, seconds, repeat, thresholds, clients)
+
+
+def as_shares_of_alone(figures, n):
+    """Each figure of client count `n` (figures by (clients, label)) with its TPS and p99 as a
+    share of the same round's pgbench alone."""
+    alone = figures[(n, "no backfill")]
+    for (clients, _), f in figures.items():
+        if clients == n:
+            f["share_of_tps_alone"] = f["tps"] / alone["tps"]
+            f["p99_growth"] = f["p99_latency_ms"] / alone["p99_latency_ms"] - 1
+
+
+def print_round(round_number, figures):
+    print(f"round {round_number + 1}: " + ", ".join(
+        f"{n}c {label}: {f['tps']:.0f} TPS ({f['share_of_tps_alone']:.2f}), p99 {f['p99_growth']:+.0%}, "
+        f"{f['rows_backfilled_per_second']:.0f} rows/s"
+        for (n, label), f in figures.items() if label != "no backfill"), flush=True)
+
+
+def load_medians(rounds, clients, labels, idle, repeat):
+    """The medians over `rounds` (each figures by (clients, label)) at each client count of
+    each of `labels`, and the idle server's speeds (idle_speeds), printed and returned."""
     results = []
     for n in clients:
         print(f"\n{f'pgbench ({n} clients) with':28} {'TPS':>8} {'x alone':>8} {'p99 ms':>8} {'p99 growth':>11} "
               f"{'backfill rows/s':>16}   (medians of {repeat})")
-        for label, _ in scenarios:
+        for label in labels:
             keys = ("tps", "share_of_tps_alone", "p99_latency_ms", "p99_growth", "rows_backfilled_per_second")
             med = {k: statistics.median(r[(n, label)][k] for r in rounds) for k in keys}
             results.append({"scenario": label, "clients": n, **med, "rounds": [r[(n, label)] for r in rounds]})
             print(f"{label:28} {med['tps']:>8.0f} {med['share_of_tps_alone']:>8.2f} {med['p99_latency_ms']:>8.2f} "
                   f"{med['p99_growth']:>+11.0%} {med['rows_backfilled_per_second']:>16.0f}")
-        alone = [r[(n, "no backfill")]["active_sessions"] for r in rounds]
-        print(f"active client sessions, pgbench alone (mean of 50 ms samples): {statistics.median(alone):.2f}")
+        sessions = [r[(n, "no backfill")].get("active_sessions") for r in rounds]
+        if None not in sessions:
+            print(f"active client sessions, pgbench alone (mean of 50 ms samples): {statistics.median(sessions):.2f}")
     print(f"\n{'idle server, one backfill':28} {'rows/s':>8} {'x unpaced':>10}   (medians of {repeat})")
     unpaced = statistics.median(idle["unpaced backfill"])
     for label, speeds in idle.items():
@@ -471,28 +449,201 @@ def load_signal_rounds(conn, seconds, repeat, thresholds, clients, unpaced_under
     return results
 
 
+def load_signal_rounds(conn, seconds, repeat, thresholds, clients):
+    """load_signal's rounds, its pipeline streaming."""
+    scenarios = [("no backfill", None), ("default backfill", IDLE_STARTS["default backfill"]),
+                 ("unpaced backfill", IDLE_STARTS["unpaced backfill"])]
+    scenarios += [(f"max_active_sessions {n}", PIPELINE_START.format(f", max_active_sessions => {n}")) for n in thresholds]
+    rounds, idle = [], {label: [] for label in IDLE_STARTS}
+    for round_number in range(repeat):
+        idle_speeds(conn, IDLE_STARTS, round_number, idle)
+        figures = {}
+        for n in clients:
+            # Each first in every other round, as on the idle server: the machine's other load
+            # drifts over a round, and would otherwise fall on whichever always runs second.
+            for label, start in (scenarios if round_number % 2 == 0 else scenarios[::-1]):
+                conn.execute("CHECKPOINT")
+                run = pgbench_under(conn, seconds, start, clients=n)
+                figures[(n, label)] = {k: run[k] for k in ("tps", "p99_latency_ms", "rows_backfilled_per_second", "active_sessions")}
+            as_shares_of_alone(figures, n)
+        rounds.append(figures)
+        print_round(round_number, figures)
+    return load_medians(rounds, clients, [label for label, _ in scenarios], idle, repeat)
+
+
 def duty_cycle_label(percent):
     """A scenario of load_signal: the default backfill at backfill.default_duty_cycle `percent`."""
     return f"default, duty cycle {percent}%"
 
 
-def gentle_default(conn, seconds, repeat, duty_cycles=()):
+def pgbench_in_turns(conn, turns, clients, window_seconds, gap_seconds, logs="pgbench_turns"):
+    """One pgbench run (TPC-B-like, `clients` clients, on pgbench_accounts) in windows of
+    `window_seconds` that take turns as `turns` lists them: (label, start, setup), where `start`
+    starts a backfill (None: pgbench alone) and `setup` runs first (a setting; None: none). In a
+    backfill's window, backfills run back to back and the last is cancelled at its end. A gap of
+    `gap_seconds` before each window is not counted: what the last backfill wrote is sent
+    meanwhile, so that it is not counted against pgbench alone (a backfill's start is counted).
+
+    Windows next to each other share the machine's spells of other load, which 20-second runs in
+    turn did not (pgbench alone ranged from 1,750 to 2,470 TPS from one run to the next on this
+    machine). Per label: pgbench's TPS and p99 latency in its windows (from pgbench's
+    per-transaction log, by each transaction's end), and the rows its backfills delivered a
+    second of its windows."""
+    log_dir = Path(DIR) / logs
+    log_dir.mkdir(exist_ok=True)
+    for old in log_dir.glob("*"):
+        old.unlink()
+    # pgbench runs past the last window (each window's own statements take a little time): a
+    # window it did not wholly cover is refused below, not counted short.
+    total = len(turns) * (gap_seconds + window_seconds) + 10
+    bench_began = time.time()
+    bench = subprocess.Popen([PGBENCH, "-c", str(clients), "-j", "2", "-T", str(total), "-l", "--log-prefix",
+                              str(log_dir / "log"), "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    windows = {label: [] for label, _, _ in turns}
+    rows = {label: 0 for label, _, _ in turns}
+    for label, start, setup in turns:
+        if setup:
+            conn.execute(setup)
+            conn.execute("SELECT pg_reload_conf()")
+        time.sleep(gap_seconds)
+        began = time.time()
+        ends = began + window_seconds
+        ids = []
+        while start and time.time() < ends:
+            ids.append(conn.execute(start).fetchone()[0])
+            while time.time() < ends and conn.execute(
+                    "SELECT state FROM backfill_status WHERE id = %s", [ids[-1]]).fetchone()[0] == "running":
+                time.sleep(0.05)
+        time.sleep(max(0.0, ends - time.time()))
+        if ids:
+            try:
+                conn.execute("SELECT backfill_cancel(%s)", [ids[-1]])
+            except psycopg.errors.ObjectNotInPrerequisiteState:
+                pass  # it finished in the meantime
+            rows[label] += conn.execute("SELECT coalesce(sum(rows_done), 0)::bigint FROM backfill_status WHERE id = ANY (%s)",
+                                        [ids]).fetchone()[0]
+        windows[label].append((began, time.time()))
+    if time.time() > bench_began + total:
+        raise RuntimeError(f"the windows took longer than pgbench's {total} s: raise its margin")
+    out = bench.communicate()[0]
+    if bench.returncode != 0:
+        raise RuntimeError(f"pgbench failed:\n{out}")
+    latencies = {label: [] for label in windows}
+    for log in log_dir.glob("log*"):
+        for line in log.read_text().splitlines():
+            fields = line.split()
+            ended = int(fields[4]) + int(fields[5]) / 1e6
+            label = next((label for label, spans in windows.items() if any(b <= ended < e for b, e in spans)), None)
+            if label is not None:
+                latencies[label].append(int(fields[2]))
+    figures = {}
+    for label, spans in windows.items():
+        seconds = sum(e - b for b, e in spans)
+        done = sorted(latencies[label])
+        figures[label] = {"tps": len(done) / seconds, "p99_latency_ms": done[int(len(done) * 0.99)] / 1000.0,
+                          "rows_backfilled_per_second": rows[label] / seconds}
+    return figures
+
+
+def idle_speeds(conn, starts, round_number, speeds, resting=None, pairs=3):
+    """A whole backfill of pgbench_accounts on the idle server for each of `starts` (label: its
+    start), `pairs` times taking turns, each first in every other round: appends the median of
+    its rows/s, each from its start until its consumer was sent the last page, to
+    speeds[label]. A backfill takes 4 to 5 s here, short enough that a spell of the machine's
+    other load moves one by a fifth: turns and a median, as under pgbench. VACUUM first: the
+    first scan after pgbench's updates would otherwise prune pages and set hint bits for the
+    second. `resting` (label: [looks, looks that saw it resting]), if given, counts how often
+    backfill_status said waiting_kind 'load' (on an idle server: never, for the default)."""
+    runs = {label: [] for label in starts}
+    for _ in range(pairs):
+        for label in sorted(starts, reverse=round_number % 2 == 1):
+            conn.execute("VACUUM pgbench_accounts")
+            conn.execute("CHECKPOINT")
+            started = time.perf_counter()
+            backfill = conn.execute(starts[label]).fetchone()[0]
+            while True:
+                state, waiting = conn.execute("SELECT state, waiting_kind FROM backfill_status WHERE id = %s",
+                                              [backfill]).fetchone()
+                if resting is not None:
+                    looks = resting.setdefault(label, [0, 0])
+                    looks[0] += 1
+                    looks[1] += waiting == "load"
+                if state != "running":
+                    break
+                time.sleep(0.005)
+            elapsed = sent_past(conn, "load_slot", flushed_lsn(conn), started)
+            rows = conn.execute("SELECT rows_done FROM backfill_status WHERE id = %s", [backfill]).fetchone()[0]
+            runs[label].append(rows / elapsed)
+    for label, speeds_of_label in runs.items():
+        speeds[label].append(statistics.median(speeds_of_label))
+
+
+def gentle_default_round(conn, round_number, defaults, clients, window_seconds, gap_seconds, pairs):
+    """One round of gentle_default under load: at each client count, one pgbench run whose
+    windows take turns (pgbench_in_turns). Its figures by (clients, label), each with its
+    share of the same run's alone."""
+    figures = {}
+    for n in clients:
+        turns = []
+        for label, percent in defaults:
+            setup = (f"ALTER SYSTEM SET backfill.default_duty_cycle = {percent}" if percent is not None
+                     else "ALTER SYSTEM RESET backfill.default_duty_cycle")
+            pair = [("no backfill", None, None), (label, PIPELINE_START.format(""), setup)]
+            turns += (pair if round_number % 2 == 0 else pair[::-1]) * pairs
+        conn.execute("CHECKPOINT")
+        for label, f in pgbench_in_turns(conn, turns, n, window_seconds, gap_seconds).items():
+            figures[(n, label)] = f
+        as_shares_of_alone(figures, n)
+    print_round(round_number, figures)
+    return figures
+
+
+def gentle_default(conn, repeat, duty_cycles=(), window_seconds=10, gap_seconds=1, pairs=2):
     """What the default backfill (no pacing option) costs pgbench at 4 and 16 clients and how
-    fast it goes, and its speed on the idle server against unpaced (load_signal), with each of
-    the default's targets, met or not; with `duty_cycles`, for each of them."""
-    results = load_signal(conn, seconds, repeat, [], clients=(4, 16), unpaced_under_load=False, duty_cycles=duty_cycles)
+    fast it goes there, and its speed on the idle server against unpaced, with each of the
+    default's targets, met or not; with `duty_cycles`, for each of them.
+
+    In the README's configuration: a pipeline (a pgoutput slot, a publication of pgbench's
+    tables, a real consumer: pg_recvlogical, status every second) streams pgbench's changes
+    throughout, pgbench alone included, and every backfill names its slot and publication.
+    Each round: the idle server's backfills (idle_speeds), then, at each client count, one
+    pgbench run whose windows take turns, `pairs` times: pgbench alone, then with the default
+    backfill (pgbench_in_turns), the other way round every other round. Each figure is a share
+    of the same round's alone; medians over the rounds."""
+    # (label, its backfill.default_duty_cycle: None, the server's)
+    defaults = [(duty_cycle_label(n), n) for n in duty_cycles] or [("default backfill", None)]
+    clients = (4, 16)
+    rounds, idle, resting = [], {label: [] for label in IDLE_STARTS}, {}
+    with pgbench_pipeline(conn):
+        try:
+            for round_number in range(repeat):
+                # The server's own duty cycle on the idle server: its backfills never rest anyway.
+                conn.execute("ALTER SYSTEM RESET backfill.default_duty_cycle")
+                conn.execute("SELECT pg_reload_conf()")
+                idle_speeds(conn, IDLE_STARTS, round_number, idle, resting)
+                rounds.append(gentle_default_round(conn, round_number, defaults, clients, window_seconds,
+                                                   gap_seconds, pairs))
+        finally:
+            conn.execute("ALTER SYSTEM RESET backfill.default_duty_cycle")
+            conn.execute("SELECT pg_reload_conf()")
+    results = load_medians(rounds, clients, ["no backfill"] + [label for label, _ in defaults], idle, repeat)
+    for label, (looks, rested) in resting.items():
+        print(f"idle server, {label}: resting (waiting_kind 'load') in {rested} of {looks} looks of backfill_status")
+        results.append({"scenario": f"idle server, {label}, looks at backfill_status", "looks": looks,
+                        "looks_resting": rested})
     figure = {(r["scenario"], r.get("clients")): r for r in results}
-    idle = figure[("idle server, default backfill", None)]["share_of_unpaced_speed"]
-    for label in [duty_cycle_label(n) for n in duty_cycles] or ["default backfill"]:
+    idle_share = figure[("idle server, default backfill", None)]["share_of_unpaced_speed"]
+    for label, _ in defaults:
         targets = []
-        for n in (4, 16):
+        for n in clients:
             default = figure[(label, n)]
             targets.append((f"{n} clients: TPS kept >= 0.90", default["share_of_tps_alone"], default["share_of_tps_alone"] >= 0.90))
             targets.append((f"{n} clients: rows/s >= 10,000", default["rows_backfilled_per_second"],
                             default["rows_backfilled_per_second"] >= 10000))
         growth = figure[(label, 4)]["p99_growth"]
         targets.append(("4 clients: p99 latency growth <= 25%", growth, growth <= 0.25))
-        targets.append(("idle server: default >= 0.95 x unpaced", idle, idle >= 0.95))
+        targets.append(("idle server: default >= 0.95 x unpaced", idle_share, idle_share >= 0.95))
         print(f"\n{'the ' + label.replace('default backfill', 'default'):40} {'figure':>10}   (medians of {repeat})")
         for name, value, met in targets:
             print(f"{name:40} {value:>10.2f}   {'met' if met else 'NOT MET'}")
@@ -1124,6 +1275,9 @@ def main():
     parser.add_argument("--gentle-default", action="store_true",
                         help="only what the default backfill (no pacing option) costs pgbench at 4 and 16 clients, its "
                              "speed there, and its speed on the idle server against unpaced, with its targets")
+    parser.add_argument("--window-seconds", type=int, default=10,
+                        help="with --gentle-default: the length of each window of the pgbench runs, whose windows take "
+                             "turns, with and without a backfill (twice each a round and client count, a second apart)")
     parser.add_argument("--duty-cycles", default="", metavar="PERCENT,...",
                         help="with --gentle-default: the default backfill under pgbench at each of these "
                              "backfill.default_duty_cycle values, taking turns in each round, each with its targets")
@@ -1196,8 +1350,8 @@ def main():
             loopback_server(conn)
             results, load = checksum_costs(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat), []
         elif args.gentle_default:
-            load = gentle_default(conn, args.pgbench_seconds, args.repeat,
-                                  [int(n) for n in args.duty_cycles.split(",") if n])
+            load = gentle_default(conn, args.repeat, [int(n) for n in args.duty_cycles.split(",") if n],
+                                  window_seconds=args.window_seconds)
         elif args.load_signal:
             load = load_signal(conn, args.pgbench_seconds, args.repeat, [int(n) for n in args.load_signal.split(",")])
         elif args.many_tables:
