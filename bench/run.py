@@ -586,10 +586,10 @@ def gentle_default_round(conn, round_number, defaults, clients, window_seconds, 
     figures = {}
     for n in clients:
         turns = []
-        for label, percent in defaults:
+        for label, percent, options in defaults:
             setup = (f"ALTER SYSTEM SET backfill.default_duty_cycle = {percent}" if percent is not None
                      else "ALTER SYSTEM RESET backfill.default_duty_cycle")
-            pair = [("no backfill", None, None), (label, PIPELINE_START.format(""), setup)]
+            pair = [("no backfill", None, None), (label, PIPELINE_START.format(options), setup)]
             turns += (pair if round_number % 2 == 0 else pair[::-1]) * pairs
         conn.execute("CHECKPOINT")
         for label, f in pgbench_in_turns(conn, turns, n, window_seconds, gap_seconds).items():
@@ -599,10 +599,12 @@ def gentle_default_round(conn, round_number, defaults, clients, window_seconds, 
     return figures
 
 
-def gentle_default(conn, repeat, duty_cycles=(), window_seconds=10, gap_seconds=1, pairs=2):
+def gentle_default(conn, repeat, duty_cycles=(), window_seconds=10, gap_seconds=1, pairs=2, rows_per_message=None):
     """What the default backfill (no pacing option) costs pgbench at 4 and 16 clients and how
     fast it goes there, and its speed on the idle server against unpaced, with each of the
-    default's targets, met or not; with `duty_cycles`, for each of them.
+    default's targets, met or not; with `duty_cycles`, for each of them; with `rows_per_message`,
+    also the default with that option, in turns of its own in the same pgbench runs (a consumer's
+    choice of wire format, not a default: what a cheaper message would give).
 
     In the README's configuration: a pipeline (a pgoutput slot, a publication of pgbench's
     tables, a real consumer: pg_recvlogical, status every second) streams pgbench's changes
@@ -612,7 +614,10 @@ def gentle_default(conn, repeat, duty_cycles=(), window_seconds=10, gap_seconds=
     backfill (pgbench_in_turns), the other way round every other round. Each figure is a share
     of the same round's alone; medians over the rounds."""
     # (label, its backfill.default_duty_cycle: None, the server's)
-    defaults = [(duty_cycle_label(n), n) for n in duty_cycles] or [("default backfill", None)]
+    defaults = [(duty_cycle_label(n), n, "") for n in duty_cycles] or [("default backfill", None, "")]
+    if rows_per_message:
+        defaults.append((f"default, rows_per_message {rows_per_message}", None,
+                         f", rows_per_message => {int(rows_per_message)}"))
     clients = (4, 16)
     rounds, idle, resting = [], {label: [] for label in IDLE_STARTS}, {}
     with pgbench_pipeline(conn):
@@ -627,14 +632,14 @@ def gentle_default(conn, repeat, duty_cycles=(), window_seconds=10, gap_seconds=
         finally:
             conn.execute("ALTER SYSTEM RESET backfill.default_duty_cycle")
             conn.execute("SELECT pg_reload_conf()")
-    results = load_medians(rounds, clients, ["no backfill"] + [label for label, _ in defaults], idle, repeat)
+    results = load_medians(rounds, clients, ["no backfill"] + [label for label, _, _ in defaults], idle, repeat)
     for label, (looks, rested) in resting.items():
         print(f"idle server, {label}: resting (waiting_kind 'load') in {rested} of {looks} looks of backfill_status")
         results.append({"scenario": f"idle server, {label}, looks at backfill_status", "looks": looks,
                         "looks_resting": rested})
     figure = {(r["scenario"], r.get("clients")): r for r in results}
     idle_share = figure[("idle server, default backfill", None)]["share_of_unpaced_speed"]
-    for label, _ in defaults:
+    for label, _, _ in defaults:
         targets = []
         for n in clients:
             default = figure[(label, n)]
@@ -1278,6 +1283,9 @@ def main():
     parser.add_argument("--window-seconds", type=int, default=10,
                         help="with --gentle-default: the length of each window of the pgbench runs, whose windows take "
                              "turns, with and without a backfill (twice each a round and client count, a second apart)")
+    parser.add_argument("--rows-per-message", type=int, default=None, metavar="N",
+                        help="with --gentle-default: also the default backfill with rows_per_message => N, taking "
+                             "turns with pgbench alone in the same runs, with its targets")
     parser.add_argument("--duty-cycles", default="", metavar="PERCENT,...",
                         help="with --gentle-default: the default backfill under pgbench at each of these "
                              "backfill.default_duty_cycle values, taking turns in each round, each with its targets")
@@ -1351,6 +1359,7 @@ def main():
             results, load = checksum_costs(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat), []
         elif args.gentle_default:
             load = gentle_default(conn, args.repeat, [int(n) for n in args.duty_cycles.split(",") if n],
+                                  rows_per_message=args.rows_per_message,
                                   window_seconds=args.window_seconds)
         elif args.load_signal:
             load = load_signal(conn, args.pgbench_seconds, args.repeat, [int(n) for n in args.load_signal.split(",")])
