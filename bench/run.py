@@ -274,11 +274,9 @@ def source_cost(conn, shapes, sizes, repeat):
     return results
 
 
-def pgbench_under(conn, seconds, start, clients=4, logs="pgbench"):
-    """pgbench's TPC-B-like load on `clients` clients for `seconds`, with back-to-back backfills
-    (`start` starts one; None: alone): its TPS and p99 latency (from its per-transaction log,
-    under DIR/`logs`), the rows the backfills delivered a second, their ids, and, alone, the
-    mean count of active client sessions."""
+def logged_pgbench(clients, seconds, logs):
+    """pgbench's TPC-B-like load on `clients` clients for `seconds`, started, logging each
+    transaction under DIR/`logs` (emptied first): the process and the logs' folder."""
     log_dir = Path(DIR) / logs
     log_dir.mkdir(exist_ok=True)
     for old in log_dir.glob("*"):
@@ -286,15 +284,34 @@ def pgbench_under(conn, seconds, start, clients=4, logs="pgbench"):
     bench = subprocess.Popen([PGBENCH, "-c", str(clients), "-j", "2", "-T", str(seconds), "-l", "--log-prefix",
                               str(log_dir / "log"), "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return bench, log_dir
+
+
+def p99_ms(latencies_us):
+    """The 99th percentile of pgbench's logged latencies (microseconds), in milliseconds."""
+    ordered = sorted(latencies_us)
+    return ordered[int(len(ordered) * 0.99)] / 1000.0
+
+
+def rows_delivered(conn, ids):
+    """The rows the backfills `ids` delivered, together."""
+    return conn.execute("SELECT coalesce(sum(rows_done), 0)::bigint FROM backfill_status WHERE id = ANY (%s)",
+                        [ids]).fetchone()[0]
+
+
+def pgbench_under(conn, seconds, start, clients=4, logs="pgbench"):
+    """pgbench's TPC-B-like load on `clients` clients for `seconds`, with back-to-back backfills
+    (`start` starts one; None: alone): its TPS and p99 latency (from its per-transaction log,
+    under DIR/`logs`), the rows the backfills delivered a second, their ids, and, alone, the
+    mean count of active client sessions."""
+    bench, log_dir = logged_pgbench(clients, seconds, logs)
     ids, active = (backfills_while(conn, bench, start), None) if start else ([], active_sessions_while(conn, bench))
-    backfilled = conn.execute("SELECT coalesce(sum(rows_done), 0)::bigint FROM backfill_status WHERE id = ANY (%s)",
-                              [ids]).fetchone()[0]
+    backfilled = rows_delivered(conn, ids)
     out = bench.stdout.read()
     tps = next((float(l.split()[2]) for l in out.splitlines() if l.startswith("tps")), None)
     if tps is None:
         raise RuntimeError(f"pgbench failed ({start or 'alone'}):\n{out}")
-    latencies = sorted(int(line.split()[2]) for f in log_dir.glob("log*") for line in f.read_text().splitlines())
-    p99 = latencies[int(len(latencies) * 0.99)] / 1000.0
+    p99 = p99_ms(int(line.split()[2]) for f in log_dir.glob("log*") for line in f.read_text().splitlines())
     return {"tps": tps, "p99_latency_ms": p99, "rows_backfilled_per_second": backfilled / seconds,
             "active_sessions": active, "ids": ids}
 
@@ -489,17 +506,11 @@ def pgbench_in_turns(conn, turns, clients, window_seconds, gap_seconds, logs="pg
     machine). Per label: pgbench's TPS and p99 latency in its windows (from pgbench's
     per-transaction log, by each transaction's end), and the rows its backfills delivered a
     second of its windows."""
-    log_dir = Path(DIR) / logs
-    log_dir.mkdir(exist_ok=True)
-    for old in log_dir.glob("*"):
-        old.unlink()
     # pgbench runs past the last window (each window's own statements take a little time): a
     # window it did not wholly cover is refused below, not counted short.
     total = len(turns) * (gap_seconds + window_seconds) + 10
     bench_began = time.time()
-    bench = subprocess.Popen([PGBENCH, "-c", str(clients), "-j", "2", "-T", str(total), "-l", "--log-prefix",
-                              str(log_dir / "log"), "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "postgres"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    bench, log_dir = logged_pgbench(clients, total, logs)
     windows = {label: [] for label, _, _ in turns}
     rows = {label: 0 for label, _, _ in turns}
     for label, start, setup in turns:
@@ -521,8 +532,7 @@ def pgbench_in_turns(conn, turns, clients, window_seconds, gap_seconds, logs="pg
                 conn.execute("SELECT backfill_cancel(%s)", [ids[-1]])
             except psycopg.errors.ObjectNotInPrerequisiteState:
                 pass  # it finished in the meantime
-            rows[label] += conn.execute("SELECT coalesce(sum(rows_done), 0)::bigint FROM backfill_status WHERE id = ANY (%s)",
-                                        [ids]).fetchone()[0]
+            rows[label] += rows_delivered(conn, ids)
         windows[label].append((began, time.time()))
     if time.time() > bench_began + total:
         raise RuntimeError(f"the windows took longer than pgbench's {total} s: raise its margin")
@@ -540,8 +550,7 @@ def pgbench_in_turns(conn, turns, clients, window_seconds, gap_seconds, logs="pg
     figures = {}
     for label, spans in windows.items():
         seconds = sum(e - b for b, e in spans)
-        done = sorted(latencies[label])
-        figures[label] = {"tps": len(done) / seconds, "p99_latency_ms": done[int(len(done) * 0.99)] / 1000.0,
+        figures[label] = {"tps": len(latencies[label]) / seconds, "p99_latency_ms": p99_ms(latencies[label]),
                           "rows_backfilled_per_second": rows[label] / seconds}
     return figures
 
