@@ -334,17 +334,26 @@ def pgbench_latencies(conn, seconds, lock_mode):
 def backfills_while(conn, bench, start):
     """Runs backfills back to back (`start` starts one) while pgbench runs; cancels the last one
     when it ends. Returns their ids."""
-    ids = []
-    while bench.poll() is None:
-        ids.append(conn.execute(start).fetchone()[0])
-        while bench.poll() is None and conn.execute(
-                "SELECT state FROM backfill_status WHERE id = %s", [ids[-1]]).fetchone()[0] == "running":
-            time.sleep(0.1)
-        if bench.poll() is not None:
-            try:
-                conn.execute("SELECT backfill_cancel(%s)", [ids[-1]])
-            except psycopg.errors.ObjectNotInPrerequisiteState:
-                pass  # it finished in the meantime
+    return backfills_back_to_back(conn, start, lambda: float("inf") if bench.poll() is None else 0.0, 0.1)
+
+
+def backfills_back_to_back(conn, start, seconds_left, look_every):
+    """Runs backfills back to back (`start` starts one; None: none, the looks alone) while
+    `seconds_left()` is positive, looking at backfill_status every `look_every` seconds (the next
+    starts at the first look that finds the last one ended), and cancels the last one at the
+    end. Returns their ids."""
+    ids, state = [], None
+    while seconds_left() > 0:
+        if start and state != "running":
+            ids.append(conn.execute(start).fetchone()[0])
+        looked = conn.execute("SELECT state FROM backfill_status WHERE id = %s", [ids[-1] if ids else 0]).fetchone()
+        state = looked[0] if looked else None
+        time.sleep(max(0.0, min(look_every, seconds_left())))
+    if ids:
+        try:
+            conn.execute("SELECT backfill_cancel(%s)", [ids[-1]])
+        except psycopg.errors.ObjectNotInPrerequisiteState:
+            pass  # it finished in the meantime
     return ids
 
 
@@ -527,19 +536,9 @@ def pgbench_in_turns(conn, turns, clients, window_seconds, gap_seconds, logs="pg
         time.sleep(gap_seconds)
         began = time.time()
         ends = began + window_seconds
-        ids, state = [], None
-        while time.time() < ends:
-            if start and state != "running":
-                ids.append(conn.execute(start).fetchone()[0])
-            # The same look at backfill_status in every window, pgbench alone's included.
-            looked = conn.execute("SELECT state FROM backfill_status WHERE id = %s", [ids[-1] if ids else 0]).fetchone()
-            state = looked[0] if looked else None
-            time.sleep(max(0.0, min(MONITOR_SECONDS, ends - time.time())))
+        # The same look at backfill_status in every window, pgbench alone's included.
+        ids = backfills_back_to_back(conn, start, lambda: ends - time.time(), MONITOR_SECONDS)
         if ids:
-            try:
-                conn.execute("SELECT backfill_cancel(%s)", [ids[-1]])
-            except psycopg.errors.ObjectNotInPrerequisiteState:
-                pass  # it finished in the meantime
             rows[label] += rows_delivered(conn, ids)
         windows[label].append((began, time.time()))
     if time.time() > bench_began + total:
