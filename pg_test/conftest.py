@@ -99,7 +99,7 @@ class Cluster:
 EXTRA_CLUSTERS = ["replica", "standby1", "preload", "nopreload", "install", "huge", "pmdeath", "standby", "resumer",
                   "upgrade_old", "upgrade_new", "csub_primary", "csub_standby",
                   "citus_coordinator", "citus_worker1", "citus_worker2", "key_standby",
-                  "failover_primary", "failover_standby", "monitoring", "migration_source"]
+                  "failover_primary", "failover_standby", "monitoring", "migration_source", "wal_ahead"]
 
 
 def extra_cluster(cluster: "Cluster", name: str, major: int = PG_MAJOR) -> Cluster:

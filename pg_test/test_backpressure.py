@@ -580,6 +580,116 @@ def test_with_no_pacing_option_a_busy_server_makes_the_backfill_rest_and_an_idle
         set_duty_cycle(db, None)
 
 
+def looks_resting_inside_a_page(db, backfill_id: int, looks: int = 100) -> int:
+    """Of `looks` at the backfill's worker while it runs, 20 ms apart, how many find it resting
+    inside a page: its page's transaction holds an xid (from the page's first row lock, or its
+    first message, to its commit) while it waits in an `Extension` wait (its rests). Between
+    pages it holds no xid, and a page's other waits are of other kinds."""
+    pid = wait_for(lambda: worker_pid(db, backfill_id), what="the worker")
+    resting = 0
+    for _ in range(looks):
+        resting += db.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND backend_xid IS NOT NULL"
+                              " AND wait_event_type = 'Extension'", [pid]).fetchone()[0]
+        time.sleep(0.02)
+    # Every look was of the running worker (it would have ended after its last page).
+    assert status(db, backfill_id, "state") == "running", "the backfill ended before the looks did"
+    return resting
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lock_mode", ["rows", "table"])
+def test_under_load_the_default_rests_between_a_pages_rows_unless_the_page_holds_the_table(cluster, db, lock_mode):
+    """Under load, the gentle default rests within a page too, between its rows, after each
+    slice of its work (throttle/duty.rs): the application meets a little of the backfill's work
+    at a time. So a worker whose pages lock rows is found resting inside a page (its
+    transaction open, in an `Extension` wait). A page that holds the table in SHARE mode makes
+    every writer of the table wait until it commits: it never rests."""
+    # Wide rows, so that a page's rows take longer than a slice of work on any machine.
+    db.execute(
+        """CREATE TABLE sliced (id bigint PRIMARY KEY, v text NOT NULL);
+           INSERT INTO sliced SELECT g, repeat('x', 2000) FROM generate_series(1, 100000) g; ANALYZE sliced"""
+    )
+    load = None
+    try:
+        set_duty_cycle(db, 20)
+        load = ActiveSessions(cluster, db.info.dbname, 4)
+        wait_for(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s AND state = 'active'",
+                                    [ActiveSessions.QUERY]).fetchone()[0] >= 3, what="the load")
+        db.execute(f"SET backfill.lock_mode = '{lock_mode}'")
+        backfill_id = db.execute("SELECT backfill_start('sliced', confirm => true)").fetchone()[0]
+        db.execute("RESET backfill.lock_mode")
+        wait_for_reason(db, backfill_id, "load", "pages take 20% of the time", timeout=30)
+        wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
+        resting = looks_resting_inside_a_page(db, backfill_id)
+        row_locked, table_locked = db.execute(
+            "SELECT sum(pages_row_locked)::bigint, sum(pages_table_locked)::bigint FROM backfill.job_table"
+            " WHERE job_id = %s", [backfill_id]).fetchone()
+        if lock_mode == "rows":
+            assert row_locked > 0 and table_locked == 0, (row_locked, table_locked)
+            assert resting >= 5, f"resting inside a page in {resting} of 100 looks"
+        else:
+            assert table_locked > 0 and row_locked == 0, (row_locked, table_locked)
+            assert resting == 0, f"resting inside a table-locked page in {resting} of 100 looks"
+    finally:
+        if load is not None:
+            load.stop()
+        cancel_running(db)
+        set_duty_cycle(db, None)
+
+
+# Whether the insert position is in the last 15% of its WAL segment, and whether the next
+# segment's file exists in pg_wal. (pg_walfile_name() names the segment holding the byte before
+# a position: one byte past the next segment's start names that segment.)
+NEXT_WAL_SEGMENT = """
+    SELECT in_segment::float8 / segment >= 0.85,
+           EXISTS (SELECT FROM pg_catalog.pg_ls_waldir()
+                    WHERE name = pg_catalog.pg_walfile_name(inserted + (segment - in_segment + 1)))
+      FROM (SELECT pg_catalog.pg_current_wal_insert_lsn() AS inserted,
+                   pg_catalog.pg_size_bytes(pg_catalog.current_setting('wal_segment_size')) AS segment) w,
+           LATERAL (SELECT (inserted - '0/0'::pg_lsn) % segment AS in_segment) s"""
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_resting_backfill_makes_the_next_wal_segment_before_anything_writes_into_it(cluster):
+    """Under load, a resting worker creates the next WAL segment once three quarters of the one
+    being written are written (pg/wal.rs): the commit that would first write into it would
+    otherwise create it (zero-filled and synced) holding the WAL write lock, and every commit
+    behind it would wait. On a new cluster, where no checkpoint has recycled a segment for
+    later, the next segment exists whenever the backfill is in the last 15% of the present one;
+    without the worker's preparing it, it would not exist until something wrote into it."""
+    fresh = extra_cluster(cluster, "wal_ahead")
+    fresh.start("backfill.default_duty_cycle = 20")
+    load = None
+    try:
+        conn = fresh.connect()
+        conn.execute("CREATE EXTENSION pg_backfill")
+        # About 120 MB of messages: seven segments' worth or more.
+        conn.execute("""CREATE TABLE ahead (id bigint PRIMARY KEY, v text NOT NULL);
+                        INSERT INTO ahead SELECT g, repeat('x', 2000) FROM generate_series(1, 60000) g""")
+        conn.execute("VACUUM ANALYZE ahead")
+        load = ActiveSessions(fresh, "postgres", 4)
+        wait_for(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s AND state = 'active'",
+                                      [ActiveSessions.QUERY]).fetchone()[0] >= 3, what="the load")
+        backfill_id = conn.execute("SELECT backfill_start('ahead', confirm => true)").fetchone()[0]
+        wait_for_reason(conn, backfill_id, "load", "pages take 20% of the time", timeout=30)
+        near_the_end, next_there = 0, 0
+        while status(conn, backfill_id, "state") == "running":
+            late, exists = conn.execute(NEXT_WAL_SEGMENT).fetchone()
+            if late:
+                near_the_end += 1
+                next_there += exists
+            time.sleep(0.01)
+        assert status(conn, backfill_id, "state") == "done"
+        assert near_the_end >= 5, f"only {near_the_end} looks in a segment's last 15%"
+        assert next_there >= 0.8 * near_the_end, \
+            f"the next segment existed in {next_there} of {near_the_end} looks in a segment's last 15%"
+    finally:
+        if load is not None:
+            load.stop()
+        fresh.stop()
+
+
 @pytest.mark.slow
 def test_a_pipelines_default_backfill_counts_the_walsenders_sending_in_each_page(cluster, db):
     """For a pipeline's backfill, the gentle default counts in each page's time the wait until

@@ -65,6 +65,62 @@ const _: () = {
     assert!(maxaligned(std::mem::size_of::<pg_sys::XLogLongPageHeaderData>()) == 40);
 };
 
+/// The WAL segment after the one being written, when three quarters of this one are written
+/// and the next does not exist yet (neither created nor recycled by a checkpoint); None
+/// otherwise, and on a standby.
+///
+/// The first write into a segment that does not exist creates it, by default filling its 16 MB
+/// with zeros and syncing them (`wal_init_zero`). The process that writes first is whoever
+/// commits then, holding WALWriteLock, so every commit behind it waits that long: a backfill
+/// writing WAL fast makes the application meet that wait every few seconds (bench/README.md).
+/// The checkpointer prepares one segment ahead this way (PreallocXlogFiles), only at a
+/// checkpoint.
+pub fn next_segment_to_prepare() -> Option<WalSegment> {
+    // SAFETY: RecoveryInProgress, GetXLogInsertRecPtr and GetWALInsertionTimeLine only read
+    // shared state (the last two only outside recovery); wal_segment_size is set at startup.
+    let (inserted, timeline, segment_size) = unsafe {
+        if pg_sys::RecoveryInProgress() {
+            return None;
+        }
+        (pg_sys::GetXLogInsertRecPtr(), pg_sys::GetWALInsertionTimeLine(), pg_sys::wal_segment_size as u64)
+    };
+    if inserted % segment_size < segment_size / 4 * 3 {
+        return None;
+    }
+    let next = WalSegment { number: inserted / segment_size + 1, timeline };
+    // A backend's working directory is the data directory.
+    let path = format!("pg_wal/{}", next.file_name(segment_size));
+    (!std::path::Path::new(&path).exists()).then_some(next)
+}
+
+/// A WAL segment: its number and the timeline it is for.
+pub struct WalSegment {
+    number: u64,
+    timeline: pg_sys::TimeLineID,
+}
+
+impl WalSegment {
+    /// Its file's name in pg_wal, as PostgreSQL's XLogFileName() writes it.
+    fn file_name(&self, segment_size: u64) -> String {
+        let per_id = 0x1_0000_0000 / segment_size;
+        format!("{:08X}{:08X}{:08X}", self.timeline, self.number / per_id, self.number % per_id)
+    }
+
+    /// Creates it as the first write into it would (or finds it made meanwhile). Raises an
+    /// ERROR if it cannot (a full disk): call it inside a transaction.
+    pub fn create(&self) {
+        // SAFETY: XLogFileInit is what the checkpointer's PreallocXlogFiles and every WAL
+        // writer call: it creates the segment under a temporary name and renames it into place
+        // under ControlFileLock (or opens the one a concurrent writer installed), cleaning up
+        // after itself before it raises an error. The descriptor it returns is a plain one
+        // (BasicOpenFile), closed here as PreallocXlogFiles closes it.
+        unsafe {
+            let fd = pg_sys::XLogFileInit(self.number, self.timeline);
+            drop(<std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd));
+        }
+    }
+}
+
 /// A `pg_lsn`'s text ("16/B374D848") as a WAL position.
 pub fn lsn_from_text(text: &str) -> Option<u64> {
     let (high, low) = text.split_once('/')?;

@@ -31,6 +31,8 @@ pub struct Sink<'a> {
     pub max_message_size: usize,
     /// The table's name, for that error.
     pub table: &'a str,
+    /// Run before each row: the gentle default's rests within a page (throttle/duty.rs).
+    pub before_row: Option<&'a mut dyn FnMut()>,
     pub rows: i64,
     pub bytes: i64,
 }
@@ -61,6 +63,9 @@ impl RowSink for Sink<'_> {
     /// One row of the page query (whose columns start() checked: the values are of the types
     /// rendered): a `read` message, or a row of the open batch.
     unsafe fn row(&mut self, values: &[pg_sys::Datum], nulls: &[bool]) {
+        if let Some(before_row) = self.before_row.as_mut() {
+            before_row();
+        }
         // The partition's name follows the table's columns.
         let (columns, partition) =
             if self.partitioned { (values.len() - 1, values.last()) } else { (values.len(), None) };

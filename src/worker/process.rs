@@ -298,6 +298,19 @@ fn run(backfill_id: i64, worker: i32) {
     }
 }
 
+/// While the worker rests on a busy server, it creates the WAL segment its pages (and the
+/// application) will write next, before anyone needs it: the commit that would otherwise first
+/// write into it waits for its creation, and every commit behind that one too (pg/wal.rs). It
+/// does so at the start of its rest, so the creation takes nothing from the rest's length nor
+/// adds to it. If it cannot (a full disk), the commit that needs the segment will say so: the
+/// worker only logs it.
+fn prepare_next_wal_segment(backfill_id: i64) {
+    let Some(segment) = crate::pg::wal::next_segment_to_prepare() else { return };
+    if let Err(e) = in_transaction(AssertUnwindSafe(|| segment.create())) {
+        log!("{}: could not create the next WAL segment ahead of its writers: {}", who(backfill_id), e.message);
+    }
+}
+
 /// Pages until the table is done (true) or the backfill stops (false).
 fn scan_table(scan: &mut TableScan) -> bool {
     let mut failures = 0;
@@ -320,6 +333,9 @@ fn scan_table(scan: &mut TableScan) -> bool {
             }
             Ok(Page::More) => {
                 scan.throttle().page_delivered();
+                if scan.throttle().resting() {
+                    prepare_next_wal_segment(scan.backfill_id());
+                }
                 failures = 0;
             }
             Ok(Page::TableDone) => return true,

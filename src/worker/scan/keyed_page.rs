@@ -42,7 +42,8 @@ impl TableScan<'_> {
         let (read, mut bytes, args) = match filter {
             None => {
                 let rows_sql = key_rows(table, locking);
-                let (read, bytes) = self.deliver_rows(&rows_sql, &args, signer);
+                // (However its rows are locked, a keyed page holds the table: see the module.)
+                let (read, bytes) = self.deliver_rows(&rows_sql, &args, signer, Locking::Table);
                 (read, bytes, args)
             }
             // The publication's row filter (a keyed backfill takes no filter of its own): a key
@@ -56,7 +57,7 @@ impl TableScan<'_> {
                 .or_internal("list the keys' rows");
                 let passing = ids.and_then(|ids| self.passing_row_ids(&filter, ids)).unwrap_or_default();
                 let rows_sql = self.shape.queries.rows_at();
-                let (read, bytes) = self.deliver_rows(&rows_sql, &[passing.clone().into()], signer);
+                let (read, bytes) = self.deliver_rows(&rows_sql, &[passing.clone().into()], signer, Locking::Table);
                 (read, bytes, args.into_iter().chain([passing.into()]).collect())
             }
         };

@@ -84,7 +84,7 @@ impl TableScan<'_> {
             Self::key_args(cursor, page_end).into_iter().map(Into::into).collect();
         let Some(filter) = self.context.row_filter.clone() else {
             let sql = self.shape.queries.page_rows(cursor.is_some(), locking.row_locks());
-            return self.deliver_rows(&sql, &args, signer);
+            return self.deliver_rows(&sql, &args, signer, locking);
         };
         // A filtered page locks and lists its rows as the owner, as any page does. The filter is
         // the starter's code: it picks the rows to deliver as the starter, never as the owner or
@@ -101,7 +101,7 @@ impl TableScan<'_> {
         .or_internal("lock the page's rows");
         let Some(passing) = ids.and_then(|ids| self.passing_row_ids(&filter, ids)) else { return (0, 0) };
         let sql = self.shape.queries.rows_at();
-        self.deliver_rows(&sql, &[passing.into()], signer)
+        self.deliver_rows(&sql, &[passing.into()], signer, locking)
     }
 
     /// Which of the row ids `ids`, of rows the page holds locked, pass `filter`: run as the role
@@ -129,15 +129,18 @@ impl TableScan<'_> {
         .or_internal("filter the page's rows")
     }
 
-    /// Runs a page's rows query (`sql`, with `args`), emitting one message per row it returns.
-    /// Returns rows and payload bytes delivered.
+    /// Runs a page's rows query (`sql`, with `args`), emitting one message per row it returns;
+    /// the page holds its rows as `locking` says. Returns rows and payload bytes delivered.
     pub(super) fn deliver_rows(
         &mut self,
         sql: &str,
         args: &[pgrx::datum::DatumWithOid],
         signer: &Signer,
+        locking: Locking,
     ) -> (i64, i64) {
         let plan = crate::pg::spi::kept_plan(sql, args);
+        let throttle = &mut self.throttle;
+        let mut rest = || throttle.rest_within_page();
         let shape = &mut self.shape;
         let table_name = shape.table.qualified_name();
         let mut sink = delivery::Sink {
@@ -149,6 +152,9 @@ impl TableScan<'_> {
             signer,
             max_message_size: settings::max_message_bytes(),
             table: &table_name,
+            // The gentle default rests between the rows of a page that holds only row locks: a
+            // page that holds the table makes every writer wait until it commits.
+            before_row: (locking != Locking::Table).then_some(&mut rest as &mut dyn FnMut()),
             rows: 0,
             bytes: 0,
         };

@@ -90,6 +90,16 @@ impl Throttle {
         ready
     }
 
+    /// Whether the worker rests after its pages (the gentle default, on a busy server).
+    pub fn resting(&self) -> bool {
+        self.duty.resting()
+    }
+
+    /// Between a page's rows: the gentle default's rest within the page, when one is due.
+    pub fn rest_within_page(&mut self) {
+        self.duty.rest_within_page();
+    }
+
     /// A page was delivered: its rows are spent from the rate, the worker rests for its duty
     /// cycle, and the next page may grow back after a lock conflict made pages small.
     pub fn page_delivered(&mut self) {
