@@ -13,10 +13,11 @@
 //! latency feels is how long the backfill holds a CPU at a time, more than how much of it
 //! (bench/README.md: a process busy 20% of the time added 84% to pgbench's p99 latency in bursts
 //! of 2.5 ms, and 9% in bursts of 50 µs).
-//! The busier the server, the longer each page and each rest. The backfill's share of a core, of
-//! the WAL written and of the locks held is then at most the duty cycle, however many sessions
-//! are active, and it still moves at that share of its speed; a session count only says whether
-//! anyone is there to be disturbed. On an idle server it does not rest at all.
+//! The busier the server, the longer each page and each rest. The backfill's share of a core and
+//! of the WAL written is then at most the duty cycle, however many sessions are active (its row
+//! locks are held through the rests within a page: a few milliseconds a page), and it still
+//! moves at that share of its speed; a session count only says whether anyone is there to be
+//! disturbed. On an idle server it does not rest at all.
 
 use crate::pg::settings;
 use crate::throttle::pacing::{sleep, LONGEST_SLEEP};
