@@ -102,6 +102,12 @@ def rows_per_second(conn, backfill_id: int, seconds: float) -> float:
     return (rows1 - rows0) / (t1 - t0)
 
 
+def wait_for_the_load(conn) -> None:
+    """Waits until at least 3 of an ActiveSessions' sessions are seen active."""
+    wait_for(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s AND state = 'active'",
+                                  [ActiveSessions.QUERY]).fetchone()[0] >= 3, what="the load")
+
+
 def cancel_running(conn) -> None:
     """Cleanup: cancels whatever backfill of the test's database still runs or is paused."""
     with suppress(psycopg.Error):
@@ -344,8 +350,7 @@ def test_server_load_slows_the_backfill_and_it_recovers(cluster, db):
         assert status(db, backfill_id, "waiting_kind") != "load"
 
         load = ActiveSessions(cluster, db.info.dbname, 4)
-        wait_for(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s AND state = 'active'",
-                                    [ActiveSessions.QUERY]).fetchone()[0] >= 3, what="the load")
+        wait_for_the_load(db)
         time.sleep(1.5)
         loaded = rows_per_second(db, backfill_id, 3)
         assert loaded < unloaded / 4, f"{loaded:.0f} rows/s under load, {unloaded:.0f} without"
@@ -543,8 +548,7 @@ def test_with_no_pacing_option_a_busy_server_makes_the_backfill_rest_and_an_idle
         assert rows > RESTING_PAGE_ROWS * pages, f"{rows} rows in {pages} pages on an idle server: whole batches"
 
         load = ActiveSessions(cluster, db.info.dbname, 4)
-        wait_for(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s AND state = 'active'",
-                                    [ActiveSessions.QUERY]).fetchone()[0] >= 3, what="the load")
+        wait_for_the_load(db)
         for options in [", rows_per_second => 1000", ", max_active_sessions => 0"]:
             paced = db.execute(f"SELECT backfill_start('busy', confirm => true{options})").fetchone()[0]
             wait_for(lambda: (status(db, paced, "rows_done") or 0) > 0, what="the first page")
@@ -613,8 +617,7 @@ def test_under_load_the_default_rests_between_a_pages_rows_unless_the_page_holds
     try:
         set_duty_cycle(db, 20)
         load = ActiveSessions(cluster, db.info.dbname, 4)
-        wait_for(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s AND state = 'active'",
-                                    [ActiveSessions.QUERY]).fetchone()[0] >= 3, what="the load")
+        wait_for_the_load(db)
         db.execute(f"SET backfill.lock_mode = '{lock_mode}'")
         backfill_id = db.execute("SELECT backfill_start('sliced', confirm => true)").fetchone()[0]
         db.execute("RESET backfill.lock_mode")
@@ -669,8 +672,7 @@ def test_a_resting_backfill_makes_the_next_wal_segment_before_anything_writes_in
                         INSERT INTO ahead SELECT g, repeat('x', 2000) FROM generate_series(1, 60000) g""")
         conn.execute("VACUUM ANALYZE ahead")
         load = ActiveSessions(fresh, "postgres", 4)
-        wait_for(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s AND state = 'active'",
-                                      [ActiveSessions.QUERY]).fetchone()[0] >= 3, what="the load")
+        wait_for_the_load(conn)
         backfill_id = conn.execute("SELECT backfill_start('ahead', confirm => true)").fetchone()[0]
         wait_for_reason(conn, backfill_id, "load", "pages take 20% of the time", timeout=30)
         near_the_end, next_there = 0, 0
@@ -710,8 +712,7 @@ def test_a_pipelines_default_backfill_counts_the_walsenders_sending_in_each_page
             "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'sending'").fetchone()[0], what="the consumer")
         set_duty_cycle(db, 50)
         load = ActiveSessions(cluster, db.info.dbname, 4)
-        wait_for(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s AND state = 'active'",
-                                    [ActiveSessions.QUERY]).fetchone()[0] >= 3, what="the load")
+        wait_for_the_load(db)
         backfill_id = db.execute(
             "SELECT backfill_start('decoded', confirm => true, slot => 'sending', batch_size => 100)").fetchone()[0]
         wait_for_reason(db, backfill_id, "load", "pages take 50% of the time", timeout=30)
