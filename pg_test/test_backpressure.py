@@ -584,20 +584,29 @@ def test_with_no_pacing_option_a_busy_server_makes_the_backfill_rest_and_an_idle
         set_duty_cycle(db, None)
 
 
-def looks_resting_inside_a_page(db, backfill_id: int, looks: int = 100) -> int:
-    """Of `looks` at the backfill's worker while it runs, 20 ms apart, how many find it resting
-    inside a page: its page's transaction holds an xid (from the page's first row lock, or its
-    first message, to its commit) while it waits in an `Extension` wait (its rests). Between
-    pages it holds no xid, and a page's other waits are of other kinds."""
-    pid = wait_for(lambda: worker_pid(db, backfill_id), what="the worker")
-    resting = 0
-    for _ in range(looks):
+def looks_resting_inside_a_page(db, start: str, looks: int = 100):
+    """Of `looks` at running backfills' workers, 20 ms apart, how many find one resting inside a
+    page: its page's transaction holds an xid (from the page's first row lock, or its first
+    message, to its commit) while it waits in an `Extension` wait (its rests). Between pages it
+    holds no xid, and a page's other waits are of other kinds. Backfills run back to back
+    (`start` starts one), so that every look is of a running one however fast they end.
+    Returns the looks resting and the backfills' ids."""
+    ids, resting = [], 0
+    while looks > 0:
+        if not ids or status(db, ids[-1], "state") != "running":
+            if ids:
+                assert status(db, ids[-1], "state") == "done", f"backfill {ids[-1]}: {status(db, ids[-1], 'state')}"
+                cancel_and_wait_for_its_workers(db, ids[-1])  # (done: its worker's exit)
+            ids.append(db.execute(start).fetchone()[0])
+        pid = worker_pid(db, ids[-1])
+        if pid is None:
+            time.sleep(0.02)
+            continue  # not up yet, or ended meanwhile
         resting += db.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND backend_xid IS NOT NULL"
                               " AND wait_event_type = 'Extension'", [pid]).fetchone()[0]
+        looks -= 1
         time.sleep(0.02)
-    # Every look was of the running worker (it would have ended after its last page).
-    assert status(db, backfill_id, "state") == "running", "the backfill ended before the looks did"
-    return resting
+    return resting, ids
 
 
 @pytest.mark.slow
@@ -619,14 +628,15 @@ def test_under_load_the_default_rests_between_a_pages_rows_unless_the_page_holds
         load = ActiveSessions(cluster, db.info.dbname, 4)
         wait_for_the_load(db)
         db.execute(f"SET backfill.lock_mode = '{lock_mode}'")
-        backfill_id = db.execute("SELECT backfill_start('sliced', confirm => true)").fetchone()[0]
+        start = "SELECT backfill_start('sliced', confirm => true)"
+        first = db.execute(start).fetchone()[0]
+        wait_for_reason(db, first, "load", "pages take 20% of the time", timeout=30)
+        cancel_and_wait_for_its_workers(db, first)
+        resting, ids = looks_resting_inside_a_page(db, start)
         db.execute("RESET backfill.lock_mode")
-        wait_for_reason(db, backfill_id, "load", "pages take 20% of the time", timeout=30)
-        wait_for(lambda: (status(db, backfill_id, "rows_done") or 0) > 0, what="the first page")
-        resting = looks_resting_inside_a_page(db, backfill_id)
         row_locked, table_locked = db.execute(
             "SELECT sum(pages_row_locked)::bigint, sum(pages_table_locked)::bigint FROM backfill.job_table"
-            " WHERE job_id = %s", [backfill_id]).fetchone()
+            " WHERE job_id = ANY (%s)", [ids]).fetchone()
         if lock_mode == "rows":
             assert row_locked > 0 and table_locked == 0, (row_locked, table_locked)
             assert resting >= 5, f"resting inside a page in {resting} of 100 looks"
@@ -636,6 +646,7 @@ def test_under_load_the_default_rests_between_a_pages_rows_unless_the_page_holds
     finally:
         if load is not None:
             load.stop()
+        db.execute("RESET backfill.lock_mode")
         cancel_running(db)
         set_duty_cycle(db, None)
 
