@@ -2,8 +2,9 @@
 //! max_active_sessions) works a bounded share of its time while the server is busy.
 //!
 //! After each page, its worker rests for a multiple of the page's own time (gh-ost's
-//! `--nice-ratio`): at a duty cycle of 20% (the default), 80/20 = 4 times as long as the page
-//! took. The page's time is its wall time, so it counts what the page cost the server and what
+//! `--nice-ratio`): at a duty cycle of 15% (the default), 85/15 = 5.7 times as long as the
+//! page took. (It was 20% until measured side by side with 15%: at 4 pgbench clients on 2 cores,
+//! 20% grew pgbench's p99 latency by about 30% and 15% by about 18%; bench/README.md.) The page's time is its wall time, so it counts what the page cost the server and what
 //! the server made it wait (for a CPU, for a lock), and, for a pipeline's backfill, until the
 //! slot's walsender has decoded and sent the page: the decoding is the page's cost too, paid by
 //! another process (left out, the rests bounded only the worker's share, and on 2 cores pgbench
@@ -57,7 +58,7 @@ pub const WORK_SLICE: Duration = Duration::from_micros(100);
 
 /// The longest rest within a page: what a slice's share asks beyond it is rested after the page.
 /// A page holds its row locks through its rests; a writer of one of its rows waits for them, so
-/// they stay short (at 20%, a slice's rest is 0.4 ms; at 1% it would be 10 ms).
+/// they stay short (at 15%, a slice's rest is 0.57 ms; at 1% it would be 10 ms).
 pub const LONGEST_REST_WITHIN_PAGE: Duration = Duration::from_millis(1);
 
 pub struct DutyCycle {
