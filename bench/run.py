@@ -440,12 +440,16 @@ def as_shares_of_alone(figures, n):
         if clients == n:
             f["share_of_tps_alone"] = f["tps"] / alone["tps"]
             f["p99_growth"] = f["p99_latency_ms"] / alone["p99_latency_ms"] - 1
+            for part in ("first_second", "after_first_second"):
+                if f"p99_{part}_ms" in f:
+                    f[f"p99_growth_{part}"] = f[f"p99_{part}_ms"] / alone[f"p99_{part}_ms"] - 1
 
 
 def print_round(round_number, figures):
     print(f"round {round_number + 1}: " + ", ".join(
-        f"{n}c {label}: {f['tps']:.0f} TPS ({f['share_of_tps_alone']:.2f}), p99 {f['p99_growth']:+.0%}, "
-        f"{f['rows_backfilled_per_second']:.0f} rows/s"
+        f"{n}c {label}: {f['tps']:.0f} TPS ({f['share_of_tps_alone']:.2f}), p99 {f['p99_growth']:+.0%}"
+        + (f" ({f['p99_growth_after_first_second']:+.0%} after the first second)" if "p99_growth_after_first_second" in f else "")
+        + f", {f['rows_backfilled_per_second']:.0f} rows/s"
         for (n, label), f in figures.items() if label != "no backfill"), flush=True)
 
 
@@ -462,6 +466,14 @@ def load_medians(rounds, clients, labels, idle, repeat):
             results.append({"scenario": label, "clients": n, **med, "rounds": [r[(n, label)] for r in rounds]})
             print(f"{label:28} {med['tps']:>8.0f} {med['share_of_tps_alone']:>8.2f} {med['p99_latency_ms']:>8.2f} "
                   f"{med['p99_growth']:>+11.0%} {med['rows_backfilled_per_second']:>16.0f}")
+        for label in labels[1:]:
+            if "p99_growth_first_second" in rounds[0][(n, label)]:
+                first, after = (statistics.median(r[(n, label)][f"p99_growth_{part}"] for r in rounds)
+                                for part in ("first_second", "after_first_second"))
+                results[labels.index(label) - len(labels)].update(p99_growth_first_second=first,
+                                                                 p99_growth_after_first_second=after)
+                print(f"{label}: p99 growth in each window's first second (its start) {first:+.0%}, "
+                      f"after it {after:+.0%} (against pgbench alone's same seconds)")
         sessions = [r[(n, "no backfill")].get("active_sessions") for r in rounds]
         if None not in sessions:
             print(f"active client sessions, pgbench alone (mean of 50 ms samples): {statistics.median(sessions):.2f}")
@@ -506,6 +518,8 @@ def duty_cycle_label(percent):
 # `\watch 1`. It looked every 50 ms, and only in a backfill's windows: each look plans the view
 # (about 0.75 ms here), so pgbench alone was spared a cost the backfill's windows were charged.
 MONITOR_SECONDS = 1.0
+# A window's first second, where a backfill's window has its start (pgbench_in_turns).
+START_SECONDS = 1.0
 
 
 def pgbench_in_turns(conn, turns, clients, window_seconds, gap_seconds, logs="pgbench_turns"):
@@ -521,7 +535,9 @@ def pgbench_in_turns(conn, turns, clients, window_seconds, gap_seconds, logs="pg
     turn did not (pgbench alone ranged from 1,750 to 2,470 TPS from one run to the next on this
     machine). Per label: pgbench's TPS and p99 latency in its windows (from pgbench's
     per-transaction log, by each transaction's end), and the rows its backfills delivered a
-    second of its windows."""
+    second of its windows; and the p99 of the transactions that ended in the first
+    START_SECONDS of a window (a backfill's start: the function's planning, its worker's start-up)
+    apart from the rest's (the backfill running), pgbench alone's alike."""
     # pgbench runs past the last window (each window's own statements take a little time): a
     # window it did not wholly cover is refused below, not counted short.
     total = len(turns) * (gap_seconds + window_seconds) + 10
@@ -547,18 +563,23 @@ def pgbench_in_turns(conn, turns, clients, window_seconds, gap_seconds, logs="pg
     if bench.returncode != 0:
         raise RuntimeError(f"pgbench failed:\n{out}")
     latencies = {label: [] for label in windows}
+    starting, running = {label: [] for label in windows}, {label: [] for label in windows}
     for log in log_dir.glob("log*"):
         for line in log.read_text().splitlines():
             fields = line.split()
             ended = int(fields[4]) + int(fields[5]) / 1e6
-            label = next((label for label, spans in windows.items() if any(b <= ended < e for b, e in spans)), None)
-            if label is not None:
+            began = next(((label, b) for label, spans in windows.items() for b, e in spans if b <= ended < e), None)
+            if began is not None:
+                label, window_began = began
                 latencies[label].append(int(fields[2]))
+                (starting if ended < window_began + START_SECONDS else running)[label].append(int(fields[2]))
     figures = {}
     for label, spans in windows.items():
         seconds = sum(e - b for b, e in spans)
         figures[label] = {"tps": len(latencies[label]) / seconds, "p99_latency_ms": p99_ms(latencies[label]),
-                          "rows_backfilled_per_second": rows[label] / seconds}
+                          "rows_backfilled_per_second": rows[label] / seconds,
+                          "p99_first_second_ms": p99_ms(starting[label]),
+                          "p99_after_first_second_ms": p99_ms(running[label])}
     return figures
 
 
