@@ -4,8 +4,9 @@
 //! After each page, its worker rests for a multiple of the page's own time (gh-ost's
 //! `--nice-ratio`): at a duty cycle of 15% (the default), 85/15 = 5.7 times as long as the
 //! page took. (It was 20% until the two took turns in the same pgbench runs: at 4 clients on 2
-//! cores, 15% grew pgbench's p99 latency less than 20% did in each of three runs, by 18%, 27% and
-//! 29% against 30%, 28% and 36%, and still moved 11,714 rows/s at 16 clients; bench/README.md.)
+//! cores, 15% grew pgbench's p99 latency by 18% against 30% (each window's first second left
+//! out), 27% against 28% and 29% against 36% (whole windows), and it still moved 11,714 rows/s
+//! at 16 clients; bench/README.md.)
 //! The page's time is its wall time, so it counts what the page cost the server and what
 //! the server made it wait (for a CPU, for a lock), and, for a pipeline's backfill, until the
 //! slot's walsender has decoded and sent the page: the decoding is the page's cost too, paid by
