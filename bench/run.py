@@ -460,20 +460,21 @@ def load_medians(rounds, clients, labels, idle, repeat):
     for n in clients:
         print(f"\n{f'pgbench ({n} clients) with':28} {'TPS':>8} {'x alone':>8} {'p99 ms':>8} {'p99 growth':>11} "
               f"{'backfill rows/s':>16}   (medians of {repeat})")
+        starts = []
         for label in labels:
-            keys = ("tps", "share_of_tps_alone", "p99_latency_ms", "p99_growth", "rows_backfilled_per_second")
+            keys = ["tps", "share_of_tps_alone", "p99_latency_ms", "p99_growth", "rows_backfilled_per_second"]
+            split = label != "no backfill" and "p99_growth_first_second" in rounds[0][(n, label)]
+            keys += ["p99_growth_first_second", "p99_growth_after_first_second"] if split else []
             med = {k: statistics.median(r[(n, label)][k] for r in rounds) for k in keys}
             results.append({"scenario": label, "clients": n, **med, "rounds": [r[(n, label)] for r in rounds]})
             print(f"{label:28} {med['tps']:>8.0f} {med['share_of_tps_alone']:>8.2f} {med['p99_latency_ms']:>8.2f} "
                   f"{med['p99_growth']:>+11.0%} {med['rows_backfilled_per_second']:>16.0f}")
-        for label in labels[1:]:
-            if "p99_growth_first_second" in rounds[0][(n, label)]:
-                first, after = (statistics.median(r[(n, label)][f"p99_growth_{part}"] for r in rounds)
-                                for part in ("first_second", "after_first_second"))
-                results[labels.index(label) - len(labels)].update(p99_growth_first_second=first,
-                                                                 p99_growth_after_first_second=after)
-                print(f"{label}: p99 growth in each window's first second (its start) {first:+.0%}, "
-                      f"after it {after:+.0%} (against pgbench alone's same seconds)")
+            if split:
+                starts.append(f"{label}: p99 growth in each window's first second (its start) "
+                              f"{med['p99_growth_first_second']:+.0%}, after it {med['p99_growth_after_first_second']:+.0%} "
+                              "(against pgbench alone's same seconds)")
+        for line in starts:
+            print(line)
         sessions = [r[(n, "no backfill")].get("active_sessions") for r in rounds]
         if None not in sessions:
             print(f"active client sessions, pgbench alone (mean of 50 ms samples): {statistics.median(sessions):.2f}")

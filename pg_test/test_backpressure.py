@@ -593,9 +593,10 @@ def looks_resting_inside_a_page(db, start: str, looks: int = 100):
     Returns the looks resting and the backfills' ids."""
     ids, resting = [], 0
     while looks > 0:
-        if not ids or status(db, ids[-1], "state") != "running":
+        state = status(db, ids[-1], "state") if ids else None
+        if state != "running":
             if ids:
-                assert status(db, ids[-1], "state") == "done", f"backfill {ids[-1]}: {status(db, ids[-1], 'state')}"
+                assert state == "done", f"backfill {ids[-1]}: {state}"
                 cancel_and_wait_for_its_workers(db, ids[-1])  # (done: its worker's exit)
             ids.append(db.execute(start).fetchone()[0])
         pid = worker_pid(db, ids[-1])
@@ -633,7 +634,6 @@ def test_under_load_the_default_rests_between_a_pages_rows_unless_the_page_holds
         wait_for_reason(db, first, "load", "pages take 20% of the time", timeout=30)
         cancel_and_wait_for_its_workers(db, first)
         resting, ids = looks_resting_inside_a_page(db, start)
-        db.execute("RESET backfill.lock_mode")
         row_locked, table_locked = db.execute(
             "SELECT sum(pages_row_locked)::bigint, sum(pages_table_locked)::bigint FROM backfill.job_table"
             " WHERE job_id = ANY (%s)", [ids]).fetchone()
