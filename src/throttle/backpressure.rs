@@ -144,13 +144,27 @@ pub struct LoadGovernor {
     free_rate: f64,
     rows_since_sample: i64,
     last_sample: Instant,
+    /// The duty cycle's first count: its looks so far, the sessions they found, and the last
+    /// one's time.
+    first_looks: u32,
+    first_total: i64,
+    first_look_at: Instant,
 }
 
 impl LoadGovernor {
     pub fn new() -> Self {
         // The first look is at once.
         let last_sample = Instant::now().checked_sub(SAMPLE_EVERY).unwrap_or_else(Instant::now);
-        LoadGovernor { active: f64::NAN, cap: None, free_rate: 0.0, rows_since_sample: 0, last_sample }
+        LoadGovernor {
+            active: f64::NAN,
+            cap: None,
+            free_rate: 0.0,
+            rows_since_sample: 0,
+            last_sample,
+            first_looks: 0,
+            first_total: 0,
+            first_look_at: last_sample,
+        }
     }
 
     pub fn delivered(&mut self, rows: i64) {
@@ -162,6 +176,10 @@ impl LoadGovernor {
     /// that a busy server still sees the backfill progress). Samples the load at most every
     /// [`SAMPLE_EVERY`]: with a limit, or when `watched` (the duty cycle reads it: duty.rs).
     pub fn allowed_rate(&mut self, limit: Option<i64>, watched: bool, paced: Option<f64>, floor: f64) -> Option<f64> {
+        if watched && limit.is_none() && self.first_looks < FIRST_COUNT_LOOKS {
+            self.count_first();
+            return None;
+        }
         let elapsed = self.last_sample.elapsed();
         if elapsed < SAMPLE_EVERY {
             return self.cap.filter(|_| limit.is_some());
@@ -179,20 +197,16 @@ impl LoadGovernor {
             let weight = 1.0 - (-seconds / SMOOTHING.as_secs_f64()).exp();
             self.active = if self.active.is_nan() {
                 // Under a limit, the first look is the average: a worker that starts on a server
-                // past the DBA's limit starts slow. The duty cycle's first count is the mean of a
-                // few looks instead: one look may catch a session at work for a moment (a
-                // monitor's query, the starter's own), and resting for it cost an idle server's
-                // backfill a tenth of its speed (measured, bench/README.md).
-                if limit.is_some() {
-                    active_sessions() as f64
-                } else {
-                    first_count()
-                }
+                // past the DBA's limit starts slow. (The duty cycle's first count: count_first.)
+                active_sessions() as f64
             } else {
                 self.active + weight * (active_sessions() as f64 - self.active)
             };
         } else {
             self.active = f64::NAN;
+            // Watched again later, the duty cycle counts afresh.
+            self.first_looks = 0;
+            self.first_total = 0;
         }
         let Some(limit) = limit else {
             self.cap = None;
@@ -214,6 +228,28 @@ impl LoadGovernor {
         self.cap
     }
 
+    /// The duty cycle's first count: the mean of [`FIRST_COUNT_LOOKS`] looks, not one, since one
+    /// look may catch a session at work for a moment (a monitor's query, the starter's own), and
+    /// resting for it cost an idle server's backfill a tenth of its speed (measured,
+    /// bench/README.md). The looks are taken as the worker goes, [`FIRST_COUNT_STEP`] apart,
+    /// never waited for: until the last, the count is the mean of the looks so far, and the
+    /// worker rests or not by it. Waited for, 80 ms before its first page, they cost an idle
+    /// server's backfill of 1M rows 2% of its time; now its first look finds no session at work
+    /// and its pages go at once, and one that caught a monitor's query rests until the next look.
+    /// Then the average follows each look, every [`SAMPLE_EVERY`].
+    fn count_first(&mut self) {
+        if self.first_looks > 0 && self.first_look_at.elapsed() < FIRST_COUNT_STEP {
+            return;
+        }
+        self.first_total += active_sessions();
+        self.first_looks += 1;
+        self.first_look_at = Instant::now();
+        self.active = self.first_total as f64 / f64::from(self.first_looks);
+        // The average's next look is a sample's time after the count's last.
+        self.last_sample = self.first_look_at;
+        self.rows_since_sample = 0;
+    }
+
     /// The active client sessions, averaged over about a second; None while they are not
     /// counted (neither a limit nor the duty cycle reads them).
     pub fn active(&self) -> Option<f64> {
@@ -231,18 +267,6 @@ impl LoadGovernor {
 /// The looks of the duty cycle's first count, [`FIRST_COUNT_STEP`] apart.
 const FIRST_COUNT_LOOKS: u32 = 5;
 const FIRST_COUNT_STEP: Duration = Duration::from_millis(20);
-
-/// The active client sessions on average over the first count's looks.
-fn first_count() -> f64 {
-    let mut total = 0;
-    for look in 0..FIRST_COUNT_LOOKS {
-        if look > 0 {
-            crate::throttle::pacing::sleep(FIRST_COUNT_STEP);
-        }
-        total += active_sessions();
-    }
-    total as f64 / f64::from(FIRST_COUNT_LOOKS)
-}
 
 /// Client sessions running a statement now, this one aside (a worker is not a client backend),
 /// and those sleeping in an extension's wait, as backfill_wait() does, which cost nothing.
