@@ -69,8 +69,10 @@ SHAPES = {
 
 
 # The clusters' settings (bash's $'...'): wal_keep_size, as pg_waldump reads the WAL of each
-# measurement after its checkpoints.
-CLUSTER_SETTINGS = "$'fsync = on\\nsynchronous_commit = on\\nautovacuum = off\\nfull_page_writes = on\\nwal_keep_size = 16GB'"
+# measurement after its checkpoints; pg_backfill preloaded, as the README configures it (a
+# worker then inherits the loaded library from the postmaster instead of loading it itself).
+CLUSTER_SETTINGS = ("$'fsync = on\\nsynchronous_commit = on\\nautovacuum = off\\nfull_page_writes = on\\nwal_keep_size = 16GB"
+                    "\\nshared_preload_libraries = \\'pg_backfill\\''")
 # --versus: the other installation's cluster.
 VERSUS_DIR, VERSUS_PORT = f"{DIR}_versus", PORT + 1
 
@@ -606,11 +608,11 @@ def idle_speeds(conn, starts, round_number, speeds, resting=None, pairs=3):
             started = time.perf_counter()
             backfill = conn.execute(starts[label]).fetchone()[0]
             for look in itertools.count():
-                # Its end, from its row (a look of about 0.1 ms); what holds it back, from the
-                # status view every IDLE_STATUS_EVERY looks (planning the view takes about 0.75
-                # ms, more beside a backfill at full speed on 2 cores: looked at every 5 ms, the
-                # benchmark's own session was active a fifth of the time or more, and the server
-                # not idle).
+                # Its end, from its row (0.07 to 0.1 ms a look); what holds it back, from the
+                # status view every IDLE_STATUS_EVERY looks (1.4 to 1.7 ms a look on the idle
+                # server, more beside a backfill at full speed on 2 cores: looked at every 5 ms,
+                # the benchmark's own session was active a fifth of the time or more, and the
+                # server not idle).
                 state = conn.execute("SELECT state FROM backfill.job WHERE id = %s", [backfill]).fetchone()[0]
                 if resting is not None and look % IDLE_STATUS_EVERY == 0:
                     waiting = conn.execute("SELECT waiting_kind FROM backfill_status WHERE id = %s",
