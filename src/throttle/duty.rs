@@ -2,23 +2,26 @@
 //! max_active_sessions) works a bounded share of its time while the server is busy.
 //!
 //! After each page, its worker rests for a multiple of the page's own time (gh-ost's
-//! `--nice-ratio`): at a duty cycle of 15% (the default), 85/15 = 5.7 times as long as the
-//! page took. (It was 20% until the two took turns in the same pgbench runs: at 4 clients on 2
-//! cores, 15% grew pgbench's p99 latency by 18% against 30% (each window's first second left
-//! out), 27% against 28% and 29% against 36% (whole windows), and it still moved 11,714 rows/s
-//! at 16 clients; bench/README.md.)
-//! The page's time is its wall time, so it counts what the page cost the server and what
-//! the server made it wait (for a CPU, for a lock), and, for a pipeline's backfill, until the
-//! slot's walsender has decoded and sent the page: the decoding is the page's cost too, paid by
-//! another process (left out, the rests bounded only the worker's share, and on 2 cores pgbench
-//! paid for the walsender's: bench/README.md). While it rests, its pages are short (200 rows at
+//! `--nice-ratio`): at a duty cycle of 7% (the default), 93/7 = 13.3 times as long as the page
+//! took. (It was 20%, then 15%, while a page's time was its wall time; leaving out the worker's
+//! waits for a CPU and going to 7 kept more of pgbench's TPS at 4 clients on 2 cores (0.92
+//! against 0.91) and grew its p99 latency less (+18% against +25%), and moved more than 10,000
+//! rows/s at 4 and at 16 clients; bench/README.md.)
+//! The page's time is its wall time less what the worker waited for a CPU (the scheduler's
+//! runqueue, [`waited_for_cpu`]), so it counts what the page cost the server and what the
+//! server made it wait for a lock, and, for a pipeline's backfill, until the slot's walsender has
+//! decoded and sent the page: the decoding is the page's cost too, paid by another process (left
+//! out, the rests bounded only the worker's share, and on 2 cores pgbench paid for the
+//! walsender's: bench/README.md). A wait for a CPU is not: counted, a saturated server's backfill
+//! rested for as long as other processes held the CPUs and slowed to two thirds of its rate as
+//! pgbench went from 4 clients to 16. While it rests, its pages are short (200 rows at
 //! most), and it rests within a page too, after every [`WORK_SLICE`] of it, so that the
 //! application meets the backfill as a little work often, not a burst: what the application's
 //! latency feels is how long the backfill holds a CPU at a time, more than how much of it
 //! (bench/README.md: a process busy 20% of the time added 84% to pgbench's p99 latency in bursts
 //! of 2.5 ms, and 9% in bursts of 50 µs).
-//! The busier the server, the longer each page and each rest. The backfill's share of a core and
-//! of the WAL written is then at most the duty cycle, however many sessions are active (its row
+//! The busier the server, the longer each page's wall time; its rests follow the work in it. The
+//! backfill's share of a core and of the WAL written is then at most the duty cycle, however many sessions are active (its row
 //! locks are held through the rests within a page: a few milliseconds a page), and it still
 //! moves at that share of its speed; a session count only says whether anyone is there to be
 //! disturbed. On an idle server it does not rest at all.
@@ -61,7 +64,7 @@ pub const WORK_SLICE: Duration = Duration::from_micros(100);
 
 /// The longest rest within a page: what a slice's share asks beyond it is rested after the page.
 /// A page holds its row locks through its rests; a writer of one of its rows waits for them, so
-/// they stay short (at 15%, a slice's rest is 0.57 ms; at 1% it would be 10 ms).
+/// they stay short (at 15%, a slice's rest is 0.57 ms; at 7%, 1.33 ms asked, 1 ms rested).
 pub const LONGEST_REST_WITHIN_PAGE: Duration = Duration::from_millis(1);
 
 pub struct DutyCycle {
@@ -77,6 +80,9 @@ pub struct DutyCycle {
     /// When the worker's present stretch of work began: its page's start, or the end of its
     /// last rest within the page.
     working_since: Instant,
+    /// How long the worker had waited for a CPU when that stretch began (None: the kernel does
+    /// not say, and a stretch's time is its wall time).
+    waited_for_cpu_since: Option<Duration>,
     /// The rest the page's slices asked for beyond [`LONGEST_REST_WITHIN_PAGE`]: rested after it.
     owed: Duration,
     /// Until when the worker rests after its last page.
@@ -94,6 +100,7 @@ impl DutyCycle {
             slot: None,
             page_began: now,
             working_since: now,
+            waited_for_cpu_since: None,
             owed: Duration::ZERO,
             rest_until: now,
             rate: 0.0,
@@ -145,8 +152,26 @@ impl DutyCycle {
     /// The worker's turn came: its page begins now.
     pub fn page_begins(&mut self) {
         self.page_began = Instant::now();
-        self.working_since = self.page_began;
+        self.stretch_begins(self.page_began);
         self.owed = Duration::ZERO;
+    }
+
+    /// A stretch of work begins at `now`: the page's start, or the end of a rest within it.
+    fn stretch_begins(&mut self, now: Instant) {
+        self.working_since = now;
+        self.waited_for_cpu_since = waited_for_cpu();
+    }
+
+    /// What the present stretch of work took: its time, less what the worker waited for a CPU
+    /// in it. The waits are the scheduler's, not the page's: counted, a saturated server's
+    /// backfill rested for the time other processes held the CPUs, and at 16 pgbench clients
+    /// on 2 cores it went at two thirds of its rate at 4 for the same share (bench/README.md).
+    fn stretch_worked(&self) -> Duration {
+        let wall = self.working_since.elapsed();
+        match (self.waited_for_cpu_since, waited_for_cpu()) {
+            (Some(before), Some(now)) => wall.saturating_sub(now.saturating_sub(before)),
+            _ => wall,
+        }
     }
 
     /// Within a page that holds no table lock: once the worker has worked [`WORK_SLICE`] since
@@ -155,10 +180,11 @@ impl DutyCycle {
     /// rests between pages do.
     pub fn rest_within_page(&mut self) {
         let Some(share) = self.share else { return };
-        let worked = self.working_since.elapsed();
-        if worked < WORK_SLICE {
+        // The slice is of wall time (a cheap clock read between rows); its rest, of the work.
+        if self.working_since.elapsed() < WORK_SLICE {
             return;
         }
+        let worked = self.stretch_worked();
         let due = worked.mul_f64((1.0 - share) / share);
         let rest = due.min(LONGEST_REST_WITHIN_PAGE);
         self.owed += due - rest;
@@ -171,7 +197,7 @@ impl DutyCycle {
         // SAFETY: as above.
         unsafe { std::ptr::write_volatile(pg_sys::my_wait_event_info, 0) };
         pg_sys::check_for_interrupts!();
-        self.working_since = Instant::now();
+        self.stretch_begins(Instant::now());
     }
 
     /// A page that delivered `rows` rows ended (its lock may have given it fewer rows than it
@@ -191,7 +217,7 @@ impl DutyCycle {
         if let Some(slot) = &self.slot {
             wait_until_sent(slot);
         }
-        let worked = self.working_since.elapsed().saturating_sub(flushing);
+        let worked = self.stretch_worked().saturating_sub(flushing);
         let rest = worked.mul_f64((1.0 - share) / share) + std::mem::take(&mut self.owed);
         self.rest_until = Instant::now() + rest;
         // The page's whole cycle: its work and its rests, within it and after it.
@@ -207,6 +233,23 @@ impl DutyCycle {
         let share = self.share?;
         Some(WaitReason::DutyCycle { active: self.active, percent: (share * 100.0).round() as i32, rate: self.rate })
     }
+}
+
+/// How long this process has waited for a CPU since it started: the kernel's runqueue wait
+/// (`/proc/thread-self/schedstat`, its second field, in nanoseconds; a background worker is a
+/// process of one thread). The file stays open, read from its start each time (one pread, about
+/// a microsecond). None where the kernel does not keep it (built without schedstats).
+fn waited_for_cpu() -> Option<Duration> {
+    use std::os::unix::fs::FileExt;
+    thread_local! {
+        static SCHEDSTAT: Option<std::fs::File> = std::fs::File::open("/proc/thread-self/schedstat").ok();
+    }
+    SCHEDSTAT.with(|file| {
+        let mut text = [0u8; 96];
+        let read = file.as_ref()?.read_at(&mut text, 0).ok()?;
+        let nanoseconds = std::str::from_utf8(&text[..read]).ok()?.split_whitespace().nth(1)?.parse().ok()?;
+        Some(Duration::from_nanos(nanoseconds))
+    })
 }
 
 /// Waits until the walsender streaming `slot` has sent this process's last commit (its
