@@ -2,11 +2,11 @@
 //! max_active_sessions) works a bounded share of its time while the server is busy.
 //!
 //! After each page, its worker rests for a multiple of the page's own time (gh-ost's
-//! `--nice-ratio`): at a duty cycle of 7% (the default), 93/7 = 13.3 times as long as the page
-//! took. (It was 20%, then 15%, while a page's time was its wall time; leaving out the worker's
-//! waits for a CPU and going to 7 kept more of pgbench's TPS at 4 clients on 2 cores (0.92
-//! against 0.91) and grew its p99 latency less (+18% against +25%), and moved more than 10,000
-//! rows/s at 4 and at 16 clients; bench/README.md.)
+//! `--nice-ratio`): at a duty cycle of 10% (the default), 90/10 = 9 times as long as the page
+//! took. (It was 20%, then 15%, while a page's time was its wall time. With the worker's waits
+//! for a CPU left out, 7 moved under 8,500 rows/s on a slower 2-core host, and 10, in the same
+//! pgbench runs, kept 0.95 and 0.91 of its TPS at 4 and 16 clients, grew its p99 by 22% at 4 and
+//! moved 12,324 and 10,991 rows/s; bench/README.md.)
 //! The page's time is its wall time less what the worker waited for a CPU (the scheduler's
 //! runqueue, [`waited_for_cpu`]), so it counts what the page cost the server and what the
 //! server made it wait for a lock, and, for a pipeline's backfill, until the slot's walsender has
@@ -64,7 +64,7 @@ pub const WORK_SLICE: Duration = Duration::from_micros(100);
 
 /// The longest rest within a page: what a slice's share asks beyond it is rested after the page.
 /// A page holds its row locks through its rests; a writer of one of its rows waits for them, so
-/// they stay short (at 15%, a slice's rest is 0.57 ms; at 7%, 1.33 ms asked, 1 ms rested).
+/// they stay short (at 10%, a slice's rest is 0.9 ms; at 1% it would be 10 ms).
 pub const LONGEST_REST_WITHIN_PAGE: Duration = Duration::from_millis(1);
 
 pub struct DutyCycle {
