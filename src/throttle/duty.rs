@@ -20,9 +20,9 @@
 //! latency feels is how long the backfill holds a CPU at a time, more than how much of it
 //! (bench/README.md: a process busy 20% of the time added 84% to pgbench's p99 latency in bursts
 //! of 2.5 ms, and 9% in bursts of 50 µs).
-//! The busier the server, the longer each page's wall time; its rests follow the work in it. The
-//! backfill's share of a core and of the WAL written is then at most the duty cycle, however many sessions are active (its row
-//! locks are held through the rests within a page: a few milliseconds a page), and it still
+//! The busier the server, the longer each page's wall time; its rests follow the work in it.
+//! The backfill's share of a core and of the WAL written is then at most the duty cycle, however
+//! many sessions are active (its row locks are held through the rests within a page: a few milliseconds a page), and it still
 //! moves at that share of its speed; a session count only says whether anyone is there to be
 //! disturbed. On an idle server it does not rest at all.
 
@@ -159,13 +159,12 @@ impl DutyCycle {
     /// A stretch of work begins at `now`: the page's start, or the end of a rest within it.
     fn stretch_begins(&mut self, now: Instant) {
         self.working_since = now;
-        self.waited_for_cpu_since = waited_for_cpu();
+        // Read only while resting: a page that will not rest needs no time of its own.
+        self.waited_for_cpu_since = self.share.and_then(|_| waited_for_cpu());
     }
 
     /// What the present stretch of work took: its time, less what the worker waited for a CPU
-    /// in it. The waits are the scheduler's, not the page's: counted, a saturated server's
-    /// backfill rested for the time other processes held the CPUs, and at 16 pgbench clients
-    /// on 2 cores it went at two thirds of its rate at 4 for the same share (bench/README.md).
+    /// in it (the scheduler's, not the page's: see the module's doc).
     fn stretch_worked(&self) -> Duration {
         let wall = self.working_since.elapsed();
         match (self.waited_for_cpu_since, waited_for_cpu()) {
