@@ -584,30 +584,35 @@ def test_with_no_pacing_option_a_busy_server_makes_the_backfill_rest_and_an_idle
         set_duty_cycle(db, None)
 
 
-def looks_resting_inside_a_page(db, start: str, looks: int = 100):
+def looks_resting_inside_a_page(db, start: str, looks: int = 100, starter=None):
     """Of `looks` at running backfills' workers, 20 ms apart, how many find one resting inside a
-    page: its page's transaction holds an xid (from the page's first row lock, or its first
-    message, to its commit) while it waits in an `Extension` wait (its rests). Between pages it
-    holds no xid, and a page's other waits are of other kinds. Backfills run back to back
-    (`start` starts one), so that every look is of a running one however fast they end.
-    Returns the looks resting and the backfills' ids."""
-    ids, resting = [], 0
+    page, holding what it has locked or not yet: in an `Extension` wait (its rests) inside a
+    transaction (between pages it has none) that holds an xid (from the page's first row lock,
+    or its first message, to its commit), or none yet (before the page locks or writes
+    anything). A page's other waits are of other kinds. Backfills run back to back (`start`
+    starts one, on `starter`'s connection, else `db`'s), so that every look is of a running one
+    however fast they end. Returns the looks resting holding an xid, those resting before it
+    had one, and the backfills' ids."""
+    ids, holding, before = [], 0, 0
     while looks > 0:
         state = status(db, ids[-1], "state") if ids else None
         if state != "running":
             if ids:
                 assert state == "done", f"backfill {ids[-1]}: {state}"
                 cancel_and_wait_for_its_workers(db, ids[-1])  # (done: its worker's exit)
-            ids.append(db.execute(start).fetchone()[0])
+            ids.append((starter or db).execute(start).fetchone()[0])
         pid = worker_pid(db, ids[-1])
         if pid is None:
             time.sleep(0.02)
             continue  # not up yet, or ended meanwhile
-        resting += db.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND backend_xid IS NOT NULL"
-                              " AND wait_event_type = 'Extension'", [pid]).fetchone()[0]
+        found = db.execute("SELECT backend_xid IS NOT NULL FROM pg_stat_activity WHERE pid = %s"
+                           " AND xact_start IS NOT NULL AND wait_event_type = 'Extension'", [pid]).fetchone()
+        if found is not None:
+            holding += found[0]
+            before += not found[0]
         looks -= 1
         time.sleep(0.02)
-    return resting, ids
+    return holding, before, ids
 
 
 @pytest.mark.slow
@@ -633,7 +638,7 @@ def test_under_load_the_default_rests_between_a_pages_rows_unless_the_page_holds
         first = db.execute(start).fetchone()[0]
         wait_for_reason(db, first, "load", "pages take 20% of the time", timeout=30)
         cancel_and_wait_for_its_workers(db, first)
-        resting, ids = looks_resting_inside_a_page(db, start)
+        resting, _, ids = looks_resting_inside_a_page(db, start)
         row_locked, table_locked = db.execute(
             "SELECT sum(pages_row_locked)::bigint, sum(pages_table_locked)::bigint FROM backfill.job_table"
             " WHERE job_id = ANY (%s)", [ids]).fetchone()
@@ -647,6 +652,41 @@ def test_under_load_the_default_rests_between_a_pages_rows_unless_the_page_holds
         if load is not None:
             load.stop()
         db.execute("RESET backfill.lock_mode")
+        cancel_running(db)
+        set_duty_cycle(db, None)
+
+
+@pytest.mark.slow
+def test_under_load_the_default_rests_between_a_pages_queries_before_it_locks_anything(cluster, db, roles):
+    """Under load, the gentle default rests within a page between its queries too, not only
+    between its rows (worker/scan/mod.rs): a page's reads of its backfill and its checks of the
+    table and of the starter's rights are most of its work, and without rests among them they
+    are the longest the worker holds a CPU at a time. So a worker is found resting inside a
+    page's transaction before the page has locked or written anything (no xid yet); without
+    those rests, it never is (its first rest would come after its first row lock). The check of
+    the starter's rights runs every page: for a role that may UPDATE only the last of 1,500
+    columns, it looks at every column's privileges, so that the page's work before its first
+    row takes more than a slice of work on any machine. Pages of 10 rows: most of a page's
+    work is before its rows."""
+    columns = ", ".join(f"c{i} int" for i in range(1, 1501))
+    db.execute(f"""CREATE TABLE checked (id bigint PRIMARY KEY, {columns});
+                   INSERT INTO checked (id) SELECT g FROM generate_series(1, 3000) g; ANALYZE checked""")
+    starter = roles.create("slicer", "operator")
+    db.execute(f"GRANT SELECT, UPDATE (c1500) ON checked TO {starter}")
+    load = None
+    try:
+        set_duty_cycle(db, 20)
+        load = ActiveSessions(cluster, db.info.dbname, 4)
+        wait_for_the_load(db)
+        start, conn = "SELECT backfill_start('checked', confirm => true, batch_size => 10)", roles.connect(starter)
+        first = conn.execute(start).fetchone()[0]
+        wait_for_reason(db, first, "load", "pages take 20% of the time", timeout=30)
+        cancel_and_wait_for_its_workers(db, first)
+        holding, before, _ = looks_resting_inside_a_page(db, start, starter=conn)
+        assert before >= 5, f"resting inside a page before its first lock in {before} of 100 looks ({holding} after)"
+    finally:
+        if load is not None:
+            load.stop()
         cancel_running(db)
         set_duty_cycle(db, None)
 

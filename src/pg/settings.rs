@@ -272,7 +272,7 @@ pub fn define() {
           while client sessions are active (more than half a session on average over about a \
           second), for as long as keeps its pages to this share of its time: at 10, 90/10 (9) times \
           the page's own time, less what the worker waited for a CPU, for a pipeline's backfill \
-          until the slot's walsender has sent the page. Its cost to the application is then bounded however many \
+          until the slot's walsender has sent the page (less what the walsender waited for a CPU). Its cost to the application is then bounded however many \
           sessions are active; on an idle server it runs at full speed. 100 turns the rest off. \
           Read by running backfills at their next page.",
         &DEFAULT_DUTY_CYCLE,

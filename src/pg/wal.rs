@@ -154,7 +154,7 @@ pub fn slot_sent_lsn(slot: &str) -> Option<u64> {
 }
 
 /// The pid of the process using replication slot `slot` now, if one does.
-fn slot_user_pid(slot: &str) -> Option<i32> {
+pub fn slot_user_pid(slot: &str) -> Option<i32> {
     // SAFETY: ReplicationSlotCtl's array has max_replication_slots entries, in shared memory for
     // the server's life. Read without ReplicationSlotControlLock: a slot created or dropped
     // meanwhile may show a name being written, which then matches no slot, or a stale user, which

@@ -10,16 +10,18 @@
 //! The page's time is its wall time less what the worker waited for a CPU (the scheduler's
 //! runqueue, [`waited_for_cpu`]), so it counts what the page cost the server and what the
 //! server made it wait for a lock, and, for a pipeline's backfill, until the slot's walsender has
-//! decoded and sent the page: the decoding is the page's cost too, paid by another process (left
-//! out, the rests bounded only the worker's share, and on 2 cores pgbench paid for the
-//! walsender's: bench/README.md). A wait for a CPU is not: counted, a saturated server's backfill
-//! rested for as long as other processes held the CPUs and slowed to two thirds of its rate as
-//! pgbench went from 4 clients to 16. While it rests, its pages are short (200 rows at
-//! most), and it rests within a page too, after every [`WORK_SLICE`] of it, so that the
-//! application meets the backfill as a little work often, not a burst: what the application's
-//! latency feels is how long the backfill holds a CPU at a time, more than how much of it
-//! (bench/README.md: a process busy 20% of the time added 84% to pgbench's p99 latency in bursts
-//! of 2.5 ms, and 9% in bursts of 50 µs).
+//! decoded and sent the page, less what the walsender waited for a CPU meanwhile: the decoding
+//! is the page's cost too, paid by another process (left out, the rests bounded only the
+//! worker's share, and on 2 cores pgbench paid for the walsender's: bench/README.md). A wait for
+//! a CPU is not, the worker's or the walsender's: counted, a saturated server's backfill rested
+//! for as long as other processes held the CPUs and slowed to two thirds of its rate as pgbench
+//! went from 4 clients to 16. While it rests, its pages are short (200 rows at most), and it
+//! rests within a page too, after every [`WORK_SLICE`] of it, between the page's queries (its
+//! reads of the backfill, the slot and the table, which are most of a page's work) as between
+//! its rows, so that the application meets the backfill as a little work often, not a burst:
+//! what the application's latency feels is how long the backfill holds a CPU at a time, more
+//! than how much of it (bench/README.md: a process busy 20% of the time added 84% to pgbench's
+//! p99 latency in bursts of 2.5 ms, and 9% in bursts of 50 µs).
 //! The busier the server, the longer each page's wall time; its rests follow the work in it.
 //! The backfill's share of a core and of the WAL written is then at most the duty cycle, however
 //! many sessions are active (its row locks are held through the rests within a page: a few milliseconds a page), and it still
@@ -213,10 +215,10 @@ impl DutyCycle {
         let before_flush = Instant::now();
         crate::pg::wal::flush_last_commit();
         let flushing = before_flush.elapsed();
+        let mut worked = self.stretch_worked().saturating_sub(flushing);
         if let Some(slot) = &self.slot {
-            wait_until_sent(slot);
+            worked += wait_until_sent(slot);
         }
-        let worked = self.stretch_worked().saturating_sub(flushing);
         let rest = worked.mul_f64((1.0 - share) / share) + std::mem::take(&mut self.owed);
         self.rest_until = Instant::now() + rest;
         // The page's whole cycle: its work and its rests, within it and after it.
@@ -235,29 +237,43 @@ impl DutyCycle {
 }
 
 /// How long this process has waited for a CPU since it started: the kernel's runqueue wait
-/// (`/proc/thread-self/schedstat`, its second field, in nanoseconds; a background worker is a
-/// process of one thread). The file stays open, read from its start each time (one pread, about
-/// a microsecond). None where the kernel does not keep it (built without schedstats).
+/// (`/proc/thread-self/schedstat`; a background worker is a process of one thread). The file
+/// stays open, read from its start each time (one pread, about a microsecond). None where the
+/// kernel does not keep it (built without schedstats).
 fn waited_for_cpu() -> Option<Duration> {
-    use std::os::unix::fs::FileExt;
     thread_local! {
         static SCHEDSTAT: Option<std::fs::File> = std::fs::File::open("/proc/thread-self/schedstat").ok();
     }
-    SCHEDSTAT.with(|file| {
-        let mut text = [0u8; 96];
-        let read = file.as_ref()?.read_at(&mut text, 0).ok()?;
-        let nanoseconds = std::str::from_utf8(&text[..read]).ok()?.split_whitespace().nth(1)?.parse().ok()?;
-        Some(Duration::from_nanos(nanoseconds))
-    })
+    SCHEDSTAT.with(|file| runqueue_wait(file.as_ref()?))
+}
+
+/// How long process `pid` has waited for a CPU since it started, as [`waited_for_cpu`] reads
+/// this process's (a walsender is a process of one thread); None if it is gone.
+fn process_waited_for_cpu(pid: i32) -> Option<Duration> {
+    runqueue_wait(&std::fs::File::open(format!("/proc/{pid}/schedstat")).ok()?)
+}
+
+/// The runqueue wait a `schedstat` file gives: its second field, in nanoseconds (the kernel's
+/// Documentation/scheduler/sched-stats.rst).
+fn runqueue_wait(schedstat: &std::fs::File) -> Option<Duration> {
+    use std::os::unix::fs::FileExt;
+    let mut text = [0u8; 96];
+    let read = schedstat.read_at(&mut text, 0).ok()?;
+    let nanoseconds = std::str::from_utf8(&text[..read]).ok()?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(nanoseconds))
 }
 
 /// Waits until the walsender streaming `slot` has sent this process's last commit (its
 /// decoding is the page's cost too), at most [`LONGEST_SEND_WAIT`]; at once while no walsender
-/// streams the slot.
-fn wait_until_sent(slot: &str) {
+/// streams the slot. Returns what of the wait is the page's time: its wall time, less what the
+/// walsender waited for a CPU meanwhile (the scheduler's, not the page's, as the worker's own
+/// waits are left out).
+fn wait_until_sent(slot: &str) -> Duration {
     // SAFETY: XactLastCommitEnd is this process's own: the end of its last commit record.
     let commit_end = unsafe { pg_sys::XactLastCommitEnd };
     let began = Instant::now();
+    let sender = crate::pg::wal::slot_user_pid(slot);
+    let sender_waited_since = sender.and_then(process_waited_for_cpu);
     while crate::pg::wal::slot_sent_lsn(slot).is_some_and(|sent| sent < commit_end)
         && began.elapsed() < LONGEST_SEND_WAIT
     {
@@ -267,5 +283,11 @@ fn wait_until_sent(slot: &str) {
         } else {
             sleep(SEND_WAIT_STEP);
         }
+    }
+    let wall = began.elapsed();
+    // (A walsender that exited meanwhile has no file: the wall time.)
+    match (sender_waited_since, sender.and_then(process_waited_for_cpu)) {
+        (Some(before), Some(now)) => wall.saturating_sub(now.saturating_sub(before)),
+        _ => wall,
     }
 }

@@ -211,11 +211,17 @@ impl<'a> TableScan<'a> {
             Ok(job) => job,
             Err(state) => return Page::Stopped(state),
         };
+        // The gentle default's rests within a page come between its fixed queries too, not
+        // only between its rows: a page's own reads and checks are most of its work, and the
+        // application's latency feels how long the backfill holds a CPU at a time (duty.rs).
+        // (Until the page's lock, below, no writer can wait on a page that rests.)
+        self.throttle.rest_within_page();
         // Waiting is not a state: the backfill still runs, as a backend waiting on a lock is
         // still active. What it waits for shows in pg_stat_activity (no write, no commit).
         if self.throttle.holds_back(&job, self.context.backfill_id) {
             return Page::Waiting;
         }
+        self.throttle.rest_within_page();
         let (backfill_id, position) = (self.context.backfill_id, self.context.position);
         let Some(progress) = job_table::job_table(backfill_id, position) else {
             raise(
@@ -227,6 +233,8 @@ impl<'a> TableScan<'a> {
         };
         self.report_doing(&job, &progress);
         let same_columns = self.recheck(&job, catalog_generation);
+        // (Before the signer: it gives the page its transaction id.)
+        self.throttle.rest_within_page();
         let signer = Signer::for_this_transaction(job::signing_key());
         if progress.state == RangeState::Pending {
             return self.start_scan(&progress, &signer);

@@ -24,6 +24,11 @@ impl TableScan<'_> {
         let Some(page_end) = self.page_end(cursor.as_deref(), upper_bound, rows_per_page) else {
             return self.end_scan(progress.rows_done, signer);
         };
+        // Rests between its queries as between its rows (a page that holds the table rests not
+        // at all: every writer waits for it).
+        if locking != Locking::Table {
+            self.throttle.rest_within_page();
+        }
         let (rows, bytes) = self.deliver(cursor.as_deref(), &page_end, locking, signer);
         self.throttle.delivered(rows, bytes);
         let table_locked = locking == Locking::Table;

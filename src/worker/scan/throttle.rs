@@ -95,7 +95,8 @@ impl Throttle {
         self.duty.resting()
     }
 
-    /// Between a page's rows: the gentle default's rest within the page, when one is due.
+    /// Between a page's queries and its rows: the gentle default's rest within the page, when
+    /// one is due.
     pub fn rest_within_page(&mut self) {
         self.duty.rest_within_page();
     }
