@@ -59,7 +59,7 @@ static DEFAULT_MAX_ACTIVE_SESSIONS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
 /// The share of its time (percent) a worker of a backfill with no pacing of its own spends on
 /// pages while the server is busy; 100: no rest.
-static DEFAULT_DUTY_CYCLE: GucSetting<i32> = GucSetting::<i32>::new(10);
+static DEFAULT_DUTY_CYCLE: GucSetting<i32> = GucSetting::<i32>::new(12);
 
 /// How often backfill_wait() reports the progress of what it waits for (seconds; 0: never).
 static WAIT_REPORT_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(10);
