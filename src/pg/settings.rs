@@ -270,7 +270,7 @@ pub fn define() {
         c"The share of its time, in percent, a worker of a backfill with no pacing of its own spends on pages while the server is busy.",
         c"A backfill with neither rows_per_second nor max_active_sessions rests after each page, \
           while client sessions are active (more than half a session on average over about a \
-          second), for as long as keeps its pages to this share of its time: at 10, 90/10 (9) times \
+          second), for as long as keeps its pages to this share of its time: at 12, 88/12 (about 7.3) times \
           the page's own time, less what the worker waited for a CPU, for a pipeline's backfill \
           until the slot's walsender has sent the page (less what the walsender waited for a CPU). Its cost to the application is then bounded however many \
           sessions are active; on an idle server it runs at full speed. 100 turns the rest off. \

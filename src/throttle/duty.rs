@@ -2,11 +2,13 @@
 //! max_active_sessions) works a bounded share of its time while the server is busy.
 //!
 //! After each page, its worker rests for a multiple of the page's own time (gh-ost's
-//! `--nice-ratio`): at a duty cycle of 10% (the default), 90/10 = 9 times as long as the page
-//! took. (It was 20%, then 15%, while a page's time was its wall time. With the worker's waits
+//! `--nice-ratio`): at a duty cycle of 12% (the default), 88/12 = about 7.3 times as long as
+//! the page took. (It was 20%, then 15%, while a page's time was its wall time. With the worker's waits
 //! for a CPU left out, 7 moved under 8,500 rows/s on a slower 2-core host, and 10, in the same
 //! pgbench runs, kept 0.95 and 0.91 of its TPS at 4 and 16 clients, grew its p99 by 22% at 4 and
-//! moved 12,324 and 10,991 rows/s; bench/README.md.)
+//! moved 12,324 and 10,991 rows/s. With the walsender's waits for a CPU left out too, and rests
+//! between a page's queries, 12 kept 0.94 and 0.91 of pgbench's TPS at 4 and 16 clients, grew its
+//! p99 by 26% at 4 and moved 11,525 and 11,120 rows/s; bench/README.md.)
 //! The page's time is its wall time less what the worker waited for a CPU (the scheduler's
 //! runqueue, [`waited_for_cpu`]), so it counts what the page cost the server and what the
 //! server made it wait for a lock, and, for a pipeline's backfill, until the slot's walsender has
