@@ -80,6 +80,13 @@ pub enum Locking {
 }
 
 impl Locking {
+    /// Whether a page so locked may rest once it holds its lock (the gentle default's rests
+    /// within a page): not while it holds the table, which makes every writer wait until it
+    /// commits.
+    pub fn lets_the_page_rest(self) -> bool {
+        self != Locking::Table
+    }
+
     /// The row locks of a page's rows query.
     pub fn row_locks(self) -> RowLocks {
         match self {

@@ -24,9 +24,8 @@ impl TableScan<'_> {
         let Some(page_end) = self.page_end(cursor.as_deref(), upper_bound, rows_per_page) else {
             return self.end_scan(progress.rows_done, signer);
         };
-        // Rests between its queries as between its rows (a page that holds the table rests not
-        // at all: every writer waits for it).
-        if locking != Locking::Table {
+        // Rests between its queries as between its rows.
+        if locking.lets_the_page_rest() {
             self.throttle.rest_within_page();
         }
         let (rows, bytes) = self.deliver(cursor.as_deref(), &page_end, locking, signer);
@@ -159,7 +158,7 @@ impl TableScan<'_> {
             table: &table_name,
             // The gentle default rests between the rows of a page that holds only row locks: a
             // page that holds the table makes every writer wait until it commits.
-            before_row: (locking != Locking::Table).then_some(&mut rest as &mut dyn FnMut()),
+            before_row: locking.lets_the_page_rest().then_some(&mut rest as &mut dyn FnMut()),
             rows: 0,
             bytes: 0,
         };
