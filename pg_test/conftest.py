@@ -449,6 +449,7 @@ class Consumer:
     """A real streaming consumer of a test_decoding slot: pg_recvlogical, confirming every second."""
 
     def __init__(self, cluster, dbname, slot):
+        self.cluster, self.slot = cluster, slot
         self.output = tempfile.NamedTemporaryFile(mode="r", suffix=".log", delete=False)
         self.process = subprocess.Popen(
             [PG_RECVLOGICAL, "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres", "-d", dbname,
@@ -463,9 +464,15 @@ class Consumer:
         self.process.send_signal(signal.SIGCONT)
 
     def stop(self):
+        """Ends pg_recvlogical and waits until its walsender has let the slot go: the walsender
+        exits after its client, so a slot dropped at once may still be active."""
         self.process.send_signal(signal.SIGCONT)
         self.process.terminate()
         self.process.wait(10)
+        with self.cluster.connect() as admin:
+            wait_for(lambda: admin.execute(
+                "SELECT coalesce(bool_and(active_pid IS NULL), true) FROM pg_replication_slots WHERE slot_name = %s",
+                [self.slot]).fetchone()[0], what=f"slot {self.slot}'s walsender to let it go")
 
     def messages(self):
         """The backfill's messages, parsed. Each must be UTF-8 (json.loads of bytes insists), while
