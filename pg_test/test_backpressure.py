@@ -510,16 +510,15 @@ def nice_of(pid: int) -> int:
 
 
 def set_worker_nice(conn, nice) -> None:
-    """backfill.worker_nice for the whole test cluster (a reload setting); None: its default."""
+    """backfill.worker_nice for the whole test cluster (a reload setting); None: back to the
+    test clusters' 0 (conftest.py), the server's priority."""
     if nice is None:
         conn.execute("ALTER SYSTEM RESET backfill.worker_nice")
     else:
         conn.execute(f"ALTER SYSTEM SET backfill.worker_nice = {int(nice)}")
     conn.execute("SELECT pg_reload_conf()")
-    expected = str(nice) if nice is not None else conn.execute(
-        "SELECT boot_val FROM pg_settings WHERE name = 'backfill.worker_nice'").fetchone()[0]
     settles_to(lambda: conn.execute("SELECT current_setting('backfill.worker_nice')").fetchone()[0],
-               expected, what="backfill.worker_nice")
+               str(nice or 0), what="backfill.worker_nice")
 
 
 def test_a_worker_takes_backfill_worker_nice_at_its_start_and_only_a_superuser_sets_it(cluster, db, roles):
@@ -528,7 +527,7 @@ def test_a_worker_takes_backfill_worker_nice_at_its_start_and_only_a_superuser_s
     it at the server's, and a worker already running keeps the value it started with. Neither an
     operator nor a role with no rights can SET it or ALTER SYSTEM it; values outside 0 to 19
     are refused."""
-    for table in ["niced_0", "niced_7", "niced_default"]:  # one running backfill a table
+    for table in ["niced_0", "niced_7", "niced_19"]:  # one running backfill a table
         db.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, v int NOT NULL);"
                    f" INSERT INTO {table} SELECT g, g % 7 FROM generate_series(1, 2000) g")
     assert db.execute("SELECT boot_val, context FROM pg_settings WHERE name = 'backfill.worker_nice'").fetchone() == (
@@ -536,15 +535,14 @@ def test_a_worker_takes_backfill_worker_nice_at_its_start_and_only_a_superuser_s
     server = nice_of(db.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'").fetchone()[0])
     try:
         niced = {}
-        for nice in [0, 7, None]:
+        for nice in [0, 7, 19]:
             set_worker_nice(db, nice)
             backfill_id = db.execute(  # slow: it stays running
-                f"SELECT backfill_start('niced_{nice if nice is not None else 'default'}', confirm => true,"
-                " rows_per_second => 10)").fetchone()[0]
+                f"SELECT backfill_start('niced_{nice}', confirm => true, rows_per_second => 10)").fetchone()[0]
             # (A worker takes its nice before it connects, and so before it shows here.)
             pid = wait_for(lambda: worker_pid(db, backfill_id), what=f"backfill {backfill_id}'s worker")
             niced[nice] = (pid, nice_of(pid))
-        assert niced[0][1] == server and niced[7][1] == max(server, 7) and niced[None][1] == max(server, int(WORKER_NICE)), niced
+        assert niced[0][1] == server and niced[7][1] == max(server, 7) and niced[19][1] == 19, niced
         # The first two kept theirs while the setting changed.
         assert [nice_of(pid) for pid, _ in (niced[0], niced[7])] == [niced[0][1], niced[7][1]]
     finally:
