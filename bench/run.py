@@ -532,8 +532,7 @@ START_SECONDS = 1.0
 def pgbench_in_turns(conn, turns, clients, window_seconds, gap_seconds, logs="pgbench_turns"):
     """One pgbench run (TPC-B-like, `clients` clients, on pgbench_accounts) in windows of
     `window_seconds` that take turns as `turns` lists them: (label, start, setup), where `start`
-    starts a backfill (None: pgbench alone) and `setup`'s statements run first (ALTER SYSTEM;
-    None: none), then a reload. In a
+    starts a backfill (None: pgbench alone) and `setup` runs first (a setting; None: none). In a
     backfill's window, backfills run back to back (the next starts at the first look that finds
     the last one ended, every MONITOR_SECONDS) and the last is cancelled at its end. A gap of
     `gap_seconds` before each window is not counted: what the last backfill wrote is sent
@@ -555,8 +554,7 @@ def pgbench_in_turns(conn, turns, clients, window_seconds, gap_seconds, logs="pg
     rows = {label: 0 for label, _, _ in turns}
     for label, start, setup in turns:
         if setup:
-            for statement in setup:
-                conn.execute(statement)
+            conn.execute(setup)
             conn.execute("SELECT pg_reload_conf()")
         time.sleep(gap_seconds)
         began = time.time()
@@ -642,8 +640,10 @@ def gentle_default_round(conn, round_number, defaults, clients, window_seconds, 
     figures = {}
     for n in clients:
         turns = []
-        for label, settings, options in defaults:
-            pair = [("no backfill", None, None), (label, PIPELINE_START.format(options), settings_in_force(settings))]
+        for label, percent, options in defaults:
+            setup = (f"ALTER SYSTEM SET backfill.default_duty_cycle = {percent}" if percent is not None
+                     else "ALTER SYSTEM RESET backfill.default_duty_cycle")
+            pair = [("no backfill", None, None), (label, PIPELINE_START.format(options), setup)]
             turns += (pair if round_number % 2 == 0 else pair[::-1]) * pairs
         conn.execute("CHECKPOINT")
         for label, f in pgbench_in_turns(conn, turns, n, window_seconds, gap_seconds).items():
@@ -653,19 +653,7 @@ def gentle_default_round(conn, round_number, defaults, clients, window_seconds, 
     return figures
 
 
-# The settings a variant of gentle_default may give; every other variant's are the server's.
-VARIANT_SETTINGS = ("backfill.default_duty_cycle", "backfill.worker_nice")
-
-
-def settings_in_force(settings):
-    """The ALTER SYSTEM statements (each on its own: none runs in a transaction block) that
-    give VARIANT_SETTINGS `settings`' values, and the others the server's default."""
-    return [f"ALTER SYSTEM SET {name} = {settings[name]}" if name in settings
-            else f"ALTER SYSTEM RESET {name}" for name in VARIANT_SETTINGS]
-
-
-def gentle_default(conn, repeat, duty_cycles=(), window_seconds=10, gap_seconds=1, pairs=2, rows_per_message=None,
-                   worker_nices=()):
+def gentle_default(conn, repeat, duty_cycles=(), window_seconds=10, gap_seconds=1, pairs=2, rows_per_message=None):
     """What the default backfill (no pacing option) costs pgbench at 4 and 16 clients and how
     fast it goes there, and its speed on the idle server against unpaced, with each of the
     default's targets, met or not; with `duty_cycles`, for each of them; with `rows_per_message`,
@@ -680,11 +668,9 @@ def gentle_default(conn, repeat, duty_cycles=(), window_seconds=10, gap_seconds=
     backfill (pgbench_in_turns), the other way round every other round. Each figure is a share
     of the same round's alone; medians over the rounds."""
     # (label, its backfill.default_duty_cycle: None, the server's)
-    defaults = ([(duty_cycle_label(n), {"backfill.default_duty_cycle": n}, "") for n in duty_cycles]
-                or [("default backfill", {}, "")])
-    defaults += [(f"default, worker_nice {n}", {"backfill.worker_nice": n}, "") for n in worker_nices]
+    defaults = [(duty_cycle_label(n), n, "") for n in duty_cycles] or [("default backfill", None, "")]
     if rows_per_message:
-        defaults.append((f"default, rows_per_message {rows_per_message}", {},
+        defaults.append((f"default, rows_per_message {rows_per_message}", None,
                          f", rows_per_message => {int(rows_per_message)}"))
     clients = (4, 16)
     rounds, idle, resting = [], {label: [] for label in IDLE_STARTS}, {}
@@ -692,15 +678,13 @@ def gentle_default(conn, repeat, duty_cycles=(), window_seconds=10, gap_seconds=
         try:
             for round_number in range(repeat):
                 # The server's own duty cycle on the idle server: its backfills never rest anyway.
-                for statement in settings_in_force({}):
-                    conn.execute(statement)
+                conn.execute("ALTER SYSTEM RESET backfill.default_duty_cycle")
                 conn.execute("SELECT pg_reload_conf()")
                 idle_speeds(conn, IDLE_STARTS, round_number, idle, resting)
                 rounds.append(gentle_default_round(conn, round_number, defaults, clients, window_seconds,
                                                    gap_seconds, pairs))
         finally:
-            for statement in settings_in_force({}):
-                conn.execute(statement)
+            conn.execute("ALTER SYSTEM RESET backfill.default_duty_cycle")
             conn.execute("SELECT pg_reload_conf()")
     results = load_medians(rounds, clients, ["no backfill"] + [label for label, _, _ in defaults], idle, repeat)
     for label, (looks, rested) in resting.items():
@@ -1359,9 +1343,6 @@ def main():
     parser.add_argument("--duty-cycles", default="", metavar="PERCENT,...",
                         help="with --gentle-default: the default backfill under pgbench at each of these "
                              "backfill.default_duty_cycle values, taking turns in each round, each with its targets")
-    parser.add_argument("--worker-nice", default="", metavar="NICE,...",
-                        help="with --gentle-default: also the default backfill at each of these backfill.worker_nice "
-                             "values, taking turns in each round, each with its targets")
     parser.add_argument("--end-to-end", action="store_true",
                         help="only until a consumer holds every row: per-row and batched backfills until delivered, unbound and "
                              "as a pipeline's (slot and publication named), "
@@ -1433,7 +1414,6 @@ def main():
         elif args.gentle_default:
             load = gentle_default(conn, args.repeat, [int(n) for n in args.duty_cycles.split(",") if n],
                                   rows_per_message=args.rows_per_message,
-                                  worker_nices=[int(n) for n in args.worker_nice.split(",") if n],
                                   window_seconds=args.window_seconds)
         elif args.load_signal:
             load = load_signal(conn, args.pgbench_seconds, args.repeat, [int(n) for n in args.load_signal.split(",")])

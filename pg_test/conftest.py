@@ -79,10 +79,8 @@ class Cluster:
 
         A backfill started with no pacing option rests after each page while other sessions are
         active (backfill.default_duty_cycle): the tests' own writers would make it ten times
-        slower. Its workers run at the lowest CPU priority (backfill.worker_nice), and the other
-        test workers' clusters would hold the CPUs from them. The test clusters turn both off;
-        test_backpressure.py tests them."""
-        extra_conf = "backfill.default_duty_cycle = 100\\nbackfill.worker_nice = 0" + (f"\\n{extra_conf}" if extra_conf else "")
+        slower. The test clusters turn that rest off; test_backpressure.py tests it."""
+        extra_conf = "backfill.default_duty_cycle = 100" + (f"\\n{extra_conf}" if extra_conf else "")
         quoted = extra_conf.replace("'", "\\'")
         cluster_cmd(f"cluster_start '{self.dir}' {self.port} $'{quoted}' '{initdb_args}'", self.major)
 

@@ -19,8 +19,6 @@ from conftest import (PG_BIN, ROOT, Cluster, Consumer, assert_each_row_read_once
 MB = 1024 * 1024
 GB = 1024 * MB
 SOURCE_LIMITS = ("max_replica_lag", "max_retained_wal", "max_active_sessions")
-# backfill.worker_nice's default (pg/settings.rs).
-WORKER_NICE = "19"
 
 
 def as_postgres(*args: str) -> None:
@@ -501,64 +499,6 @@ def test_a_start_with_no_pacing_option_records_no_pacing_and_given_options_keep_
         ", rows_per_second => 100000, max_active_sessions => 0": (100000, 0),
         "default_max_active_sessions 2": (None, 2),
     }, recorded
-
-
-def nice_of(pid: int) -> int:
-    """A process's nice value, as the kernel says (/proc/PID/stat's 19th field)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[16])
-
-
-def set_worker_nice(conn, nice) -> None:
-    """backfill.worker_nice for the whole test cluster (a reload setting); None: back to the
-    test clusters' 0 (conftest.py), the server's priority."""
-    if nice is None:
-        conn.execute("ALTER SYSTEM RESET backfill.worker_nice")
-    else:
-        conn.execute(f"ALTER SYSTEM SET backfill.worker_nice = {int(nice)}")
-    conn.execute("SELECT pg_reload_conf()")
-    settles_to(lambda: conn.execute("SELECT current_setting('backfill.worker_nice')").fetchone()[0],
-               str(nice or 0), what="backfill.worker_nice")
-
-
-def test_a_worker_takes_backfill_worker_nice_at_its_start_and_only_a_superuser_sets_it(cluster, db, roles):
-    """Every backfill worker takes the nice value of backfill.worker_nice when it starts (the
-    kernel then runs the application's backends first when they want a CPU it holds), 0 leaves
-    it at the server's, and a worker already running keeps the value it started with. Neither an
-    operator nor a role with no rights can SET it or ALTER SYSTEM it; values outside 0 to 19
-    are refused."""
-    for table in ["niced_0", "niced_7", "niced_19"]:  # one running backfill a table
-        db.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, v int NOT NULL);"
-                   f" INSERT INTO {table} SELECT g, g % 7 FROM generate_series(1, 2000) g")
-    assert db.execute("SELECT boot_val, context FROM pg_settings WHERE name = 'backfill.worker_nice'").fetchone() == (
-        WORKER_NICE, "sighup")
-    server = nice_of(db.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'").fetchone()[0])
-    try:
-        niced = {}
-        for nice in [0, 7, 19]:
-            set_worker_nice(db, nice)
-            backfill_id = db.execute(  # slow: it stays running
-                f"SELECT backfill_start('niced_{nice}', confirm => true, rows_per_second => 10)").fetchone()[0]
-            # (A worker takes its nice before it connects, and so before it shows here.)
-            pid = wait_for(lambda: worker_pid(db, backfill_id), what=f"backfill {backfill_id}'s worker")
-            niced[nice] = (pid, nice_of(pid))
-        assert niced[0][1] == server and niced[7][1] == max(server, 7) and niced[19][1] == 19, niced
-        # The first two kept theirs while the setting changed.
-        assert [nice_of(pid) for pid, _ in (niced[0], niced[7])] == [niced[0][1], niced[7][1]]
-    finally:
-        set_worker_nice(db, None)
-        cancel_running(db)
-    for value in ["20", "-1", "'many'"]:
-        refused = error_of(db, f"ALTER SYSTEM SET backfill.worker_nice = {value}")
-        assert refused.sqlstate == "22023" and "backfill.worker_nice" in refused.diag.message_primary, value
-    # An operator's session that has loaded the library (its settings defined, not placeholders).
-    operator = roles.connect(roles.create("nicer", "operator"))
-    operator.execute("SELECT * FROM backfill_status")
-    refused = error_of(operator, "SET backfill.worker_nice = 0")
-    assert refused.sqlstate == "55P02" and "backfill.worker_nice" in refused.diag.message_primary
-    nobody = roles.connect(roles.create("nobody"))
-    for conn in [operator, nobody]:
-        assert error_of(conn, "ALTER SYSTEM SET backfill.worker_nice = 0").sqlstate == "42501"
 
 
 def never_load(conn, backfill_id: int, seconds: float) -> None:

@@ -61,13 +61,6 @@ static DEFAULT_MAX_ACTIVE_SESSIONS: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// pages while the server is busy; 100: no rest.
 static DEFAULT_DUTY_CYCLE: GucSetting<i32> = GucSetting::<i32>::new(12);
 
-/// The nice value (the operating system's CPU priority) a backfill worker takes at its start:
-/// 0 leaves it at the server's. 19, the lowest priority, by default: a backfill is background
-/// work, and the application's latency feels how long a CPU it wants is held by the worker
-/// (bench/README.md: at 4 pgbench clients, the gentle default grew pgbench's p99 by 33% at 0 and
-/// 22% at 19, in the same runs).
-static WORKER_NICE: GucSetting<i32> = GucSetting::<i32>::new(19);
-
 /// How often backfill_wait() reports the progress of what it waits for (seconds; 0: never).
 static WAIT_REPORT_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(10);
 
@@ -289,19 +282,6 @@ pub fn define() {
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
-        c"backfill.worker_nice",
-        c"The nice value (the operating system's CPU priority) a backfill worker takes when it starts.",
-        c"19 (the default), the lowest priority, makes the kernel run the application's backends \
-          first when they want a CPU a worker holds; a worker still has every CPU the application \
-          leaves idle. 0 leaves workers at the server's priority. A worker only lowers its \
-          priority, never raises it above the server's. Read by workers when they start.",
-        &WORKER_NICE,
-        0,
-        19,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
-    GucRegistry::define_int_guc(
         c"backfill.wait_report_interval",
         c"How often backfill_wait() reports the progress of the backfill it waits for, as a NOTICE.",
         c"The NOTICE has the percentage, the rows done and expected, the rate, the time left and \
@@ -499,12 +479,6 @@ pub fn default_max_active_sessions() -> Option<i64> {
 pub fn default_duty_cycle() -> Option<f64> {
     let percent = DEFAULT_DUTY_CYCLE.get();
     (percent < 100).then(|| f64::from(percent) / 100.0)
-}
-
-/// The nice value a backfill worker takes at its start; None: the server's (backfill.worker_nice).
-pub fn worker_nice() -> Option<i32> {
-    let nice = WORKER_NICE.get();
-    (nice > 0).then_some(nice)
 }
 
 /// How often backfill_wait() reports progress; None: never (backfill.wait_report_interval).

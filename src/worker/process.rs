@@ -71,8 +71,6 @@ pub fn start(arg: pg_sys::Datum, entry: Entry) -> Option<Work> {
         compat::die_on_sigterm();
     }
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
-    // Before its start-up's own work (connecting, reading its catalogs), which is a burst too.
-    lower_cpu_priority();
 
     let Some(task) = launcher::Task::of_this_worker(arg) else {
         log!("pg_backfill: a worker with unreadable start arguments ({:?}) stops", BackgroundWorker::get_extra());
@@ -422,33 +420,5 @@ fn record_failure(backfill_id: i64, table: Option<&JobTable>, e: &PageError) {
     }));
     if let Err(e) = recorded {
         warning!("{}: could not record its failure: {}", who(backfill_id), e.message);
-    }
-}
-
-/// Takes the nice value of backfill.worker_nice, if it is above this process's (inherited from
-/// the postmaster): the kernel then runs the application's backends first when they want a CPU
-/// the worker holds, which is what their latency feels (throttle/duty.rs). Only ever lowers the
-/// priority: raising it needs a privilege the server does not have, and a worker that cannot
-/// lower it runs as before, with a warning.
-fn lower_cpu_priority() {
-    let Some(nice) = settings::worker_nice() else {
-        return;
-    };
-    // SAFETY: getpriority and setpriority read and set this process's own scheduling priority.
-    // (getpriority's -1 is also a valid nice value: errno tells an error apart, cleared first.)
-    let failed = unsafe {
-        *libc::__errno_location() = 0;
-        let current = libc::getpriority(libc::PRIO_PROCESS, 0);
-        if current == -1 && *libc::__errno_location() != 0 {
-            true
-        } else {
-            nice > current && libc::setpriority(libc::PRIO_PROCESS, 0, nice) != 0
-        }
-    };
-    if failed {
-        warning!(
-            "pg_backfill: a worker could not take the nice value {nice} of backfill.worker_nice: {}",
-            std::io::Error::last_os_error()
-        );
     }
 }
