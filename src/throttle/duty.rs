@@ -249,10 +249,11 @@ fn waited_for_cpu() -> Option<Duration> {
     SCHEDSTAT.with(|file| runqueue_wait(file.as_ref()?))
 }
 
-/// How long process `pid` has waited for a CPU since it started, as [`waited_for_cpu`] reads
-/// this process's (a walsender is a process of one thread); None if it is gone.
-fn process_waited_for_cpu(pid: i32) -> Option<Duration> {
-    runqueue_wait(&std::fs::File::open(format!("/proc/{pid}/schedstat")).ok()?)
+/// The `schedstat` file of process `pid` (a walsender is a process of one thread), for
+/// [`runqueue_wait`]; None if it is gone. Held open across a wait, it stays that process's: a
+/// pid reused meanwhile is another file.
+fn process_schedstat(pid: i32) -> Option<std::fs::File> {
+    std::fs::File::open(format!("/proc/{pid}/schedstat")).ok()
 }
 
 /// The runqueue wait a `schedstat` file gives: its second field, in nanoseconds (the kernel's
@@ -274,8 +275,8 @@ fn wait_until_sent(slot: &str) -> Duration {
     // SAFETY: XactLastCommitEnd is this process's own: the end of its last commit record.
     let commit_end = unsafe { pg_sys::XactLastCommitEnd };
     let began = Instant::now();
-    let sender = crate::pg::wal::slot_user_pid(slot);
-    let sender_waited_since = sender.and_then(process_waited_for_cpu);
+    let sender = crate::pg::wal::slot_user_pid(slot).and_then(process_schedstat);
+    let sender_waited_since = sender.as_ref().and_then(runqueue_wait);
     while crate::pg::wal::slot_sent_lsn(slot).is_some_and(|sent| sent < commit_end)
         && began.elapsed() < LONGEST_SEND_WAIT
     {
@@ -287,8 +288,8 @@ fn wait_until_sent(slot: &str) -> Duration {
         }
     }
     let wall = began.elapsed();
-    // (A walsender that exited meanwhile has no file: the wall time.)
-    match (sender_waited_since, sender.and_then(process_waited_for_cpu)) {
+    // (A walsender that exited meanwhile reads as nothing: the wall time.)
+    match (sender_waited_since, sender.as_ref().and_then(runqueue_wait)) {
         (Some(before), Some(now)) => wall.saturating_sub(now.saturating_sub(before)),
         _ => wall,
     }
