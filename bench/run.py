@@ -653,12 +653,15 @@ def gentle_default_round(conn, round_number, defaults, clients, window_seconds, 
     return figures
 
 
-def gentle_default(conn, repeat, duty_cycles=(), window_seconds=10, gap_seconds=1, pairs=2, rows_per_message=None):
+def gentle_default(conn, repeat, duty_cycles=(), window_seconds=10, gap_seconds=1, pairs=2, rows_per_message=None,
+                   batch_size=None):
     """What the default backfill (no pacing option) costs pgbench at 4 and 16 clients and how
     fast it goes there, and its speed on the idle server against unpaced, with each of the
     default's targets, met or not; with `duty_cycles`, for each of them; with `rows_per_message`,
     also the default with that option, in turns of its own in the same pgbench runs (a consumer's
-    choice of wire format, not a default: what a cheaper message would give).
+    choice of wire format, not a default: what a cheaper message would give); with `batch_size`,
+    likewise each of them with that option too (pages of at most that many rows: what shorter
+    pages would give).
 
     In the README's configuration: a pipeline (a pgoutput slot, a publication of pgbench's
     tables, a real consumer: pg_recvlogical, status every second) streams pgbench's changes
@@ -672,6 +675,9 @@ def gentle_default(conn, repeat, duty_cycles=(), window_seconds=10, gap_seconds=
     if rows_per_message:
         defaults.append((f"default, rows_per_message {rows_per_message}", None,
                          f", rows_per_message => {int(rows_per_message)}"))
+    if batch_size:
+        defaults += [(f"{label}, batch_size {batch_size}", percent, f"{options}, batch_size => {int(batch_size)}")
+                     for label, percent, options in list(defaults)]
     clients = (4, 16)
     rounds, idle, resting = [], {label: [] for label in IDLE_STARTS}, {}
     with pgbench_pipeline(conn):
@@ -1340,6 +1346,9 @@ def main():
     parser.add_argument("--rows-per-message", type=int, default=None, metavar="N",
                         help="with --gentle-default: also the default backfill with rows_per_message => N, taking "
                              "turns with pgbench alone in the same runs, with its targets")
+    parser.add_argument("--batch-size", type=int, default=None, metavar="N",
+                        help="with --gentle-default: also each default backfill (each duty cycle's) with batch_size => N "
+                             "(pages of at most N rows), taking turns with pgbench alone in the same runs, with its targets")
     parser.add_argument("--duty-cycles", default="", metavar="PERCENT,...",
                         help="with --gentle-default: the default backfill under pgbench at each of these "
                              "backfill.default_duty_cycle values, taking turns in each round, each with its targets")
@@ -1413,7 +1422,7 @@ def main():
             results, load = checksum_costs(conn, args.shapes.split(","), list(map(int, args.sizes.split(","))), args.repeat), []
         elif args.gentle_default:
             load = gentle_default(conn, args.repeat, [int(n) for n in args.duty_cycles.split(",") if n],
-                                  rows_per_message=args.rows_per_message,
+                                  rows_per_message=args.rows_per_message, batch_size=args.batch_size,
                                   window_seconds=args.window_seconds)
         elif args.load_signal:
             load = load_signal(conn, args.pgbench_seconds, args.repeat, [int(n) for n in args.load_signal.split(",")])
