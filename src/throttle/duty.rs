@@ -2,26 +2,22 @@
 //! max_active_sessions) works a bounded share of its time while the server is busy.
 //!
 //! After each page, its worker rests for a multiple of the page's own time (gh-ost's
-//! `--nice-ratio`): at a duty cycle of 18% (the default), 82/18 = about 4.6 times as long as
+//! `--nice-ratio`): at a duty cycle of 12% (the default), 88/12 = about 7.3 times as long as
 //! the page took. (It was 20%, then 15%, while a page's time was its wall time. With the worker's waits
 //! for a CPU left out, 7 moved under 8,500 rows/s on a slower 2-core host, and 10, in the same
 //! pgbench runs, kept 0.95 and 0.91 of its TPS at 4 and 16 clients, grew its p99 by 22% at 4 and
 //! moved 12,324 and 10,991 rows/s. With the walsender's waits for a CPU left out too, and rests
 //! between a page's queries, 12 kept 0.94 and 0.91 of pgbench's TPS at 4 and 16 clients, grew its
-//! p99 by 26% at 4 and moved 11,525 and 11,120 rows/s. With the walsender's work counted rather
-//! than its wait, pages of 100 rows at 17 kept 0.93 of pgbench's TPS at 4 and 16 clients, grew its
-//! p99 by 18% at 4 and moved 11,639 and 10,712 rows/s, where pages of 200 at 12, in the same runs,
-//! grew it by 29%; bench/README.md.)
+//! p99 by 26% at 4 and moved 11,525 and 11,120 rows/s; bench/README.md.)
 //! The page's time is its wall time less what the worker waited for a CPU (the scheduler's
 //! runqueue, [`waited_for_cpu`]), so it counts what the page cost the server and what the
-//! server made it wait for a lock, and, for a pipeline's backfill, what the slot's walsender
-//! worked (its time on a CPU) while the worker waited for it to decode and send the page: the
-//! decoding is the page's cost too, paid by another process (left out, the rests bounded only
-//! the worker's share, and on 2 cores pgbench paid for the walsender's: bench/README.md). The
-//! rest of that wait is already a rest of the worker's. A wait for
+//! server made it wait for a lock, and, for a pipeline's backfill, until the slot's walsender has
+//! decoded and sent the page, less what the walsender waited for a CPU meanwhile: the decoding
+//! is the page's cost too, paid by another process (left out, the rests bounded only the
+//! worker's share, and on 2 cores pgbench paid for the walsender's: bench/README.md). A wait for
 //! a CPU is not, the worker's or the walsender's: counted, a saturated server's backfill rested
 //! for as long as other processes held the CPUs and slowed to two thirds of its rate as pgbench
-//! went from 4 clients to 16. While it rests, its pages are short (100 rows at most), and it
+//! went from 4 clients to 16. While it rests, its pages are short (200 rows at most), and it
 //! rests within a page too, after every [`WORK_SLICE`] of it, between the page's queries (its
 //! reads of the backfill, the slot and the table, which are most of a page's work) as between
 //! its rows, so that the application meets the backfill as a little work often, not a burst:
@@ -52,19 +48,18 @@ const SMOOTHING: f64 = 0.8;
 /// far behind is the pipeline's wait (pipeline.rs, max_lag_bytes), not the page's cost.
 const LONGEST_SEND_WAIT: Duration = Duration::from_secs(1);
 
-/// How often the wait for the walsender looks at its position: once a millisecond (a latch
-/// wait). What counts is the walsender's time on a CPU meanwhile, not the wait's length, so a
-/// coarse look costs the page's time nothing; finer, the worker woke some 25 times a page (at
-/// 50 µs), each a switch of a CPU taken from the application while the walsender held the other.
+/// How often the wait for the walsender looks at its position: finely at first, as a short page
+/// is sent within a millisecond or two (a latch wait's millisecond would be most of the page's
+/// time, and four times that its rest), then once a millisecond.
+const SEND_WAIT_FINE_STEP: Duration = Duration::from_micros(50);
+const SEND_WAIT_FINE_FOR: Duration = Duration::from_millis(5);
 const SEND_WAIT_STEP: Duration = Duration::from_millis(1);
 
 /// The most rows of a page while the worker rests: the application's transactions then meet
 /// short pages, each a little of the backfill's work, rather than a few meeting a long one
 /// (pgbench at 4 clients, bench/README.md: pages of 1,000 rows grew its p99 latency by about
-/// 60%, pages of 200 by about 20% to 30%, of 100 by 17% at the same duty cycle). The walsender
-/// decodes and sends a page's messages in one stretch at its commit, which no rest of the
-/// worker's splits: a page of 200 held a CPU some 2.5 ms. A DBA's smaller batch_size stays.
-pub const RESTING_PAGE_ROWS: i32 = 100;
+/// 60%, pages of 200 by about 20%, at the same duty cycle). A DBA's smaller batch_size stays.
+pub const RESTING_PAGE_ROWS: i32 = 200;
 
 /// The longest a resting worker works within a page before it rests for its share of that
 /// work: between a page's rows, when the page holds no table lock (a table-locked page makes
@@ -73,7 +68,7 @@ pub const WORK_SLICE: Duration = Duration::from_micros(100);
 
 /// The longest rest within a page: what a slice's share asks beyond it is rested after the page.
 /// A page holds its row locks through its rests; a writer of one of its rows waits for them, so
-/// they stay short (at 18%, a slice's rest is 0.46 ms; at 1% it would be 10 ms).
+/// they stay short (at 10%, a slice's rest is 0.9 ms; at 1% it would be 10 ms).
 pub const LONGEST_REST_WITHIN_PAGE: Duration = Duration::from_millis(1);
 
 pub struct DutyCycle {
@@ -217,26 +212,20 @@ impl DutyCycle {
         // resting worker flushes its page's WAL itself: a walsender sends only flushed WAL, and
         // the application's next commits would otherwise wait for it. The flush's wait is not
         // counted in the page's time: it is the disk's latency, about the same for a page of
-        // 100 rows as of 1,000 (one fsync), and counted, it made a short page's rest several
+        // 200 rows as of 1,000 (one fsync), and counted, it made a short page's rest several
         // times what its work called for (bench/README.md).
         let before_flush = Instant::now();
         crate::pg::wal::flush_last_commit();
         let flushing = before_flush.elapsed();
         let mut worked = self.stretch_worked().saturating_sub(flushing);
-        // The wait for the walsender is already a rest of the worker's, less what the walsender
-        // worked in it.
-        let mut rested_meanwhile = Duration::ZERO;
         if let Some(slot) = &self.slot {
-            let sent = wait_until_sent(slot);
-            worked += sent.sender_worked;
-            rested_meanwhile = sent.waited.saturating_sub(sent.sender_worked);
+            worked += wait_until_sent(slot);
         }
         let rest = worked.mul_f64((1.0 - share) / share) + std::mem::take(&mut self.owed);
-        self.rest_until = Instant::now() + rest.saturating_sub(rested_meanwhile);
+        self.rest_until = Instant::now() + rest;
         // The page's whole cycle: its work and its rests, within it and after it.
-        let cycle = (self.page_began.elapsed().saturating_sub(flushing) + rest.saturating_sub(rested_meanwhile))
-            .max(Duration::from_micros(1))
-            .as_secs_f64();
+        let cycle =
+            (self.page_began.elapsed().saturating_sub(flushing) + rest).max(Duration::from_micros(1)).as_secs_f64();
         let rate = rows as f64 / cycle;
         self.rate = if self.rate == 0.0 { rate } else { SMOOTHING * self.rate + (1.0 - SMOOTHING) * rate };
     }
@@ -257,65 +246,51 @@ fn waited_for_cpu() -> Option<Duration> {
     thread_local! {
         static SCHEDSTAT: Option<std::fs::File> = std::fs::File::open("/proc/thread-self/schedstat").ok();
     }
-    SCHEDSTAT.with(|file| Some(cpu_times(file.as_ref()?)?.waited))
+    SCHEDSTAT.with(|file| runqueue_wait(file.as_ref()?))
 }
 
 /// The `schedstat` file of process `pid` (a walsender is a process of one thread), for
-/// [`cpu_times`]; None if it is gone. Held open across a wait, it stays that process's: a pid
-/// reused meanwhile is another file.
+/// [`runqueue_wait`]; None if it is gone. Held open across a wait, it stays that process's: a
+/// pid reused meanwhile is another file.
 fn process_schedstat(pid: i32) -> Option<std::fs::File> {
     std::fs::File::open(format!("/proc/{pid}/schedstat")).ok()
 }
 
-/// A process's times on the CPUs so far, from its `schedstat` file.
-struct CpuTimes {
-    /// On a CPU (the file's first field).
-    ran: Duration,
-    /// Runnable, waiting for a CPU (its second field: the runqueue wait).
-    waited: Duration,
-}
-
-/// The times a `schedstat` file gives, in nanoseconds (the kernel's
+/// The runqueue wait a `schedstat` file gives: its second field, in nanoseconds (the kernel's
 /// Documentation/scheduler/sched-stats.rst).
-fn cpu_times(schedstat: &std::fs::File) -> Option<CpuTimes> {
+fn runqueue_wait(schedstat: &std::fs::File) -> Option<Duration> {
     use std::os::unix::fs::FileExt;
     let mut text = [0u8; 96];
     let read = schedstat.read_at(&mut text, 0).ok()?;
-    let mut fields = std::str::from_utf8(&text[..read]).ok()?.split_whitespace().map(str::parse::<u64>);
-    let (ran, waited) = (fields.next()?.ok()?, fields.next()?.ok()?);
-    Some(CpuTimes { ran: Duration::from_nanos(ran), waited: Duration::from_nanos(waited) })
-}
-
-/// What the wait for the walsender took.
-struct SendWait {
-    /// The wait's wall time.
-    waited: Duration,
-    /// What of it is the page's time: the walsender's time on a CPU meanwhile.
-    sender_worked: Duration,
+    let nanoseconds = std::str::from_utf8(&text[..read]).ok()?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(nanoseconds))
 }
 
 /// Waits until the walsender streaming `slot` has sent this process's last commit (its
 /// decoding is the page's cost too), at most [`LONGEST_SEND_WAIT`]; at once while no walsender
-/// streams the slot. What of the wait is the page's time is the walsender's time on a CPU
-/// meanwhile, what decoding and sending the page cost: not its waits for a CPU (the
-/// scheduler's, as the worker's own are left out), nor for a consumer that reads slowly (the
-/// pipeline's lag, `max_lag_bytes`). Where the kernel keeps no such times, or the walsender
-/// exited meanwhile, the wall time.
-fn wait_until_sent(slot: &str) -> SendWait {
+/// streams the slot. Returns what of the wait is the page's time: its wall time, less what the
+/// walsender waited for a CPU meanwhile (the scheduler's, not the page's, as the worker's own
+/// waits are left out).
+fn wait_until_sent(slot: &str) -> Duration {
     // SAFETY: XactLastCommitEnd is this process's own: the end of its last commit record.
     let commit_end = unsafe { pg_sys::XactLastCommitEnd };
     let began = Instant::now();
     let sender = crate::pg::wal::slot_user_pid(slot).and_then(process_schedstat);
-    let sender_since = sender.as_ref().and_then(cpu_times);
+    let sender_waited_since = sender.as_ref().and_then(runqueue_wait);
     while crate::pg::wal::slot_sent_lsn(slot).is_some_and(|sent| sent < commit_end)
         && began.elapsed() < LONGEST_SEND_WAIT
     {
-        sleep(SEND_WAIT_STEP);
+        if began.elapsed() < SEND_WAIT_FINE_FOR {
+            std::thread::sleep(SEND_WAIT_FINE_STEP);
+            pg_sys::check_for_interrupts!();
+        } else {
+            sleep(SEND_WAIT_STEP);
+        }
     }
-    let waited = began.elapsed();
-    let sender_worked = match (sender_since, sender.as_ref().and_then(cpu_times)) {
-        (Some(before), Some(now)) => now.ran.saturating_sub(before.ran),
-        _ => waited,
-    };
-    SendWait { waited, sender_worked }
+    let wall = began.elapsed();
+    // (A walsender that exited meanwhile reads as nothing: the wall time.)
+    match (sender_waited_since, sender.as_ref().and_then(runqueue_wait)) {
+        (Some(before), Some(now)) => wall.saturating_sub(now.saturating_sub(before)),
+        _ => wall,
+    }
 }
