@@ -475,7 +475,7 @@ def test_a_start_with_no_pacing_option_records_no_pacing_and_given_options_keep_
            INSERT INTO quiet SELECT g, g % 7 FROM generate_series(1, 2000) g; ANALYZE quiet"""
     )
     assert db.execute("SELECT current_setting('backfill.default_max_active_sessions')").fetchone()[0] == "0"
-    assert db.execute("SELECT boot_val FROM pg_settings WHERE name = 'backfill.default_duty_cycle'").fetchone()[0] == "12"
+    assert db.execute("SELECT boot_val FROM pg_settings WHERE name = 'backfill.default_duty_cycle'").fetchone()[0] == "15"
     recorded = {}
     try:
         for options in ["", ", max_active_sessions => 0", ", rows_per_second => 100000", ", max_active_sessions => 3",

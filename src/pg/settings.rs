@@ -59,7 +59,7 @@ static DEFAULT_MAX_ACTIVE_SESSIONS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
 /// The share of its time (percent) a worker of a backfill with no pacing of its own spends on
 /// pages while the server is busy; 100: no rest.
-static DEFAULT_DUTY_CYCLE: GucSetting<i32> = GucSetting::<i32>::new(12);
+static DEFAULT_DUTY_CYCLE: GucSetting<i32> = GucSetting::<i32>::new(15);
 
 /// How often backfill_wait() reports the progress of what it waits for (seconds; 0: never).
 static WAIT_REPORT_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(10);
@@ -270,7 +270,7 @@ pub fn define() {
         c"The share of its time, in percent, a worker of a backfill with no pacing of its own spends on pages while the server is busy.",
         c"A backfill with neither rows_per_second nor max_active_sessions rests after each page, \
           while client sessions are active (more than half a session on average over about a \
-          second), for as long as keeps its pages to this share of its time: at 12, 88/12 (about 7.3) times \
+          second), for as long as keeps its pages to this share of its time: at 15, 85/15 (about 5.7) times \
           the page's own time, less what the worker waited for a CPU, for a pipeline's backfill \
           until the slot's walsender has sent the page (less what the walsender waited for a CPU). Its cost to the application is then bounded however many \
           sessions are active; on an idle server it runs at full speed. 100 turns the rest off. \

@@ -2,13 +2,17 @@
 //! max_active_sessions) works a bounded share of its time while the server is busy.
 //!
 //! After each page, its worker rests for a multiple of the page's own time (gh-ost's
-//! `--nice-ratio`): at a duty cycle of 12% (the default), 88/12 = about 7.3 times as long as
-//! the page took. (It was 20%, then 15%, while a page's time was its wall time. With the worker's waits
+//! `--nice-ratio`): at a duty cycle of 15% (the default), 85/15 = about 5.7 times as long as
+//! the page took. (It was 20%, then 15%, while a page's time was its wall time, then 12. With the worker's waits
 //! for a CPU left out, 7 moved under 8,500 rows/s on a slower 2-core host, and 10, in the same
 //! pgbench runs, kept 0.95 and 0.91 of its TPS at 4 and 16 clients, grew its p99 by 22% at 4 and
 //! moved 12,324 and 10,991 rows/s. With the walsender's waits for a CPU left out too, and rests
 //! between a page's queries, 12 kept 0.94 and 0.91 of pgbench's TPS at 4 and 16 clients, grew its
-//! p99 by 26% at 4 and moved 11,525 and 11,120 rows/s; bench/README.md.)
+//! p99 by 26% at 4 and moved 11,525 and 11,120 rows/s. With the wait for the walsender's first
+//! look put off (a sixth fewer wake-ups a page), 15 kept 0.93 and 0.91 of pgbench's TPS at 4
+//! and 16 clients, grew its p99 by 19% at 4 and moved 10,667 and 8,446 rows/s, where in one
+//! run 12 and 15 had kept 0.88 and 0.91 at 4 clients, grown the p99 by 31% and 23%, and moved
+//! 8,503 and 11,972 rows/s; bench/README.md.)
 //! The page's time is its wall time less what the worker waited for a CPU (the scheduler's
 //! runqueue, [`waited_for_cpu`]), so it counts what the page cost the server and what the
 //! server made it wait for a lock, and, for a pipeline's backfill, until the slot's walsender has
@@ -55,6 +59,13 @@ const SEND_WAIT_FINE_STEP: Duration = Duration::from_micros(50);
 const SEND_WAIT_FINE_FOR: Duration = Duration::from_millis(5);
 const SEND_WAIT_STEP: Duration = Duration::from_millis(1);
 
+/// The wait's first look comes after this share of the last page's wait: resting pages are of
+/// about the same size, so until then the walsender is still sending, and a look would only
+/// cost the worker a sleep and a wake-up (each look is both, and on 2 cores a wake-up is about
+/// as dear as a page's query: bench/README.md). Less than the whole, so that a page sent sooner
+/// than the last is seen soon after it is, and the next page's first look comes sooner still.
+const SEND_WAIT_FIRST_LOOK_SHARE: f64 = 0.75;
+
 /// The most rows of a page while the worker rests: the application's transactions then meet
 /// short pages, each a little of the backfill's work, rather than a few meeting a long one
 /// (pgbench at 4 clients, bench/README.md: pages of 1,000 rows grew its p99 latency by about
@@ -89,6 +100,8 @@ pub struct DutyCycle {
     waited_for_cpu_since: Option<Duration>,
     /// The rest the page's slices asked for beyond [`LONGEST_REST_WITHIN_PAGE`]: rested after it.
     owed: Duration,
+    /// How long the last page waited for the walsender to send it (its wall time).
+    last_send_wait: Duration,
     /// Until when the worker rests after its last page.
     rest_until: Instant,
     /// The worker's rate over its last pages and rests (rows/s, smoothed); 0 before the first.
@@ -106,6 +119,7 @@ impl DutyCycle {
             working_since: now,
             waited_for_cpu_since: None,
             owed: Duration::ZERO,
+            last_send_wait: Duration::ZERO,
             rest_until: now,
             rate: 0.0,
         }
@@ -219,7 +233,12 @@ impl DutyCycle {
         let flushing = before_flush.elapsed();
         let mut worked = self.stretch_worked().saturating_sub(flushing);
         if let Some(slot) = &self.slot {
-            worked += wait_until_sent(slot);
+            // (Never more than the fine looks' span: a wait stretched by a stalled walsender
+            // says nothing of how long the next page takes to send.)
+            let first_look = self.last_send_wait.mul_f64(SEND_WAIT_FIRST_LOOK_SHARE).min(SEND_WAIT_FINE_FOR);
+            let sent = wait_until_sent(slot, first_look);
+            self.last_send_wait = sent.wall;
+            worked += sent.counted;
         }
         let rest = worked.mul_f64((1.0 - share) / share) + std::mem::take(&mut self.owed);
         self.rest_until = Instant::now() + rest;
@@ -266,17 +285,27 @@ fn runqueue_wait(schedstat: &std::fs::File) -> Option<Duration> {
     Some(Duration::from_nanos(nanoseconds))
 }
 
+/// A wait for the walsender: how long it took, and what of that is the page's time.
+struct SendWait {
+    wall: Duration,
+    counted: Duration,
+}
+
 /// Waits until the walsender streaming `slot` has sent this process's last commit (its
-/// decoding is the page's cost too), at most [`LONGEST_SEND_WAIT`]; at once while no walsender
-/// streams the slot. Returns what of the wait is the page's time: its wall time, less what the
-/// walsender waited for a CPU meanwhile (the scheduler's, not the page's, as the worker's own
-/// waits are left out).
-fn wait_until_sent(slot: &str) -> Duration {
+/// decoding is the page's cost too), at most [`LONGEST_SEND_WAIT`], looking first after
+/// `first_look` (if it streams the slot); at once while no walsender streams the slot. What of
+/// the wait is the page's time: its wall time, less what the walsender waited for a CPU
+/// meanwhile (the scheduler's, not the page's, as the worker's own waits are left out).
+fn wait_until_sent(slot: &str, first_look: Duration) -> SendWait {
     // SAFETY: XactLastCommitEnd is this process's own: the end of its last commit record.
     let commit_end = unsafe { pg_sys::XactLastCommitEnd };
     let began = Instant::now();
     let sender = crate::pg::wal::slot_user_pid(slot).and_then(process_schedstat);
     let sender_waited_since = sender.as_ref().and_then(runqueue_wait);
+    if sender.is_some() && !first_look.is_zero() {
+        std::thread::sleep(first_look);
+        pg_sys::check_for_interrupts!();
+    }
     while crate::pg::wal::slot_sent_lsn(slot).is_some_and(|sent| sent < commit_end)
         && began.elapsed() < LONGEST_SEND_WAIT
     {
@@ -289,8 +318,9 @@ fn wait_until_sent(slot: &str) -> Duration {
     }
     let wall = began.elapsed();
     // (A walsender that exited meanwhile reads as nothing: the wall time.)
-    match (sender_waited_since, sender.as_ref().and_then(runqueue_wait)) {
+    let counted = match (sender_waited_since, sender.as_ref().and_then(runqueue_wait)) {
         (Some(before), Some(now)) => wall.saturating_sub(now.saturating_sub(before)),
         _ => wall,
-    }
+    };
+    SendWait { wall, counted }
 }
