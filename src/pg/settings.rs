@@ -272,7 +272,7 @@ pub fn define() {
           while client sessions are active (more than half a session on average over about a \
           second), for as long as keeps its pages to this share of its time: at 15, 85/15 (about 5.7) times \
           the page's own time, less what the worker waited for a CPU, for a pipeline's backfill \
-          until the slot's walsender has sent the page (less what the walsender waited for a CPU). Its cost to the application is then bounded however many \
+          with what the slot's walsender ran on a CPU until it had sent the page. Its cost to the application is then bounded however many \
           sessions are active; on an idle server it runs at full speed. 100 turns the rest off. \
           Read by running backfills at their next page.",
         &DEFAULT_DUTY_CYCLE,

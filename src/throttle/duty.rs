@@ -12,14 +12,17 @@
 //! look put off (a sixth fewer wake-ups a page), 15 kept 0.93 and 0.91 of pgbench's TPS at 4
 //! and 16 clients, grew its p99 by 19% at 4 and moved 10,667 and 8,446 rows/s, where in one
 //! run 12 and 15 had kept 0.88 and 0.91 at 4 clients, grown the p99 by 31% and 23%, and moved
-//! 8,503 and 11,972 rows/s; bench/README.md.)
+//! 8,503 and 11,972 rows/s. With a pipeline's page flushed after the walsender's first look
+//! and the walsender's CPU time counted, 15 kept 0.95 and 0.92 in one run, grew the p99 by 16%
+//! and moved 13,873 and 10,262 rows/s, where the code before kept 0.94 and 0.87, grew it by 22%
+//! and moved 12,483 and 9,198; bench/README.md.)
 //! The page's time is its wall time less what the worker waited for a CPU (the scheduler's
 //! runqueue, [`waited_for_cpu`]), so it counts what the page cost the server and what the
-//! server made it wait for a lock, and, for a pipeline's backfill, until the slot's walsender has
-//! decoded and sent the page, less what the walsender waited for a CPU meanwhile: the decoding
-//! is the page's cost too, paid by another process (left out, the rests bounded only the
-//! worker's share, and on 2 cores pgbench paid for the walsender's: bench/README.md). A wait for
-//! a CPU is not, the worker's or the walsender's: counted, a saturated server's backfill rested
+//! server made it wait for a lock, and, for a pipeline's backfill, what the slot's walsender ran
+//! on a CPU until it had decoded and sent the page ([`wait_until_sent`]): the decoding is the
+//! page's cost too, paid by another process (left out, the rests bounded only the worker's
+//! share, and on 2 cores pgbench paid for the walsender's: bench/README.md). A wait for a CPU
+//! is not, the worker's or the walsender's: counted, a saturated server's backfill rested
 //! for as long as other processes held the CPUs and slowed to two thirds of its rate as pgbench
 //! went from 4 clients to 16. While it rests, its pages are short (200 rows at most), and it
 //! rests within a page too, after every [`WORK_SLICE`] of it, between the page's queries (its
@@ -317,7 +320,10 @@ struct SendWait {
 /// application's has usually flushed it along with its own, and the page costs the disk no
 /// fsync of its own. Flushed at once, each page's fsync came between the application's: at
 /// the same duty cycle, pgbench at 4 clients kept 0.95 of its TPS with the flush put off and
-/// 0.82 without, and its p99 grew by 16% against 49% (bench/README.md).
+/// 0.82 without, and its p99 grew by 16% against 49% (bench/README.md). Where nobody else
+/// commits, the worker's own flush comes after the look all the same; the look then grows
+/// with the wait it delays, up to [`SEND_WAIT_FINE_FOR`]: at most that much idle a page, with
+/// nobody's commits for a page's fsync to come between.
 ///
 /// What of the wait is the page's time is the walsender's CPU time meanwhile: decoding and
 /// sending the page is the page's cost, paid by another process, where the walsender's sleeps
