@@ -242,7 +242,7 @@ impl DutyCycle {
                 worked += sent.decoding;
                 sent.flushing
             }
-            None => flush_last_commit(),
+            None => timed_flush_of_last_commit(),
         };
         let rest = worked.mul_f64((1.0 - share) / share) + std::mem::take(&mut self.owed);
         self.rest_until = Instant::now() + rest;
@@ -297,8 +297,9 @@ fn schedstat(file: &std::fs::File) -> Option<Schedstat> {
     Some(Schedstat { on_cpu: nanoseconds()?, waited_for_cpu: nanoseconds()? })
 }
 
-/// Flushes this process's last commit, and tells how long that took.
-fn flush_last_commit() -> Duration {
+/// Flushes this process's last commit ([`crate::pg::wal::flush_last_commit`]), and tells how
+/// long that took.
+fn timed_flush_of_last_commit() -> Duration {
     let before = Instant::now();
     crate::pg::wal::flush_last_commit();
     before.elapsed()
@@ -339,7 +340,7 @@ fn wait_until_sent(slot: &str, first_look: Duration) -> SendWait {
         std::thread::sleep(first_look);
         pg_sys::check_for_interrupts!();
     }
-    let flushing = flush_last_commit();
+    let flushing = timed_flush_of_last_commit();
     while crate::pg::wal::slot_sent_lsn(slot).is_some_and(|sent| sent < commit_end)
         && began.elapsed() < LONGEST_SEND_WAIT
     {
@@ -351,7 +352,7 @@ fn wait_until_sent(slot: &str, first_look: Duration) -> SendWait {
         }
     }
     let wall = began.elapsed();
-    // (A walsender that exited meanwhile reads as nothing: the wall time.)
+    // (A walsender that exited meanwhile reads as nothing: the wall time, less the flush.)
     let decoding = match (sender_ran_before, sender.as_ref().and_then(schedstat)) {
         (Some(before), Some(now)) => now.on_cpu.saturating_sub(before),
         _ => wall.saturating_sub(flushing),
